@@ -1,0 +1,326 @@
+"""The cleanup job (expiry and quota) and the usage report, as plain functions over a `Store`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from snapcell.errors import ConfigError
+
+from ._protocol import ObjectInfo, Store, validate_prefix
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "DEFAULT_TTL_S",
+    "CleanupReport",
+    "DayUsage",
+    "UsageReport",
+    "cleanup",
+    "format_bytes",
+    "usage",
+]
+
+DEFAULT_TTL_S = 7 * 86400.0
+DEFAULT_GRACE_S = 3600.0
+_DAY_S = 86400.0
+
+
+def format_bytes(n: int) -> str:
+    """Render a byte count for people: ``1.5 GiB``."""
+    if abs(n) < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CleanupReport:
+    """What a cleanup run found and deleted (or, with ``dry_run``, would delete).
+
+    Attributes:
+        store_url: The store that was cleaned.
+        prefix: The prefix whose objects were eligible for deletion.
+        dry_run: True when nothing was actually deleted.
+        scanned_objects: Objects in the whole store.
+        scanned_bytes: Their total size.
+        deleted_expired_objects: Objects under the prefix deleted for being older than the ttl.
+        deleted_expired_bytes: Their total size.
+        deleted_quota_objects: Objects deleted, oldest first, to get under the quota.
+        deleted_quota_bytes: Their total size.
+        kept_objects: Objects left in the store.
+        protected_objects: Objects under the prefix the quota pass could not delete (in ``keep`` or younger than
+            the grace period).
+        bytes_in_use_after: Total size of the objects left.
+        quota_bytes: The quota, or ``None`` for no quota.
+        over_quota: True when the store is still over the quota; the CLI then exits non-zero.
+        deleted_keys: Every key deleted (or to delete), expired ones first.
+    """
+
+    store_url: str
+    prefix: str
+    dry_run: bool
+    scanned_objects: int
+    scanned_bytes: int
+    deleted_expired_objects: int
+    deleted_expired_bytes: int
+    deleted_quota_objects: int
+    deleted_quota_bytes: int
+    kept_objects: int
+    protected_objects: int
+    bytes_in_use_after: int
+    quota_bytes: int | None
+    over_quota: bool
+    deleted_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    def to_json(self, *, include_keys: bool = False) -> str:
+        """Return the report as one JSON object; the deleted keys only with ``include_keys``."""
+        data = asdict(self)
+        if include_keys:
+            data["deleted_keys"] = list(self.deleted_keys)
+        else:
+            del data["deleted_keys"]
+        return json.dumps(data, sort_keys=True)
+
+    def summary(self) -> str:
+        """Return the report as a few lines of text for people."""
+        verb = "would delete" if self.dry_run else "deleted"
+        lines = [
+            f"store {self.store_url}{' (dry run: nothing deleted)' if self.dry_run else ''}",
+            f"scanned  {self.scanned_objects} objects, {format_bytes(self.scanned_bytes)}",
+            f"{verb:<8} {self.deleted_expired_objects} expired, {format_bytes(self.deleted_expired_bytes)}",
+            f"{verb:<8} {self.deleted_quota_objects} over quota, {format_bytes(self.deleted_quota_bytes)}",
+            f"kept     {self.kept_objects} objects, {format_bytes(self.bytes_in_use_after)} in use"
+            + (f" of a {format_bytes(self.quota_bytes)} quota" if self.quota_bytes is not None else ""),
+        ]
+        if self.over_quota:
+            lines.append(
+                f"OVER QUOTA: {self.protected_objects} objects under {self.prefix!r} are still needed (kept heads) "
+                "or younger than the grace period; raise the quota or release heads"
+            )
+        return "\n".join(lines)
+
+
+def cleanup(
+    store: Store,
+    *,
+    now: float | None = None,
+    ttl_s: float = DEFAULT_TTL_S,
+    quota_bytes: int | None = None,
+    keep: Collection[str] = (),
+    grace_s: float = DEFAULT_GRACE_S,
+    dry_run: bool = False,
+    prefix: str = "checkpoints/",
+    progress: Callable[[int, int], None] | None = None,
+) -> CleanupReport:
+    """Delete expired objects, then the oldest unneeded ones while the store is over its quota.
+
+    First every object under ``prefix`` older than ``ttl_s`` goes (``keep`` does not save an expired object: its
+    checkpoint cannot be loaded any more). Then, while the bytes of *all* objects in the store exceed
+    ``quota_bytes``, objects under ``prefix`` go oldest first, skipping those in ``keep``. Nothing younger than
+    ``grace_s`` is ever deleted, so a dump in progress is never raced. A key already gone is not an error, so two
+    runs at once are safe. The whole plan is made from one listing before anything is deleted.
+
+    Args:
+        store: The store to clean.
+        now: Current time in seconds since the epoch (default: the clock); inject it to test expiry.
+        ttl_s: Age in seconds past which an object has expired.
+        quota_bytes: Byte budget for the whole store, or ``None`` for none.
+        keep: Keys that must survive the quota pass (conversation heads).
+        grace_s: Objects younger than this many seconds are never deleted.
+        dry_run: Plan and report, delete nothing.
+        prefix: Only objects under this prefix are ever deleted.
+        progress: Called as ``progress(done, total)`` while deleting.
+
+    Returns:
+        The report; ``over_quota`` tells whether the quota still is exceeded.
+
+    Raises:
+        ConfigError: A negative ttl, grace or quota.
+        InvalidKey: The prefix is malformed.
+        StorageError: The store failed; the cleanup may be run again, it resumes where it stopped.
+    """
+    if ttl_s < 0 or grace_s < 0 or (quota_bytes is not None and quota_bytes < 0):
+        raise ConfigError("ttl_s, grace_s and quota_bytes must not be negative")
+    validate_prefix(prefix)
+    now = time.time() if now is None else now
+    keep_set = frozenset(keep)
+
+    objects = list(store.scan())
+    scanned_bytes = sum(o.size for o in objects)
+    eligible = [o for o in objects if o.key.startswith(prefix) and now - o.created_at >= grace_s]
+    expired = [o for o in eligible if now - o.created_at > ttl_s]
+    expired_keys = {o.key for o in expired}
+    in_use = scanned_bytes - sum(o.size for o in expired)
+
+    over_quota_victims: list[ObjectInfo] = []
+    if quota_bytes is not None and in_use > quota_bytes:
+        candidates = sorted(
+            (o for o in eligible if o.key not in expired_keys and o.key not in keep_set),
+            key=lambda o: (o.created_at, o.key),
+        )
+        for info in candidates:
+            if in_use <= quota_bytes:
+                break
+            over_quota_victims.append(info)
+            in_use -= info.size
+
+    victims = expired + over_quota_victims
+    if not dry_run:
+        if progress is not None and victims:
+            progress(0, len(victims))
+        for done, info in enumerate(victims, start=1):
+            store.delete(info.key)
+            if progress is not None:
+                progress(done, len(victims))
+
+    victim_keys = expired_keys | {o.key for o in over_quota_victims}
+    protected = sum(
+        1
+        for o in objects
+        if o.key.startswith(prefix) and o.key not in victim_keys and (o.key in keep_set or now - o.created_at < grace_s)
+    )
+    return CleanupReport(
+        store_url=store.url,
+        prefix=prefix,
+        dry_run=dry_run,
+        scanned_objects=len(objects),
+        scanned_bytes=scanned_bytes,
+        deleted_expired_objects=len(expired),
+        deleted_expired_bytes=sum(o.size for o in expired),
+        deleted_quota_objects=len(over_quota_victims),
+        deleted_quota_bytes=sum(o.size for o in over_quota_victims),
+        kept_objects=len(objects) - len(victims),
+        protected_objects=protected,
+        bytes_in_use_after=in_use,
+        quota_bytes=quota_bytes,
+        over_quota=quota_bytes is not None and in_use > quota_bytes,
+        deleted_keys=tuple(o.key for o in victims),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DayUsage:
+    """Objects and bytes written on one UTC day.
+
+    Attributes:
+        date: The day, ``YYYY-MM-DD`` (UTC).
+        objects: Objects written that day.
+        bytes: Their total size.
+    """
+
+    date: str
+    objects: int
+    bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UsageReport:
+    """How much a store holds, per day, and what expires soon.
+
+    Attributes:
+        store_url: The store.
+        prefix: The prefix the per-day figures cover.
+        ttl_s: The ttl used for the expiry figures.
+        days: Per-day figures under ``prefix``, oldest day first.
+        total_objects: Objects under ``prefix``.
+        total_bytes: Their total size.
+        store_objects: Objects in the whole store (what a quota counts).
+        store_bytes: Their total size.
+        expired_objects: Objects under ``prefix`` already past the ttl (waiting for cleanup).
+        expired_bytes: Their total size.
+        expiring_24h_objects: Objects that will pass the ttl within the next 24 hours.
+        expiring_24h_bytes: Their total size.
+    """
+
+    store_url: str
+    prefix: str
+    ttl_s: float
+    days: tuple[DayUsage, ...]
+    total_objects: int
+    total_bytes: int
+    store_objects: int
+    store_bytes: int
+    expired_objects: int
+    expired_bytes: int
+    expiring_24h_objects: int
+    expiring_24h_bytes: int
+
+    def to_json(self) -> str:
+        """Return the report as one JSON object."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def summary(self) -> str:
+        """Return the report as a small table for people."""
+        lines = [f"store {self.store_url}, prefix {self.prefix!r}", f"{'day (UTC)':<12} {'objects':>9} {'bytes':>12}"]
+        lines += [f"{d.date:<12} {d.objects:>9} {format_bytes(d.bytes):>12}" for d in self.days]
+        lines.append(f"{'total':<12} {self.total_objects:>9} {format_bytes(self.total_bytes):>12}")
+        if self.store_objects != self.total_objects:
+            lines.append(f"whole store: {self.store_objects} objects, {format_bytes(self.store_bytes)}")
+        lines.append(f"expired, awaiting cleanup: {self.expired_objects} objects, {format_bytes(self.expired_bytes)}")
+        lines.append(
+            f"expiring in the next 24 h: {self.expiring_24h_objects} objects, {format_bytes(self.expiring_24h_bytes)}"
+        )
+        return "\n".join(lines)
+
+
+def usage(
+    store: Store, *, now: float | None = None, ttl_s: float = DEFAULT_TTL_S, prefix: str = "checkpoints/"
+) -> UsageReport:
+    """Count objects and bytes per UTC day of creation, in total, and expiring within 24 hours.
+
+    Args:
+        store: The store to inspect.
+        now: Current time in seconds since the epoch (default: the clock).
+        ttl_s: Age in seconds past which an object has expired.
+        prefix: The prefix the per-day figures cover; ``""`` for everything.
+
+    Returns:
+        The report.
+
+    Raises:
+        InvalidKey: The prefix is malformed.
+        StorageError: The store failed; the call may be retried.
+    """
+    validate_prefix(prefix)
+    now = time.time() if now is None else now
+    per_day: dict[str, list[int]] = {}
+    total = [0, 0]
+    whole = [0, 0]
+    expired = [0, 0]
+    soon = [0, 0]
+    for info in store.scan():
+        whole[0] += 1
+        whole[1] += info.size
+        if not info.key.startswith(prefix):
+            continue
+        day = datetime.fromtimestamp(info.created_at, UTC).date().isoformat()
+        counts = per_day.setdefault(day, [0, 0])
+        for bucket in (counts, total):
+            bucket[0] += 1
+            bucket[1] += info.size
+        expires_at = info.created_at + ttl_s
+        target = expired if expires_at < now else soon if expires_at <= now + _DAY_S else None
+        if target is not None:
+            target[0] += 1
+            target[1] += info.size
+    return UsageReport(
+        store_url=store.url,
+        prefix=prefix,
+        ttl_s=ttl_s,
+        days=tuple(DayUsage(day, n, b) for day, (n, b) in sorted(per_day.items())),
+        total_objects=total[0],
+        total_bytes=total[1],
+        store_objects=whole[0],
+        store_bytes=whole[1],
+        expired_objects=expired[0],
+        expired_bytes=expired[1],
+        expiring_24h_objects=soon[0],
+        expiring_24h_bytes=soon[1],
+    )

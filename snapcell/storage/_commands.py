@@ -1,0 +1,224 @@
+"""Command-line subcommands for storage: ``cleanup``, ``usage`` and ``s3 setup``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from typing import Any, TextIO
+
+from snapcell.errors import ConfigError, StorageError
+
+from ._cleanup import DEFAULT_GRACE_S, DEFAULT_TTL_S, cleanup, usage
+from ._config import open_store
+from ._protocol import Store
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_OK",
+    "EXIT_OVER_QUOTA",
+    "EXIT_STORAGE",
+    "add_commands",
+    "parse_duration",
+    "parse_size",
+]
+
+EXIT_OK = 0
+EXIT_OVER_QUOTA = 1
+EXIT_CONFIG = 2
+EXIT_STORAGE = 3
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*\Z", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]i?b?|b)?\s*\Z", re.IGNORECASE)
+_SIZE_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_duration(text: str) -> float:
+    """Parse ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` or plain seconds into seconds.
+
+    Raises:
+        ConfigError: The text is not a duration.
+    """
+    match = _DURATION.match(text)
+    if not match:
+        raise ConfigError(f"invalid duration {text!r}: use a number with s, m, h, d or w, like 90s, 12h or 7d")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def parse_size(text: str) -> int:
+    """Parse ``10GiB`` (powers of 1024), ``500MB`` (powers of 1000) or plain bytes into bytes.
+
+    Raises:
+        ConfigError: The text is not a size.
+    """
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(f"invalid size {text!r}: use bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB")
+    unit = (match.group(2) or "b").lower()
+    factor = 1 if unit == "b" else (1024 if "i" in unit else 1000) ** _SIZE_POWERS[unit[0]]
+    return math.ceil(float(match.group(1)) * factor)
+
+
+def _arg(parse: Any) -> Any:
+    """Wrap a parser so argparse shows its message (a plain ValueError would become "invalid value")."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    convert.__name__ = parse.__name__.removeprefix("parse_")
+    return convert
+
+
+class _Progress:
+    """Report ``done/total`` on a stream: one rewritten line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, stream: TextIO, label: str, *, interval_s: float | None = None) -> None:
+        self._stream = stream
+        self._label = label
+        self._tty = stream.isatty()
+        self._interval_s = interval_s if interval_s is not None else (0.1 if self._tty else 5.0)
+        self._last = 0.0
+        self._open = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._last < self._interval_s:
+            return
+        self._last = now
+        percent = 100 * done // total if total else 100
+        if self._tty:
+            self._stream.write(f"\r{self._label}: {done}/{total} ({percent}%)")
+            self._open = done < total
+            if not self._open:
+                self._stream.write("\n")
+        else:
+            self._stream.write(f"{self._label}: {done}/{total} ({percent}%)\n")
+        self._stream.flush()
+
+    def finish(self) -> None:
+        if self._open:
+            self._stream.write("\n")
+            self._open = False
+
+
+def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``cleanup``, ``usage`` and ``s3 setup`` on a CLI's subparsers.
+
+    Each parser sets ``func``, which takes the parsed arguments and returns the exit code: 0 on success, 1 when
+    cleanup leaves the store over its quota, 2 for a bad URL or option, 3 when the store fails.
+
+    Args:
+        subparsers: What ``ArgumentParser.add_subparsers()`` returned.
+    """
+    p = subparsers.add_parser(
+        "cleanup",
+        help="delete expired checkpoints and keep a store under its quota",
+        description="Delete checkpoints older than the ttl, then the oldest unneeded ones while over the quota.",
+    )
+    _store_args(p)
+    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument("--quota", type=_arg(parse_size), default=None, help="byte budget for the store (10GiB, 500MB)")
+    p.add_argument("--keep", nargs="+", action="extend", default=[], metavar="KEY", help="keys never deleted")
+    p.add_argument("--grace", type=_arg(parse_duration), default=DEFAULT_GRACE_S, help="minimum age to delete (1h)")
+    p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=_run_cleanup)
+
+    p = subparsers.add_parser("usage", help="objects and bytes per day, and what expires soon")
+    _store_args(p)
+    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=_run_usage)
+
+    s3 = subparsers.add_parser("s3", help="S3 administration")
+    s3_commands = s3.add_subparsers(dest="s3_command", required=True, metavar="COMMAND")
+    p = s3_commands.add_parser("setup", help="install the bucket lifecycle rule that expires checkpoints")
+    p.add_argument("store_url", metavar="STORE_URL", help="s3://bucket/prefix")
+    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument("--endpoint-url", default=None, help="S3 API endpoint (default $SNAPCELL_S3_ENDPOINT_URL)")
+    p.set_defaults(func=_run_s3_setup)
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store_url", metavar="STORE_URL", help="file:///path, s3://bucket/prefix or a directory")
+    p.add_argument("--prefix", default="checkpoints/", help="prefix of the checkpoints (checkpoints/)")
+    p.add_argument("--endpoint-url", default=None, help="S3 API endpoint (default $SNAPCELL_S3_ENDPOINT_URL)")
+
+
+def _open(args: argparse.Namespace) -> Store:
+    if args.endpoint_url is not None:
+        return open_store(args.store_url, endpoint_url=args.endpoint_url)
+    return open_store(args.store_url)
+
+
+def _fail(command: str, exc: Exception) -> int:
+    print(f"snapcell {command}: error: {exc}", file=sys.stderr)
+    return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_STORAGE
+
+
+def _run_cleanup(args: argparse.Namespace) -> int:
+    progress = _Progress(sys.stderr, "deleting")
+    try:
+        store = _open(args)
+        try:
+            report = cleanup(
+                store,
+                ttl_s=args.ttl,
+                quota_bytes=args.quota,
+                keep=args.keep,
+                grace_s=args.grace,
+                dry_run=args.dry_run,
+                prefix=args.prefix,
+                progress=progress,
+            )
+        finally:
+            progress.finish()
+            store.close()
+    except (ConfigError, StorageError) as exc:
+        return _fail("cleanup", exc)
+    print(report.to_json() if args.json else report.summary())
+    return EXIT_OVER_QUOTA if report.over_quota else EXIT_OK
+
+
+def _run_usage(args: argparse.Namespace) -> int:
+    try:
+        store = _open(args)
+        try:
+            report = usage(store, ttl_s=args.ttl, prefix=args.prefix)
+        finally:
+            store.close()
+    except (ConfigError, StorageError) as exc:
+        return _fail("usage", exc)
+    print(report.to_json() if args.json else report.summary())
+    return EXIT_OK
+
+
+def _run_s3_setup(args: argparse.Namespace) -> int:
+    from ._s3 import S3Store, install_lifecycle
+
+    try:
+        if not args.store_url.startswith("s3://"):
+            raise ConfigError(f"s3 setup needs an s3://bucket/prefix URL, not {args.store_url!r}")
+        store = _open(args)
+        try:
+            if not isinstance(store, S3Store):  # pragma: no cover - open_store maps s3:// to S3Store
+                raise ConfigError(f"{args.store_url!r} is not an S3 store")
+            rule = install_lifecycle(store, ttl_days=max(1, math.ceil(args.ttl / 86400)))
+        finally:
+            store.close()
+    except (ConfigError, StorageError) as exc:
+        return _fail("s3 setup", exc)
+    days = rule["Expiration"]["Days"]
+    print(
+        f"installed lifecycle rule {rule['ID']!r} on bucket {store.bucket!r}: "
+        f"objects under {rule['Filter']['Prefix']!r} expire after {days} days"
+    )
+    print(json.dumps(rule, indent=2, sort_keys=True))
+    return EXIT_OK

@@ -1,0 +1,232 @@
+"""`LocalStore`: objects as files under a directory, written atomically."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+from snapcell.errors import (
+    CheckpointNotFound,
+    ConfigError,
+    ObjectExists,
+    StorageError,
+    StorageUnavailable,
+    map_exceptions,
+)
+
+from ._protocol import SEGMENT, ObjectInfo, validate_key, validate_prefix
+
+__all__ = ["LocalStore"]
+
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+_SECRET_NAME = re.compile(r"[A-Za-z0-9_-]+\Z")
+_OS_ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[StorageError]]] = [
+    (PermissionError, StorageUnavailable),
+    (OSError, StorageError),
+]
+
+
+class LocalStore:
+    """Store each object as a file under ``root``; a reader never sees a half-written object.
+
+    Writes go to a ``.tmp-<random>`` file in the target directory, are fsynced, then linked into place (create-only:
+    the link fails if the key exists) or renamed over the target (``overwrite=True``). Directories are created on
+    demand with mode 0o700 and files with 0o600. Dot-files (temporary files, secrets) are invisible to `scan`.
+
+    Args:
+        root: The directory holding the store; created on the first write.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._root = Path(root).expanduser().absolute()
+
+    @property
+    def root(self) -> Path:
+        """The store's directory (absolute)."""
+        return self._root
+
+    @property
+    def url(self) -> str:
+        """``file://`` followed by the absolute root path."""
+        return f"file://{self._root}"
+
+    # ------------------------------------------------------------------ paths
+
+    def _path(self, key: str) -> Path:
+        validate_key(key)
+        path = self._root.joinpath(*key.split("/"))
+        # validate_key already rules out "..", so only a symlinked directory could lead outside the root.
+        with map_exceptions(_OS_ERRORS, f"cannot resolve key {key!r} under {self._root}"):
+            resolved_root = self._root.resolve()
+            resolved = path.resolve()
+        if not resolved.is_relative_to(resolved_root):
+            raise StorageUnavailable(f"key {key!r} resolves to {resolved}, outside the store root {resolved_root}")
+        return path
+
+    # ------------------------------------------------------------ operations
+
+    def put(self, key: str, data: bytes, *, expires_at: float | None = None, overwrite: bool = False) -> None:
+        """See `Store.put`; ``expires_at`` is not recorded (cleanup goes by file modification time)."""
+        path = self._path(key)
+        with map_exceptions(_OS_ERRORS, f"cannot write {key!r} to {self.url}"):
+            _write_atomic(path, data, overwrite=overwrite, what=f"object {key!r} in {self.url}")
+
+    def get(self, key: str) -> bytes:
+        """See `Store.get`."""
+        path = self._path(key)
+        with map_exceptions(_OS_ERRORS, f"cannot read {key!r} from {self.url}"):
+            try:
+                return path.read_bytes()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key) from exc
+
+    def delete(self, key: str) -> None:
+        """See `Store.delete`; empty directories left behind are removed too."""
+        path = self._path(key)
+        with map_exceptions(_OS_ERRORS, f"cannot delete {key!r} from {self.url}"):
+            try:
+                path.unlink()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                return  # already gone: deleting is idempotent
+        self._prune(path.parent)
+
+    def _prune(self, directory: Path) -> None:
+        # Best effort: a directory that is not empty, or that a writer just refilled, stays.
+        while directory != self._root and directory.is_relative_to(self._root):
+            try:
+                directory.rmdir()
+            except OSError:
+                return
+            directory = directory.parent
+
+    def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """See `Store.scan`; ``created_at`` is the file's modification time."""
+        validate_prefix(prefix)
+        start = prefix.rpartition("/")[0]
+        directory = self._root.joinpath(*start.split("/")) if start else self._root
+        return self._walk(directory, f"{start}/" if start else "", prefix)
+
+    def _walk(self, directory: Path, base: str, prefix: str) -> Iterator[ObjectInfo]:
+        with map_exceptions(_OS_ERRORS, f"cannot list {directory} in {self.url}"):
+            try:
+                with os.scandir(directory) as it:
+                    # Dot-files (temporary files, secrets) and names no key could have are not objects.
+                    entries = [(e, e.is_dir(follow_symlinks=False)) for e in it if SEGMENT.match(e.name)]
+            except (FileNotFoundError, NotADirectoryError):
+                return  # never created, or removed by a concurrent delete
+        # Sorting a directory as "name/" makes the depth-first walk yield keys in global sort order.
+        entries.sort(key=lambda item: item[0].name + "/" if item[1] else item[0].name)
+        for entry, is_dir in entries:
+            key = base + entry.name
+            if is_dir:
+                if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                    yield from self._walk(Path(entry.path), key + "/", prefix)
+            elif key.startswith(prefix) and entry.is_file(follow_symlinks=False):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # deleted since the directory was listed
+                yield ObjectInfo(key=key, size=st.st_size, created_at=st.st_mtime)
+
+    def secret(self, name: str = "signing-key", size: int = 32) -> bytes:
+        """Return the store's secret ``name``, generating ``size`` random bytes on first use.
+
+        The secret lives in ``<root>/.snapcell-<name>`` with mode 0o600 and is created create-only: when two
+        processes race, both end up with the winner's bytes.
+
+        Args:
+            name: Which secret; letters, digits, ``_`` and ``-``.
+            size: Length in bytes of a newly generated secret.
+
+        Returns:
+            The secret's bytes.
+
+        Raises:
+            ConfigError: ``name`` or ``size`` is invalid.
+            StorageError: The file cannot be read or created, or exists but is empty.
+        """
+        if not _SECRET_NAME.match(name):
+            raise ConfigError(f"secret name must be letters, digits, '_' or '-', not {name!r}")
+        if size < 16:
+            raise ConfigError(f"a secret must be at least 16 bytes, not {size}")
+        path = self._root / f".snapcell-{name}"
+        with map_exceptions(_OS_ERRORS, f"cannot read or create the secret {path}"):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                try:
+                    _write_atomic(path, secrets.token_bytes(size), overwrite=False, what=f"secret {path}")
+                except ObjectExists:
+                    pass  # another process won the race; use its secret
+                data = path.read_bytes()
+        if not data:
+            raise StorageError(f"the secret file {path} is empty; delete it so a new one is generated")
+        return data
+
+    def close(self) -> None:
+        """Do nothing; a local store holds no open handles between calls."""
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self._root)!r})"
+
+
+def _write_atomic(path: Path, data: bytes, *, overwrite: bool, what: str) -> None:
+    """Write ``data`` to a temporary file next to ``path``, fsync it, then link or rename it into place.
+
+    Raises:
+        ObjectExists: ``path`` exists and ``overwrite`` is false; it is untouched and the temporary file is gone.
+        OSError: Anything else; the temporary file is removed.
+    """
+    fd, tmp = _open_temp(path.parent)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError as exc:
+                raise ObjectExists(f"{what} already exists; checkpoints are never overwritten") from exc
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass  # os.replace consumed it
+    _fsync_dir(path.parent)
+
+
+def _open_temp(directory: Path) -> tuple[int, Path]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(3):
+        # A concurrent delete may prune the directory between mkdir and open: create it again.
+        directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+        tmp = directory / f".tmp-{secrets.token_hex(8)}"
+        try:
+            return os.open(tmp, flags, _FILE_MODE), tmp
+        except FileNotFoundError:
+            continue
+    raise OSError(errno.ENOENT, "directory keeps disappearing", str(directory))
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform or filesystem; the data itself is already synced
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
