@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from snapcell.errors import ConfigError
 
-from ._protocol import ObjectInfo, Store, validate_prefix
+from ._protocol import BulkDelete, ObjectInfo, Store, validate_prefix
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -26,6 +26,7 @@ __all__ = [
 DEFAULT_TTL_S = 7 * 86400.0
 DEFAULT_GRACE_S = 3600.0
 _DAY_S = 86400.0
+_BULK_BATCH = 1000
 
 
 def format_bytes(n: int) -> str:
@@ -173,12 +174,7 @@ def cleanup(
 
     victims = expired + over_quota_victims
     if not dry_run:
-        if progress is not None and victims:
-            progress(0, len(victims))
-        for done, info in enumerate(victims, start=1):
-            store.delete(info.key)
-            if progress is not None:
-                progress(done, len(victims))
+        _delete_all(store, [o.key for o in victims], progress)
 
     victim_keys = expired_keys | {o.key for o in over_quota_victims}
     protected = sum(
@@ -203,6 +199,20 @@ def cleanup(
         over_quota=quota_bytes is not None and in_use > quota_bytes,
         deleted_keys=tuple(o.key for o in victims),
     )
+
+
+def _delete_all(store: Store, keys: list[str], progress: Callable[[int, int], None] | None) -> None:
+    if progress is not None and keys:
+        progress(0, len(keys))
+    step = _BULK_BATCH if isinstance(store, BulkDelete) else 1
+    for start in range(0, len(keys), step):
+        batch = keys[start : start + step]
+        if isinstance(store, BulkDelete):
+            store.delete_many(batch)
+        else:
+            store.delete(batch[0])
+        if progress is not None:
+            progress(start + len(batch), len(keys))
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from snapcell.errors import InvalidKey
 
-__all__ = ["MAX_KEY_LENGTH", "SEGMENT", "AsyncStore", "ObjectInfo", "Store", "validate_key", "validate_prefix"]
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "SEGMENT",
+    "AsyncStore",
+    "BulkDelete",
+    "ObjectInfo",
+    "Store",
+    "validate_key",
+    "validate_prefix",
+]
 
 MAX_KEY_LENGTH = 512
 SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*\Z")
@@ -89,6 +98,15 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections and handles; the store must not be used afterwards."""
+        ...
+
+
+@runtime_checkable
+class BulkDelete(Protocol):
+    """Optional extra of a store that deletes many keys per request (S3's ``DeleteObjects``); cleanup uses it."""
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Delete every key in ``keys``; keys that do not exist are not an error."""
         ...
 
 

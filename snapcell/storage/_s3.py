@@ -6,7 +6,7 @@ import dataclasses
 import importlib
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +24,7 @@ from ._protocol import ObjectInfo, validate_key, validate_prefix
 
 __all__ = ["S3Store", "install_lifecycle"]
 
+_DELETE_BATCH = 1000
 _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
 _EXISTS = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
 _UNAVAILABLE = {
@@ -235,6 +236,26 @@ class S3Store:
         full = self._full(validate_key(key))
         with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=full)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Delete several keys with ``DeleteObjects``, 1,000 per request; missing keys are not an error.
+
+        Raises:
+            InvalidKey: A key is malformed; nothing was deleted.
+            StorageError: S3 refused some deletions (the first error is reported); the call may be retried.
+        """
+        full = [self._full(validate_key(key)) for key in keys]
+        for start in range(0, len(full), _DELETE_BATCH):
+            batch = [{"Key": key} for key in full[start : start + _DELETE_BATCH]]
+            with self._errors("delete"):
+                response = self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            errors = [e for e in response.get("Errors", ()) if e.get("Code") not in _NOT_FOUND]
+            if errors:
+                first = errors[0]
+                raise StorageError(
+                    f"S3 refused to delete {len(errors)} objects from {self.url}, "
+                    f"first {first.get('Key')!r}: {first.get('Code')} {first.get('Message', '')}"
+                )
 
     def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """See `Store.scan`; pages through ``list_objects_v2`` (1,000 keys a page) lazily."""
