@@ -1,0 +1,201 @@
+"""LocalStore specifics: atomic files, permissions, path safety and the store secret."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from snapcell.errors import ConfigError, InvalidKey, ObjectExists, StorageError, StorageUnavailable
+from snapcell.storage import LocalStore, open_store
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_layout_and_permissions(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    store.put("checkpoints/2024-01-01/abc", b"data")
+    assert (tmp_path / "s/checkpoints/2024-01-01/abc").read_bytes() == b"data"
+    assert _mode(tmp_path / "s/checkpoints/2024-01-01/abc") == 0o600
+    assert _mode(tmp_path / "s/checkpoints/2024-01-01") & 0o077 == 0
+    assert store.url == f"file://{tmp_path / 's'}"
+
+
+def test_no_temp_file_left_after_refused_put(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("d/k", b"original")
+    with pytest.raises(ObjectExists):
+        store.put("d/k", b"other")
+    assert _files(tmp_path) == ["d/k"]
+    assert store.get("d/k") == b"original"
+    store.put("d/k", b"new", overwrite=True)
+    assert _files(tmp_path) == ["d/k"]
+
+
+def test_no_temp_file_left_after_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path)
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(StorageError, match="I/O error"):
+        store.put("d/k", b"x")
+    monkeypatch.undo()
+    assert _files(tmp_path) == []
+
+
+def test_scan_skips_dot_and_temp_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("a/k", b"x")
+    (tmp_path / "a/.tmp-123abc").write_bytes(b"half")
+    (tmp_path / ".snapcell-signing-key").write_bytes(b"k" * 32)
+    (tmp_path / "bad name").write_bytes(b"not a key")
+    assert [o.key for o in store.scan()] == ["a/k"]
+
+
+def test_scan_of_missing_root_is_empty(tmp_path: Path) -> None:
+    assert list(LocalStore(tmp_path / "never").scan()) == []
+
+
+def test_created_at_is_mtime(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("k", b"x")
+    os.utime(tmp_path / "k", (1_000_000.0, 1_000_000.0))
+    assert [o.created_at for o in store.scan()] == [1_000_000.0]
+
+
+def test_delete_prunes_empty_directories(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    store.put("checkpoints/day1/a", b"x")
+    store.put("checkpoints/day2/b", b"x")
+    store.delete("checkpoints/day1/a")
+    assert not (tmp_path / "s/checkpoints/day1").exists()
+    assert (tmp_path / "s/checkpoints/day2/b").exists()
+    store.put("checkpoints/day1/c", b"y")  # the directory comes back on demand
+    assert store.get("checkpoints/day1/c") == b"y"
+
+
+def test_symlinked_directory_out_of_root_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link").symlink_to(outside)
+    store = LocalStore(root)
+    with pytest.raises(StorageUnavailable, match="outside the store root"):
+        store.put("link/k", b"x")
+    assert list(outside.iterdir()) == []
+
+
+def test_permission_denied_is_unavailable(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root ignores file permissions")
+    root = tmp_path / "ro"
+    root.mkdir(mode=0o500)
+    with pytest.raises(StorageUnavailable):
+        LocalStore(root).put("k", b"x")
+
+
+def test_open_store_local_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    absolute = open_store(f"file://{tmp_path}/abs")
+    relative = open_store("file://rel/dir")
+    plain = open_store("plain/dir")
+    assert isinstance(absolute, LocalStore) and absolute.root == tmp_path / "abs"
+    assert isinstance(relative, LocalStore) and relative.root == tmp_path / "rel/dir"
+    assert isinstance(plain, LocalStore) and plain.root == tmp_path / "plain/dir"
+    relative.put("k", b"v")
+    assert (tmp_path / "rel/dir/k").read_bytes() == b"v"
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "gs://bucket", "s3:bucket", "", "file://"])
+def test_open_store_bad_urls(url: str) -> None:
+    with pytest.raises(ConfigError):
+        open_store(url)
+
+
+def test_open_store_options_must_fit_backend(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not apply"):
+        open_store(f"file://{tmp_path}", endpoint_url="http://x")
+    with pytest.raises(ConfigError, match="does not apply"):
+        open_store("memory://", region_name="eu-west-1")
+
+
+def test_unknown_scheme_lists_valid_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store("ftp://host/x")
+    assert "s3://bucket/prefix" in str(info.value) and "memory://" in str(info.value)
+
+
+def test_secret_is_created_once_with_owner_only_mode(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    first = store.secret()
+    assert len(first) == 32
+    assert store.secret() == first
+    assert LocalStore(tmp_path / "s").secret() == first
+    path = tmp_path / "s/.snapcell-signing-key"
+    assert _mode(path) == 0o600
+    assert store.secret("other", size=64) != first
+    assert list(store.scan()) == []
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".x", ""])
+def test_secret_rejects_bad_names(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError):
+        LocalStore(tmp_path).secret(name)
+
+
+def _secret_in_child(root: str, barrier: multiprocessing.synchronize.Barrier, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    barrier.wait()
+    out.put(LocalStore(root).secret())
+
+
+def test_secret_race_between_processes_gives_one_key(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        root = str(tmp_path / f"race{attempt}")
+        barrier = ctx.Barrier(2)
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_secret_in_child, args=(root, barrier, out)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        keys = [out.get(timeout=30), out.get(timeout=30)]
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0
+        out.close()
+        out.join_thread()
+        assert keys[0] == keys[1] == LocalStore(root).secret()
+        assert [p.name for p in Path(root).iterdir()] == [".snapcell-signing-key"]
+
+
+def test_key_validation_happens_before_any_path_is_built(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    with pytest.raises(InvalidKey):
+        store.put("../escape", b"x")
+    assert not (tmp_path / "escape").exists()
+    assert not (tmp_path / "s").exists()
+
+
+def test_permission_error_maps_to_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path)
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "link", denied)
+    with pytest.raises(StorageUnavailable) as info:
+        store.put("k", b"x")
+    assert isinstance(info.value.__cause__, PermissionError)
+    monkeypatch.undo()
+    assert _files(tmp_path) == []
