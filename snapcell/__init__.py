@@ -1,0 +1,81 @@
+"""snapcell: a snapshotting Python interpreter for AI agents.
+
+Scripts run in a persistent namespace; ``dump()`` turns it into a signed, compressed checkpoint in
+local storage or S3 and returns an opaque ID; ``load_session(id)`` brings it back, in another
+process or on another server.
+"""
+
+from snapcell.checkpoint import Manifest
+from snapcell.errors import (
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointExpired,
+    CheckpointNotFound,
+    CheckpointVersionError,
+    ConfigError,
+    Conflict,
+    InvalidKey,
+    LimitExceeded,
+    MemoryLimitExceeded,
+    ObjectExists,
+    OutputLimitExceeded,
+    PolicyError,
+    QuotaExceeded,
+    ScriptError,
+    ScriptSyntaxError,
+    SessionError,
+    SnapcellError,
+    StorageError,
+    StorageUnavailable,
+    TimeLimitExceeded,
+    TypingError,
+    UnpicklableValue,
+    WorkerLost,
+)
+from snapcell.pool import AsyncPool, Pool
+from snapcell.runner import HostCall, Limits, Policy, RunResult
+from snapcell.session import AsyncSession, Session
+from snapcell.storage import LocalStore, MemoryStore, S3Store, Store, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncPool",
+    "AsyncSession",
+    "CheckpointCorrupt",
+    "CheckpointError",
+    "CheckpointExpired",
+    "CheckpointNotFound",
+    "CheckpointVersionError",
+    "ConfigError",
+    "Conflict",
+    "HostCall",
+    "InvalidKey",
+    "LimitExceeded",
+    "Limits",
+    "LocalStore",
+    "Manifest",
+    "MemoryLimitExceeded",
+    "MemoryStore",
+    "ObjectExists",
+    "OutputLimitExceeded",
+    "Policy",
+    "PolicyError",
+    "Pool",
+    "QuotaExceeded",
+    "RunResult",
+    "S3Store",
+    "ScriptError",
+    "ScriptSyntaxError",
+    "Session",
+    "SessionError",
+    "SnapcellError",
+    "StorageError",
+    "StorageUnavailable",
+    "Store",
+    "TimeLimitExceeded",
+    "TypingError",
+    "UnpicklableValue",
+    "WorkerLost",
+    "open_store",
+]

@@ -1,0 +1,32 @@
+"""Namespace <-> bytes: pickling, the container format, compression and signing.
+
+Knows nothing of execution or storage.
+"""
+
+from snapcell.checkpoint._format import (
+    FORMAT_VERSION,
+    DroppedVariable,
+    Header,
+    Manifest,
+    VariableInfo,
+    parse_container,
+)
+from snapcell.checkpoint._pickle import FindGlobal, LoadedNamespace, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
+
+__all__ = [
+    "ENV_SIGNING_KEY",
+    "FORMAT_VERSION",
+    "CheckpointId",
+    "DroppedVariable",
+    "FindGlobal",
+    "Header",
+    "Keyring",
+    "LoadedNamespace",
+    "Manifest",
+    "VariableInfo",
+    "dump_namespace",
+    "load_namespace",
+    "make_find_global",
+    "parse_container",
+]

@@ -1,0 +1,258 @@
+"""The checkpoint container: fixed header, manifest, sections; parsing never unpickles."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from dataclasses import dataclass
+from enum import IntEnum
+
+import cloudpickle
+import dill
+import zstandard
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from snapcell.errors import CheckpointCorrupt, CheckpointVersionError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "Container",
+    "DroppedVariable",
+    "Header",
+    "Manifest",
+    "Section",
+    "SectionKind",
+    "VariableInfo",
+    "parse_container",
+]
+
+MAGIC = b"SNAPCELL"
+FORMAT_VERSION = 1
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_SECTIONS = 1_000_000
+
+_FIXED = struct.Struct(">8sHBBbB")
+_SECTION = struct.Struct(">BBQQ")
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+
+
+class SectionKind(IntEnum):
+    """What a section holds."""
+
+    STREAM = 0  # the cloudpickle stream: one pickle per variable
+    BUFFER = 1  # one out-of-band buffer of the stream (numpy, pandas, arrow)
+    DILL = 2  # one variable cloudpickle could not serialize, pickled alone by dill
+
+
+class Codec(IntEnum):
+    """How a section's bytes are stored."""
+
+    RAW = 0
+    ZSTD = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Header:
+    """The fixed part at the start of every checkpoint, checked before anything else."""
+
+    format_version: int = FORMAT_VERSION
+    python: tuple[int, int] = (sys.version_info.major, sys.version_info.minor)
+    compression_level: int = 1
+    serializer: str = "cloudpickle"
+    serializer_version: str = cloudpickle.__version__
+    fallback_version: str = dill.__version__
+    zstd_version: str = zstandard.__version__
+
+    def pack(self) -> bytes:
+        """Encode the header as bytes."""
+        fixed = _FIXED.pack(MAGIC, self.format_version, *self.python, self.compression_level, 0)
+        strings = (self.serializer, self.serializer_version, self.fallback_version, self.zstd_version)
+        return fixed + b"".join(_pack_str(s) for s in strings)
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview, offset: int = 0) -> tuple[Header, int]:
+        """Decode a header at ``offset``; return it and the offset after it.
+
+        Raises:
+            CheckpointCorrupt: Not a snapcell checkpoint, or cut short.
+            CheckpointVersionError: Written by another format version or Python minor version.
+        """
+        if len(data) - offset < _FIXED.size:
+            raise CheckpointCorrupt("the checkpoint is truncated: its header is incomplete")
+        magic, version, major, minor, level, _flags = _FIXED.unpack_from(data, offset)
+        if magic != MAGIC:
+            raise CheckpointCorrupt("these bytes are not a snapcell checkpoint (bad magic)")
+        if version != FORMAT_VERSION:
+            raise CheckpointVersionError(
+                f"checkpoint format version {version} is not supported by this snapcell "
+                f"(reads version {FORMAT_VERSION}); load it with the snapcell release that wrote it"
+            )
+        if (major, minor) != (sys.version_info.major, sys.version_info.minor):
+            raise CheckpointVersionError(
+                f"checkpoint was written by Python {major}.{minor} and this is Python "
+                f"{sys.version_info.major}.{sys.version_info.minor}; load it with Python {major}.{minor}"
+            )
+        offset += _FIXED.size
+        strings = []
+        for _ in range(4):
+            text, offset = _unpack_str(data, offset)
+            strings.append(text)
+        header = cls(
+            format_version=version,
+            python=(major, minor),
+            compression_level=level,
+            serializer=strings[0],
+            serializer_version=strings[1],
+            fallback_version=strings[2],
+            zstd_version=strings[3],
+        )
+        return header, offset
+
+
+class VariableInfo(BaseModel):
+    """One variable stored in the checkpoint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    type_name: str
+    size_bytes: int = Field(ge=0, description="Pickled size, before compression, out-of-band buffers included.")
+    serializer: str = Field(pattern="^(cloudpickle|dill)$")
+
+
+class DroppedVariable(BaseModel):
+    """A variable that could not be serialized and is not in the checkpoint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    type_name: str
+    reason: str
+
+
+class Manifest(BaseModel):
+    """What a checkpoint holds; readable without unpickling anything."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = 1
+    created_at: float
+    python: str
+    libraries: dict[str, str]
+    variables: list[VariableInfo]
+    dropped: list[DroppedVariable] = []
+    setup_cells: list[str] = []
+    cells: list[str] = Field(default=[], description="Recent cell sources, so restored tracebacks show lines.")
+    cell_count: int = 0
+    future_flags: int = 0
+
+    def to_json(self) -> bytes:
+        """Encode as stable JSON (field order fixed by the model)."""
+        return self.model_dump_json().encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One section of a parsed container; ``data`` is a view into the checkpoint bytes."""
+
+    kind: SectionKind
+    codec: Codec
+    raw_size: int
+    data: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    """A parsed, not yet unpickled, checkpoint body."""
+
+    header: Header
+    manifest: Manifest
+    sections: list[Section]
+
+
+def pack_container(
+    header: Header, manifest: Manifest, sections: list[tuple[SectionKind, Codec, int, bytes | memoryview]]
+) -> bytearray:
+    """Assemble an unsigned checkpoint body from its parts (a bytearray, so a signature can be appended in place)."""
+    manifest_bytes = manifest.to_json()
+    table = b"".join(_SECTION.pack(kind, codec, raw, len(data)) for kind, codec, raw, data in sections)
+    parts = [header.pack(), _U32.pack(len(manifest_bytes)), manifest_bytes, _U32.pack(len(sections)), table]
+    body = bytearray(b"".join(parts))
+    for _, _, _, data in sections:
+        body += data
+    return body
+
+
+def parse_container(body: bytes | bytearray | memoryview, *, max_raw_bytes: int | None = None) -> Container:
+    """Parse an unsigned checkpoint body without decompressing or unpickling.
+
+    Args:
+        body: The verified body (signature already stripped).
+        max_raw_bytes: Refuse a checkpoint whose sections would decompress to more than this.
+
+    Raises:
+        CheckpointCorrupt: The bytes are malformed, truncated or declare too much data.
+        CheckpointVersionError: Another format or Python version wrote them.
+    """
+    view = memoryview(body)
+    header, offset = Header.unpack(view)
+    (manifest_len,), offset = _read(_U32, view, offset)
+    if manifest_len > MAX_MANIFEST_BYTES or offset + manifest_len > len(view):
+        raise CheckpointCorrupt("the checkpoint is truncated or its manifest is too large")
+    try:
+        manifest = Manifest.model_validate_json(bytes(view[offset : offset + manifest_len]))
+    except ValidationError as exc:
+        raise CheckpointCorrupt(f"the checkpoint manifest is invalid: {exc.error_count()} problem(s)") from exc
+    offset += manifest_len
+    (count,), offset = _read(_U32, view, offset)
+    if count > MAX_SECTIONS or offset + count * _SECTION.size > len(view):
+        raise CheckpointCorrupt("the checkpoint is truncated: its section table is incomplete")
+    table = []
+    for _ in range(count):
+        fields, offset = _read(_SECTION, view, offset)
+        table.append(fields)
+    sections = []
+    total_raw = 0
+    for kind, codec, raw_size, stored in table:
+        if offset + stored > len(view):
+            raise CheckpointCorrupt("the checkpoint is truncated: a section is cut short")
+        try:
+            section = Section(SectionKind(kind), Codec(codec), raw_size, view[offset : offset + stored])
+        except ValueError as exc:
+            raise CheckpointCorrupt(f"the checkpoint has an unknown section type: {exc}") from exc
+        if section.codec is Codec.RAW and raw_size != stored:
+            raise CheckpointCorrupt("the checkpoint declares a raw section of the wrong size")
+        sections.append(section)
+        offset += stored
+        total_raw += raw_size
+    if offset != len(view):
+        raise CheckpointCorrupt("the checkpoint has trailing bytes after its last section")
+    if max_raw_bytes is not None and total_raw > max_raw_bytes:
+        raise CheckpointCorrupt(
+            f"the checkpoint would decompress to {total_raw} bytes, over the cap of {max_raw_bytes}; "
+            "raise the memory limit to load it"
+        )
+    return Container(header, manifest, sections)
+
+
+def _pack_str(text: str) -> bytes:
+    raw = text.encode()[:65535]
+    return _U16.pack(len(raw)) + raw
+
+
+def _unpack_str(data: bytes | memoryview, offset: int) -> tuple[str, int]:
+    (length,), offset = _read(_U16, data, offset)
+    if offset + length > len(data):
+        raise CheckpointCorrupt("the checkpoint is truncated: its header is incomplete")
+    try:
+        return bytes(data[offset : offset + length]).decode(), offset + length
+    except UnicodeDecodeError as exc:
+        raise CheckpointCorrupt("the checkpoint header is not valid text") from exc
+
+
+def _read(fmt: struct.Struct, data: bytes | memoryview, offset: int) -> tuple[tuple[int, ...], int]:
+    if offset + fmt.size > len(data):
+        raise CheckpointCorrupt("the checkpoint is truncated")
+    return fmt.unpack_from(data, offset), offset + fmt.size

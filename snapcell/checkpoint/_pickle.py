@@ -1,0 +1,424 @@
+"""Namespace <-> checkpoint body: cloudpickle with a dill fallback, out-of-band buffers, restricted loading."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import io
+import pickle
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import cloudpickle
+import dill
+import zstandard
+
+from snapcell.checkpoint._format import (
+    Codec,
+    DroppedVariable,
+    Header,
+    Manifest,
+    SectionKind,
+    VariableInfo,
+    pack_container,
+    parse_container,
+)
+from snapcell.errors import CheckpointCorrupt, UnpicklableValue
+
+__all__ = ["FindGlobal", "LoadedNamespace", "dump_namespace", "load_namespace", "make_find_global"]
+
+FindGlobal = Callable[[str, str], Any]
+
+_PROTOCOL = 5
+_NAMESPACE_PID = "namespace"
+# Buffers smaller than this stay in the stream: a section per tiny buffer costs more than it saves.
+_MIN_OOB_BYTES = 64 * 1024
+_SAMPLE_BYTES = 256 * 1024
+# A buffer whose sample compresses worse than this is stored raw (random floats barely compress).
+_INCOMPRESSIBLE_RATIO = 0.9
+_MAX_KEPT_CELLS = 200
+
+# cloudpickle's reconstruction helpers; subimport and dynamic_subimport import modules and are guarded.
+_CLOUDPICKLE_HELPERS = frozenset(
+    {
+        "_builtin_type",
+        "_class_setstate",
+        "_function_setstate",
+        "_get_dataclass_field_type_sentinel",
+        "_lookup_class_or_track",
+        "_make_cell",
+        "_make_dict_items",
+        "_make_dict_keys",
+        "_make_dict_values",
+        "_make_empty_cell",
+        "_make_function",
+        "_make_skeleton_class",
+        "_make_skeleton_enum",
+        "_make_typevar",
+    }
+)
+_SAFE_BUILTINS = frozenset(
+    {
+        "bool", "bytearray", "bytes", "classmethod", "complex", "dict", "float", "frozenset", "int", "list",
+        "object", "property", "range", "set", "slice", "staticmethod", "str", "tuple", "type", "NotImplemented",
+        "Ellipsis", "memoryview", "enumerate", "zip", "map", "filter", "reversed",
+    }
+)  # fmt: skip
+_COPYREG = frozenset({"_reconstructor", "__newobj__", "__newobj_ex__"})
+
+
+def _rebuild_lru_cache(func: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
+
+
+class _Failed(Exception):
+    def __init__(self, name: str, cause: Exception) -> None:
+        super().__init__(name)
+        self.name = name
+        self.cause = cause
+
+
+class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle that keeps script functions bound to the live namespace."""
+
+    def __init__(self, file: io.BytesIO, namespace: dict[str, Any], buffer_callback: Callable[[Any], Any]) -> None:
+        super().__init__(file, protocol=_PROTOCOL, buffer_callback=buffer_callback)
+        self._namespace = namespace
+        # cloudpickle gives every function whose globals are `namespace` this dict as its globals; by making it
+        # the namespace itself (a persistent reference), restored functions share the restored namespace.
+        self.globals_ref[id(namespace)] = namespace
+
+    def persistent_id(self, obj: object) -> str | None:
+        return _NAMESPACE_PID if obj is self._namespace else None
+
+    def reducer_override(self, obj: object) -> Any:
+        if isinstance(obj, functools._lru_cache_wrapper):
+            params = obj.cache_parameters()
+            return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
+        return super().reducer_override(obj)
+
+
+@dataclass(slots=True)
+class _Stream:
+    data: bytes
+    buffers: list[pickle.PickleBuffer]
+    sizes: dict[str, int]
+
+
+def _pickle_stream(items: list[tuple[str, object]], namespace: dict[str, Any]) -> _Stream:
+    out = io.BytesIO()
+    buffers: list[pickle.PickleBuffer] = []
+    buffer_bytes = 0
+
+    def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
+        nonlocal buffer_bytes
+        size = buf.raw().nbytes
+        if size < _MIN_OOB_BYTES:
+            return True  # true means "serialize in band"
+        buffers.append(buf)
+        buffer_bytes += size
+        return False
+
+    pickler = _NamespacePickler(out, namespace, keep_out_of_band)
+    sizes: dict[str, int] = {}
+    for name, value in items:
+        start, start_buffers = out.tell(), buffer_bytes
+        try:
+            pickler.dump(value)
+        except Exception as exc:  # __reduce__ of script objects may raise anything
+            raise _Failed(name, exc) from exc
+        sizes[name] = out.tell() - start + (buffer_bytes - start_buffers)
+    return _Stream(out.getvalue(), buffers, sizes)
+
+
+def _compress(data: bytes | memoryview, level: int) -> tuple[Codec, bytes | memoryview]:
+    if len(data) > 2 * _SAMPLE_BYTES:
+        middle = len(data) // 2
+        sample = data[middle : middle + _SAMPLE_BYTES]
+        if len(zstandard.ZstdCompressor(level=level).compress(sample)) > _INCOMPRESSIBLE_RATIO * len(sample):
+            return Codec.RAW, data
+    compressed = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+    if len(compressed) > _INCOMPRESSIBLE_RATIO * len(data):
+        return Codec.RAW, data
+    return Codec.ZSTD, compressed
+
+
+def _type_name(value: object) -> str:
+    cls = type(value)
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
+
+def dump_namespace(
+    variables: Mapping[str, object],
+    *,
+    namespace: dict[str, Any],
+    created_at: float,
+    level: int = 1,
+    on_unpicklable: Literal["skip", "fail"] = "skip",
+    setup_cells: Iterable[str] = (),
+    cells: Iterable[str] = (),
+    cell_count: int = 0,
+    future_flags: int = 0,
+) -> tuple[bytearray, Manifest]:
+    """Serialize variables into an unsigned checkpoint body.
+
+    All variables go into one cloudpickle stream, so shared references survive. A variable
+    cloudpickle cannot serialize is pickled alone by dill; one neither can is dropped and named
+    in the manifest (or, with ``on_unpicklable="fail"``, nothing is written).
+
+    Args:
+        variables: Name to value, in the order to store them.
+        namespace: The globals dict of the script's functions; restored functions get the new namespace.
+        created_at: Creation time recorded in the manifest (seconds since the epoch).
+        level: zstd compression level.
+        on_unpicklable: ``"skip"`` drops and names a variable that cannot be serialized; ``"fail"`` raises.
+        setup_cells: Setup cell sources, in order.
+        cells: Cell sources; the most recent ones are kept so restored tracebacks show their lines.
+        cell_count: Cells run so far, so new cell names stay unique after a load.
+        future_flags: ``__future__`` flags in force.
+
+    Returns:
+        The body (a bytearray, so signing can append in place) and its manifest.
+
+    Raises:
+        UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
+    """
+    items = list(variables.items())
+    failed: dict[str, Exception] = {}
+    while True:
+        try:
+            stream = _pickle_stream([(n, v) for n, v in items if n not in failed], namespace)
+            break
+        except _Failed as exc:
+            failed[exc.name] = exc.cause
+    dill_sections: list[tuple[str, bytes]] = []
+    dropped: list[DroppedVariable] = []
+    for name, cause in failed.items():
+        value = variables[name]
+        try:
+            dill_sections.append((name, dill.dumps(value, protocol=_PROTOCOL, recurse=True)))
+        except Exception as exc:  # same boundary as above
+            reason = f"cannot be serialized ({_describe(cause)}; dill: {_describe(exc)})"
+            dropped.append(DroppedVariable(name=name, type_name=_type_name(value), reason=reason))
+    if dropped and on_unpicklable == "fail":
+        names = [d.name for d in dropped]
+        raise UnpicklableValue(
+            f"cannot serialize {', '.join(names)}; delete them or recreate them in a setup cell",
+            variable_names=names,
+        )
+    infos = [
+        VariableInfo(name=n, type_name=_type_name(v), size_bytes=stream.sizes[n], serializer="cloudpickle")
+        for n, v in items
+        if n in stream.sizes
+    ]
+    infos += [
+        VariableInfo(name=n, type_name=_type_name(variables[n]), size_bytes=len(data), serializer="dill")
+        for n, data in dill_sections
+    ]
+    sections: list[tuple[SectionKind, Codec, int, bytes | memoryview]] = []
+    codec, payload = _compress(stream.data, level)
+    sections.append((SectionKind.STREAM, codec, len(stream.data), payload))
+    for buf in stream.buffers:
+        raw = buf.raw()
+        codec, payload = _compress(raw, level)
+        sections.append((SectionKind.BUFFER, codec, raw.nbytes, payload))
+    for _name, data in dill_sections:
+        codec, payload = _compress(data, level)
+        sections.append((SectionKind.DILL, codec, len(data), payload))
+    kept_cells = list(cells)[-_MAX_KEPT_CELLS:]
+    manifest = Manifest(
+        created_at=created_at,
+        python=sys.version.split()[0],
+        libraries={
+            "cloudpickle": cloudpickle.__version__,
+            "dill": dill.__version__,
+            "zstandard": zstandard.__version__,
+        },
+        variables=infos,
+        dropped=dropped,
+        setup_cells=list(setup_cells),
+        cells=kept_cells,
+        cell_count=cell_count,
+        future_flags=future_flags,
+    )
+    return pack_container(Header(compression_level=level), manifest, sections), manifest
+
+
+@dataclass(slots=True)
+class LoadedNamespace:
+    """Variables restored from a checkpoint.
+
+    Attributes:
+        variables: Name to restored value.
+        failed: Name to the reason a stored variable could not be restored.
+        manifest: The checkpoint's manifest.
+    """
+
+    variables: dict[str, Any]
+    manifest: Manifest
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(
+        self, file: io.BytesIO, *, find_global: FindGlobal, namespace: dict[str, Any], buffers: list[Any]
+    ) -> None:
+        super().__init__(file, buffers=buffers)
+        self._find_global = find_global
+        self._namespace = namespace
+
+    def find_class(self, module: str, name: str) -> Any:
+        return self._find_global(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid == _NAMESPACE_PID:
+            return self._namespace
+        raise pickle.UnpicklingError(f"unknown persistent reference {pid!r}")
+
+
+class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
+    def __init__(self, file: io.BytesIO, *, find_global: FindGlobal) -> None:
+        super().__init__(file)
+        self._find_global = find_global
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "dill._dill":
+            return super().find_class(module, name)
+        return self._find_global(module, name)
+
+
+def _decompress(codec: Codec, data: memoryview, raw_size: int, *, writable: bool) -> bytes | bytearray | memoryview:
+    if codec is Codec.RAW:
+        return bytearray(data) if writable and data.readonly else data
+    out = bytearray(raw_size)
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            filled = 0
+            view = memoryview(out)
+            while filled < raw_size:
+                n = reader.readinto(view[filled:])
+                if not n:
+                    break
+                filled += n
+            extra = reader.read(1)
+    except zstandard.ZstdError as exc:
+        raise CheckpointCorrupt(f"a checkpoint section does not decompress: {exc}") from exc
+    if filled != raw_size or extra:
+        raise CheckpointCorrupt("a checkpoint section decompresses to a different size than declared")
+    return out
+
+
+def load_namespace(
+    body: bytes | bytearray | memoryview,
+    *,
+    namespace: dict[str, Any],
+    find_global: FindGlobal,
+    max_raw_bytes: int | None = None,
+) -> LoadedNamespace:
+    """Restore variables from a verified checkpoint body.
+
+    Only call this with a body whose signature was verified. Functions come back with ``namespace``
+    as their globals. A variable that cannot be restored is reported in ``failed``; because the
+    stream shares one memo, so are the stream variables after it.
+
+    Args:
+        body: The verified body.
+        namespace: The dict restored functions will use as globals (the session namespace).
+        find_global: Resolves every global the pickles name; see `make_find_global`.
+        max_raw_bytes: Refuse checkpoints that would decompress to more than this.
+
+    Raises:
+        CheckpointCorrupt: Malformed bytes.
+        CheckpointVersionError: Another format or Python version wrote them.
+    """
+    container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    streams = [s for s in container.sections if s.kind is SectionKind.STREAM]
+    if len(streams) != 1:
+        raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
+    stream = _decompress(streams[0].codec, streams[0].data, streams[0].raw_size, writable=False)
+    buffers = [
+        _decompress(s.codec, s.data, s.raw_size, writable=True)
+        for s in container.sections
+        if s.kind is SectionKind.BUFFER
+    ]
+    dill_data = [s for s in container.sections if s.kind is SectionKind.DILL]
+    cloud_vars = [v for v in container.manifest.variables if v.serializer == "cloudpickle"]
+    dill_vars = [v for v in container.manifest.variables if v.serializer == "dill"]
+    if len(dill_vars) != len(dill_data):
+        raise CheckpointCorrupt("the checkpoint manifest does not match its sections")
+    result = LoadedNamespace({}, container.manifest)
+    unpickler = _RestrictedUnpickler(io.BytesIO(stream), find_global=find_global, namespace=namespace, buffers=buffers)
+    for index, info in enumerate(cloud_vars):
+        try:
+            result.variables[info.name] = unpickler.load()
+        except Exception as exc:  # restoring runs reducers from the checkpoint
+            reason = _describe(exc)
+            for later in cloud_vars[index:]:
+                result.failed[later.name] = reason if later is info else f"not restored after {info.name} failed"
+            break
+    for info, section in zip(dill_vars, dill_data, strict=True):
+        data = _decompress(section.codec, section.data, section.raw_size, writable=False)
+        try:
+            result.variables[info.name] = _RestrictedDillUnpickler(io.BytesIO(data), find_global=find_global).load()
+        except Exception as exc:  # as above
+            result.failed[info.name] = _describe(exc)
+    return result
+
+
+def _guarded_subimport(allow_module: Callable[[str], bool]) -> Callable[[str], Any]:
+    def subimport(name: str) -> Any:
+        if not allow_module(name):
+            raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which the policy does not allow")
+        return importlib.import_module(name)
+
+    return subimport
+
+
+def make_find_global(
+    allow_module: Callable[[str], bool], overrides: Mapping[tuple[str, str], Any] | None = None
+) -> FindGlobal:
+    """Build the resolver the restricted unpickler uses for every global a checkpoint names.
+
+    Allowed: ``overrides`` first (for example a guarded ``builtins.getattr``), the serializers' own
+    helpers, plain builtin types, and attributes of modules ``allow_module`` accepts. Anything else
+    is refused, so loading never imports an arbitrary module.
+    """
+    overrides = dict(overrides or {})
+    subimport = _guarded_subimport(allow_module)
+
+    def find_global(module: str, name: str) -> Any:
+        if (module, name) in overrides:
+            return overrides[(module, name)]
+        if module == "cloudpickle.cloudpickle":
+            if name in ("subimport", "dynamic_subimport"):
+                return subimport
+            if name in _CLOUDPICKLE_HELPERS:
+                return getattr(cloudpickle.cloudpickle, name)
+        elif module == __name__ and name == "_rebuild_lru_cache":
+            return _rebuild_lru_cache
+        elif module == "builtins":
+            if name in _SAFE_BUILTINS or _is_builtin_exception(name):
+                return getattr(__import__("builtins"), name)
+        elif module == "copyreg" and name in _COPYREG:
+            return getattr(__import__("copyreg"), name)
+        elif allow_module(module):
+            target: Any = importlib.import_module(module)
+            for part in name.split("."):
+                target = getattr(target, part)
+            return target
+        raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which the policy does not allow")
+
+    return find_global
+
+
+def _is_builtin_exception(name: str) -> bool:
+    value = getattr(__import__("builtins"), name, None)
+    return isinstance(value, type) and issubclass(value, BaseException)

@@ -1,0 +1,159 @@
+"""Signed checkpoint IDs and the HMAC that seals checkpoint bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from snapcell.errors import CheckpointCorrupt, ConfigError
+
+__all__ = ["ENV_SIGNING_KEY", "CheckpointId", "Keyring"]
+
+ENV_SIGNING_KEY = "SNAPCELL_SIGNING_KEY"
+MIN_KEY_BYTES = 16
+
+_ID_VERSION = 1
+_ID_BODY = struct.Struct(">BQ16s")
+_ID_MAC_BYTES = 16
+ID_BYTES = _ID_BODY.size + _ID_MAC_BYTES
+_MAC_BYTES = 32
+_ID_DOMAIN = b"snapcell-id\x00"
+_CHECKPOINT_DOMAIN = b"snapcell-checkpoint\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointId:
+    """A parsed, verified checkpoint ID.
+
+    Attributes:
+        raw: The opaque bytes handed to applications (``.hex()`` / ``bytes.fromhex()`` round-trip).
+        created_ms: Signed creation time, milliseconds since the epoch.
+        token: 16 random bytes naming the checkpoint.
+    """
+
+    raw: bytes
+    created_ms: int
+    token: bytes
+
+    @property
+    def created_at(self) -> float:
+        """Creation time in seconds since the epoch."""
+        return self.created_ms / 1000
+
+    @property
+    def storage_key(self) -> str:
+        """The store key, partitioned by UTC creation date so a whole day can be listed and expired."""
+        day = datetime.fromtimestamp(self.created_at, UTC).strftime("%Y-%m-%d")
+        return f"checkpoints/{day}/{self.created_ms:013d}-{self.token.hex()}"
+
+
+class Keyring:
+    """Signing keys: the first signs, every key verifies (so keys can be rotated).
+
+    Args:
+        keys: Secret keys, each at least 16 bytes (text is UTF-8 encoded).
+
+    Raises:
+        ConfigError: No key, or a key that is too short.
+    """
+
+    def __init__(self, keys: Sequence[bytes | str]) -> None:
+        encoded = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
+        if not encoded:
+            raise ConfigError("a Keyring needs at least one signing key")
+        for key in encoded:
+            if len(key) < MIN_KEY_BYTES:
+                raise ConfigError(f"signing keys must be at least {MIN_KEY_BYTES} bytes long; one has {len(key)}")
+        self._keys = encoded
+
+    @classmethod
+    def from_env(cls) -> Keyring | None:
+        """Read comma-separated keys from ``SNAPCELL_SIGNING_KEY``; None when it is unset or empty."""
+        value = os.environ.get(ENV_SIGNING_KEY, "")
+        keys = [k.strip() for k in value.split(",") if k.strip()]
+        return cls(keys) if keys else None
+
+    def new_id(self, now: float | None = None) -> CheckpointId:
+        """Mint a fresh signed ID created at ``now`` (seconds; default the current time)."""
+        created_ms = int((time.time() if now is None else now) * 1000)
+        body = _ID_BODY.pack(_ID_VERSION, created_ms, secrets.token_bytes(16))
+        mac = hmac.new(self._keys[0], _ID_DOMAIN + body, hashlib.sha256).digest()[:_ID_MAC_BYTES]
+        return CheckpointId(body + mac, created_ms, body[9:])
+
+    def parse_id(self, raw: bytes | bytearray | str) -> CheckpointId:
+        """Verify an ID that came back from a database or a user.
+
+        Args:
+            raw: The ID bytes, or their hex text.
+
+        Raises:
+            CheckpointCorrupt: The ID is malformed, altered, or was signed by another key.
+        """
+        if isinstance(raw, str):
+            try:
+                raw = bytes.fromhex(raw)
+            except ValueError:
+                raise CheckpointCorrupt("the checkpoint ID is not valid hex") from None
+        if not isinstance(raw, bytes | bytearray):
+            raise CheckpointCorrupt(f"a checkpoint ID must be bytes, not {type(raw).__name__}")
+        raw = bytes(raw)
+        if len(raw) != ID_BYTES:
+            raise CheckpointCorrupt(
+                f"a checkpoint ID is {ID_BYTES} bytes long, this one has {len(raw)}", checkpoint_id=raw
+            )
+        body, mac = raw[: _ID_BODY.size], raw[_ID_BODY.size :]
+        if not any(
+            hmac.compare_digest(hmac.new(key, _ID_DOMAIN + body, hashlib.sha256).digest()[:_ID_MAC_BYTES], mac)
+            for key in self._keys
+        ):
+            raise CheckpointCorrupt(
+                "the checkpoint ID's signature does not match: it was altered, forged, or signed with "
+                "another key (check SNAPCELL_SIGNING_KEY)",
+                checkpoint_id=raw,
+            )
+        version, created_ms, token = _ID_BODY.unpack(body)
+        if version != _ID_VERSION:
+            raise CheckpointCorrupt(f"unknown checkpoint ID version {version}", checkpoint_id=raw)
+        return CheckpointId(raw, created_ms, token)
+
+    def sign(self, body: bytes | bytearray, checkpoint_id: CheckpointId) -> bytes | bytearray:
+        """Seal checkpoint bytes to their ID: append HMAC-SHA256(key, ID + body).
+
+        A bytearray body is extended in place (no copy of a large checkpoint) and returned.
+        """
+        mac = self._mac(self._keys[0], body, checkpoint_id)
+        if isinstance(body, bytearray):
+            body += mac
+            return body
+        return body + mac
+
+    def verify(self, blob: bytes | bytearray, checkpoint_id: CheckpointId) -> memoryview:
+        """Check the seal of checkpoint bytes and return the body, before anything parses it.
+
+        Raises:
+            CheckpointCorrupt: Tampered, truncated, stored under another ID, or signed with another key.
+        """
+        if len(blob) <= _MAC_BYTES:
+            raise CheckpointCorrupt("the checkpoint is truncated or empty", checkpoint_id=checkpoint_id.raw)
+        view = memoryview(blob)
+        body, mac = view[:-_MAC_BYTES], view[-_MAC_BYTES:]
+        if not any(hmac.compare_digest(self._mac(key, body, checkpoint_id), mac) for key in self._keys):
+            raise CheckpointCorrupt(
+                "the checkpoint failed verification: its bytes were altered or truncated, or it was signed "
+                "with another key; it was not loaded",
+                checkpoint_id=checkpoint_id.raw,
+            )
+        return body
+
+    @staticmethod
+    def _mac(key: bytes, body: bytes | bytearray | memoryview, checkpoint_id: CheckpointId) -> bytes:
+        mac = hmac.new(key, _CHECKPOINT_DOMAIN + checkpoint_id.raw, hashlib.sha256)
+        mac.update(body)
+        return mac.digest()

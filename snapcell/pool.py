@@ -1,0 +1,210 @@
+"""Pools hand out sessions; they own the store, the signing keys, and (in process mode) the workers."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Literal
+
+from snapcell.checkpoint import Keyring
+from snapcell.errors import ConfigError, SessionError
+from snapcell.runner import Backend, InlineBackend, Limits, Policy
+from snapcell.runner._typecheck import TypeChecker
+from snapcell.session import AsyncSession, Session
+from snapcell.storage import AsyncStore, LocalStore, MemoryStore, Store, open_store
+
+__all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool"]
+
+DEFAULT_TTL_S = 7 * 86400.0
+Isolation = Literal["inline"]
+# A memory store lives as long as the process, and so does its key.
+_PROCESS_KEY = secrets.token_bytes(32)
+
+
+def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) -> Keyring:
+    """Pick the signing keys: the argument, then ``SNAPCELL_SIGNING_KEY``, then the store's default.
+
+    A local store keeps a generated key in its directory (owner-only); a memory store uses a random
+    key for the life of the process; any other store needs a key.
+
+    Raises:
+        ConfigError: No key is configured for a store that has no default.
+    """
+    if signing_keys:
+        return Keyring(signing_keys)
+    from_env = Keyring.from_env()
+    if from_env is not None:
+        return from_env
+    if isinstance(store, LocalStore):
+        return Keyring([store.secret()])
+    if isinstance(store, MemoryStore):
+        return Keyring([_PROCESS_KEY])
+    raise ConfigError(
+        f"no signing key for {store.url}: set SNAPCELL_SIGNING_KEY (at least 16 bytes; comma-separate "
+        "several to rotate) or pass signing_keys= to the pool"
+    )
+
+
+class AsyncPool:
+    """Hands out sessions that share a store, signing keys and defaults.
+
+    Args:
+        store: A `Store`, or a URL for `open_store` (``file://dir``, ``s3://bucket/prefix``, ``memory://``).
+        signing_keys: Keys that sign and verify checkpoints (the first signs); see `resolve_keyring`.
+        ttl_s: Seconds a checkpoint stays loadable (default 7 days); older IDs raise `CheckpointExpired`.
+        policy: What scripts may import and touch; the default allows safe standard-library modules.
+        limits: Default limits of every run.
+        isolation: ``"inline"`` runs scripts in this process (no protection; trusted code and tests).
+        compression_level: zstd level for checkpoints (1 is fast and compresses well).
+        clock: Returns the current time in seconds; injectable for tests.
+
+    Raises:
+        ConfigError: A setting is invalid or no signing key can be found.
+    """
+
+    def __init__(
+        self,
+        store: Store | str = "memory://",
+        *,
+        signing_keys: Sequence[bytes | str] | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        policy: Policy | None = None,
+        limits: Limits | None = None,
+        isolation: Isolation = "inline",
+        compression_level: int = 1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if isolation != "inline":
+            raise ConfigError(f"isolation must be 'inline', not {isolation!r}")
+        if not isinstance(ttl_s, int | float) or ttl_s <= 0:
+            raise ConfigError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
+        if not isinstance(compression_level, int) or not -7 <= compression_level <= 22:
+            raise ConfigError(f"compression_level must be an integer from -7 to 22, not {compression_level!r}")
+        self.store = open_store(store) if isinstance(store, str) else store
+        self.keyring = resolve_keyring(self.store, signing_keys)
+        self.ttl_s = float(ttl_s)
+        self.policy = policy or Policy()
+        self.limits = limits or Limits()
+        self.isolation = isolation
+        self.compression_level = compression_level
+        self.clock = clock
+        self._async_store = AsyncStore(self.store)
+        self._closed = False
+        self._sessions: set[AsyncSession] = set()
+
+    async def __aenter__(self) -> AsyncPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _backend(self, policy: Policy, limits: Limits) -> Backend:
+        return InlineBackend(policy=policy, limits=limits)
+
+    @asynccontextmanager
+    async def checkout(
+        self,
+        *,
+        type_check: bool = False,
+        type_check_stubs: str = "",
+        limits: Limits | None = None,
+        policy: Policy | None = None,
+    ) -> AsyncIterator[AsyncSession]:
+        """Check out a fresh session with an empty namespace; it is checked in when the block ends.
+
+        Args:
+            type_check: Type-check every script against ``type_check_stubs`` before it runs (needs ty).
+            type_check_stubs: Python stubs of the host functions, e.g. ``"def list_customers() -> list[dict]: ..."``.
+            limits: Limits for this session instead of the pool's.
+            policy: Policy for this session instead of the pool's.
+
+        Raises:
+            ConfigError: ``type_check=True`` but ty is not installed.
+            SessionError: The pool is closed.
+        """
+        if self._closed:
+            raise SessionError("the pool is closed; create a new pool")
+        limits = limits or self.limits
+        checker = TypeChecker(type_check_stubs) if type_check else None
+        backend = self._backend(policy or self.policy, limits)
+        session = AsyncSession(
+            backend=backend,
+            store=self._async_store,
+            keyring=self.keyring,
+            ttl_s=self.ttl_s,
+            clock=self.clock,
+            compression_level=self.compression_level,
+            limits=limits,
+            checker=checker,
+        )
+        self._sessions.add(session)
+        try:
+            yield session
+        finally:
+            session._close()
+            self._sessions.discard(session)
+            await backend.close()
+            if checker is not None:
+                checker.close()
+
+    async def aclose(self) -> None:
+        """Close the pool; sessions still checked out become unusable."""
+        if self._closed:
+            return
+        self._closed = True
+        for session in list(self._sessions):
+            session._close()
+        self.store.close()
+
+
+class Pool:
+    """The synchronous twin of `AsyncPool`, for scripts and the CLI; it owns one event loop.
+
+    Takes the same arguments as `AsyncPool`. Do not use it inside a running event loop; use `AsyncPool` there.
+    """
+
+    def __init__(self, store: Store | str = "memory://", **options: Any) -> None:
+        self._loop = asyncio.Runner()
+        self._inner = AsyncPool(store, **options)
+
+    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._loop.run(coro)
+        coro.close()
+        raise SessionError("Pool and Session are synchronous; inside a running event loop use AsyncPool instead")
+
+    @property
+    def store(self) -> Store:
+        """The pool's store."""
+        return self._inner.store
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def checkout(self, **options: Any) -> Iterator[Session]:
+        """See `AsyncPool.checkout`."""
+        manager = self._inner.checkout(**options)
+        inner = self._call(manager.__aenter__())
+        try:
+            yield Session(inner, self._call)
+        except BaseException as exc:
+            self._call(manager.__aexit__(type(exc), exc, exc.__traceback__))
+            raise
+        else:
+            self._call(manager.__aexit__(None, None, None))
+
+    def close(self) -> None:
+        """Close the pool and its event loop."""
+        try:
+            self._call(self._inner.aclose())
+        finally:
+            self._loop.close()

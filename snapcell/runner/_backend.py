@@ -1,0 +1,84 @@
+"""Where a session's runner lives: the `Backend` protocol and the in-process backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol
+
+from snapcell.checkpoint import Manifest
+from snapcell.runner._host import LocalBridge
+from snapcell.runner._limits import Limits
+from snapcell.runner._policy import Policy
+from snapcell.runner._result import RunResult
+from snapcell.runner._runner import Runner
+from snapcell.runner._typecheck import declarations_from_namespace
+
+__all__ = ["Backend", "InlineBackend"]
+
+
+class Backend(Protocol):
+    """A session's runner, in this process or in a worker; every method is a request to it."""
+
+    async def run(
+        self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
+    ) -> RunResult:
+        """Run one cell; see `Runner.run`."""
+        ...
+
+    async def dump(
+        self, *, created_at: float, level: int, on_unpicklable: Literal["skip", "fail"]
+    ) -> tuple[bytes | bytearray, Manifest]:
+        """Serialize the namespace into an unsigned checkpoint body."""
+        ...
+
+    async def load(self, body: bytes | bytearray | memoryview) -> Manifest:
+        """Replace the namespace with a verified checkpoint body."""
+        ...
+
+    async def reset(self) -> None:
+        """Start again from an empty namespace."""
+        ...
+
+    async def declarations(self) -> str:
+        """Type declarations for the namespace's variables (for the type checker)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the runner."""
+        ...
+
+
+class InlineBackend:
+    """Runs scripts in the host process: fastest, and no protection at all (trusted code only)."""
+
+    def __init__(self, *, policy: Policy, limits: Limits) -> None:
+        self._policy = policy
+        self._limits = limits
+        self.runner = Runner(policy=policy, limits=limits)
+
+    async def run(
+        self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
+    ) -> RunResult:
+        bridge = LocalBridge(lookup, max_calls=limits.max_host_calls)
+        return await self.runner.run(code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits)
+
+    async def dump(
+        self, *, created_at: float, level: int, on_unpicklable: Literal["skip", "fail"]
+    ) -> tuple[bytes | bytearray, Manifest]:
+        # Off the event loop: a large namespace takes seconds to pickle and compress.
+        return await asyncio.to_thread(
+            self.runner.dump, created_at=created_at, level=level, on_unpicklable=on_unpicklable
+        )
+
+    async def load(self, body: bytes | bytearray | memoryview) -> Manifest:
+        return await asyncio.to_thread(self.runner.load, body)
+
+    async def reset(self) -> None:
+        self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    async def declarations(self) -> str:
+        return declarations_from_namespace(self.runner.variables())
+
+    async def close(self) -> None:
+        self.runner = Runner(policy=self._policy, limits=self._limits)

@@ -1,0 +1,71 @@
+"""Resource limits for one run, enforced by the runner and, in process mode, by the worker."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from snapcell.errors import ConfigError
+
+__all__ = ["Limits"]
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Limits applied to every run of a session.
+
+    ``None`` means no limit. Inline mode enforces wall time (pure-Python code only),
+    output, recursion and host calls; memory, CPU, processes, file size and open
+    files need a worker process (``isolation="process"``).
+
+    Attributes:
+        wall_time_s: Wall-clock seconds one run may take before it is interrupted; the session is kept.
+        grace_s: Seconds a worker gets to stop after the interrupt before it is killed and replaced.
+        cpu_time_s: CPU seconds a worker may use over its life (process mode).
+        memory_bytes: Address space of the worker (process mode).
+        max_output_bytes: stdout and stderr kept per stream and run; the tail is kept.
+        max_value_repr_bytes: Size of the rendered value of a run; the tail is cut.
+        max_recursion_depth: Python recursion limit while a script runs.
+        max_host_calls: Host-function calls per run.
+        max_processes: Processes the worker may own (process mode; 0 forbids forking).
+        max_file_bytes: Largest file the worker may write (process mode).
+        max_open_files: File descriptors the worker may hold (process mode).
+    """
+
+    wall_time_s: float | None = 30.0
+    grace_s: float = 2.0
+    cpu_time_s: float | None = None
+    memory_bytes: int | None = 2048 * _MIB
+    max_output_bytes: int | None = 64 * 1024
+    max_value_repr_bytes: int | None = 16 * 1024
+    max_recursion_depth: int | None = 1000
+    max_host_calls: int | None = None
+    max_processes: int | None = 0
+    max_file_bytes: int | None = 256 * _MIB
+    max_open_files: int | None = 256
+
+    def __post_init__(self) -> None:
+        for name in ("wall_time_s", "cpu_time_s"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int | float) or not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"Limits.{name} must be a positive number of seconds or None, not {value!r}")
+        if not isinstance(self.grace_s, int | float) or not math.isfinite(self.grace_s) or self.grace_s < 0:
+            raise ConfigError(f"Limits.grace_s must be a non-negative number of seconds, not {self.grace_s!r}")
+        minimums = {
+            "memory_bytes": 64 * _MIB,
+            "max_output_bytes": 1,
+            "max_value_repr_bytes": 1,
+            "max_recursion_depth": 50,
+            "max_host_calls": 0,
+            "max_processes": 0,
+            "max_file_bytes": 0,
+            "max_open_files": 16,
+        }
+        for name, minimum in minimums.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"Limits.{name} must be an integer >= {minimum} or None, not {value!r}")

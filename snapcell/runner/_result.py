@@ -1,0 +1,45 @@
+"""The outcome of one run, as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from snapcell.errors import ScriptError
+from snapcell.runner._host import HostCall
+
+__all__ = ["RunResult"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """What one run did.
+
+    Attributes:
+        value: Value of the script's trailing expression (None without one). In process mode it is
+            plain data, or None when the value is not plain data (see ``value_repr``).
+        value_repr: ``repr`` of the value, computed where the script ran and capped; None without a value.
+        stdout: Captured standard output (the tail, when it was over the limit).
+        stderr: Captured standard error.
+        duration_s: Wall-clock seconds the run took.
+        external_calls: Host-function calls the run made, in completion order.
+        notes: One-line notes for the model: restarts, timeouts, dropped or restored variables.
+        error: The script's error, or None when it succeeded.
+        memory_bytes: Memory in use by the session's process after the run, when known.
+    """
+
+    value: Any = None
+    value_repr: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    external_calls: tuple[HostCall, ...] = ()
+    notes: tuple[str, ...] = ()
+    error: ScriptError | None = None
+    memory_bytes: int | None = None
+    variables: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """True when the script ran to the end without an error."""
+        return self.error is None

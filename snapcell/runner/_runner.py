@@ -1,0 +1,312 @@
+"""A session's namespace and the three steps of a run: compile, execute, report.
+
+`Runner` lives wherever the script runs: in the host (inline mode) or in a worker process.
+It knows nothing of storage or signing; `dump` and `load` deal in unsigned checkpoint bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import reprlib
+import sys
+import time
+import traceback
+from collections.abc import Collection
+from typing import Any, Literal
+
+from snapcell.checkpoint import Manifest, dump_namespace, load_namespace, make_find_global
+from snapcell.errors import (
+    LimitExceeded,
+    PolicyError,
+    ScriptError,
+    ScriptSyntaxError,
+    SnapcellError,
+    TimeLimitExceeded,
+)
+from snapcell.runner._capture import capture_output
+from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
+from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
+from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, instrument, tick
+from snapcell.runner._limits import Limits
+from snapcell.runner._policy import Policy
+from snapcell.runner._result import RunResult
+
+__all__ = ["Runner"]
+
+_NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
+
+
+class Runner:
+    """Runs cells in one persistent namespace.
+
+    Args:
+        policy: What scripts may import and touch.
+        limits: Default limits for each run.
+    """
+
+    def __init__(self, *, policy: Policy, limits: Limits) -> None:
+        self.policy = policy
+        self.limits = limits
+        self.builtins = policy.make_builtins()
+        self.builtins[TICK_NAME] = tick
+        self.namespace: dict[str, Any] = self._fresh_namespace()
+        self.cells: list[str] = []
+        self.setup_cells: list[str] = []
+        self.cell_count = 0
+        self.future_flags = 0
+        self.pending_notes: list[str] = []
+        self._find_global = make_find_global(
+            policy.allows_module,
+            {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
+        )
+
+    def _fresh_namespace(self) -> dict[str, Any]:
+        return {"__name__": "__main__", "__builtins__": self.builtins}
+
+    # ------------------------------------------------------------------ run
+
+    async def run(
+        self,
+        code: str,
+        *,
+        bridge: HostBridge,
+        host_names: Collection[str],
+        setup: bool = False,
+        limits: Limits | None = None,
+    ) -> RunResult:
+        """Compile, execute and report one cell; never raises for script problems.
+
+        Args:
+            code: The script.
+            bridge: Where host-function calls go.
+            host_names: Names of the host functions of this run, bound as proxies.
+            setup: Keep the cell as a setup cell (run again after a restart) when it succeeds.
+            limits: Limits for this run; the runner's defaults otherwise.
+
+        Returns:
+            The result; ``error`` is set when the script failed, was blocked or timed out.
+        """
+        limits = limits or self.limits
+        notes, self.pending_notes = self.pending_notes, []
+        start = time.perf_counter()
+        filename = f"<cell-{self.cell_count + 1}>"
+        if not isinstance(code, str):
+            return RunResult(
+                error=ScriptSyntaxError(f"a script must be text, not {type(code).__name__}"), notes=tuple(notes)
+            )
+        try:
+            tree = parse_cell(code, filename)
+            self.policy.check(tree, code, filename)
+            if self.policy.restricted:
+                instrument(tree)
+            cell = compile_cell(tree, code, filename, self.future_flags)
+        except (ScriptSyntaxError, PolicyError) as exc:
+            return RunResult(error=exc, duration_s=time.perf_counter() - start, notes=tuple(notes))
+        self.cell_count += 1
+        self.cells.append(code)
+        self.future_flags = cell.future_flags
+        self._bind_host_functions(host_names)
+        value, error = None, None
+        with capture_output(limits.max_output_bytes) as (out, err):
+            bridge_token = bind_bridge(bridge)
+            old_depth = sys.getrecursionlimit()
+            if limits.max_recursion_depth is not None:
+                sys.setrecursionlimit(max(limits.max_recursion_depth + _stack_depth(), old_depth // 4))
+            watchdog = Watchdog(limits.wall_time_s, self.namespace)
+            try:
+                value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
+            finally:
+                watchdog.stop()
+                sys.setrecursionlimit(old_depth)
+                unbind_bridge(bridge_token)
+        if watchdog.fired:
+            error = self._time_error(limits)
+            notes.append(
+                f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
+            )
+        if error is None and setup:
+            self.setup_cells.append(code)
+        value = value if cell.has_value else None
+        return RunResult(
+            value=value,
+            value_repr=_render(value, limits.max_value_repr_bytes) if cell.has_value and error is None else None,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            duration_s=time.perf_counter() - start,
+            notes=tuple(notes),
+            error=error,
+            external_calls=tuple(getattr(bridge, "calls", ())),
+        )
+
+    async def _execute(
+        self, code: Any, is_async: bool, watchdog: Watchdog, bridge: HostBridge
+    ) -> tuple[Any, ScriptError | None]:
+        namespace = self.namespace
+        try:
+            try:
+                if is_async:
+                    task = asyncio.ensure_future(eval(code, namespace))
+                    watchdog.attach(task)
+                    before = asyncio.all_tasks()
+                    try:
+                        await task
+                    finally:
+                        _cancel_leftovers(before, namespace, bridge)
+                else:
+                    exec(code, namespace)
+                return namespace.pop(RESULT_NAME, None), None
+            finally:
+                namespace.pop(RESULT_NAME, None)
+        except asyncio.CancelledError:
+            if not watchdog.fired:
+                raise  # the caller was cancelled, not the script
+            return None, None
+        except ScriptInterrupt:
+            return None, None
+        except SnapcellError as exc:
+            if isinstance(exc, ScriptError | LimitExceeded):
+                return None, exc
+            return None, _script_error(exc)
+        except BaseException as exc:  # the script boundary: SystemExit, KeyboardInterrupt, ...
+            return None, _script_error(exc)
+
+    def _time_error(self, limits: Limits) -> TimeLimitExceeded:
+        return TimeLimitExceeded(
+            f"the script was stopped after {limits.wall_time_s:g} s",
+            limit="wall_time_s",
+            value=limits.wall_time_s,
+            hint="Earlier variables are still defined. Make the script do less per run, or raise the limit.",
+        )
+
+    def _bind_host_functions(self, host_names: Collection[str]) -> None:
+        for name, value in list(self.namespace.items()):
+            if isinstance(value, HostFunction) and value.host_name == name and name not in host_names:
+                del self.namespace[name]
+        for name in host_names:
+            self.namespace[name] = HostFunction(name)
+
+    # -------------------------------------------------------- checkpoint
+
+    def variables(self) -> dict[str, Any]:
+        """The namespace's variables: everything but builtins and host-function bindings."""
+        return {
+            name: value
+            for name, value in self.namespace.items()
+            if name not in _NOT_VARIABLES and not (isinstance(value, HostFunction) and value.host_name == name)
+        }
+
+    def dump(
+        self, *, created_at: float, level: int = 1, on_unpicklable: Literal["skip", "fail"] = "skip"
+    ) -> tuple[bytearray, Manifest]:
+        """Serialize the namespace into an unsigned checkpoint body.
+
+        Raises:
+            UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
+        """
+        body, manifest = dump_namespace(
+            self.variables(),
+            namespace=self.namespace,
+            created_at=created_at,
+            level=level,
+            on_unpicklable=on_unpicklable,
+            setup_cells=self.setup_cells,
+            cells=self.cells,
+            cell_count=self.cell_count,
+            future_flags=self.future_flags,
+        )
+        if manifest.dropped:
+            self.pending_notes.append(_dropped_note(manifest))
+        return body, manifest
+
+    def load(self, body: bytes | bytearray | memoryview) -> Manifest:
+        """Replace the namespace with a verified checkpoint body; on error the namespace is unchanged.
+
+        Raises:
+            CheckpointCorrupt: The body is malformed.
+            CheckpointVersionError: Another format or Python version wrote it.
+        """
+        namespace = self._fresh_namespace()
+        loaded = load_namespace(
+            body, namespace=namespace, find_global=self._find_global, max_raw_bytes=self.limits.memory_bytes
+        )
+        namespace.update(loaded.variables)
+        # cloudpickle hands restored functions the real builtins; the policy's go back in.
+        namespace["__builtins__"] = self.builtins
+        namespace["__name__"] = "__main__"
+        manifest = loaded.manifest
+        self.namespace = namespace
+        self.setup_cells = list(manifest.setup_cells)
+        self.cell_count = manifest.cell_count
+        self.future_flags = manifest.future_flags
+        self.cells = list(manifest.cells)
+        first = manifest.cell_count - len(manifest.cells) + 1
+        for offset, source in enumerate(manifest.cells):
+            register_source(f"<cell-{first + offset}>", source)
+        notes = [_dropped_note(manifest)] if manifest.dropped else []
+        if loaded.failed:
+            names = ", ".join(f"{name} ({reason})" for name, reason in loaded.failed.items())
+            notes.append(f"could not be restored: {names}")
+        self.pending_notes.extend(notes)
+        return manifest
+
+
+def _dropped_note(manifest: Manifest) -> str:
+    names = ", ".join(f"{d.name} ({d.type_name})" for d in manifest.dropped)
+    return f"not saved in the checkpoint because they cannot be serialized: {names}; recreate them if needed"
+
+
+def _host_function(name: str) -> HostFunction:
+    return HostFunction(name)
+
+
+def _cancel_leftovers(before: set[asyncio.Task[Any]], namespace: dict[str, Any], bridge: HostBridge) -> None:
+    """Cancel tasks the script started and left running (its own coroutines or host calls)."""
+    for task in asyncio.all_tasks() - before:
+        frame = getattr(task.get_coro(), "cr_frame", None)
+        if not task.done() and frame is not None:
+            if frame.f_globals is namespace or frame.f_locals.get("self") is bridge:
+                task.cancel()
+
+
+def _stack_depth() -> int:
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return depth
+
+
+def _render(value: Any, limit: int | None) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a script-defined __repr__ may raise anything
+        return f"<{type(value).__name__} object; repr() failed: {type(exc).__name__}: {exc}>"
+    if limit is not None and len(text) > limit:
+        return f"{text[: limit // 2]} ...[{len(text) - limit} characters cut]... {text[-(limit // 2) :]}"
+    return text
+
+
+def _script_error(exc: BaseException) -> ScriptError:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell-")]
+    message = str(exc) if not isinstance(exc, KeyError) else repr(exc.args[0]) if exc.args else ""
+    exc_type = type(exc).__name__
+    lines = []
+    if frames:
+        lines.append("Traceback (most recent call last):")
+        lines.extend(s.rstrip("\n") for s in traceback.format_list(frames))
+    lines.append(f"{exc_type}: {message}" if message else exc_type)
+    hint = ""
+    if isinstance(exc, SystemExit | KeyboardInterrupt):
+        hint = "Scripts cannot exit the session; return a value instead."
+    last = frames[-1] if frames else None
+    error = ScriptError(
+        f"{exc_type}: {reprlib.repr(message)[1:-1] if message else ''}".rstrip(": "),
+        exc_type=exc_type,
+        exc_message=message,
+        traceback_text="\n".join(lines),
+        lineno=last.lineno if last else None,
+        cell=last.filename if last else None,
+        hint=hint,
+    )
+    error.__cause__ = exc
+    return error
