@@ -70,7 +70,9 @@ class LocalStore:
 
     # ------------------------------------------------------------ operations
 
-    def put(self, key: str, data: bytes, *, expires_at: float | None = None, overwrite: bool = False) -> None:
+    def put(
+        self, key: str, data: bytes | bytearray, *, expires_at: float | None = None, overwrite: bool = False
+    ) -> None:
         """See `Store.put`; ``expires_at`` is not recorded (cleanup goes by file modification time)."""
         path = self._path(key)
         with map_exceptions(_OS_ERRORS, f"cannot write {key!r} to {self.url}"):
@@ -175,7 +177,7 @@ class LocalStore:
         return f"LocalStore({str(self._root)!r})"
 
 
-def _write_atomic(path: Path, data: bytes, *, overwrite: bool, what: str) -> None:
+def _write_atomic(path: Path, data: bytes | bytearray, *, overwrite: bool, what: str) -> None:
     """Write ``data`` to a temporary file next to ``path``, fsync it, then link or rename it into place.
 
     Raises:

@@ -40,7 +40,9 @@ class MemoryStore:
         """``memory://`` followed by the store's name."""
         return f"memory://{self._name}"
 
-    def put(self, key: str, data: bytes, *, expires_at: float | None = None, overwrite: bool = False) -> None:
+    def put(
+        self, key: str, data: bytes | bytearray, *, expires_at: float | None = None, overwrite: bool = False
+    ) -> None:
         """See `Store.put`; ``expires_at`` is recorded but never acted on."""
         validate_key(key)
         entry = _Entry(bytes(data), self._now(), expires_at)

@@ -51,7 +51,9 @@ class Store(Protocol):
         """The URL that `open_store` would open this store from."""
         ...
 
-    def put(self, key: str, data: bytes, *, expires_at: float | None = None, overwrite: bool = False) -> None:
+    def put(
+        self, key: str, data: bytes | bytearray, *, expires_at: float | None = None, overwrite: bool = False
+    ) -> None:
         """Store ``data`` under ``key``; create-only unless ``overwrite``.
 
         Args:
@@ -171,7 +173,9 @@ class AsyncStore:
         """The wrapped store's URL."""
         return self.sync.url
 
-    async def put(self, key: str, data: bytes, *, expires_at: float | None = None, overwrite: bool = False) -> None:
+    async def put(
+        self, key: str, data: bytes | bytearray, *, expires_at: float | None = None, overwrite: bool = False
+    ) -> None:
         """See `Store.put`."""
         await asyncio.to_thread(self.sync.put, key, data, expires_at=expires_at, overwrite=overwrite)
 

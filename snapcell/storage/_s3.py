@@ -176,7 +176,9 @@ class S3Store:
 
     # ------------------------------------------------------------ operations
 
-    def put(self, key: str, data: bytes, *, expires_at: float | None = None, overwrite: bool = False) -> None:
+    def put(
+        self, key: str, data: bytes | bytearray, *, expires_at: float | None = None, overwrite: bool = False
+    ) -> None:
         """See `Store.put`; ``expires_at`` is kept as object metadata (``snapcell-expires-at``)."""
         full = self._full(validate_key(key))
         metadata = {"snapcell-expires-at": f"{expires_at:.3f}"} if expires_at is not None else {}
@@ -196,7 +198,7 @@ class S3Store:
             else:
                 self._put_multipart_create_only(full, data, metadata)
 
-    def _put_multipart_create_only(self, full: str, data: bytes, metadata: dict[str, str]) -> None:
+    def _put_multipart_create_only(self, full: str, data: bytes | bytearray, metadata: dict[str, str]) -> None:
         # The transfer manager does not pass IfNoneMatch through (s3transfer 0.19 rejects it in ExtraArgs), and a
         # head-then-upload check would race. CompleteMultipartUpload accepts If-None-Match itself, so drive the
         # parts directly: the object appears only if the key is still free when the upload completes.

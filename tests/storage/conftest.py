@@ -15,8 +15,8 @@ try:
 except ModuleNotFoundError:  # neither installed nor on pythonpath: run from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from snapcell.storage import LocalStore, MemoryStore, S3Config, S3Store, Store  # noqa: E402
-from tests.s3server import TEST_CREDENTIALS, TEST_REGION, s3_server  # noqa: E402
+from snapcell.storage import LocalStore, MemoryStore, S3Config, S3Store, Store
+from tests.s3server import TEST_CREDENTIALS, TEST_REGION, s3_server
 
 __all__ = ["s3_server"]
 
@@ -74,4 +74,3 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         made = request.getfixturevalue("s3_store")
     yield made
     made.close()
-

@@ -29,6 +29,12 @@ def test_binary_data_is_preserved(store: Store) -> None:
     assert store.get("bin") == data
 
 
+def test_bytearray_data_is_accepted(store: Store) -> None:
+    store.put("ba", bytearray(b"mutable"))
+    assert store.get("ba") == b"mutable"
+    assert isinstance(store.get("ba"), bytes)
+
+
 def test_create_only_refuses_and_keeps_original(store: Store) -> None:
     store.put("k", b"original")
     with pytest.raises(ObjectExists) as info:

@@ -109,9 +109,7 @@ def test_multipart_overwrite_uses_transfer_manager(s3_store: S3Store, s3_client)
 
 
 def test_unreachable_endpoint_fails_fast() -> None:
-    config = S3Config(
-        endpoint_url=f"http://127.0.0.1:{_closed_port()}", region_name=TEST_REGION, **TEST_CREDENTIALS
-    )
+    config = S3Config(endpoint_url=f"http://127.0.0.1:{_closed_port()}", region_name=TEST_REGION, **TEST_CREDENTIALS)
     store = S3Store("bucket", config=config)
     start = time.monotonic()
     with pytest.raises(StorageUnavailable) as info:

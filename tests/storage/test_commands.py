@@ -1,0 +1,218 @@
+"""The storage CLI commands, through `add_commands` on a parser built here."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from snapcell.errors import ConfigError
+from snapcell.storage import LocalStore, S3Config, S3Store, add_commands, parse_duration, parse_size
+from snapcell.storage._commands import _Progress
+
+DAY = 86400.0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="snapcell")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def run(*argv: str) -> int:
+    args = make_parser().parse_args(list(argv))
+    code = args.func(args)
+    assert isinstance(code, int)
+    return code
+
+
+def age(root: Path, key: str, seconds: float) -> None:
+    t = time.time() - seconds
+    os.utime(root / key, (t, t))
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> tuple[Path, LocalStore]:
+    store = LocalStore(tmp_path / "store")
+    for i, days in enumerate([10, 9, 3, 2, 0]):
+        key = f"checkpoints/k{i}"
+        store.put(key, b"x" * 100)
+        age(store.root, key, days * DAY + (0 if days else 60))
+    return store.root, store
+
+
+def test_cleanup_json(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
+    root, store = local
+    assert run("cleanup", f"file://{root}", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["deleted_expired_objects"] == 2
+    assert report["kept_objects"] == 3
+    assert [o.key for o in store.scan()] == ["checkpoints/k2", "checkpoints/k3", "checkpoints/k4"]
+
+
+def test_cleanup_dry_run_text(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
+    root, store = local
+    assert run("cleanup", str(root), "--dry-run", "--ttl", "1d") == 0
+    out = capsys.readouterr().out
+    assert "would delete 4 expired" in out
+    assert len(list(store.scan())) == 5
+
+
+def test_cleanup_over_quota_exits_non_zero(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
+    root, store = local
+    code = run("cleanup", str(root), "--quota", "150", "--keep", "checkpoints/k2", "checkpoints/k3", "--json")
+    assert code == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["over_quota"] is True
+    assert report["quota_bytes"] == 150
+    # k4 is younger than the 1 h grace period; k2 and k3 are kept.
+    assert [o.key for o in store.scan()] == ["checkpoints/k2", "checkpoints/k3", "checkpoints/k4"]
+
+
+def test_cleanup_quota_and_grace(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
+    root, store = local
+    assert run("cleanup", str(root), "--quota", "0.1KB", "--grace", "30s", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["deleted_quota_objects"] == 2
+    assert [o.key for o in store.scan()] == ["checkpoints/k4"]
+
+
+def test_usage_text_and_json(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
+    root, _ = local
+    assert run("usage", str(root)) == 0
+    out = capsys.readouterr().out
+    assert "total" in out and "500 B" in out
+    assert run("usage", str(root), "--json", "--ttl", "3.5d") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total_objects"] == 5
+    assert data["expired_objects"] == 2  # 10 and 9 days old
+    assert data["expiring_24h_objects"] == 1  # 3 days old: expires in half a day
+
+
+def test_bad_store_url_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("cleanup", "ftp://nowhere") == 2
+    assert "unknown store scheme" in capsys.readouterr().err
+    assert run("usage", "gs://bucket") == 2
+
+
+def test_storage_error_exit_code(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    assert run("usage", "s3://bucket/p", "--endpoint-url", closed) == 3
+    assert "check the endpoint URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cleanup", "x", "--ttl", "7x"], "invalid duration '7x'"),
+        (["cleanup", "x", "--grace", "soon"], "invalid duration 'soon'"),
+        (["cleanup", "x", "--quota", "10 parsecs"], "invalid size '10 parsecs'"),
+        (["usage", "x", "--ttl=-1d"], "invalid duration '-1d'"),
+        (["s3", "setup"], "STORE_URL"),
+    ],
+)
+def test_argument_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        make_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("30m", 1800), ("12h", 43200), ("7d", 604800), ("1w", 604800), ("45", 45), ("1.5h", 5400)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("10GiB", 10 * 1024**3),
+        ("500MB", 500_000_000),
+        ("1024", 1024),
+        ("2KiB", 2048),
+        ("1.5kb", 1500),
+        ("3 TB", 3 * 10**12),
+        ("7B", 7),
+        ("1g", 10**9),
+    ],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "abc", "10XB", "-5", "1e3", "GiB"])
+def test_parse_size_errors(text: str) -> None:
+    with pytest.raises(ConfigError, match="invalid size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["", "d", "7days", "-1s", "1y"])
+def test_parse_duration_errors(text: str) -> None:
+    with pytest.raises(ConfigError, match="invalid duration"):
+        parse_duration(text)
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_terminal_rewrites_one_line() -> None:
+    stream = FakeTTY()
+    progress = _Progress(stream, "deleting", interval_s=0)
+    for done in range(4):
+        progress(done, 3)
+    progress.finish()
+    assert stream.getvalue() == "\rdeleting: 0/3 (0%)\rdeleting: 1/3 (33%)\rdeleting: 2/3 (66%)\rdeleting: 3/3 (100%)\n"
+
+
+def test_progress_off_terminal_prints_plain_lines() -> None:
+    stream = io.StringIO()
+    progress = _Progress(stream, "deleting")
+    for done in range(1001):
+        progress(done, 1000)
+    progress.finish()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "deleting: 0/1000 (0%)"
+    assert lines[-1] == "deleting: 1000/1000 (100%)"
+    assert len(lines) == 2  # throttled: one line every 5 s, plus the last
+
+
+@pytest.mark.integration
+def test_s3_setup(s3_bucket: str, s3_server: str, s3_client, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert run("s3", "setup", f"s3://{s3_bucket}/proj", "--ttl", "3d", "--endpoint-url", s3_server) == 0
+    out = capsys.readouterr().out
+    assert "expire after 4 days" in out
+    rules = s3_client.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"]
+    assert [r["Filter"]["Prefix"] for r in rules] == ["proj/checkpoints/"]
+    assert run("s3", "setup", "file:///tmp/x") == 2
+
+
+@pytest.mark.integration
+def test_cleanup_cli_on_s3(s3_bucket: str, s3_config: S3Config, s3_server: str, capsys, monkeypatch) -> None:
+    store = S3Store(s3_bucket, "p", config=s3_config)
+    store.put("checkpoints/a", b"x" * 10)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("SNAPCELL_S3_ENDPOINT_URL", s3_server)
+    assert run("cleanup", f"s3://{s3_bucket}/p", "--json", "--ttl", "0s", "--grace", "0s") == 0
+    assert json.loads(capsys.readouterr().out)["deleted_expired_objects"] == 1
+    assert list(store.scan()) == []
