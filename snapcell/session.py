@@ -50,6 +50,7 @@ class AsyncSession:
         self._closed = False
         self._busy = False
         self.checkpoint_id: bytes | None = None
+        self.checkpoint_bytes: int | None = None
         self.manifest: Manifest | None = None
 
     def _start(self) -> None:
@@ -111,6 +112,7 @@ class AsyncSession:
                 body = self._keyring.verify(blob, cid)
             self.manifest = await self._backend.load(body)
             self.checkpoint_id = cid.raw
+            self.checkpoint_bytes = len(blob)
         finally:
             self._busy = False
 
@@ -202,6 +204,7 @@ class AsyncSession:
                 blob = self._keyring.sign(body, cid)
             await self._store.put(cid.storage_key, blob, expires_at=now + self._ttl_s)
             self.checkpoint_id = cid.raw
+            self.checkpoint_bytes = len(blob)
             self.manifest = manifest
             return cid.raw
         finally:
@@ -235,6 +238,11 @@ class Session:
     def checkpoint_id(self) -> bytes | None:
         """ID of the checkpoint last loaded or dumped, if any."""
         return self._inner.checkpoint_id
+
+    @property
+    def checkpoint_bytes(self) -> int | None:
+        """Size in bytes of the checkpoint last loaded or dumped, if any."""
+        return self._inner.checkpoint_bytes
 
     @property
     def manifest(self) -> Manifest | None:
