@@ -129,10 +129,11 @@ class LocalStore:
                 if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
                     yield from self._walk(Path(entry.path), key + "/", prefix)
             elif key.startswith(prefix) and entry.is_file(follow_symlinks=False):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # deleted since the directory was listed
+                with map_exceptions(_OS_ERRORS, f"cannot stat {key!r} in {self.url}"):
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # deleted since the directory was listed
                 yield ObjectInfo(key=key, size=st.st_size, created_at=st.st_mtime)
 
     def secret(self, name: str = "signing-key", size: int = 32) -> bytes:
