@@ -11,14 +11,14 @@ from snapcell.pool import Pool
 
 __all__ = ["TOOLS", "TURN_1", "TURN_2", "run_demo", "run_turn"]
 
-_CUSTOMERS = [
+_CUSTOMERS: list[dict[str, str | None]] = [
     {"id": "c-1", "name": "Acme", "churned_at": "2026-08-14"},
     {"id": "c-2", "name": "Globex", "churned_at": None},
     {"id": "c-3", "name": "Initech", "churned_at": "2026-09-02"},
 ]
 
 
-def list_customers() -> list[dict[str, Any]]:
+def list_customers() -> list[dict[str, str | None]]:
     """Host function: every customer, with the date it churned (or None)."""
     return [dict(c) for c in _CUSTOMERS]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
@@ -12,6 +13,7 @@ from typing import Any, Literal
 from snapcell.checkpoint import Keyring
 from snapcell.errors import ConfigError, SessionError
 from snapcell.runner import Backend, InlineBackend, Limits, Policy
+from snapcell.runner._process import ProcessBackend, WorkerPool
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import AsyncStore, LocalStore, MemoryStore, Store, open_store
@@ -19,7 +21,7 @@ from snapcell.storage import AsyncStore, LocalStore, MemoryStore, Store, open_st
 __all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool"]
 
 DEFAULT_TTL_S = 7 * 86400.0
-Isolation = Literal["inline"]
+Isolation = Literal["process", "inline"]
 # A memory store lives as long as the process, and so does its key.
 _PROCESS_KEY = secrets.token_bytes(32)
 
@@ -57,7 +59,12 @@ class AsyncPool:
         ttl_s: Seconds a checkpoint stays loadable (default 7 days); older IDs raise `CheckpointExpired`.
         policy: What scripts may import and touch; the default allows safe standard-library modules.
         limits: Default limits of every run.
-        isolation: ``"inline"`` runs scripts in this process (no protection; trusted code and tests).
+        isolation: ``"process"`` (default) runs each session in its own sandboxed worker process, the
+            security boundary; ``"inline"`` runs scripts in this process: fastest, and no protection at all
+            (trusted code and tests only).
+        min_warm_workers: Worker processes kept started ahead of time, so a checkout skips the start-up.
+        max_workers: Worker processes alive at once (default: the CPU count); a checkout waits for a free one.
+        checkout_timeout_s: Seconds a checkout waits for a free worker before `SessionError`.
         compression_level: zstd level for checkpoints (1 is fast and compresses well).
         clock: Returns the current time in seconds; injectable for tests.
 
@@ -73,12 +80,22 @@ class AsyncPool:
         ttl_s: float = DEFAULT_TTL_S,
         policy: Policy | None = None,
         limits: Limits | None = None,
-        isolation: Isolation = "inline",
+        isolation: Isolation = "process",
+        min_warm_workers: int = 1,
+        max_workers: int | None = None,
+        checkout_timeout_s: float = 30.0,
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if isolation != "inline":
-            raise ConfigError(f"isolation must be 'inline', not {isolation!r}")
+        if isolation not in ("process", "inline"):
+            raise ConfigError(f"isolation must be 'process' or 'inline', not {isolation!r}")
+        max_workers = max_workers if max_workers is not None else max(os.cpu_count() or 1, 1)
+        if not isinstance(max_workers, int) or max_workers < 1:
+            raise ConfigError(f"max_workers must be a positive integer, not {max_workers!r}")
+        if not isinstance(min_warm_workers, int) or not 0 <= min_warm_workers <= max_workers:
+            raise ConfigError(f"min_warm_workers must be an integer from 0 to max_workers, not {min_warm_workers!r}")
+        if not isinstance(checkout_timeout_s, int | float) or checkout_timeout_s <= 0:
+            raise ConfigError(f"checkout_timeout_s must be a positive number, not {checkout_timeout_s!r}")
         if not isinstance(ttl_s, int | float) or ttl_s <= 0:
             raise ConfigError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
         if not isinstance(compression_level, int) or not -7 <= compression_level <= 22:
@@ -91,18 +108,51 @@ class AsyncPool:
         self.isolation = isolation
         self.compression_level = compression_level
         self.clock = clock
+        self.min_warm_workers = min_warm_workers
+        self.max_workers = max_workers
+        self.checkout_timeout_s = float(checkout_timeout_s)
+        self._workers: WorkerPool | None = None
         self._async_store = AsyncStore(self.store)
         self._closed = False
         self._sessions: set[AsyncSession] = set()
 
     async def __aenter__(self) -> AsyncPool:
+        if self.isolation == "process":
+            self._worker_pool().fill()
         return self
+
+    def _worker_pool(self) -> WorkerPool:
+        if self._workers is None:
+            self._workers = WorkerPool(
+                min_warm=self.min_warm_workers,
+                max_workers=self.max_workers,
+                checkout_timeout_s=self.checkout_timeout_s,
+            )
+        return self._workers
+
+    async def isolation_report(self) -> dict[str, str]:
+        """Which isolation layers a worker of this pool has: each layer is "active", "off" or "unavailable: why".
+
+        In inline mode every layer is reported as "off".
+        """
+        if self.isolation == "inline":
+            return {"process": "off (inline mode)"}
+        backend = ProcessBackend(self._worker_pool(), policy=self.policy, limits=self.limits)
+        await backend.start()
+        try:
+            return {"process": "active", **backend.sandbox}
+        finally:
+            await backend.close()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def _backend(self, policy: Policy, limits: Limits) -> Backend:
-        return InlineBackend(policy=policy, limits=limits)
+    async def _backend(self, policy: Policy, limits: Limits) -> Backend:
+        if self.isolation == "inline":
+            return InlineBackend(policy=policy, limits=limits)
+        backend = ProcessBackend(self._worker_pool(), policy=policy, limits=limits)
+        await backend.start()
+        return backend
 
     @asynccontextmanager
     async def checkout(
@@ -129,7 +179,12 @@ class AsyncPool:
             raise SessionError("the pool is closed; create a new pool")
         limits = limits or self.limits
         checker = TypeChecker(type_check_stubs) if type_check else None
-        backend = self._backend(policy or self.policy, limits)
+        try:
+            backend = await self._backend(policy or self.policy, limits)
+        except BaseException:
+            if checker is not None:
+                checker.close()
+            raise
         session = AsyncSession(
             backend=backend,
             store=self._async_store,
@@ -157,6 +212,8 @@ class AsyncPool:
         self._closed = True
         for session in list(self._sessions):
             session._close()
+        if self._workers is not None:
+            await self._workers.close()
         self.store.close()
 
 
@@ -188,6 +245,11 @@ class Pool:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def isolation_report(self) -> dict[str, str]:
+        """See `AsyncPool.isolation_report`."""
+        report: dict[str, str] = self._call(self._inner.isolation_report())
+        return report
 
     @contextmanager
     def checkout(self, **options: Any) -> Iterator[Session]:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 from snapcell.checkpoint import CheckpointId, Keyring, Manifest
-from snapcell.errors import CheckpointExpired, CheckpointNotFound, SessionError, TypingError
+from snapcell.errors import CheckpointExpired, CheckpointNotFound, SessionError, SnapcellError, TypingError, WorkerLost
 from snapcell.runner import Backend, Limits, RunResult
 from snapcell.runner._host import validate_lookup
 from snapcell.runner._typecheck import TypeChecker
@@ -49,6 +49,7 @@ class AsyncSession:
         self._checker = checker
         self._closed = False
         self._busy = False
+        self._setup_since_checkpoint: list[str] = []
         self.checkpoint_id: bytes | None = None
         self.checkpoint_bytes: int | None = None
         self.manifest: Manifest | None = None
@@ -96,25 +97,45 @@ class AsyncSession:
         """
         self._start()
         try:
-            cid = self.parse_id(checkpoint_id)
-            try:
-                blob = await self._store.get(cid.storage_key)
-            except CheckpointNotFound as exc:
-                raise CheckpointNotFound(
-                    f"no checkpoint is stored for ID {cid.raw.hex()[:16]}...; it was deleted by cleanup or never "
-                    "written to this store; start a fresh session",
-                    checkpoint_id=cid.raw,
-                    key=cid.storage_key,
-                ) from exc
-            if len(blob) > _THREAD_BYTES:
-                body = await asyncio.to_thread(self._keyring.verify, blob, cid)
-            else:
-                body = self._keyring.verify(blob, cid)
-            self.manifest = await self._backend.load(body)
-            self.checkpoint_id = cid.raw
-            self.checkpoint_bytes = len(blob)
+            await self._load(checkpoint_id)
+            self._setup_since_checkpoint = []
+        except WorkerLost:
+            await self._restore("load")
+            raise
         finally:
             self._busy = False
+
+    async def _load(self, checkpoint_id: bytes | bytearray | str) -> None:
+        cid = self.parse_id(checkpoint_id)
+        try:
+            blob = await self._store.get(cid.storage_key)
+        except CheckpointNotFound as exc:
+            raise CheckpointNotFound(
+                f"no checkpoint is stored for ID {cid.raw.hex()[:16]}...; it was deleted by cleanup or never "
+                "written to this store; start a fresh session",
+                checkpoint_id=cid.raw,
+                key=cid.storage_key,
+            ) from exc
+        if len(blob) > _THREAD_BYTES:
+            body = await asyncio.to_thread(self._keyring.verify, blob, cid)
+        else:
+            body = self._keyring.verify(blob, cid)
+        self.manifest = await self._backend.load(body)
+        self.checkpoint_id = cid.raw
+        self.checkpoint_bytes = len(blob)
+
+    async def _restore(self, during: str) -> None:
+        """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
+        source = "its last checkpoint" if self.checkpoint_id is not None else "an empty namespace"
+        note = f"the Python session restarted (its worker was lost during {during}); it continues from {source}"
+        try:
+            if self.checkpoint_id is not None:
+                await self._load(self.checkpoint_id)
+            else:
+                await self._backend.reset()
+            await self._backend.queue(notes=[note], setup_cells=list(self._setup_since_checkpoint))
+        except SnapcellError as exc:
+            raise SessionError(f"the session could not be restored after its worker was lost: {exc}") from exc
 
     async def run(
         self,
@@ -150,7 +171,14 @@ class AsyncSession:
                     await self._checker.acheck_or_raise(code, declarations=declarations)
                 except TypingError as exc:
                     return RunResult(error=exc)
-            return await self._backend.run(code, lookup=lookup, setup=setup, limits=limits or self._limits)
+            try:
+                result = await self._backend.run(code, lookup=lookup, setup=setup, limits=limits or self._limits)
+            except WorkerLost:
+                await self._restore("run")
+                raise
+            if setup and result.error is None and code not in self._setup_since_checkpoint:
+                self._setup_since_checkpoint.append(code)
+            return result
         finally:
             self._busy = False
 
@@ -196,7 +224,13 @@ class AsyncSession:
         self._start()
         try:
             now = self._clock()
-            body, manifest = await self._backend.dump(created_at=now, level=self._level, on_unpicklable=on_unpicklable)
+            try:
+                body, manifest = await self._backend.dump(
+                    created_at=now, level=self._level, on_unpicklable=on_unpicklable
+                )
+            except WorkerLost:
+                await self._restore("dump")
+                raise
             cid = self._keyring.new_id(now)
             if len(body) > _THREAD_BYTES:
                 blob = await asyncio.to_thread(self._keyring.sign, body, cid)
@@ -206,6 +240,7 @@ class AsyncSession:
             self.checkpoint_id = cid.raw
             self.checkpoint_bytes = len(blob)
             self.manifest = manifest
+            self._setup_since_checkpoint = []
             return cid.raw
         finally:
             self._busy = False
@@ -217,6 +252,7 @@ class AsyncSession:
             await self._backend.reset()
             self.checkpoint_id = None
             self.manifest = None
+            self._setup_since_checkpoint = []
         finally:
             self._busy = False
 

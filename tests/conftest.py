@@ -10,7 +10,7 @@ import pytest
 from snapcell import Pool, RunResult, Session
 
 # Every scenario runs in each isolation mode listed here.
-ISOLATIONS = ["inline"]
+ISOLATIONS = ["inline", "process"]
 
 
 @pytest.fixture(scope="session", params=ISOLATIONS)

@@ -40,6 +40,10 @@ class Backend(Protocol):
         """Start again from an empty namespace."""
         ...
 
+    async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
+        """Add notes for the next run, and setup cells to run before its cell."""
+        ...
+
     async def declarations(self) -> str:
         """Type declarations for the namespace's variables (for the type checker)."""
         ...
@@ -76,6 +80,10 @@ class InlineBackend:
 
     async def reset(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
+        self.runner.pending_notes.extend(notes)
+        self.runner.pending_setup.extend(setup_cells)
 
     async def declarations(self) -> str:
         return declarations_from_namespace(self.runner.variables())

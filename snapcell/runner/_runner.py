@@ -6,6 +6,7 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import reprlib
 import sys
@@ -55,6 +56,8 @@ class Runner:
         self.cell_count = 0
         self.future_flags = 0
         self.pending_notes: list[str] = []
+        # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
+        self.pending_setup: list[str] = []
         self._find_global = make_find_global(
             policy.allows_module,
             {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
@@ -87,7 +90,29 @@ class Runner:
             The result; ``error`` is set when the script failed, was blocked or timed out.
         """
         limits = limits or self.limits
+        backlog, self.pending_setup = self.pending_setup, []
+        if backlog:
+            failed = []
+            for source in backlog:
+                setup_result = await self._run_one(source, bridge, host_names, True, limits, [])
+                if setup_result.error is not None:
+                    failed.append(f"{setup_result.error.exc_type}: {setup_result.error.exc_message}"[:200])
+            count = f"{len(backlog)} setup cell{'s' if len(backlog) != 1 else ''}"
+            self.pending_notes.append(
+                f"{count} were run again" + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
+            )
         notes, self.pending_notes = self.pending_notes, []
+        return await self._run_one(code, bridge, host_names, setup, limits, notes)
+
+    async def _run_one(
+        self,
+        code: str,
+        bridge: HostBridge,
+        host_names: Collection[str],
+        setup: bool,
+        limits: Limits,
+        notes: list[str],
+    ) -> RunResult:
         start = time.perf_counter()
         filename = f"<cell-{self.cell_count + 1}>"
         if not isinstance(code, str):
@@ -124,7 +149,7 @@ class Runner:
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
             )
-        if error is None and setup:
+        if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
         return RunResult(
@@ -243,6 +268,10 @@ class Runner:
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
         notes = [_dropped_note(manifest)] if manifest.dropped else []
+        rebuild = _setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
+        if rebuild:
+            self.pending_setup.extend(rebuild)
+            notes.append("dropped variables are rebuilt by running again the setup cells that assign them")
         if loaded.failed:
             names = ", ".join(f"{name} ({reason})" for name, reason in loaded.failed.items())
             notes.append(f"could not be restored: {names}")
@@ -253,6 +282,35 @@ class Runner:
 def _dropped_note(manifest: Manifest) -> str:
     names = ", ".join(f"{d.name} ({d.type_name})" for d in manifest.dropped)
     return f"not saved in the checkpoint because they cannot be serialized: {names}; recreate them if needed"
+
+
+def _setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
+    """The setup cells that bind any of ``names`` at top level, in order."""
+    if not names:
+        return []
+    chosen = []
+    for source in setup_cells:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        bound = (
+            {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+            | {
+                node.name
+                for node in tree.body
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            }
+            | {
+                (alias.asname or alias.name).split(".")[0]
+                for node in tree.body
+                if isinstance(node, ast.Import | ast.ImportFrom)
+                for alias in node.names
+            }
+        )
+        if bound & names:
+            chosen.append(source)
+    return chosen
 
 
 def _host_function(name: str) -> HostFunction:

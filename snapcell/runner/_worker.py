@@ -1,0 +1,342 @@
+"""The worker process: one session's runner behind a socket, started as ``python -I -m snapcell.runner._worker FD``.
+
+It is spawned fresh (never forked from the host) with an empty environment, imports what it needs,
+waits for its session's settings, applies the sandbox, and then serves requests one at a time.
+It holds no signing key and no storage client: checkpoints leave it as unsigned bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from snapcell.errors import CheckpointError, ConfigError, OutputLimitExceeded, SnapcellError
+from snapcell.runner._limits import Limits
+from snapcell.runner._policy import Policy
+from snapcell.runner._runner import Runner
+from snapcell.runner._typecheck import declarations_from_namespace
+from snapcell.runner._wire import (
+    FRAME,
+    MAX_MESSAGE_BYTES,
+    NotPlainData,
+    decode,
+    encode,
+    error_to_plain,
+    to_plain,
+)
+
+__all__ = ["main"]
+
+_WAIT_SLICE_S = 0.05
+
+
+class Channel:
+    """Frames over the socket to the host; sends may come from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+
+    def send(self, message: dict[str, Any], blob: bytes | bytearray | memoryview = b"") -> None:
+        payload = encode(message)
+        with self._send_lock:
+            self._sock.sendall(FRAME.pack(len(payload), len(blob)) + payload)
+            if blob:
+                self._sock.sendall(blob)
+
+    def _read_exactly(self, size: int) -> bytearray:
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = self._sock.recv_into(view[got:])
+            if n == 0:
+                raise EOFError
+            got += n
+        return buf
+
+    def receive(self) -> tuple[dict[str, Any], bytearray]:
+        size, blob_size = FRAME.unpack(self._read_exactly(FRAME.size))
+        if size > MAX_MESSAGE_BYTES:
+            raise EOFError  # a broken host; nothing sensible to do but stop
+        message = decode(self._read_exactly(size))
+        return message, self._read_exactly(blob_size) if blob_size else bytearray()
+
+
+class WorkerBridge:
+    """Carries a run's host-function calls to the host and waits for their results."""
+
+    def __init__(self, channel: Channel, host: dict[str, bool], loop: asyncio.AbstractEventLoop, limits: Limits):
+        self._channel = channel
+        self._host = host
+        self._loop = loop
+        self._max_calls = limits.max_host_calls
+        self._started = 0
+        self._next_id = 0
+        self._lock = threading.Lock()
+        self._waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name not in self._host:
+            raise NameError(f"host function {name!r} is not available in this run")
+        self._started += 1
+        if self._max_calls is not None and self._started > self._max_calls:
+            raise OutputLimitExceeded(
+                f"the run made more than {self._max_calls} host-function calls",
+                limit="max_host_calls",
+                value=self._max_calls,
+                hint="Batch the work into fewer calls.",
+            )
+        try:
+            plain_args, plain_kwargs = to_plain(list(args)), to_plain(kwargs)
+        except NotPlainData as exc:
+            raise TypeError(f"arguments of host function {name}() must be plain data: {exc}") from None
+        if self._host[name]:
+            return self._call_async(name, plain_args, plain_kwargs)
+        return self._call_sync(name, plain_args, plain_kwargs)
+
+    def _request(self, name: str, args: list[Any], kwargs: dict[str, Any], deliver: Callable[..., None]) -> int:
+        with self._lock:
+            self._next_id += 1
+            call_id = self._next_id
+            self._waiting[call_id] = deliver
+        self._channel.send({"op": "call", "id": call_id, "name": name, "args": args, "kwargs": kwargs})
+        return call_id
+
+    def _call_sync(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        done = threading.Event()
+        box: list[dict[str, Any]] = []
+
+        def deliver(message: dict[str, Any]) -> None:
+            box.append(message)
+            done.set()
+
+        call_id = self._request(name, args, kwargs, deliver)
+        try:
+            # Short waits keep the thread interruptible by the wall-time watchdog.
+            while not done.wait(_WAIT_SLICE_S):
+                pass
+        finally:
+            with self._lock:
+                self._waiting.pop(call_id, None)
+        return _unpack_result(box[0])
+
+    async def _call_async(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+
+        def deliver(message: dict[str, Any]) -> None:
+            self._loop.call_soon_threadsafe(_settle, future, message)
+
+        call_id = self._request(name, args, kwargs, deliver)
+        try:
+            return _unpack_result(await future)
+        finally:
+            with self._lock:
+                self._waiting.pop(call_id, None)
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Hand a host result to the call waiting for it (called by the reader thread)."""
+        with self._lock:
+            deliver = self._waiting.get(message.get("id", -1))
+        if deliver is not None:
+            deliver(message)
+
+
+def _settle(future: asyncio.Future[dict[str, Any]], message: dict[str, Any]) -> None:
+    if not future.done():
+        future.set_result(message)
+
+
+_HOST_ERRORS: dict[str, type[Exception]] = {
+    name: cls
+    for name, cls in vars(__import__("builtins")).items()
+    if isinstance(cls, type) and issubclass(cls, Exception) and not name.startswith("_")
+}
+
+
+def _unpack_result(message: dict[str, Any]) -> Any:
+    if "error" in message:
+        error = message["error"]
+        cls = _HOST_ERRORS.get(str(error.get("type")), RuntimeError)
+        text = str(error.get("message", ""))
+        raise cls(text if cls is not RuntimeError else f"{error.get('type')}: {text}")
+    return message.get("value")
+
+
+class Worker:
+    """Serves one session's requests."""
+
+    def __init__(self, channel: Channel, runner: Runner) -> None:
+        self.channel = channel
+        self.runner = runner
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.requests: queue.Queue[tuple[dict[str, Any], bytearray] | None] = queue.Queue()
+        self.bridge: WorkerBridge | None = None
+
+    def read_forever(self) -> None:
+        """Reader thread: results of host calls go to the bridge, requests to the main thread."""
+        try:
+            while True:
+                message, blob = self.channel.receive()
+                if message.get("op") == "result":
+                    if self.bridge is not None:
+                        self.bridge.deliver(message)
+                else:
+                    self.requests.put((message, blob))
+        except (EOFError, OSError, ValueError):
+            pass
+        # The host is gone or closed the channel: nothing of this session may outlive it.
+        os._exit(0)
+
+    def serve(self) -> None:
+        while True:
+            item = self.requests.get()
+            if item is None:
+                return
+            message, blob = item
+            op = message.get("op")
+            try:
+                reply, out = self.handle(op, message, blob)
+            except SnapcellError as exc:
+                reply, out = {"op": "error", "error": error_to_plain(exc)}, b""
+            self.channel.send(reply, out)
+            if op == "close":
+                return
+
+    def handle(self, op: Any, message: dict[str, Any], blob: bytearray) -> tuple[dict[str, Any], bytes | bytearray]:
+        if op == "run":
+            return self.run(message), b""
+        if op == "dump":
+            body, manifest = self.runner.dump(
+                created_at=float(message["created_at"]),
+                level=int(message["level"]),
+                on_unpicklable="fail" if message.get("on_unpicklable") == "fail" else "skip",
+            )
+            return {"op": "dumped", "manifest": manifest.model_dump_json()}, body
+        if op == "load":
+            manifest = self.runner.load(blob)
+            return {"op": "loaded", "manifest": manifest.model_dump_json()}, b""
+        if op == "queue":
+            self.runner.pending_notes.extend(str(n) for n in message.get("notes", ()))
+            self.runner.pending_setup.extend(str(c) for c in message.get("setup_cells", ()))
+            return {"op": "queued"}, b""
+        if op == "declarations":
+            return {"op": "declarations", "text": declarations_from_namespace(self.runner.variables())}, b""
+        if op == "reset":
+            self.runner = Runner(policy=self.runner.policy, limits=self.runner.limits)
+            return {"op": "reset"}, b""
+        if op == "close":
+            return {"op": "closed"}, b""
+        raise ConfigError(f"unknown request {op!r}")
+
+    def run(self, message: dict[str, Any]) -> dict[str, Any]:
+        limits = Limits(**message["limits"])
+        host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
+        self.bridge = WorkerBridge(self.channel, host, self.loop, limits)
+        try:
+            result = self.loop.run_until_complete(
+                self.runner.run(
+                    str(message["code"]),
+                    bridge=self.bridge,
+                    host_names=tuple(host),
+                    setup=bool(message.get("setup")),
+                    limits=limits,
+                )
+            )
+        finally:
+            self.bridge = None
+        try:
+            value = to_plain(result.value)
+        except NotPlainData:
+            value = None
+        return {
+            "op": "ran",
+            "value": value,
+            "value_is_plain": result.value is None or value is not None,
+            "value_repr": result.value_repr,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "duration_s": result.duration_s,
+            "notes": list(result.notes),
+            "error": error_to_plain(result.error) if result.error is not None else None,
+            "memory_bytes": _rss_bytes(),
+        }
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def policy_from_plain(data: dict[str, Any]) -> Policy:
+    """Rebuild the session's policy from the host's plain description."""
+    fields: dict[str, Any] = {k: frozenset(v) if isinstance(v, list) else v for k, v in data.items()}
+    return Policy(**fields)
+
+
+def _read_paths(policy: Policy) -> list[str]:
+    import sysconfig
+
+    import snapcell
+
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(snapcell.__file__))}
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(name)
+        if path:
+            paths.add(path)
+    paths.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
+    return sorted(paths)
+
+
+def _apply_sandbox(settings: dict[str, Any], limits: Limits, policy: Policy) -> dict[str, str]:
+    try:
+        from snapcell.runner._sandbox import apply_sandbox  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return {"sandbox": "unavailable: snapcell.runner._sandbox is missing"}
+    report = apply_sandbox(limits=limits, scratch_dir=str(settings["scratch_dir"]), read_paths=_read_paths(policy))
+    layers: dict[str, str] = report.to_dict()
+    return layers
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a worker process."""
+    argv = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(argv[0]))
+    sock.setblocking(True)
+    channel = Channel(sock)
+    channel.send({"op": "started", "pid": os.getpid()})
+    try:
+        settings, _ = channel.receive()
+    except (EOFError, OSError):
+        return 0
+    if settings.get("op") != "init":
+        return 2
+    policy = policy_from_plain(settings["policy"])
+    limits = Limits(**settings["limits"])
+    os.chdir(str(settings["scratch_dir"]))
+    report = _apply_sandbox(settings, limits, policy)
+    runner = Runner(policy=policy, limits=limits)
+    worker = Worker(channel, runner)
+    threading.Thread(target=worker.read_forever, name="snapcell-reader", daemon=True).start()
+    channel.send({"op": "ready", "sandbox": report})
+    worker.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except CheckpointError:
+        code = 3
+    sys.stdout.flush()
+    os._exit(code)
