@@ -159,7 +159,10 @@ class TimeLimitExceeded(LimitExceeded, TimeoutError):
 
 
 class MemoryLimitExceeded(LimitExceeded, MemoryError):
-    """Raised when a run exceeds its memory limit; the session is restored from its last checkpoint."""
+    """Raised when a script runs out of memory; the session stays usable with earlier variables.
+
+    If the worker process died of it instead, the run raises `WorkerLost` and the session is restored.
+    """
 
 
 class OutputLimitExceeded(LimitExceeded):

@@ -231,9 +231,13 @@ class Pool:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return self._loop.run(coro)
-        coro.close()
-        raise SessionError("Pool and Session are synchronous; inside a running event loop use AsyncPool instead")
+            in_loop = False
+        else:
+            in_loop = True
+        if in_loop:
+            coro.close()
+            raise SessionError("Pool and Session are synchronous; inside a running event loop use AsyncPool instead")
+        return self._loop.run(coro)
 
     @property
     def store(self) -> Store:

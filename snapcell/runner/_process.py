@@ -120,7 +120,11 @@ class WorkerProcess:
                 "scratch_dir": self.scratch_dir,
             }
         )
-        message, _ = await self._receive(_STARTUP_TIMEOUT_S)
+        try:
+            message, _ = await self._receive(_STARTUP_TIMEOUT_S)
+        except _Died as exc:
+            tail = self._stderr_tail(1500).strip()
+            raise SessionError(f"a worker process failed to start ({exc.reason})" + (f":\n{tail}" if tail else ""))
         if message.get("op") != "ready":
             await self.kill()
             raise SessionError(f"a worker process failed to start: {message}")
@@ -226,20 +230,26 @@ class WorkerProcess:
         except TimeoutError:
             return "crash"
         self.dead = True
+        tail = self._stderr_tail()
+        if tail:
+            log.debug("snapcell: worker %s exited with %s; its stderr ends with:\n%s", self.pid, code, tail)
         if code < 0 and -code in (signal.SIGKILL, signal.SIGTERM):
             return "signal"
         if code < 0 and -code == signal.SIGXCPU:
             return "timeout"
         return "memory" if self._stderr_mentions("MemoryError") else "crash"
 
-    def _stderr_mentions(self, text: str) -> bool:
+    def _stderr_tail(self, limit: int = 4096) -> str:
         if self._stderr is None:
-            return False
+            return ""
         try:
             self._stderr.seek(0)
-            return text.encode() in self._stderr.read()[-65536:]
+            return str(self._stderr.read()[-limit:].decode(errors="replace"))
         except (OSError, ValueError):
-            return False
+            return ""
+
+    def _stderr_mentions(self, text: str) -> bool:
+        return text in self._stderr_tail(65536)
 
     async def kill(self) -> None:
         """Kill the worker and remove its scratch directory; safe to call twice."""
@@ -329,6 +339,9 @@ class WorkerPool:
             log.warning("snapcell: a worker process failed to start: %s", exc)
             await worker.kill()
             return None
+        except BaseException:
+            await asyncio.shield(worker.kill())  # cancelled mid-start (pool closing): leave no process
+            raise
         finally:
             self._starting -= 1
 

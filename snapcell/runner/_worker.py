@@ -298,12 +298,17 @@ def _read_paths(policy: Policy) -> list[str]:
     return sorted(paths)
 
 
-def _apply_sandbox(settings: dict[str, Any], limits: Limits, policy: Policy) -> dict[str, str]:
+def _apply_sandbox(settings: dict[str, Any], limits: Limits, policy: Policy, channel_fd: int) -> dict[str, str]:
     try:
         from snapcell.runner._sandbox import apply_sandbox  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return {"sandbox": "unavailable: snapcell.runner._sandbox is missing"}
-    report = apply_sandbox(limits=limits, scratch_dir=str(settings["scratch_dir"]), read_paths=_read_paths(policy))
+    report = apply_sandbox(
+        limits=limits,
+        scratch_dir=str(settings["scratch_dir"]),
+        read_paths=_read_paths(policy),
+        allow_fds=(channel_fd,),
+    )
     layers: dict[str, str] = report.to_dict()
     return layers
 
@@ -324,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = policy_from_plain(settings["policy"])
     limits = Limits(**settings["limits"])
     os.chdir(str(settings["scratch_dir"]))
-    report = _apply_sandbox(settings, limits, policy)
+    report = _apply_sandbox(settings, limits, policy, sock.fileno())
     runner = Runner(policy=policy, limits=limits)
     worker = Worker(channel, runner)
     threading.Thread(target=worker.read_forever, name="snapcell-reader", daemon=True).start()

@@ -1,0 +1,229 @@
+"""The worker process boundary: clean environment, sandbox layers, kills, recovery, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from snapcell import Limits, MemoryLimitExceeded, Policy, Pool, ScriptError, WorkerLost
+
+UNRESTRICTED = Policy.unrestricted()
+
+
+@pytest.fixture(scope="module")
+def open_pool() -> Iterator[Pool]:
+    """A process-mode pool whose scripts may import anything, to test the process boundary alone."""
+    os.environ["SNAPCELL_TEST_CANARY"] = "canary-value-1234"
+    try:
+        with Pool("memory://", isolation="process", policy=UNRESTRICTED, min_warm_workers=1) as pool:
+            yield pool
+    finally:
+        del os.environ["SNAPCELL_TEST_CANARY"]
+
+
+def _layer_active(pool: Pool, layer: str) -> None:
+    state = pool.isolation_report().get(layer, "missing")
+    if state != "active":
+        pytest.skip(f"the {layer} layer is not active on this kernel: {state}")
+
+
+def test_environment_of_the_host_is_invisible(open_pool: Pool) -> None:
+    with open_pool.checkout() as session:
+        env = session.feed_run("import os\ndict(os.environ)")
+        raw = session.run("open('/proc/self/environ', 'rb').read()")
+    assert "SNAPCELL_TEST_CANARY" not in env
+    # Landlock may forbid reading it at all; if it is readable, the canary is not in it.
+    assert raw.error is not None or b"canary-value-1234" not in raw.value
+    assert not any(key.startswith(("AWS_", "SNAPCELL_SIGNING")) for key in env)
+
+
+def test_no_descriptors_inherited_beyond_the_channel(open_pool: Pool) -> None:
+    with open_pool.checkout() as session:
+        pid = session.feed_run("import os\nos.getpid()")
+        kinds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    # 0-2 (devnull, devnull, a private stderr file), the socket to the host, and epoll/eventfd of its loop.
+    # The channel plus the event loop's own self-pipe pair.
+    assert sum("socket:" in k for k in kinds) <= 3, kinds
+    assert not [k for k in kinds if k.startswith("/") and k not in ("/dev/null",) and "(deleted)" not in k], kinds
+
+
+def test_scratch_directory_is_private_and_removed(open_pool: Pool) -> None:
+    with open_pool.checkout() as session:
+        cwd = session.feed_run("import os\nopen('note.txt', 'w').write('x')\nos.getcwd()")
+        assert os.path.exists(os.path.join(cwd, "note.txt"))
+    assert not os.path.exists(cwd)
+
+
+def test_write_outside_scratch_fails_under_landlock(open_pool: Pool, tmp_path) -> None:
+    _layer_active(open_pool, "landlock")
+    target = tmp_path / "escaped.txt"
+    with open_pool.checkout() as session:
+        result = session.run(f"open({str(target)!r}, 'w').write('x')")
+    assert result.error is not None and result.error.exc_type == "PermissionError"
+    assert not target.exists()
+
+
+def test_socket_creation_fails_under_seccomp(open_pool: Pool) -> None:
+    _layer_active(open_pool, "seccomp")
+    with open_pool.checkout() as session:
+        result = session.run("import socket\ns = socket.socket()")
+        assert result.error is not None and result.error.exc_type == "PermissionError"
+        assert session.feed_run("'s' in globals()") is False
+
+
+def test_c_level_work_is_killed_and_the_session_restored() -> None:
+    limits = Limits(wall_time_s=1.0, grace_s=1.0)
+    with Pool("memory://", isolation="process", limits=limits) as pool, pool.checkout() as session:
+        session.feed_run("kept = [1, 2, 3]")
+        session.dump()
+        session.feed_run("after_dump = 1")
+        start = time.monotonic()
+        with pytest.raises(WorkerLost) as lost:
+            session.feed_run("x = 10**10**8")
+        elapsed = time.monotonic() - start
+        assert lost.value.reason == "timeout"
+        assert elapsed < limits.wall_time_s + limits.grace_s + 3.0
+        result = session.run("try:\n    after_dump\n    seen = True\nexcept NameError:\n    seen = False\nkept, seen")
+        assert result.value == ([1, 2, 3], False)
+        assert any("restarted" in note for note in result.notes)
+
+
+def test_memory_limit_stops_the_script_not_the_host() -> None:
+    limits = Limits(memory_bytes=512 * 2**20, wall_time_s=20)
+    host_before = _rss()
+    with Pool("memory://", isolation="process", limits=limits) as pool, pool.checkout() as session:
+        session.feed_run("small = 'ok'")
+        try:
+            result = session.run("big = bytearray(4 * 1024**3)")
+            assert isinstance(result.error, MemoryLimitExceeded)
+        except WorkerLost as exc:
+            assert exc.reason in ("memory", "signal", "crash")
+        assert session.feed_run("small") == "ok"
+    assert _rss() - host_before < 100 * 2**20
+
+
+def test_kill_from_inside_is_survived_and_setup_cells_rerun(open_pool: Pool) -> None:
+    with open_pool.checkout() as session:
+        session.feed_run("import math\nbase = 40", setup=True)
+        session.feed_run("scratch = 'lost'")
+        with pytest.raises(WorkerLost) as lost:
+            session.feed_run("import os\nos.kill(os.getpid(), 9)")
+        assert lost.value.reason == "signal"
+        result = session.run("'scratch' in globals(), base + 2")
+        assert result.value == (False, 42)
+        assert any("restarted" in note for note in result.notes)
+        assert any("1 setup cell" in note for note in result.notes)
+
+
+def test_host_function_error_is_catchable_with_its_message(open_pool: Pool) -> None:
+    def lookup(key: str) -> str:
+        raise KeyError(f"no customer {key}")
+
+    with open_pool.checkout() as session:
+        value = session.feed_run(
+            "try:\n    lookup('c-9')\nexcept KeyError as e:\n    caught = str(e)\ncaught",
+            external_lookup={"lookup": lookup},
+        )
+    assert "no customer c-9" in value
+
+
+def test_values_that_are_not_plain_data_come_back_as_repr(open_pool: Pool) -> None:
+    with open_pool.checkout() as session:
+        result = session.run("class P:\n    def __repr__(self):\n        return 'P()'\nP()")
+    assert result.value is None
+    assert result.value_repr == "P()"
+
+
+def test_host_function_gets_plain_data_only(open_pool: Pool) -> None:
+    seen = []
+
+    def record(value: object) -> int:
+        seen.append(value)
+        return 1
+
+    with open_pool.checkout() as session:
+        result = session.run("class Q: pass\nrecord(Q())", external_lookup={"record": record})
+    assert result.error is not None and result.error.exc_type == "TypeError"
+    assert seen == []
+
+
+def test_closing_the_pool_mid_run_leaves_no_process() -> None:
+    code = textwrap.dedent(
+        """
+        import asyncio, json, snapcell
+        async def main():
+            pool = snapcell.AsyncPool("memory://", isolation="process", min_warm_workers=2)
+            async with pool.checkout() as session:
+                pids = sorted({w.pid for w in pool._workers._busy} | {w.pid for w in pool._workers._warm})
+                run = asyncio.ensure_future(session.feed_run("while True: pass"))
+                await asyncio.sleep(0.5)
+                print(json.dumps(pids), flush=True)
+                await pool.aclose()
+                run.cancel()
+        asyncio.run(main())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pids = json.loads(out.stdout.strip().splitlines()[0])
+    assert pids
+    time.sleep(0.5)
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_workers_die_with_their_host() -> None:
+    code = textwrap.dedent(
+        """
+        import json, sys, time, snapcell
+        pool = snapcell.Pool("memory://", isolation="process", min_warm_workers=1)
+        with pool.checkout() as session:
+            pid = session.feed_run("1") and pool._inner._workers and [w.pid for w in pool._inner._workers._busy]
+            print(json.dumps(pid), flush=True)
+            time.sleep(60)
+        """
+    )
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        pids = json.loads(host.stdout.readline())
+        assert pids and all(_alive(pid) for pid in pids)
+        host.send_signal(signal.SIGKILL)
+        host.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in pids if _alive(pid)] == []
+    finally:
+        host.kill()
+        host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
+
+
+def test_script_errors_cross_as_script_errors(open_pool: Pool) -> None:
+    with open_pool.checkout() as session:
+        with pytest.raises(ScriptError) as error:
+            session.feed_run("def f():\n    return 1 / 0\nf()")
+    assert error.value.exc_type == "ZeroDivisionError"
+    assert "return 1 / 0" in error.value.traceback_text
+    assert "snapcell" not in error.value.traceback_text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
