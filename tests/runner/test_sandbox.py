@@ -1,0 +1,557 @@
+"""The in-worker sandbox layers, each tried for real in a fresh interpreter.
+
+Every test spawns ``python -I`` with an empty environment, applies the sandbox
+as a worker would and attempts the forbidden thing; the JSON it prints is
+asserted here. A test that needs a kernel feature skips only when the probe
+reports that layer unavailable, and says why.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import snapcell
+from snapcell.runner._sandbox import _DENY, LAYERS, _build_filter, seccomp_denied_syscalls
+
+_MIB = 1024 * 1024
+
+PRELUDE = """
+import json, os, sys
+from snapcell.runner._limits import Limits
+from snapcell.runner._sandbox import apply_sandbox
+
+cfg = json.loads(sys.argv[1])
+report = apply_sandbox(
+    limits=Limits(**cfg["limits"]),
+    scratch_dir=cfg["scratch"],
+    read_paths=cfg["read_paths"],
+    allow_fds=cfg["allow_fds"],
+    **cfg["extra"],
+)
+out = {"report": report.to_dict(), "notes": list(report.notes)}
+
+def attempt(name, fn):
+    try:
+        out[name] = {"ok": fn()}
+    except BaseException as exc:
+        out[name] = {"error": type(exc).__name__, "errno": getattr(exc, "errno", None), "msg": str(exc)}
+"""
+
+
+def worker_read_paths() -> list[str]:
+    """Build read paths the way the worker does: the Python installation and the snapcell package."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    paths.update(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    paths.add(os.path.dirname(snapcell.__file__))
+    return sorted(paths)
+
+
+def run_sandboxed(
+    tmp_path: Path,
+    body: str,
+    *,
+    limits: dict[str, object] | None = None,
+    read_paths: list[str] | None = None,
+    allow_fds: tuple[int, ...] = (),
+    pass_fds: tuple[int, ...] = (),
+    extra: dict[str, object] | None = None,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    cfg = {
+        "limits": limits or {},
+        "scratch": str(scratch),
+        "read_paths": worker_read_paths() if read_paths is None else read_paths,
+        "allow_fds": list(allow_fds),
+        "extra": extra or {},
+    }
+    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out, default=repr))\n"
+    return subprocess.run(
+        [sys.executable, "-I", "-c", code, json.dumps(cfg)],
+        env={},
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        pass_fds=(*allow_fds, *pass_fds),
+    )
+
+
+def sandboxed(tmp_path: Path, body: str = "", **kw: object) -> dict[str, object]:
+    proc = run_sandboxed(tmp_path, body, **kw)  # type: ignore[arg-type]
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    return sandboxed(tmp_path_factory.mktemp("probe"))
+
+
+def require(probe: dict[str, object], layer: str) -> None:
+    state = probe["report"][layer]  # type: ignore[index]
+    if state != "active":
+        pytest.skip(f"kernel lacks {layer}: {state}")
+
+
+def denied(entry: object, err: int | None = None) -> bool:
+    assert isinstance(entry, dict)
+    return entry.get("error") == "PermissionError" and (err is None or entry.get("errno") == err)
+
+
+# --------------------------------------------------------------------- report
+
+
+def test_report_names_every_layer(probe):
+    report = probe["report"]
+    assert tuple(report) == LAYERS
+    for state in report.values():
+        assert state in ("active", "off") or state.startswith("unavailable: ")
+    # Core dumps are always disabled, and the default limits set memory, file size and descriptors.
+    assert report["rlimits"] == "active"
+
+
+def test_report_api():
+    from snapcell.runner._sandbox import SandboxReport
+
+    report = SandboxReport(layers={"seccomp": "active", "landlock": "unavailable: landlock_create_ruleset: nope"})
+    assert report.active("seccomp") and not report.active("landlock") and not report.active("pdeathsig")
+    copy = report.to_dict()
+    copy["seccomp"] = "off"
+    assert report.layers["seccomp"] == "active"
+
+
+def test_bad_arguments_raise_config_error_before_anything_applies(tmp_path):
+    body = """
+    from snapcell.errors import ConfigError
+    import threading
+    def bad(**kw):
+        args = dict(limits=Limits(), scratch_dir=cfg["scratch"], read_paths=[])
+        args.update(kw)
+        try:
+            apply_sandbox(**args)
+        except ConfigError as exc:
+            return str(exc)
+        return "no error"
+    out["relative_scratch"] = bad(scratch_dir="scratch")
+    out["missing_scratch"] = bad(scratch_dir="/nonexistent/scratch")
+    out["str_read_paths"] = bad(read_paths="/usr")
+    out["relative_read_path"] = bad(read_paths=["usr"])
+    out["closed_fd"] = bad(allow_fds=[1000])
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    out["thread_running"] = bad()
+    stop.set()
+    t.join()
+    """
+    # The sandbox the prelude applied first is harmless to these checks.
+    out = sandboxed(tmp_path, body)
+    for key in ("relative_scratch", "missing_scratch", "str_read_paths", "relative_read_path", "closed_fd"):
+        assert out[key] != "no error", key
+    assert "before any other thread" in out["thread_running"]
+
+
+# -------------------------------------------------------------------- seccomp
+
+
+def test_sockets_are_denied_but_asyncio_works(probe, tmp_path):
+    require(probe, "seccomp")
+    out = sandboxed(
+        tmp_path,
+        """
+        import asyncio, socket
+        attempt("inet", lambda: socket.socket().fileno())
+        attempt("inet6", lambda: socket.socket(socket.AF_INET6).fileno())
+        attempt("unix", lambda: socket.socket(socket.AF_UNIX).fileno())
+        attempt("udp", lambda: socket.socket(type=socket.SOCK_DGRAM).fileno())
+        attempt("inet_pair", lambda: socket.socketpair(socket.AF_INET).__len__())
+        attempt("unix_pair", lambda: len(socket.socketpair()))
+        attempt("asyncio", lambda: asyncio.run(asyncio.sleep(0, "done")))
+        """,
+    )
+    for key in ("inet", "inet6", "unix", "udp", "inet_pair"):
+        assert denied(out[key], 1), (key, out[key])
+    assert out["unix_pair"] == {"ok": 2}
+    assert out["asyncio"] == {"ok": "done"}
+
+
+def test_inherited_channel_stays_usable_and_other_fds_are_closed(tmp_path):
+    host, worker = socket.socketpair()
+    stray_r, stray_w = os.pipe()
+    try:
+        host.sendall(b"back")
+        out = sandboxed(
+            tmp_path,
+            f"""
+            import socket
+            chan = socket.socket(fileno={worker.fileno()})
+            chan.sendall(b"hello")
+            chan.sendmsg([b" world"])
+            out["recv"] = chan.recv(4).decode()
+            attempt("stray", lambda: os.fstat({stray_r}).st_mode)
+            """,
+            allow_fds=(worker.fileno(),),
+            pass_fds=(stray_r,),
+        )
+        host.settimeout(5)
+        received = b""
+        while len(received) < len(b"hello world"):
+            received += host.recv(100)
+    finally:
+        for closable in (host, worker):
+            closable.close()
+        os.close(stray_r)
+        os.close(stray_w)
+    assert out["recv"] == "back"
+    assert received == b"hello world"
+    assert out["stray"]["error"] == "OSError" and out["stray"]["errno"] == errno.EBADF
+
+
+def test_fork_and_exec_are_denied(probe, tmp_path):
+    require(probe, "seccomp")
+    out = sandboxed(
+        tmp_path,
+        """
+        import ctypes, subprocess
+        libc = ctypes.CDLL(None, use_errno=True)
+        def raw(nr, *args):
+            if libc.syscall(ctypes.c_long(nr), *(ctypes.c_long(a) for a in args)) == -1:
+                return ctypes.get_errno()
+            return 0
+        attempt("fork", os.fork)
+        attempt("subprocess", lambda: subprocess.run(["/bin/true"]).returncode)
+        attempt("posix_spawn", lambda: os.posix_spawn("/bin/true", ["true"], {}))
+        attempt("execv", lambda: os.execv(sys.executable, [sys.executable, "-c", "pass"]))
+        out["unshare_user"] = libc.unshare(0x10000000) == -1 and ctypes.get_errno()
+        out["clone3"] = raw(435, 0, 0)
+        out["ptrace_traceme"] = raw(101 if os.uname().machine == "x86_64" else 117, 0, 0, 0, 0)
+        """,
+    )
+    for key in ("fork", "subprocess", "posix_spawn", "execv"):
+        assert denied(out[key], errno.EPERM), (key, out[key])
+    assert out["unshare_user"] == errno.EPERM
+    assert out["clone3"] == errno.ENOSYS
+    assert out["ptrace_traceme"] == errno.EPERM
+
+
+def test_max_processes_allows_fork_but_never_exec(probe, tmp_path):
+    require(probe, "seccomp")
+    out = sandboxed(
+        tmp_path,
+        """
+        def fork_and_wait():
+            pid = os.fork()
+            if pid == 0:
+                os._exit(7)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        attempt("fork", fork_and_wait)
+        attempt("execv", lambda: os.execv(sys.executable, [sys.executable, "-c", "pass"]))
+        """,
+        limits={"max_processes": 4},
+    )
+    assert out["fork"] == {"ok": 7}
+    assert denied(out["execv"], errno.EPERM)
+
+
+def test_threads_still_work(probe, tmp_path):
+    require(probe, "seccomp")
+    out = sandboxed(
+        tmp_path,
+        """
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        seen = []
+        t = threading.Thread(target=seen.append, args=("thread",))
+        t.start()
+        t.join()
+        out["thread"] = seen
+        with ThreadPoolExecutor(4) as pool:
+            out["pool"] = sorted(pool.map(lambda x: x * x, range(8)))
+        """,
+    )
+    assert out["thread"] == ["thread"]
+    assert out["pool"] == [x * x for x in range(8)]
+
+
+# ------------------------------------------------------------------- landlock
+
+
+def test_writes_stay_in_scratch(probe, tmp_path):
+    require(probe, "landlock")
+    outside = tmp_path / "outside.txt"
+    out = sandboxed(
+        tmp_path,
+        f"""
+        def scratch_work():
+            with open("a.txt", "w") as f:
+                f.write("data")
+            os.mkdir("sub")
+            os.rename("a.txt", "sub/b.txt")
+            with open("sub/b.txt") as f:
+                text = f.read()
+            os.unlink("sub/b.txt")
+            os.rmdir("sub")
+            return text
+        attempt("scratch", scratch_work)
+        attempt("outside", lambda: open({str(outside)!r}, "w").close())
+        attempt("outside_dir", lambda: os.mkdir({str(tmp_path / "d")!r}))
+        attempt("tmp", lambda: open("/tmp/snapcell-sandbox-escape", "w").close())
+        """,
+    )
+    assert out["scratch"] == {"ok": "data"}
+    for key in ("outside", "outside_dir", "tmp"):
+        assert denied(out[key]), (key, out[key])
+    assert not outside.exists()
+
+
+def test_sibling_of_a_read_path_is_unreadable(probe, tmp_path):
+    require(probe, "landlock")
+    root = tmp_path / "D"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "file.txt").write_text("public")
+    (root / "secret").write_text("signing key")
+    repo_file = Path(snapcell.__file__).resolve().parent.parent / "pyproject.toml"
+    out = sandboxed(
+        tmp_path,
+        f"""
+        attempt("pkg_file", lambda: open({str(root / "pkg" / "file.txt")!r}).read())
+        attempt("pkg_list", lambda: os.listdir({str(root / "pkg")!r}))
+        attempt("secret", lambda: open({str(root / "secret")!r}).read())
+        attempt("list_root", lambda: os.listdir({str(root)!r}))
+        attempt("repo_file", lambda: open({str(repo_file)!r}).read(10))
+        attempt("etc_passwd", lambda: open("/etc/passwd").read(10))
+        attempt("write_pkg", lambda: open({str(root / "pkg" / "file.txt")!r}, "a").close())
+        """,
+        read_paths=[*worker_read_paths(), str(root / "pkg")],
+    )
+    assert out["pkg_file"] == {"ok": "public"}
+    assert out["pkg_list"] == {"ok": ["file.txt"]}
+    for key in ("secret", "list_root", "etc_passwd", "write_pkg"):
+        assert denied(out[key]), (key, out[key])
+    readable = [Path(p) for p in worker_read_paths()]
+    if repo_file.exists() and not any(repo_file.is_relative_to(p) for p in readable):
+        # snapcell installed editable: its package dir is readable, the repo root (a local store) is not.
+        assert denied(out["repo_file"]), out["repo_file"]
+
+
+def test_imports_still_work_after_the_sandbox(probe, tmp_path):
+    require(probe, "landlock")
+    has_numpy = importlib.util.find_spec("numpy") is not None
+    out = sandboxed(
+        tmp_path,
+        f"""
+        import decimal, fractions, statistics, json, sqlite3, zlib, hashlib, zoneinfo
+        out["stdlib"] = [
+            str(decimal.Decimal("1.1") + decimal.Decimal("2.2")),
+            str(fractions.Fraction(1, 3) * 3),
+            statistics.mean([1, 2, 3]),
+            sqlite3.connect(":memory:").execute("select 40 + 2").fetchone()[0],
+            len(zlib.compress(b"x" * 1000)) < 100,
+            hashlib.sha256(b"").hexdigest()[:8],
+            str(zoneinfo.ZoneInfo("Europe/Paris")),
+        ]
+        if {has_numpy}:
+            import numpy as np
+            a = np.arange(40000, dtype=float).reshape(200, 200)
+            out["numpy"] = float((a @ a.T).trace())
+        """,
+    )
+    assert out["stdlib"] == ["3.3", "1", 2, 42, True, "e3b0c442", "Europe/Paris"]
+    if has_numpy:
+        import numpy as np
+
+        a = np.arange(40000, dtype=float).reshape(200, 200)
+        assert out["numpy"] == float((a @ a.T).trace())
+
+
+def test_signals_cannot_leave_the_sandbox(probe, tmp_path):
+    require(probe, "landlock")
+    abi = next(int(n.split()[2].rstrip(":")) for n in probe["notes"] if n.startswith("landlock ABI"))
+    if abi < 6:
+        pytest.skip(f"kernel lacks Landlock signal scoping: ABI {abi} < 6")
+    out = sandboxed(
+        tmp_path,
+        """
+        attempt("parent", lambda: os.kill(os.getppid(), 0))
+        attempt("self", lambda: os.kill(os.getpid(), 0))
+        """,
+    )
+    assert denied(out["parent"], errno.EPERM)
+    assert out["self"] == {"ok": None}
+
+
+# -------------------------------------------------------------------- rlimits
+
+
+def test_memory_limit_turns_a_huge_allocation_into_memory_error(probe, tmp_path):
+    require(probe, "rlimits")
+    out = sandboxed(
+        tmp_path,
+        """
+        attempt("huge", lambda: len(bytearray(4 * 1024**3)))
+        attempt("small", lambda: len(bytearray(16 * 1024**2)))
+        """,
+        limits={"memory_bytes": 512 * _MIB},
+    )
+    assert out["huge"]["error"] == "MemoryError"
+    assert out["small"] == {"ok": 16 * _MIB}
+
+
+def test_file_size_limit_stops_a_large_write(probe, tmp_path):
+    require(probe, "rlimits")
+    out = sandboxed(
+        tmp_path,
+        """
+        def write():
+            with open("big", "wb", buffering=0) as f:
+                f.write(b"x" * (1024 * 1024))
+                f.write(b"x" * (1024 * 1024))
+        attempt("write", write)
+        out["size"] = os.path.getsize("big")
+        """,
+        limits={"max_file_bytes": _MIB},
+    )
+    assert out["write"]["errno"] == errno.EFBIG
+    assert out["size"] == _MIB
+
+
+def test_open_files_limit(probe, tmp_path):
+    require(probe, "rlimits")
+    out = sandboxed(
+        tmp_path,
+        """
+        held = []
+        def open_many():
+            for i in range(64):
+                held.append(open(f"f{i}", "w"))
+        attempt("open", open_many)
+        out["held"] = len(held)
+        """,
+        limits={"max_open_files": 16},
+    )
+    assert out["open"]["errno"] == errno.EMFILE
+    assert out["held"] < 16
+
+
+def test_cpu_limit_ends_a_busy_loop(probe, tmp_path):
+    require(probe, "rlimits")
+    proc = run_sandboxed(tmp_path, "while True:\n    pass\n", limits={"cpu_time_s": 1}, timeout=20)
+    assert proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL), proc.stderr
+
+
+def test_core_dumps_disabled(tmp_path):
+    out = sandboxed(tmp_path, "import resource\nout['core'] = resource.getrlimit(resource.RLIMIT_CORE)")
+    assert out["core"] == [0, 0]
+
+
+# ------------------------------------------------------------------ pdeathsig
+
+
+def test_pdeathsig_is_armed(probe, tmp_path):
+    require(probe, "pdeathsig")
+    out = sandboxed(
+        tmp_path,
+        """
+        import ctypes
+        sig = ctypes.c_int(-1)
+        ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+        out["sig"] = sig.value
+        """,
+    )
+    assert out["sig"] == signal.SIGKILL
+
+
+def test_worker_dies_with_its_parent(probe, tmp_path):
+    require(probe, "pdeathsig")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    cfg = json.dumps(
+        {"limits": {}, "scratch": str(scratch), "read_paths": worker_read_paths(), "allow_fds": [], "extra": {}}
+    )
+    worker_code = PRELUDE + "print('ready', flush=True)\nimport time\ntime.sleep(60)\n"
+    middle_code = (
+        "import subprocess, sys, time\n"
+        f"argv = [sys.executable, '-I', '-c', {worker_code!r}, {cfg!r}]\n"
+        f"p = subprocess.Popen(argv, env={{}}, cwd={str(scratch)!r})\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    middle = subprocess.Popen([sys.executable, "-I", "-c", middle_code], stdout=subprocess.PIPE, text=True, env={})
+    worker_pid = None
+    try:
+        assert middle.stdout is not None
+        lines = {middle.stdout.readline().strip(), middle.stdout.readline().strip()}
+        assert "ready" in lines, lines
+        worker_pid = int(next(line for line in lines if line != "ready"))
+        middle.kill()
+        middle.wait()
+        assert _wait_gone(worker_pid, 5), "worker outlived its parent"
+    finally:
+        middle.kill()
+        middle.wait()
+        if middle.stdout is not None:
+            middle.stdout.close()
+        if worker_pid is not None and not _wait_gone(worker_pid, 0):
+            os.kill(worker_pid, signal.SIGKILL)
+
+
+def test_parent_already_gone_kills_the_worker(probe, tmp_path):
+    require(probe, "pdeathsig")
+    proc = run_sandboxed(tmp_path, "", extra={"parent_pid": os.getpid() + 1_000_000})
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return True
+        if "\nState:\tZ" in status:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------- filter itself
+
+
+@pytest.mark.parametrize("machine", sorted(_DENY))
+@pytest.mark.parametrize("deny_fork", [True, False])
+def test_filter_is_well_formed(machine, deny_fork):
+    prog = _build_filter(machine, deny_fork=deny_fork)
+    assert len(prog) < 4096
+    for i, (code, jt, jf, _k) in enumerate(prog):
+        if code & 0x07 == 0x05:  # BPF_JMP: both targets inside the program
+            assert i + 1 + max(jt, jf) < len(prog)
+    assert prog[-1] == (0x06, 0, 0, 0x7FFF0000)  # default: allow
+    compared = {k for code, _jt, _jf, k in prog if code == 0x15}
+    assert set(_DENY[machine].values()) <= compared
+
+
+def test_denied_syscalls_listing():
+    fates = seccomp_denied_syscalls()
+    if not fates:
+        pytest.skip(f"no seccomp filter for {os.uname().machine}")
+    for name in ("socket", "execve", "execveat", "ptrace", "mount", "unshare", "setns", "bpf", "keyctl"):
+        assert fates[name] == "EPERM"
+    assert fates["clone3"] == "ENOSYS"
+    assert "CLONE_THREAD" in fates["clone"]
