@@ -383,13 +383,17 @@ def _guarded_subimport(allow_module: Callable[[str], bool]) -> Callable[[str], A
 
 
 def make_find_global(
-    allow_module: Callable[[str], bool], overrides: Mapping[tuple[str, str], Any] | None = None
+    allow_module: Callable[[str], bool],
+    overrides: Mapping[tuple[str, str], Any] | None = None,
+    *,
+    resolve: FindGlobal | None = None,
 ) -> FindGlobal:
     """Build the resolver the restricted unpickler uses for every global a checkpoint names.
 
     Allowed: ``overrides`` first (for example a guarded ``builtins.getattr``), the serializers' own
     helpers, plain builtin types, and attributes of modules ``allow_module`` accepts. Anything else
-    is refused, so loading never imports an arbitrary module.
+    is refused, so loading never imports an arbitrary module. ``resolve``, when given, looks up
+    ``module.name`` for allowed modules instead of a plain attribute walk (the policy's guarded lookup).
     """
     overrides = dict(overrides or {})
     subimport = _guarded_subimport(allow_module)
@@ -409,6 +413,8 @@ def make_find_global(
                 return getattr(__import__("builtins"), name)
         elif module == "copyreg" and name in _COPYREG:
             return getattr(__import__("copyreg"), name)
+        elif allow_module(module) and resolve is not None:
+            return resolve(module, name)
         elif allow_module(module):
             target: Any = importlib.import_module(module)
             for part in name.split("."):

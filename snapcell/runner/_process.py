@@ -87,7 +87,7 @@ class WorkerProcess:
         self._stderr = tempfile.TemporaryFile()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-m", "snapcell.runner._worker", str(child.fileno())],
+                [sys.executable, "-I", "-m", "snapcell.runner._worker", str(child.fileno()), str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr,
@@ -124,7 +124,8 @@ class WorkerProcess:
             message, _ = await self._receive(_STARTUP_TIMEOUT_S)
         except _Died as exc:
             tail = self._stderr_tail(1500).strip()
-            raise SessionError(f"a worker process failed to start ({exc.reason})" + (f":\n{tail}" if tail else ""))
+            detail = f":\n{tail}" if tail else ""
+            raise SessionError(f"a worker process failed to start ({exc.reason}){detail}") from exc
         if message.get("op") != "ready":
             await self.kill()
             raise SessionError(f"a worker process failed to start: {message}")

@@ -27,7 +27,7 @@ from snapcell.errors import (
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
-from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, instrument, tick
+from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._result import RunResult
@@ -61,6 +61,7 @@ class Runner:
         self._find_global = make_find_global(
             policy.allows_module,
             {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
+            resolve=policy.global_resolver(),
         )
 
     def _fresh_namespace(self) -> dict[str, Any]:
@@ -122,8 +123,7 @@ class Runner:
         try:
             tree = parse_cell(code, filename)
             self.policy.check(tree, code, filename)
-            if self.policy.restricted:
-                instrument(tree)
+            self.policy.transform(tree)
             cell = compile_cell(tree, code, filename, self.future_flags)
         except (ScriptSyntaxError, PolicyError) as exc:
             return RunResult(error=exc, duration_s=time.perf_counter() - start, notes=tuple(notes))
@@ -167,21 +167,20 @@ class Runner:
         self, code: Any, is_async: bool, watchdog: Watchdog, bridge: HostBridge
     ) -> tuple[Any, ScriptError | None]:
         namespace = self.namespace
+        before = asyncio.all_tasks()
         try:
             try:
                 if is_async:
                     task = asyncio.ensure_future(eval(code, namespace))
                     watchdog.attach(task)
-                    before = asyncio.all_tasks()
-                    try:
-                        await task
-                    finally:
-                        _cancel_leftovers(before, namespace, bridge)
+                    await task
                 else:
                     exec(code, namespace)
                 return namespace.pop(RESULT_NAME, None), None
             finally:
                 namespace.pop(RESULT_NAME, None)
+                # Tasks the script started (even from a sync cell) must not outlive the run.
+                await reap_tasks(before, namespace, (bridge,))
         except asyncio.CancelledError:
             if not watchdog.fired:
                 raise  # the caller was cancelled, not the script
@@ -190,7 +189,7 @@ class Runner:
             return None, None
         except SnapcellError as exc:
             if isinstance(exc, ScriptError | LimitExceeded):
-                return None, exc
+                return None, _locate(exc)
             return None, _script_error(exc)
         except BaseException as exc:  # the script boundary: SystemExit, KeyboardInterrupt, ...
             return None, _script_error(exc)
@@ -317,13 +316,17 @@ def _host_function(name: str) -> HostFunction:
     return HostFunction(name)
 
 
-def _cancel_leftovers(before: set[asyncio.Task[Any]], namespace: dict[str, Any], bridge: HostBridge) -> None:
-    """Cancel tasks the script started and left running (its own coroutines or host calls)."""
-    for task in asyncio.all_tasks() - before:
-        frame = getattr(task.get_coro(), "cr_frame", None)
-        if not task.done() and frame is not None:
-            if frame.f_globals is namespace or frame.f_locals.get("self") is bridge:
-                task.cancel()
+def _locate(error: ScriptError) -> ScriptError:
+    """Give an error raised during the run (a host-call limit, say) the script line it came from."""
+    if error.lineno is None:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.startswith("<cell-")]
+        if frames:
+            error.lineno, error.cell = frames[-1].lineno, frames[-1].filename
+            error.traceback_text = "\n".join(
+                ["Traceback (most recent call last):", *(s.rstrip("\n") for s in traceback.format_list(frames))]
+                + [f"{error.exc_type}: {error.exc_message}"]
+            )
+    return error
 
 
 def _stack_depth() -> int:

@@ -270,10 +270,15 @@ class Worker:
         }
 
 
+# Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.
+_statm_fd: int | None = None
+
+
 def _rss_bytes() -> int | None:
+    if _statm_fd is None:
+        return None
     try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(os.pread(_statm_fd, 200, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 
@@ -298,7 +303,9 @@ def _read_paths(policy: Policy) -> list[str]:
     return sorted(paths)
 
 
-def _apply_sandbox(settings: dict[str, Any], limits: Limits, policy: Policy, channel_fd: int) -> dict[str, str]:
+def _apply_sandbox(
+    settings: dict[str, Any], limits: Limits, policy: Policy, keep_fds: tuple[int, ...], parent_pid: int | None
+) -> dict[str, str]:
     try:
         from snapcell.runner._sandbox import apply_sandbox  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
@@ -307,7 +314,8 @@ def _apply_sandbox(settings: dict[str, Any], limits: Limits, policy: Policy, cha
         limits=limits,
         scratch_dir=str(settings["scratch_dir"]),
         read_paths=_read_paths(policy),
-        allow_fds=(channel_fd,),
+        allow_fds=keep_fds,
+        parent_pid=parent_pid,
     )
     layers: dict[str, str] = report.to_dict()
     return layers
@@ -329,7 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     policy = policy_from_plain(settings["policy"])
     limits = Limits(**settings["limits"])
     os.chdir(str(settings["scratch_dir"]))
-    report = _apply_sandbox(settings, limits, policy, sock.fileno())
+    global _statm_fd
+    try:
+        _statm_fd = os.open("/proc/self/statm", os.O_RDONLY)
+    except OSError:
+        _statm_fd = None
+    keep = (sock.fileno(),) if _statm_fd is None else (sock.fileno(), _statm_fd)
+    parent_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
+    report = _apply_sandbox(settings, limits, policy, keep, parent_pid)
     runner = Runner(policy=policy, limits=limits)
     worker = Worker(channel, runner)
     threading.Thread(target=worker.read_forever, name="snapcell-reader", daemon=True).start()
