@@ -1,10 +1,19 @@
-"""Wall-time limits for pure-Python code: a watchdog thread interrupts the script where it runs.
+"""Wall-time limits for pure-Python code: one watchdog thread interrupts scripts where they run.
 
-The watchdog raises `ScriptInterrupt` in the thread that runs the script, but only while one of the
-session's frames is on that thread's stack, and it cancels the script's task when it is awaiting.
-Every ``except`` handler and every ``with`` block of a script is instrumented to raise it again, so a
-script cannot swallow the interrupt with a bare ``except`` or ``contextlib.suppress``.
-C-level work (``10**10**8``) cannot be interrupted in-process; the worker's host kills it.
+When a run's time is up the watchdog (a single long-lived thread per process, watching a heap of
+deadlines) does three things:
+
+- raises `ScriptInterrupt` in the thread that runs the script, again every 50 ms, but only while one
+  of the session's frames is on that thread's stack (never in host code);
+- cancels the script's task when it is awaiting;
+- sets the flag ``__snapcell_expired__`` in the session's builtins. Every loop body, ``except``
+  handler and ``finally`` block of a script, and the code after every ``with`` block, is instrumented
+  to check the flag and raise `ScriptInterrupt` again, so a script cannot swallow the interrupt
+  with a bare ``except``, ``except BaseException``, ``contextlib.suppress(BaseException)`` or a
+  ``finally: continue`` loop. The check is a builtins lookup, a few nanoseconds per iteration.
+
+C-level work (``10**10**8``, ``sorted`` of a huge list) cannot be interrupted in-process; the worker
+process's host kills it.
 """
 
 from __future__ import annotations
@@ -12,53 +21,76 @@ from __future__ import annotations
 import ast
 import asyncio
 import ctypes
+import heapq
+import itertools
 import sys
 import threading
-from contextvars import ContextVar
+import time
+from collections.abc import Collection
 from typing import Any
 
-__all__ = ["TICK_NAME", "ScriptInterrupt", "Watchdog", "instrument", "tick"]
+__all__ = ["EXPIRED_NAME", "TICK_NAME", "ScriptInterrupt", "Watchdog", "instrument", "reap_tasks", "tick"]
 
 TICK_NAME = "__snapcell_tick__"
+EXPIRED_NAME = "__snapcell_expired__"
 _REINJECT_S = 0.05
+# Seconds left-over tasks get to finish after being cancelled, with the expired flag set.
+_REAP_S = 0.5
 
 
 class ScriptInterrupt(BaseException):
     """Raised inside a script whose wall time is up; a BaseException so ``except Exception`` misses it."""
 
 
-_expired: ContextVar[threading.Event | None] = ContextVar("snapcell_expired", default=None)
-
-
 def tick() -> None:
-    """Raise `ScriptInterrupt` again if the current run's time is up (called from instrumented handlers)."""
-    event = _expired.get()
-    if event is not None and event.is_set():
-        raise ScriptInterrupt
+    """Raise `ScriptInterrupt` (called by instrumented code once the run's expired flag is set)."""
+    raise ScriptInterrupt
+
+
+def _check() -> ast.stmt:
+    call = ast.Expr(ast.Call(func=ast.Name(id=TICK_NAME, ctx=ast.Load()), args=[], keywords=[]))
+    return ast.If(test=ast.Name(id=EXPIRED_NAME, ctx=ast.Load()), body=[call], orelse=[])
 
 
 class _Instrument(ast.NodeTransformer):
-    @staticmethod
-    def _call() -> ast.stmt:
-        return ast.Expr(ast.Call(func=ast.Name(id=TICK_NAME, ctx=ast.Load()), args=[], keywords=[]))
+    def _first(self, node: ast.AST, body: list[ast.stmt]) -> None:
+        body.insert(0, ast.copy_location(_check(), node))
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> ast.ExceptHandler:
         self.generic_visit(node)
-        node.body.insert(0, ast.copy_location(self._call(), node))
+        self._first(node, node.body)
         return node
+
+    def _loop(self, node: ast.While | ast.For | ast.AsyncFor) -> ast.AST:
+        self.generic_visit(node)
+        self._first(node, node.body)
+        return node
+
+    visit_While = _loop
+    visit_For = _loop
+    visit_AsyncFor = _loop
+
+    def _try(self, node: ast.Try | ast.TryStar) -> ast.AST:
+        self.generic_visit(node)
+        if node.finalbody:
+            self._first(node, node.finalbody)
+        return node
+
+    visit_Try = _try
+    visit_TryStar = _try
 
     def _after(self, node: ast.With | ast.AsyncWith) -> list[ast.stmt]:
         self.generic_visit(node)
-        return [node, ast.copy_location(self._call(), node)]
+        return [node, ast.copy_location(_check(), node)]
 
     visit_With = _after
     visit_AsyncWith = _after
 
 
 def instrument(tree: ast.Module) -> ast.Module:
-    """Insert interrupt checks into every except handler and after every with block."""
-    result = _Instrument().visit(tree)
-    ast.fix_missing_locations(result)
+    """Insert expired-flag checks into loops, except handlers, finally blocks and after with blocks."""
+    _Instrument().visit(tree)
+    ast.fix_missing_locations(tree)
     return tree
 
 
@@ -66,37 +98,105 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
 
 
+class _Monitor:
+    """The process's one watchdog thread: sleeps until the earliest deadline, then fires that watch."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Watchdog]] = []
+        self._stale = 0
+        self._firing: set[Watchdog] = set()
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: Watchdog, deadline: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (deadline, next(self._seq), watch))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="snapcell-watchdog", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is watch:
+                self._cond.notify()
+
+    def discard(self) -> None:
+        """Note that a watch ended early; its heap entry is dropped lazily."""
+        with self._cond:
+            self._stale += 1
+            if self._stale > 64 and self._stale > len(self._heap) // 2:
+                self._heap = [entry for entry in self._heap if not entry[2].finished]
+                heapq.heapify(self._heap)
+                self._stale = 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, watch = heapq.heappop(self._heap)
+                    if watch.finished:
+                        self._stale = max(self._stale - 1, 0)
+                    else:
+                        self._firing.add(watch)
+                        watch.fire()
+                self._firing = {w for w in self._firing if not w.finished}
+                firing = list(self._firing)
+            for watch in firing:
+                watch.inject()
+            with self._cond:
+                timeout = self._heap[0][0] - time.monotonic() if self._heap else None
+                if self._firing:
+                    timeout = _REINJECT_S if timeout is None else min(timeout, _REINJECT_S)
+                if timeout is None or timeout > 0:
+                    self._cond.wait(timeout)
+
+
+_monitor = _Monitor()
+
+
 class Watchdog:
     """Interrupts one run when its wall time is up.
 
     Args:
         timeout_s: Seconds the run may take; None disables the watchdog.
-        namespace: The session's globals; a frame using them is script code.
-
-    Create it before the script's task, so the task inherits the run's interrupt flag.
+        namespace: The session's globals; a frame using them is script code, and their
+            ``__builtins__`` hold the expired flag the instrumented code checks.
     """
 
     def __init__(self, timeout_s: float | None, namespace: dict[str, Any]) -> None:
         self.timeout_s = timeout_s
         self.fired = False
+        self.finished = False
         self._namespace = namespace
+        table = namespace.get("__builtins__")
+        self._flags: dict[str, Any] | None = table if isinstance(table, dict) and EXPIRED_NAME in table else None
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread_id = threading.get_ident()
-        self._done = threading.Event()
         self._lock = threading.Lock()
-        self._finished = False
-        self.expired = threading.Event()
-        self._token = _expired.set(self.expired)
-        self._thread: threading.Thread | None = None
         if timeout_s is not None:
-            self._thread = threading.Thread(target=self._watch, name="snapcell-watchdog", daemon=True)
-            self._thread.start()
+            _monitor.add(self, time.monotonic() + timeout_s)
 
     def attach(self, task: asyncio.Task[Any]) -> None:
         """Cancel ``task`` (an async cell) at the deadline, as well as interrupting its frames."""
         self._loop = asyncio.get_running_loop()
         self._task = task
+
+    def fire(self) -> None:
+        """Mark the run as out of time (watchdog thread)."""
+        with self._lock:
+            if self.finished:
+                return
+            self.fired = True
+            if self._flags is not None:
+                self._flags[EXPIRED_NAME] = True
+            if self._task is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+
+    def inject(self) -> None:
+        """Raise `ScriptInterrupt` in the run's thread if script code is on its stack (watchdog thread)."""
+        with self._lock:
+            if not self.finished and self._script_on_stack():
+                _set_async_exc(self._thread_id, ScriptInterrupt)
 
     def _script_on_stack(self) -> bool:
         frame = sys._current_frames().get(self._thread_id)
@@ -106,32 +206,61 @@ class Watchdog:
             frame = frame.f_back
         return False
 
-    def _watch(self) -> None:
-        if self._done.wait(self.timeout_s):
-            return
-        self.fired = True
-        self.expired.set()
-        if self._task is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        while not self._done.is_set():
-            with self._lock:
-                if self._finished:
-                    return
-                if self._script_on_stack():
-                    _set_async_exc(self._thread_id, ScriptInterrupt)
-            self._done.wait(_REINJECT_S)
-
     def stop(self) -> None:
         """End the watch; called in the run's thread before it leaves the script boundary."""
         while True:
             try:
                 with self._lock:
-                    self._finished = True
-                self._done.set()
-                _set_async_exc(self._thread_id, None)
-                _expired.reset(self._token)
+                    if self.finished:
+                        return
+                    self.finished = True
+                    if self._flags is not None:
+                        self._flags[EXPIRED_NAME] = False
+                if self.fired:
+                    _set_async_exc(self._thread_id, None)
+                elif self.timeout_s is not None:
+                    _monitor.discard()
                 return
             except ScriptInterrupt:
                 continue  # an interrupt that was in flight; the watch is over now
-            except ValueError:
-                return  # token already reset by an earlier pass of this loop
+
+
+def _is_script_task(task: asyncio.Task[Any], namespace: dict[str, Any], owners: Collection[object]) -> bool:
+    frame = getattr(task.get_coro(), "cr_frame", None)
+    if frame is None:
+        return False
+    return frame.f_globals is namespace or frame.f_locals.get("self") in owners
+
+
+async def reap_tasks(before: set[asyncio.Task[Any]], namespace: dict[str, Any], owners: Collection[object] = ()) -> int:
+    """Cancel the tasks a run started and left running, and wait for them to end.
+
+    While they wind down the expired flag is set, so a task that catches the cancellation is
+    interrupted at its next loop iteration, handler or ``finally``.
+
+    Args:
+        before: The tasks that existed before the run.
+        namespace: The session's globals; a task whose coroutine uses them is the script's.
+        owners: Objects whose coroutine methods belong to the run (its host bridge).
+
+    Returns:
+        How many tasks were cancelled.
+    """
+    leftovers = [t for t in asyncio.all_tasks() - before if not t.done() and _is_script_task(t, namespace, owners)]
+    if not leftovers:
+        return 0
+    table = namespace.get("__builtins__")
+    flags = table if isinstance(table, dict) and EXPIRED_NAME in table else None
+    if flags is not None:
+        flags[EXPIRED_NAME] = True
+    try:
+        for task in leftovers:
+            task.cancel()
+        await asyncio.wait(leftovers, timeout=_REAP_S)
+    finally:
+        if flags is not None:
+            flags[EXPIRED_NAME] = False
+    for task in leftovers:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not log "exception was never retrieved"
+    return len(leftovers)

@@ -1,6 +1,31 @@
 """The restricted policy: which imports, builtins and attributes a script may use.
 
 A guardrail that gives the model a clear `PolicyError`; never a security boundary on its own.
+
+Rules of the default (restricted) policy:
+
+- Imports: only `DEFAULT_MODULES` plus ``extra_modules``, and their submodules (``asyncio`` and ``io``
+  are importable only as a whole). Scripts receive a read-only `ModuleView` of each module: private
+  names, modules outside the policy (``random._os``, ``typing.sys``, ``json.codecs``) and named
+  dangerous members (``asyncio.create_subprocess_exec``, ``io.open``, ``typing.get_type_hints``) are
+  absent. ``time.sleep`` sleeps in short slices so the wall-time limit can interrupt it.
+- Builtins: no ``open``, ``eval``, ``exec``, ``compile``, ``input``, ``breakpoint``, ``globals``,
+  ``locals``, ``help``, ``exit``, ``quit``; ``__import__`` goes through the policy; ``getattr``,
+  ``hasattr``, ``setattr``, ``delattr``, ``dir`` and ``vars`` apply the attribute rules at runtime.
+- Attributes (checked in the source, and again at runtime by the guarded builtins): dunder
+  attributes only from a small set (``__name__``, ``__qualname__``, ``__doc__``, ``__class__``,
+  ``__module__``, ``__cause__``, ``__context__`` and protocol methods such as ``__init__``, ``__eq__``,
+  ``__enter__``), never assigned; no frame, code, generator, traceback or event-loop internals
+  (``gi_frame``, ``f_back``, ``tb_frame``, ``get_loop`` ...). Private (``_name``) attributes only as
+  ``self._name`` / ``cls._name`` inside a method of a class the script defines, where the first
+  parameter is never rebound. Defining dunder methods in a class is fine, except ``__del__``
+  (it would run in the host at an arbitrary later time, outside the run's limits).
+- Names: dunder names other than ``__name__``, ``__debug__``, ``__class__``, ``__slots__``,
+  ``__match_args__`` and the protocol methods are blocked (``__builtins__``, ``__import__``).
+- Format strings: no attribute paths (``'{0.__globals__}'``), checked in literal templates before
+  the run, and at runtime for templates built by the script (every non-literal ``x.format`` /
+  ``x.format_map`` is rewritten to go through a check) and in ``string.Formatter``.
+- String annotations are parsed and checked like code, since ``typing`` may evaluate them.
 """
 
 from __future__ import annotations
@@ -8,11 +33,32 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import pickle
+import sys
+import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from snapcell.errors import ConfigError, PolicyError
+from snapcell.runner._guard import (
+    GUARD_GLOBALS,
+    SAFE_DUNDERS,
+    ModuleView,
+    attach_submodule,
+    attribute_hint,
+    attribute_problem,
+    format_problem,
+    guarded_builtins,
+    is_dunder,
+    module_allowed,
+    module_view,
+    name_denied,
+    rewrite_format_calls,
+    runtime_policy_error,
+    special_value,
+)
+from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, instrument, tick
 
 __all__ = ["DEFAULT_MODULES", "Policy"]
 
@@ -25,26 +71,23 @@ DEFAULT_MODULES = frozenset(
     }
 )  # fmt: skip
 
-_SAFE_BUILTIN_NAMES = frozenset(
-    {
-        "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
-        "classmethod", "complex", "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset", "hash",
-        "hex", "id", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next",
-        "object", "oct", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set", "slice",
-        "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "zip", "getattr", "hasattr", "setattr",
-        "delattr", "NotImplemented", "Ellipsis", "None", "True", "False", "__build_class__", "__name__",
-    }
-)  # fmt: skip
+_SAFE_NAMES = frozenset({"__name__", "__debug__", "__class__", "__slots__", "__match_args__"}) | SAFE_DUNDERS
+_FORMAT_HINT = "Use f-strings or plain {} / {0} / {name} fields; attribute paths like {0.attr} are not allowed."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
-    """What scripts may import and touch.
+    """What scripts may import and touch; see the module docstring for the rules.
 
     Attributes:
         allowed_modules: Top-level modules (and their submodules) scripts may import.
         extra_modules: Added to ``allowed_modules``; the usual way to allow ``numpy`` or ``pandas``.
+            Extra modules are trusted as they are, apart from hiding private names and modules outside
+            the policy: allowing ``pandas`` allows ``pandas.read_csv`` on any path the process can read.
         restricted: False turns every check off (trusted code only): real builtins, any import.
+
+    Raises:
+        ConfigError: A module list is not a collection of non-empty names.
     """
 
     allowed_modules: frozenset[str] = DEFAULT_MODULES
@@ -54,9 +97,11 @@ class Policy:
     def __post_init__(self) -> None:
         for name in ("allowed_modules", "extra_modules"):
             value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(m, str) and m for m in value):
-                raise ConfigError(f"Policy.{name} must be a collection of module names, not {value!r}")
+            if isinstance(value, str) or not all(isinstance(m, str) and m.isidentifier() for m in value):
+                raise ConfigError(f"Policy.{name} must be a collection of top-level module names, not {value!r}")
             object.__setattr__(self, name, frozenset(value))
+        if not isinstance(self.restricted, bool):
+            raise ConfigError(f"Policy.restricted must be True or False, not {self.restricted!r}")
 
     @classmethod
     def unrestricted(cls) -> Policy:
@@ -64,7 +109,11 @@ class Policy:
         return cls(restricted=False)
 
     def with_modules(self, names: Iterable[str]) -> Policy:
-        """A copy that also allows ``names``."""
+        """A copy that also allows the top-level modules ``names``.
+
+        Raises:
+            ConfigError: A name is not a top-level module name.
+        """
         return Policy(
             allowed_modules=self.allowed_modules,
             extra_modules=self.extra_modules | frozenset(names),
@@ -78,36 +127,24 @@ class Policy:
 
     def allows_module(self, name: str) -> bool:
         """True when ``name`` (or the package it belongs to) may be imported."""
-        if not self.restricted:
-            return True
-        return name.split(".", 1)[0] in self.modules
+        return not self.restricted or module_allowed(name, self.modules)
+
+    # ---------------------------------------------------------------- before the run
 
     def check(self, tree: ast.Module, source: str, filename: str) -> None:
         """Check a parsed script before it runs.
 
         Raises:
-            PolicyError: The script uses something the policy blocks; it did not run.
+            PolicyError: The script uses something the policy blocks; it did not run and the session is unchanged.
         """
-        if not self.restricted:
-            return
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                self._check_import(node, source)
-            elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
-                raise _blocked(node, source, f"access to the private attribute .{node.attr}")
-            elif isinstance(node, ast.Name) and node.id.startswith("__") and node.id != "__name__":
-                raise _blocked(node, source, f"the name {node.id}")
+        if self.restricted:
+            _Checker(self, source).visit(tree)
 
-    def _check_import(self, node: ast.Import | ast.ImportFrom, source: str) -> None:
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                raise _blocked(node, source, "relative imports")
-            names = [node.module or ""]
-        else:
-            names = [alias.name for alias in node.names]
-        for name in names:
-            if not self.allows_module(name):
-                raise self.import_error(name, lineno=node.lineno, line=_line(source, node.lineno))
+    def transform(self, tree: ast.Module) -> None:
+        """Rewrite a checked script in place: interrupt checks and runtime format-string checks."""
+        if self.restricted:
+            rewrite_format_calls(tree)
+            instrument(tree)
 
     def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError:
         """The error for a blocked import of ``name``."""
@@ -121,33 +158,102 @@ class Policy:
             hint=f"Allowed modules: {allowed}.",
         )
 
+    # ------------------------------------------------------------------ at runtime
+
     def make_builtins(self) -> dict[str, Any]:
         """A fresh builtins dict for a session's namespace."""
         if not self.restricted:
             return dict(vars(builtins))
-        table = {name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES if hasattr(builtins, name)}
-        for name, value in vars(builtins).items():
-            if isinstance(value, type) and issubclass(value, BaseException):
-                table[name] = value
+        table = guarded_builtins()
         table["__import__"] = self._make_import()
+        table[TICK_NAME] = tick
+        table[EXPIRED_NAME] = False
         return table
+
+    def view(self, name: str) -> ModuleView:
+        """The guarded view of the allowed module ``name`` (imported if needed).
+
+        Raises:
+            PolicyError: ``name`` is not allowed.
+        """
+        if not self.allows_module(name):
+            raise runtime_policy_error(f"import of {name!r}", self.import_error(name).hint)
+        module = importlib.import_module(name)
+        view = module_view(module, self.modules)
+        parent_name, _, _ = name.rpartition(".")
+        if parent_name:
+            attach_submodule(self.view(parent_name), module, self.modules)
+        return view
 
     def _make_import(self) -> Callable[..., Any]:
         def guarded_import(
             name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
         ) -> Any:
-            if level:
-                raise self.import_error(name)
-            if not self.allows_module(name):
-                raise self.import_error(name)
-            module = importlib.import_module(name)
-            return module if fromlist else importlib.import_module(name.split(".", 1)[0])
+            if level or not isinstance(name, str) or not self.allows_module(name):
+                raise runtime_policy_error(f"import of {name!r}", self.import_error(str(name)).hint)
+            view = self.view(name)
+            for item in fromlist or ():
+                if item != "*" and item not in vars(view):
+                    self._import_item(name, item)
+            return view if fromlist else self.view(name.partition(".")[0])
 
         return guarded_import
 
+    def _import_item(self, package: str, item: str) -> None:
+        """Make ``from package import item`` see a submodule, or refuse a hidden name."""
+        real = importlib.import_module(package)
+        if not name_denied(package, item) and self.allows_module(f"{package}.{item}"):
+            if not hasattr(real, item) or isinstance(getattr(real, item), types.ModuleType):
+                try:
+                    self.view(f"{package}.{item}")
+                except ModuleNotFoundError:
+                    return  # not a submodule: IMPORT_FROM raises the usual ImportError
+                return
+        if hasattr(real, item) or f"{package}.{item}" in sys.modules:
+            raise runtime_policy_error(f"importing {item!r} from {package!r}", "Use the module's public names.")
+
     def find_global_overrides(self) -> dict[tuple[str, str], Any]:
-        """Replacements the checkpoint loader uses for dangerous globals (a guarded ``getattr``)."""
-        return {}
+        """Replacements the checkpoint loader uses: guarded module imports and guarded helpers."""
+        if not self.restricted:
+            return {}
+
+        def subimport(name: str) -> ModuleView:
+            if not self.allows_module(name):
+                raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which the policy does not allow")
+            return self.view(name)
+
+        return {
+            ("cloudpickle.cloudpickle", "subimport"): subimport,
+            ("cloudpickle.cloudpickle", "dynamic_subimport"): lambda name, _vars: subimport(name),
+            **GUARD_GLOBALS,
+        }
+
+    def global_resolver(self) -> Callable[[str, str], Any] | None:
+        """How the checkpoint loader resolves ``module.name`` for allowed modules (None: unrestricted)."""
+        if not self.restricted:
+            return None
+
+        def resolve(module: str, name: str) -> Any:
+            target: Any = importlib.import_module(module)
+            owner = module
+            for part in name.split("."):
+                if is_dunder(part) or attribute_problem(part) is not None and not part.startswith("_"):
+                    raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
+                if isinstance(target, types.ModuleType) and not part.startswith("_") and name_denied(owner, part):
+                    raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
+                target = getattr(target, part)
+                if isinstance(target, types.ModuleType):
+                    if not self.allows_module(target.__name__):
+                        raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
+                    owner = target.__name__
+            if isinstance(target, types.ModuleType):
+                return self.view(target.__name__)
+            return special_value(module, name, target)
+
+        return resolve
+
+
+# ------------------------------------------------------------------- AST check
 
 
 def _line(source: str, lineno: int | None) -> str:
@@ -155,7 +261,7 @@ def _line(source: str, lineno: int | None) -> str:
     return lines[lineno - 1] if lineno and 0 < lineno <= len(lines) else ""
 
 
-def _blocked(node: ast.AST, source: str, what: str) -> PolicyError:
+def _blocked(node: ast.AST, source: str, what: str, hint: str) -> PolicyError:
     lineno = getattr(node, "lineno", None)
     line = _line(source, lineno)
     return PolicyError(
@@ -163,5 +269,159 @@ def _blocked(node: ast.AST, source: str, what: str) -> PolicyError:
         exc_type="PolicyError",
         traceback_text=f"PolicyError: {what} is not allowed (line {lineno})\n    {line.strip()}",
         lineno=lineno,
-        hint="Use public names and the allowed modules only.",
+        hint=hint,
     )
+
+
+def _first_param(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in func.decorator_list):
+        return None
+    params = [*func.args.posonlyargs, *func.args.args]
+    if not params:
+        return None
+    name = params[0].arg
+    for node in ast.walk(func):
+        rebinds = (
+            isinstance(node, ast.Name)
+            and node.id == name
+            and not isinstance(node.ctx, ast.Load)
+            or isinstance(node, ast.Global | ast.Nonlocal)
+            and name in node.names
+            or isinstance(node, ast.arg)
+            and node.arg == name
+            and node is not params[0]
+        )
+        if rebinds:
+            return None
+    return name
+
+
+class _Checker(ast.NodeVisitor):
+    """Walks a script and raises `PolicyError` at the first blocked construct."""
+
+    def __init__(self, policy: Policy, source: str) -> None:
+        self.policy = policy
+        self.source = source
+        self.selves: list[str] = []
+
+    def fail(self, node: ast.AST, what: str, hint: str) -> PolicyError:
+        return _blocked(node, self.source, what, hint)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if not self.policy.allows_module(alias.name):
+                raise self.policy.import_error(alias.name, lineno=node.lineno, line=_line(self.source, node.lineno))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        if node.level:
+            raise self.fail(node, "relative imports", "Import allowed modules by their full name.")
+        if not self.policy.allows_module(module):
+            raise self.policy.import_error(module, lineno=node.lineno, line=_line(self.source, node.lineno))
+        for alias in node.names:
+            if alias.name != "*" and name_denied(module, alias.name):
+                if module == "__future__" and not alias.name.startswith("_"):
+                    continue
+                raise self.fail(node, f"importing {alias.name!r} from {module!r}", "Use the module's public names.")
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        store = not isinstance(node.ctx, ast.Load)
+        problem = attribute_problem(node.attr, store=store)
+        if problem and not self._own_private(node):
+            raise self.fail(node, problem, attribute_hint(node.attr))
+        self.generic_visit(node)
+
+    def _own_private(self, node: ast.Attribute) -> bool:
+        name = node.attr
+        return (
+            name.startswith("_")
+            and not is_dunder(name)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in self.selves
+        )
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id.startswith("__") and node.id.endswith("__") and node.id not in _SAFE_NAMES:
+            raise self.fail(node, f"the name {node.id}", "Names like __builtins__ and __import__ are not available.")
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for item in [*node.decorator_list, *node.bases, *node.keywords]:
+            self.visit(item)
+        for stmt in node.body:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+                self._visit_function(stmt, _first_param(stmt))
+            else:
+                self.visit(stmt)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._visit_function(node, None)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, self_name: str | None) -> None:
+        if node.name == "__del__":
+            raise self.fail(node, "defining __del__", "Finalizers would run outside the run; use a with block.")
+        for annotation in _annotations(node):
+            self._check_annotation(annotation)
+        if self_name is not None:
+            self.selves.append(self_name)
+        try:
+            self.generic_visit(node)
+        finally:
+            if self_name is not None:
+                self.selves.pop()
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._check_annotation(node.annotation)
+        self.generic_visit(node)
+
+    def _check_annotation(self, annotation: ast.expr) -> None:
+        for sub in ast.walk(annotation):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                try:
+                    parsed = ast.parse(sub.value.strip(), mode="eval")
+                except SyntaxError:
+                    continue
+                for inner in ast.walk(parsed):
+                    ast.copy_location(inner, sub)
+                self.visit(parsed)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        callee = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if callee in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
+            name = node.args[1]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                problem = attribute_problem(name.value, store=callee in ("setattr", "delattr"))
+                if problem:
+                    raise self.fail(node, problem, attribute_hint(name.value))
+        elif callee in ("attrgetter", "methodcaller"):
+            for text in literal[: 1 if callee == "methodcaller" else None]:
+                for part in text.split("."):
+                    if attribute_problem(part):
+                        raise self.fail(node, attribute_problem(part) or "", attribute_hint(part))
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in ("format", "format_map")
+            and isinstance(func.value, ast.Constant)
+            and isinstance(func.value.value, str)
+        ):
+            problem = format_problem(func.value.value)
+            if problem:
+                raise self.fail(node, problem, _FORMAT_HINT)
+        self.generic_visit(node)
+
+    def visit_MatchClass(self, node: ast.MatchClass) -> None:
+        for name in node.kwd_attrs:
+            problem = attribute_problem(name)
+            if problem:
+                raise self.fail(node, problem, attribute_hint(name))
+        self.generic_visit(node)
+
+
+def _annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:
+    args = node.args
+    params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+    found = [p.annotation for p in params if p is not None and p.annotation is not None]
+    return [*found, node.returns] if node.returns is not None else found

@@ -1,0 +1,497 @@
+"""Runtime side of the restricted policy: guarded module views and guarded builtins.
+
+The AST check (`snapcell.runner._policy`) stops what it can see in the source; this module stops
+the dynamic versions: ``getattr(f, "__glo" + "bals__")``, ``operator.attrgetter(name)``, a format
+string built at runtime, ``vars(module)``, and module pivots such as ``random._os``, which are
+unreachable because scripts only ever hold a `ModuleView` of an allowed module.
+
+A guardrail, not a boundary: see DESIGN.md ("The runner and its boundary").
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import linecache
+import operator
+import string
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from snapcell.errors import PolicyError
+
+__all__ = [
+    "FORMAT_ATTR_NAME",
+    "ModuleView",
+    "attribute_problem",
+    "format_problem",
+    "guarded_builtins",
+    "module_view",
+    "rewrite_format_calls",
+    "runtime_policy_error",
+]
+
+# Replaces ``x.format`` / ``x.format_map`` loads so format strings built at runtime are checked.
+FORMAT_ATTR_NAME = "__snapcell_format_attr__"
+
+# Dunder attributes a script may read: harmless names, and the protocol methods people call
+# explicitly (``super().__init__()``, ``Base.__eq__(self, other)``).
+SAFE_DUNDERS = frozenset(
+    {
+        "__name__", "__qualname__", "__doc__", "__class__", "__module__", "__cause__", "__context__",
+        "__init__", "__new__", "__post_init__", "__repr__", "__str__", "__format__", "__bytes__", "__hash__",
+        "__bool__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__len__", "__length_hint__",
+        "__iter__", "__next__", "__aiter__", "__anext__", "__reversed__", "__contains__", "__getitem__",
+        "__setitem__", "__delitem__", "__missing__", "__enter__", "__exit__", "__aenter__", "__aexit__",
+        "__await__", "__call__", "__add__", "__sub__", "__mul__", "__matmul__", "__truediv__", "__floordiv__",
+        "__mod__", "__divmod__", "__pow__", "__lshift__", "__rshift__", "__and__", "__xor__", "__or__",
+        "__radd__", "__rsub__", "__rmul__", "__rmatmul__", "__rtruediv__", "__rfloordiv__", "__rmod__",
+        "__rdivmod__", "__rpow__", "__rlshift__", "__rrshift__", "__rand__", "__rxor__", "__ror__", "__iadd__",
+        "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
+        "__ixor__", "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__complex__",
+        "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__copy__", "__deepcopy__",
+    }
+)  # fmt: skip
+
+# Non-dunder attributes that lead to frames, code objects or the event loop's process and network
+# parts. Blocked on every object, by attribute, by getattr and through operator.attrgetter.
+INTERNAL_NAMES = frozenset(
+    {
+        "gi_frame", "gi_code", "gi_yieldfrom", "gi_running", "gi_suspended",
+        "cr_frame", "cr_code", "cr_await", "cr_origin", "cr_running", "cr_suspended",
+        "ag_frame", "ag_code", "ag_await", "ag_running",
+        "tb_frame", "tb_next", "tb_lasti", "tb_lineno",
+        "f_back", "f_globals", "f_builtins", "f_locals", "f_code", "f_trace", "f_trace_lines",
+        "f_trace_opcodes", "f_lasti",
+        "co_code", "co_consts", "co_names", "co_varnames", "co_cellvars", "co_freevars", "co_filename",
+        "co_lnotab", "co_linetable", "co_exceptiontable", "co_positions", "co_lines", "replace",
+        "func_globals", "func_code", "im_func", "im_self",
+        "get_loop", "get_stack", "print_stack", "get_coro",
+        "subprocess_exec", "subprocess_shell", "create_connection", "create_server", "create_unix_connection",
+        "create_unix_server", "create_datagram_endpoint", "connect_accepted_socket", "connect_read_pipe",
+        "connect_write_pipe", "sock_connect", "sock_accept", "sock_recv", "sock_recv_into", "sock_sendall",
+        "sock_sendfile", "sock_sendto", "sock_recvfrom", "sendfile", "start_tls", "getaddrinfo", "getnameinfo",
+        "run_in_executor", "set_default_executor", "add_reader", "add_writer", "add_signal_handler",
+        "set_exception_handler", "set_task_factory", "call_exception_handler",
+    }
+)  # fmt: skip
+
+# Per-module rules. An allowlist names everything a script may use; a denylist removes names.
+_MODULE_ALLOW: dict[str, frozenset[str]] = {
+    "asyncio": frozenset(
+        {
+            "ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "Barrier", "BoundedSemaphore",
+            "BrokenBarrierError", "CancelledError", "Condition", "Event", "Future", "InvalidStateError",
+            "LifoQueue", "Lock", "PriorityQueue", "Queue", "QueueEmpty", "QueueFull", "Semaphore", "Task",
+            "TaskGroup", "Timeout", "TimeoutError", "all_tasks", "as_completed", "create_task", "current_task",
+            "ensure_future", "gather", "iscoroutine", "iscoroutinefunction", "isfuture", "shield", "sleep",
+            "timeout", "timeout_at", "wait", "wait_for",
+        }
+    ),
+    "io": frozenset(
+        {
+            "BytesIO", "StringIO", "TextIOWrapper", "IOBase", "RawIOBase", "BufferedIOBase", "TextIOBase",
+            "IncrementalNewlineDecoder", "UnsupportedOperation", "SEEK_SET", "SEEK_CUR", "SEEK_END",
+            "DEFAULT_BUFFER_SIZE",
+        }
+    ),
+}  # fmt: skip
+_MODULE_DENY: dict[str, frozenset[str]] = {
+    "typing": frozenset({"get_type_hints", "ForwardRef"}),  # both evaluate strings as code
+    "traceback": frozenset({"walk_stack", "walk_tb", "clear_frames"}),  # hand out frame objects
+    "contextlib": frozenset({"chdir"}),
+    "zoneinfo": frozenset({"reset_tzpath"}),
+    "time": frozenset({"clock_settime", "clock_settime_ns", "tzset"}),
+    "uuid": frozenset({"getnode"}),  # may run ifconfig/ipconfig in a subprocess
+}
+# Modules imported only as a whole: their submodules hold the process and network parts.
+TOP_LEVEL_ONLY = frozenset({"asyncio", "io"})
+# C accelerator modules that back an allowed module (``_sre`` is ``re``), for the ``__module__`` check.
+_ACCELERATORS = {
+    "sre": "re",
+    "blake2": "hashlib",
+    "sha3": "hashlib",
+    "md5": "hashlib",
+    "sha1": "hashlib",
+    "sha256": "hashlib",
+    "sha512": "hashlib",
+    "collections_abc": "collections",
+    "pydecimal": "decimal",
+    "pydatetime": "datetime",
+}
+
+_SLEEP_SLICE_S = 0.05
+
+
+def is_dunder(name: str) -> bool:
+    """True for ``__name__``-style names."""
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def attribute_problem(name: str, *, store: bool = False) -> str | None:
+    """Why a script may not read (or, with ``store``, assign or delete) attribute ``name``; None if it may."""
+    if name in INTERNAL_NAMES:
+        return f"the attribute .{name} (frame, code and event-loop internals are not available to scripts)"
+    if is_dunder(name):
+        if store or name not in SAFE_DUNDERS:
+            return f"{'assigning ' if store else ''}the special attribute .{name}"
+        return None
+    if name.startswith("_"):
+        return f"the private attribute .{name}"
+    return None
+
+
+def attribute_hint(name: str) -> str:
+    """What to do instead of using the attribute ``name``."""
+    if name in INTERNAL_NAMES:
+        return "Frames, code objects and tracebacks are off limits; use traceback.format_exc() for error text."
+    if is_dunder(name):
+        return "Use public APIs instead: type(x), isinstance(), x.__class__.__name__ and super().__init__() work."
+    return "Private names are reachable only as self._name (or cls._name) inside the class's own methods."
+
+
+def format_problem(fmt: str) -> str | None:
+    """Why ``fmt`` may not be used as a ``str.format`` template (attribute paths); None if it may."""
+    try:
+        parsed = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return None  # format() itself will raise the real error
+    for _literal, field, spec, _conversion in parsed:
+        if field and _has_attribute_path(field):
+            return f"the attribute path {{{field}}} in a format string"
+        if spec and "{" in spec:
+            problem = format_problem(spec)
+            if problem:
+                return problem
+    return None
+
+
+def _has_attribute_path(field: str) -> bool:
+    """True when a replacement field reads an attribute (``0.attr``); ``0[key.with.dots]`` only indexes."""
+    in_index = False
+    for char in field:
+        if char == "[":
+            in_index = True
+        elif char == "]":
+            in_index = False
+        elif char == "." and not in_index:
+            return True
+    return False
+
+
+def runtime_policy_error(what: str, hint: str) -> PolicyError:
+    """A `PolicyError` raised while the script runs, located at the script's innermost line."""
+    lineno, cell, line = None, None, ""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<cell-"):
+            lineno, cell = frame.f_lineno, frame.f_code.co_filename
+            line = linecache.getline(cell, lineno).strip()
+            break
+        frame = frame.f_back
+    where = f" (line {lineno})\n    {line}" if lineno else ""
+    return PolicyError(
+        f"{what} is not allowed",
+        exc_type="PolicyError",
+        traceback_text=f"PolicyError: {what} is not allowed{where}",
+        lineno=lineno,
+        cell=cell,
+        hint=hint,
+    )
+
+
+def _check_attr(name: object, *, store: bool = False) -> None:
+    if not isinstance(name, str):
+        return  # getattr() raises its own TypeError
+    problem = attribute_problem(name, store=store)
+    if problem:
+        raise runtime_policy_error(problem, attribute_hint(name))
+
+
+def _check_format(fmt: str) -> None:
+    problem = format_problem(fmt)
+    if problem:
+        raise runtime_policy_error(problem, "Use f-strings or plain {} / {0} / {name} fields; no {0.attr} paths.")
+
+
+# ------------------------------------------------------------------ module views
+
+
+class ModuleView(types.ModuleType):
+    """What a script gets for an allowed module: its public names, minus anything leading outside the policy.
+
+    Read-only (scripts cannot patch a module other sessions share) and pickled as a reference to the
+    module's name, re-guarded when a checkpoint is loaded.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        real = sys.modules.get(self.__name__)
+        if real is not None and hasattr(real, name):
+            raise AttributeError(
+                f"module {self.__name__!r} has no attribute {name!r} available to scripts (the policy hides it)"
+            )
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise runtime_policy_error(f"changing the module attribute {self.__name__}.{name}", "Modules are read-only.")
+
+    def __delattr__(self, name: str) -> None:
+        raise runtime_policy_error(f"deleting the module attribute {self.__name__}.{name}", "Modules are read-only.")
+
+    def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
+        from cloudpickle.cloudpickle import subimport
+
+        return subimport, (self.__name__,)
+
+    def __repr__(self) -> str:
+        return f"<module {self.__name__!r}>"
+
+
+_views: dict[tuple[frozenset[str], str], ModuleView] = {}
+_views_lock = threading.RLock()
+
+
+def top_level_allowed(module_name: str, modules: frozenset[str]) -> bool:
+    """True when ``module_name`` belongs to an allowed package (C accelerators count as their module)."""
+    top = module_name.split(".", 1)[0]
+    if top == "builtins" or top in modules:
+        return True
+    bare = top.lstrip("_")
+    return bare in modules or _ACCELERATORS.get(bare) in modules
+
+
+def module_allowed(name: str, modules: frozenset[str]) -> bool:
+    """True when a script may import ``name`` under a policy allowing the top-level ``modules``."""
+    top, _, rest = name.partition(".")
+    if top not in modules:
+        return False
+    return not (rest and top in TOP_LEVEL_ONLY)
+
+
+def name_denied(module_name: str, name: str) -> bool:
+    """True when the module rules hide ``module_name.name`` from scripts (before looking at its value)."""
+    if name.startswith("_"):
+        return True
+    allow = _MODULE_ALLOW.get(module_name)
+    if allow is not None and name not in allow:
+        return True
+    return name in _MODULE_DENY.get(module_name, ())
+
+
+def _keep(module_name: str, name: str, value: Any, modules: frozenset[str]) -> bool:
+    if name_denied(module_name, name):
+        return False
+    if isinstance(value, types.ModuleType):
+        return module_allowed(value.__name__, modules)
+    if isinstance(value, type) or callable(value):
+        owner = getattr(value, "__module__", None)
+        if isinstance(owner, str) and not top_level_allowed(owner, modules):
+            return False
+    return True
+
+
+def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView:
+    """The (cached, shared, read-only) view of ``module`` for a policy allowing ``modules``."""
+    key = (modules, module.__name__)
+    view = _views.get(key)
+    if view is not None:
+        return view
+    with _views_lock:
+        view = _views.get(key)
+        if view is not None:
+            return view
+        view = ModuleView(module.__name__, module.__doc__)
+        _views[key] = view  # before filling: packages and their submodules refer to each other
+        content = vars(view)
+        for name, value in list(vars(module).items()):
+            if not _keep(module.__name__, name, value, modules):
+                continue
+            if isinstance(value, types.ModuleType):
+                value = module_view(value, modules)
+            content[name] = _SPECIAL.get((module.__name__, name), value)
+        return view
+
+
+def attach_submodule(parent: ModuleView, child: types.ModuleType, modules: frozenset[str]) -> None:
+    """Make a newly imported submodule reachable from its parent package's view."""
+    vars(parent)[child.__name__.rpartition(".")[2]] = module_view(child, modules)
+
+
+# --------------------------------------------------------- guarded replacements
+
+
+def _guarded_attrgetter(attr: str, *attrs: str) -> operator.attrgetter[Any]:
+    for name in (attr, *attrs):
+        if isinstance(name, str):
+            for part in name.split("."):
+                _check_attr(part)
+    return operator.attrgetter(attr, *attrs)
+
+
+def _guarded_methodcaller(name: str, /, *args: Any, **kwargs: Any) -> operator.methodcaller:
+    _check_attr(name)
+    return operator.methodcaller(name, *args, **kwargs)
+
+
+class _GuardedFormatter(string.Formatter):
+    """`string.Formatter` without attribute paths in fields."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        _check_format("{" + field_name + "}")
+        return super().get_field(field_name, args, kwargs)
+
+
+_GuardedFormatter.__name__ = _GuardedFormatter.__qualname__ = "Formatter"
+_GuardedFormatter.__module__ = "string"
+
+
+def _sliced_sleep(seconds: float) -> None:
+    """`time.sleep` in short slices, so a wall-time interrupt lands between them."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, _SLEEP_SLICE_S))
+
+
+_sliced_sleep.__name__ = "sleep"
+
+# Stand-ins pickled by reference to this module; the checkpoint loader maps them back.
+GUARD_GLOBALS: dict[tuple[str, str], Any] = {
+    (__name__, "_sliced_sleep"): _sliced_sleep,
+    (__name__, "_guarded_attrgetter"): _guarded_attrgetter,
+    (__name__, "_guarded_methodcaller"): _guarded_methodcaller,
+}
+
+_SPECIAL: dict[tuple[str, str], Any] = {
+    ("operator", "attrgetter"): _guarded_attrgetter,
+    ("operator", "methodcaller"): _guarded_methodcaller,
+    ("string", "Formatter"): _GuardedFormatter,
+    ("time", "sleep"): _sliced_sleep,
+}
+
+
+def special_value(module: str, name: str, value: Any) -> Any:
+    """The guarded stand-in for ``module.name`` when there is one (``operator.attrgetter``), else ``value``."""
+    return _SPECIAL.get((module, name), value)
+
+
+def guarded_getattr(obj: Any, name: str, *default: Any) -> Any:
+    """`getattr` that refuses dunder, private and frame/code names."""
+    _check_attr(name)
+    if name in ("format", "format_map"):
+        return format_attr(obj, name)
+    return getattr(obj, name, *default)
+
+
+def guarded_hasattr(obj: Any, name: str) -> bool:
+    """`hasattr` that refuses dunder, private and frame/code names."""
+    _check_attr(name)
+    return hasattr(obj, name)
+
+
+def guarded_setattr(obj: Any, name: str, value: Any) -> None:
+    """`setattr` that refuses dunder, private and frame/code names."""
+    _check_attr(name, store=True)
+    setattr(obj, name, value)
+
+
+def guarded_delattr(obj: Any, name: str) -> None:
+    """`delattr` that refuses dunder, private and frame/code names."""
+    _check_attr(name, store=True)
+    delattr(obj, name)
+
+
+def _visible(names: Iterable[str]) -> list[str]:
+    return sorted(n for n in names if attribute_problem(n) is None)
+
+
+def guarded_dir(*args: Any) -> list[str]:
+    """`dir` listing only the names a script may use."""
+    if not args:
+        caller = sys._getframe(1)
+        return _visible(caller.f_locals)
+    return _visible(dir(*args))
+
+
+def guarded_vars(*args: Any) -> dict[str, Any]:
+    """`vars` of an instance or module view; classes and the caller's scope are refused."""
+    if len(args) != 1:
+        raise runtime_policy_error("vars() without an argument", "Pass the object: vars(obj).")
+    (obj,) = args
+    if isinstance(obj, ModuleView):
+        return {n: v for n, v in vars(obj).items() if attribute_problem(n) is None}
+    if isinstance(obj, type | types.ModuleType):
+        raise runtime_policy_error("vars() of a class or module", "Use dir(obj) to list its public names.")
+    result: dict[str, Any] = vars(obj)
+    return result
+
+
+def format_attr(obj: Any, name: str) -> Any:
+    """``obj.format`` / ``obj.format_map``, checking the template when ``obj`` is a string (or ``str``)."""
+    method = getattr(obj, name)
+    if isinstance(obj, str):
+        _check_format(obj)
+        return method
+    if isinstance(obj, type) and issubclass(obj, str):
+
+        def unbound(template: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(template, str):
+                _check_format(template)
+            return method(template, *args, **kwargs)
+
+        return unbound
+    return method
+
+
+class _FormatRewriter(ast.NodeTransformer):
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if node.attr not in ("format", "format_map") or not isinstance(node.ctx, ast.Load):
+            return node
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node  # a literal template; the AST check already read it
+        call = ast.Call(
+            func=ast.Name(id=FORMAT_ATTR_NAME, ctx=ast.Load()), args=[node.value, ast.Constant(node.attr)], keywords=[]
+        )
+        return ast.copy_location(call, node)
+
+
+def rewrite_format_calls(tree: ast.Module) -> None:
+    """Route every non-literal ``x.format`` / ``x.format_map`` through `format_attr`."""
+    _FormatRewriter().visit(tree)
+
+
+SAFE_BUILTIN_NAMES = frozenset(
+    {
+        "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
+        "classmethod", "complex", "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset", "hash",
+        "hex", "id", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "memoryview", "min",
+        "next", "object", "oct", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set",
+        "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "zip", "NotImplemented",
+        "Ellipsis", "None", "True", "False", "__build_class__", "__name__",
+    }
+)  # fmt: skip
+
+
+def guarded_builtins() -> dict[str, Any]:
+    """The safe builtins plus guarded getattr/setattr/hasattr/delattr/dir/vars (imports are added by the policy)."""
+    table = {name: getattr(builtins, name) for name in SAFE_BUILTIN_NAMES if hasattr(builtins, name)}
+    for name, value in vars(builtins).items():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            table[name] = value
+    table.update(
+        getattr=guarded_getattr,
+        hasattr=guarded_hasattr,
+        setattr=guarded_setattr,
+        delattr=guarded_delattr,
+        dir=guarded_dir,
+        vars=guarded_vars,
+    )
+    table[FORMAT_ATTR_NAME] = format_attr
+    return table

@@ -1,0 +1,300 @@
+"""The restricted policy: what still works (positive) and what is blocked with a useful message (negative)."""
+
+from __future__ import annotations
+
+import pytest
+
+from snapcell import Policy
+from snapcell.errors import ConfigError, PolicyError
+
+ALLOWED = {
+    "class_with_init_and_private_state": (
+        "class Account:\n"
+        "    def __init__(self, owner):\n"
+        "        self._owner = owner\n"
+        "        self.__pin = 1234\n"
+        "    def __repr__(self):\n"
+        "        return f'{self.__class__.__name__}({self._owner!r})'\n"
+        "    def __eq__(self, other):\n"
+        "        return isinstance(other, Account) and repr(other) == repr(self)\n"
+        "    _count = 0\n"
+        "    @classmethod\n"
+        "    def make(cls):\n"
+        "        cls._count += 1\n"
+        "        return cls._count\n"
+        "    def pin_ok(self):\n"
+        "        return self.__pin == 1234\n"
+        "(repr(Account('ann')), Account('a') == Account('a'), Account.make(), Account('b').pin_ok())",
+        ("Account('ann')", True, 1, True),
+    ),
+    "super_init": (
+        "class Base:\n    def __init__(self, x):\n        self.x = x\n"
+        "class Child(Base):\n    def __init__(self):\n        super().__init__(3)\n        Base.__init__(self, 4)\n"
+        "Child().x",
+        4,
+    ),
+    "dataclass": (
+        "from dataclasses import dataclass, field, asdict\n"
+        "@dataclass(frozen=True)\nclass P:\n    x: int\n    tags: list = field(default_factory=list)\n"
+        "    def __post_init__(self):\n        assert self.x >= 0\n"
+        "asdict(P(1))",
+        {"x": 1, "tags": []},
+    ),
+    "enum": (
+        "import enum\nclass Color(enum.Enum):\n    RED = 1\n    BLUE = 2\n[c.name for c in Color]",
+        ["RED", "BLUE"],
+    ),
+    "generator": ("def gen(n):\n    yield from range(n)\nsum(gen(5))", 10),
+    "async_with_and_gather": (
+        "import asyncio, contextlib\n"
+        "@contextlib.asynccontextmanager\nasync def res():\n    yield 2\n"
+        "async def work(i):\n    await asyncio.sleep(0)\n    return i\n"
+        "async with res() as k:\n    out = await asyncio.gather(*(work(i) for i in range(3)))\n"
+        "[o * k for o in out]",
+        [0, 2, 4],
+    ),
+    "contextlib_suppress": ("import contextlib\nwith contextlib.suppress(KeyError):\n    {}['x']\n'ok'", "ok"),
+    "lru_cache": (
+        "import functools\n@functools.lru_cache(maxsize=None)\ndef fib(n):\n"
+        "    return n if n < 2 else fib(n-1) + fib(n-2)\nfib(30)",
+        832040,
+    ),
+    "collections": (
+        "from collections import Counter, defaultdict, deque, OrderedDict\n"
+        "import collections.abc\n"
+        "from collections.abc import Mapping\n"
+        "(Counter('aab').most_common(1), isinstance({}, collections.abc.Mapping), isinstance({}, Mapping))",
+        ([("a", 2)], True, True),
+    ),
+    "json_re_datetime": (
+        "import json, re, datetime\n"
+        "(json.loads(json.dumps({'a': [1]})), re.findall(r'\\d+', 'a1b22'), datetime.date(2024, 1, 2).isoformat())",
+        ({"a": [1]}, ["1", "22"], "2024-01-02"),
+    ),
+    "stdlib_misc": (
+        "import decimal, fractions, statistics, math, hashlib, base64, struct, heapq, bisect, itertools, uuid\n"
+        "(str(decimal.Decimal('1.1') + 1), fractions.Fraction(1, 3) * 3, statistics.mean([1, 2, 3]),\n"
+        " hashlib.sha256(b'').hexdigest()[:4], base64.b64encode(b'a'), struct.unpack('<i', struct.pack('<i', 7))[0],\n"
+        " len(str(uuid.uuid4())))",
+        ("2.1", 1, 2, "e3b0", b"YQ==", 7, 36),
+    ),
+    "io_in_memory": (
+        "import io, csv\nbuf = io.StringIO('a,b\\n1,2\\n')\nlist(csv.DictReader(buf))",
+        [{"a": "1", "b": "2"}],
+    ),
+    "format_plain_fields": ("('{} {x}'.format(1, x=2), '{0[k]} {0}'.format({'k': 1}))", ("1 2", "1 {'k': 1}")),
+    "format_dynamic_plain": ("t = '{0}-{n}'\nt.format(1, n=2)", "1-2"),
+    "string_formatter_plain": ("import string\nstring.Formatter().format('{a}', a=5)", "5"),
+    "attrgetter_public": (
+        "import operator\nclass O:\n    pass\no = O()\no.a = O()\no.a.b = 3\noperator.attrgetter('a.b')(o)",
+        3,
+    ),
+    "getattr_public_dynamic": ("class O:\n    color = 'red'\nname = 'col' + 'or'\ngetattr(O, name)", "red"),
+    "dir_and_vars_filtered": (
+        "class O:\n    def __init__(self):\n        self.a = 1\n(vars(O()), 'a' in dir(O()), "
+        "any(n in ('__dict__', '__reduce__', '_x') for n in dir(O())))",
+        ({"a": 1}, True, False),
+    ),
+    "type_name_and_isinstance": (
+        "(type(3).__name__, (3).__class__.__name__, isinstance(3, int))",
+        ("int", "int", True),
+    ),
+    "string_annotations": ("def f(x: 'int') -> 'list[int]':\n    return [x]\nf(1)", [1]),
+    "time_sleep": ("import time\nt = time.monotonic()\ntime.sleep(0.06)\ntime.monotonic() - t >= 0.06", True),
+    "star_import": ("from math import *\nfloor(2.5)", 2),
+    "match_class": (
+        "class P:\n    __match_args__ = ('x',)\n    def __init__(self):\n        self.x = 1\n"
+        "match P():\n    case P(x=1):\n        r = 'one'\nr",
+        "one",
+    ),
+    "slots_and_name": ("class S:\n    __slots__ = ('a',)\n__name__", "__main__"),
+    "try_finally_normal": (
+        "out = []\nfor i in range(3):\n    try:\n        out.append(i)\n    finally:\n        out.append(-i)\nout",
+        [0, 0, 1, -1, 2, -2],
+    ),
+}
+
+
+@pytest.mark.parametrize("code, expected", list(ALLOWED.values()), ids=list(ALLOWED))
+def test_allowed_code_still_works(run, code, expected):
+    result = run(code)
+    assert result.error is None, result.error.for_model()
+    assert result.value == expected
+
+
+BLOCKED = {
+    "import_os": ("import os", "import of 'os'"),
+    "from_os": ("from os import path", "import of 'os'"),
+    "relative": ("from . import x", "relative imports"),
+    "asyncio_submodule": ("import asyncio.subprocess", "import of 'asyncio.subprocess'"),
+    "from_io_open": ("from io import open", "importing 'open' from 'io'"),
+    "private_from_import": ("from random import _os", "importing '_os' from 'random'"),
+    "dunder_attr": ("(lambda: 0).__globals__", "special attribute .__globals__"),
+    "dunder_store": ("class A:\n    pass\nA.__repr__ = None", "assigning the special attribute .__repr__"),
+    "private_attr_on_other": ("class A:\n    _x = 1\nA._x", "private attribute ._x"),
+    "private_on_rebound_self": (
+        "import random\nclass A:\n    def m(self):\n        self = random\n        return self._os",
+        "private attribute ._os",
+    ),
+    "private_on_other_instance": (
+        "class A:\n    def __eq__(self, other):\n        return self._x == other._x",
+        "private attribute ._x",
+    ),
+    "private_on_staticmethod_arg": (
+        "class A:\n    @staticmethod\n    def m(self):\n        return self._x",
+        "private attribute ._x",
+    ),
+    "frame_attr": ("def g():\n    yield\ng().gi_frame", ".gi_frame"),
+    "tb_attr": ("x = None\nx.tb_frame", ".tb_frame"),
+    "dunder_name": ("__builtins__", "the name __builtins__"),
+    "dunder_import": ("__import__('os')", "the name __import__"),
+    "getattr_literal": ("getattr(len, '__self__')", ".__self__"),
+    "setattr_literal": ("class A:\n    pass\nsetattr(A, '__module__', 'os')", ".__module__"),
+    "format_literal": ("'{0.__class__}'.format(1)", "attribute path {0.__class__}"),
+    "format_nested_spec": ("'{0:{1.real}}'.format(1, 2)", "attribute path {1.real}"),
+    "attrgetter_literal": ("import operator\noperator.attrgetter('a.__globals__')", ".__globals__"),
+    "methodcaller_literal": ("import operator\noperator.methodcaller('__reduce__')", ".__reduce__"),
+    "del_finalizer": ("class A:\n    def __del__(self):\n        pass", "defining __del__"),
+    "string_annotation_payload": ("def f(x: '().__class__.__base__'):\n    pass", ".__base__"),
+    "nested_string_annotation": ("import typing\nx: typing.List['f.__globals__'] = []", ".__globals__"),
+    "match_dunder": ("match 1:\n    case int(__globals__=c):\n        pass", ".__globals__"),
+}
+
+
+@pytest.mark.parametrize("code, fragment", list(BLOCKED.values()), ids=list(BLOCKED))
+def test_blocked_code_raises_policy_error_before_running(run, code, fragment):
+    result = run("ran_before = 1\n" + code)
+    assert isinstance(result.error, PolicyError), result.error
+    assert fragment in str(result.error)
+    assert result.error.lineno is not None and result.error.lineno >= 2
+    assert result.error.hint
+    # The check runs before anything executes: not even the first line ran.
+    assert run("'ran_before' in dir()").value is False
+
+
+RUNTIME_BLOCKED = {
+    "getattr_dynamic": ("n = '__glo' + 'bals__'\ngetattr(len, n)", ".__globals__"),
+    "hasattr_dynamic": ("n = '_' + 'x'\nhasattr(1, n)", "._x"),
+    "setattr_dynamic": ("class A:\n    pass\nn = '__cl' + 'ass__'\nsetattr(A(), n, int)", ".__class__"),
+    "getattr_frame_dynamic": ("def g():\n    yield\nn = 'gi_' + 'frame'\ngetattr(g(), n)", ".gi_frame"),
+    "format_dynamic": ("t = '{0.__cl' + 'ass__}'\nt.format(1)", "attribute path"),
+    "format_map_dynamic": ("t = '{a.real}'\nt.format_map({'a': 1})", "attribute path"),
+    "str_format_unbound": ("t = '{0.real}'\nstr.format(t, 1)", "attribute path"),
+    "format_bound_via_getattr": ("t = '{0.real}'\nm = getattr(t, 'format')\nm(1)", "attribute path"),
+    "string_formatter": ("import string\nstring.Formatter().format('{0.real}', 1)", "attribute path"),
+    "attrgetter_dynamic": ("import operator\nn = '__' + 'dict__'\noperator.attrgetter('a', n)", ".__dict__"),
+    "vars_no_args": ("vars()", "vars() without an argument"),
+    "vars_of_class": ("vars(int)", "vars() of a class"),
+    "module_is_read_only": ("import json\njson.dumps = print", "changing the module attribute json.dumps"),
+}
+
+
+@pytest.mark.parametrize("code, fragment", list(RUNTIME_BLOCKED.values()), ids=list(RUNTIME_BLOCKED))
+def test_dynamic_access_raises_policy_error_at_runtime(run, code, fragment):
+    result = run("ran_before = 1\n" + code)
+    assert isinstance(result.error, PolicyError), result.error
+    assert fragment in str(result.error)
+    assert 2 <= result.error.lineno <= code.count("\n") + 2  # the script's own line, not a snapcell frame
+    assert "snapcell" not in result.error.for_model()
+    assert run("ran_before").value == 1  # earlier variables survive a runtime block
+
+
+def test_blocked_import_names_the_module_and_lists_allowed_ones(run):
+    error = run("import numpy_not_here").error
+    assert isinstance(error, PolicyError)
+    assert "'numpy_not_here'" in str(error)
+    assert "Allowed modules:" in error.hint and "json" in error.hint and "math" in error.hint
+    assert "import numpy_not_here" in error.for_model()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import random\n'_os' in dir(random) or 'os' in dir(random)",
+        "import typing\n'sys' in dir(typing)",
+        "import json\n'codecs' in dir(json)",
+        "import enum\n'bltns' in dir(enum)",
+        "import dataclasses\n'builtins' in dir(dataclasses)",
+        "import asyncio\nany(n in dir(asyncio) for n in ['subprocess', 'open_connection', 'start_server',"
+        " 'create_subprocess_exec', 'create_subprocess_shell', 'get_event_loop', 'to_thread', 'events'])",
+        "import io\nany(n in dir(io) for n in ['open', 'FileIO', 'open_code'])",
+        "import functools\n'RLock' in dir(functools)",
+        "import typing\n'get_type_hints' in dir(typing)",
+    ],
+)
+def test_module_views_hide_pivots(run, code):
+    result = run(code)
+    assert result.error is None, result.error.for_model()
+    assert result.value is False
+
+
+def test_module_views_keep_what_scripts_use(run):
+    code = (
+        "import asyncio, io, time, hashlib, random\n"
+        "all([asyncio.gather, asyncio.create_task, asyncio.ensure_future, asyncio.TaskGroup, asyncio.Queue,"
+        " io.StringIO, io.BytesIO, time.time, time.sleep, hashlib.blake2b, random.Random, random.SystemRandom])"
+    )
+    result = run(code)
+    assert result.error is None and result.value is True
+
+
+def test_hidden_module_attribute_says_the_policy_hides_it(run):
+    error = run("import json\njson.codecs").error
+    assert error.exc_type == "AttributeError"
+    assert "policy hides it" in error.for_model()
+
+
+def test_module_views_survive_a_checkpoint_and_stay_guarded(pool):
+    with pool.checkout() as first:
+        first.feed_run("import random, collections.abc\nfrom json import dumps\nr = random")
+        checkpoint = first.dump()
+    with pool.checkout() as second:
+        second.load_session(checkpoint)
+        assert second.feed_run("random.choice([7]), dumps([1]), isinstance({}, collections.abc.Mapping)") == (
+            7,
+            "[1]",
+            True,
+        )
+        assert second.feed_run("'_os' in dir(r) or 'os' in dir(r)") is False
+        error = second.run("n = '_o' + 's'\ngetattr(r, n)").error
+        assert isinstance(error, PolicyError)
+        assert isinstance(second.run("r.x = 1").error, PolicyError)
+
+
+def test_extra_modules_are_allowed(pool):
+    policy = Policy().with_modules(["numpy"])
+    assert "numpy" in policy.modules and "json" in policy.modules
+    with pool.checkout(policy=policy) as session:
+        assert session.feed_run("import numpy as np\nint(np.arange(4).sum())") == 6
+        assert isinstance(session.run("import os").error, PolicyError)
+
+
+def test_unrestricted_policy_checks_nothing(pool):
+    with pool.checkout(policy=Policy.unrestricted()) as session:
+        assert session.feed_run("import os\n(lambda: 0).__globals__ is not None") is True
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"allowed_modules": "json"},
+        {"extra_modules": ["numpy", ""]},
+        {"extra_modules": ["numpy.linalg"]},
+        {"extra_modules": [3]},
+        {"restricted": "yes"},
+    ],
+)
+def test_policy_validates_its_fields(kwargs):
+    with pytest.raises(ConfigError):
+        Policy(**kwargs)
+
+
+def test_policy_is_frozen_and_extendable():
+    policy = Policy(extra_modules={"pandas"})
+    assert isinstance(policy.extra_modules, frozenset)
+    with pytest.raises(AttributeError):
+        policy.restricted = False  # type: ignore[misc]
+    wider = policy.with_modules(["numpy"])
+    assert wider.extra_modules == {"pandas", "numpy"} and policy.extra_modules == {"pandas"}
+    assert wider.allows_module("numpy.linalg") and not wider.allows_module("os")
+    assert not Policy().allows_module("asyncio.subprocess") and Policy().allows_module("collections.abc")
