@@ -20,6 +20,12 @@ class Limits:
     output, recursion and host calls; memory, CPU, processes, file size and open
     files need a worker process (``isolation="process"``).
 
+    What inline mode cannot do: the wall-time interrupt only lands between Python bytecodes,
+    so C-level work (``10**10**8``, ``sorted`` of a huge list, a regex that backtracks
+    forever) runs to completion however long it takes, and nothing bounds the memory a
+    script allocates. Only the worker process, killed from outside when it overruns its
+    grace or its address-space limit, stops those.
+
     Attributes:
         wall_time_s: Wall-clock seconds one run may take before it is interrupted; the session is kept.
         grace_s: Seconds a worker gets to stop after the interrupt before it is killed and replaced.
