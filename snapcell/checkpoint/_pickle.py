@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import io
 import pickle
+import reprlib
 import sys
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,6 +42,7 @@ _SAMPLE_BYTES = 256 * 1024
 # A buffer whose sample compresses worse than this is stored raw (random floats barely compress).
 _INCOMPRESSIBLE_RATIO = 0.9
 _MAX_KEPT_CELLS = 200
+_CELL_PREFIX = "<cell-"
 
 # cloudpickle's reconstruction helpers; subimport and dynamic_subimport import modules and are guarded.
 _CLOUDPICKLE_HELPERS = frozenset(
@@ -66,11 +70,38 @@ _SAFE_BUILTINS = frozenset(
         "Ellipsis", "memoryview", "enumerate", "zip", "map", "filter", "reversed",
     }
 )  # fmt: skip
+# Private names checkpoints legitimately read through getattr (cloudpickle's enum skeletons use object.__new__).
+_GETATTR_PRIVATE = frozenset({"__new__"})
 _COPYREG = frozenset({"_reconstructor", "__newobj__", "__newobj_ex__"})
 
 
 def _rebuild_lru_cache(func: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
     return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
+
+
+def _code_in_cell(constructor: Callable[..., types.CodeType], args: tuple[Any, ...], filename: str) -> types.CodeType:
+    return constructor(*args).replace(co_filename=filename)
+
+
+def _rebuild_recursive_repr(func: Callable[[Any], str]) -> Callable[[Any], str]:
+    return functools.wraps(func)(reprlib.recursive_repr()(func))
+
+
+def _recursive_repr_codes() -> frozenset[types.CodeType]:
+    @dataclasses.dataclass
+    class Probe:
+        x: int = 0
+
+    def probe_repr(self: object) -> str:
+        return ""
+
+    codes = {Probe.__repr__.__code__, reprlib.recursive_repr()(probe_repr).__code__}
+    return frozenset(code for code in codes if "user_function" in code.co_freevars)
+
+
+# The recursion guards around dataclass __repr__ (dataclasses' and reprlib's) call _thread.get_ident; by value they
+# would need `_thread` at load, which the policy refuses. They are rebuilt around the wrapped function instead.
+_RECURSIVE_REPR_CODES = _recursive_repr_codes()
 
 
 class _Failed(Exception):
@@ -80,23 +111,44 @@ class _Failed(Exception):
         self.cause = cause
 
 
+def _session_namespace() -> dict[str, Any]:
+    raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
+
+
+class _NamespaceToken:
+    """Stands for the session namespace in the stream; the loader resolves it to the restored namespace."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Callable[[], dict[str, Any]], tuple[()]]:
+        return _session_namespace, ()
+
+
+_NAMESPACE_TOKEN = _NamespaceToken()
+
+
 class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle that keeps script functions bound to the live namespace."""
 
     def __init__(self, file: io.BytesIO, namespace: dict[str, Any], buffer_callback: Callable[[Any], Any]) -> None:
         super().__init__(file, protocol=_PROTOCOL, buffer_callback=buffer_callback)
         self._namespace = namespace
-        # cloudpickle gives every function whose globals are `namespace` this dict as its globals; by making it
-        # the namespace itself (a persistent reference), restored functions share the restored namespace.
-        self.globals_ref[id(namespace)] = namespace
-
-    def persistent_id(self, obj: object) -> str | None:
-        return _NAMESPACE_PID if obj is self._namespace else None
+        # cloudpickle gives every function whose globals are `namespace` this object as its globals; a token that
+        # loads as the restored namespace makes restored functions share it. (Not persistent_id: the pickler would
+        # call it for every object, which triples the time to dump a list of a million ints.)
+        self.globals_ref[id(namespace)] = _NAMESPACE_TOKEN
 
     def reducer_override(self, obj: object) -> Any:
         if isinstance(obj, functools._lru_cache_wrapper):
             params = obj.cache_parameters()
             return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
+        if isinstance(obj, types.CodeType) and obj.co_filename.startswith(_CELL_PREFIX):
+            # cloudpickle renames every code object <dynamic-code>; the cell name keeps restored tracebacks readable.
+            constructor, args = cloudpickle.cloudpickle._code_reduce(obj)
+            return _code_in_cell, (constructor, args, obj.co_filename)
+        if isinstance(obj, types.FunctionType) and obj.__code__ in _RECURSIVE_REPR_CODES and obj.__closure__:
+            user_function = obj.__closure__[obj.__code__.co_freevars.index("user_function")].cell_contents
+            return _rebuild_recursive_repr, (user_function,)
         return super().reducer_override(obj)
 
 
@@ -276,21 +328,49 @@ class _RestrictedUnpickler(pickle.Unpickler):
         self._namespace = namespace
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == (__name__, "_session_namespace"):
+            return lambda: self._namespace
+        if (module, name) == ("cloudpickle.cloudpickle", "_make_function") and "__builtins__" in self._namespace:
+            return functools.partial(_make_function, self._namespace["__builtins__"])
         return self._find_global(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
-        if pid == _NAMESPACE_PID:
+        if pid == _NAMESPACE_PID:  # checkpoints written before the namespace token
             return self._namespace
         raise pickle.UnpicklingError(f"unknown persistent reference {pid!r}")
 
 
+def _make_function(
+    builtins_table: Any, code: types.CodeType, globals: dict[str, Any], name: str, argdefs: Any, closure: Any
+) -> types.FunctionType:
+    # cloudpickle's own helper installs the real builtins, which a function keeps for life; the session's go in.
+    globals["__builtins__"] = builtins_table
+    return types.FunctionType(code, globals, name, argdefs, closure)
+
+
+def _dill_create_function(builtins_table: Any, fcode: types.CodeType, fglobals: Any, *args: Any) -> Any:
+    fglobals = fglobals if fglobals is not None else {}
+    fglobals["__builtins__"] = builtins_table  # as in _make_function
+    return dill._dill._create_function(fcode, fglobals, *args)
+
+
 class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
-    def __init__(self, file: io.BytesIO, *, find_global: FindGlobal) -> None:
+    def __init__(self, file: io.BytesIO, *, find_global: FindGlobal, builtins_table: Any) -> None:
         super().__init__(file)
         self._find_global = find_global
+        self._builtins = builtins_table
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "dill._dill":
+            # dill's own helpers, except the ones that import a module or read any attribute by name.
+            if name == "_import_module":
+                return lambda import_name, safe=False: self._find_global("cloudpickle.cloudpickle", "subimport")(
+                    import_name
+                )
+            if name == "_get_attr":
+                return self._find_global("builtins", "getattr")
+            if name == "_create_function" and self._builtins is not None:
+                return functools.partial(_dill_create_function, self._builtins)
             return super().find_class(module, name)
         return self._find_global(module, name)
 
@@ -298,6 +378,13 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
 def _decompress(codec: Codec, data: memoryview, raw_size: int, *, writable: bool) -> bytes | bytearray | memoryview:
     if codec is Codec.RAW:
         return bytearray(data) if writable and data.readonly else data
+    try:
+        declared = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise CheckpointCorrupt(f"a checkpoint section is not a zstd frame: {exc}") from exc
+    if declared != raw_size:
+        # Checked before allocating: a section table that lies about sizes must not cost memory.
+        raise CheckpointCorrupt("a checkpoint section's zstd frame declares a different size than its table entry")
     out = bytearray(raw_size)
     try:
         with zstandard.ZstdDecompressor().stream_reader(data) as reader:
@@ -367,10 +454,26 @@ def load_namespace(
     for info, section in zip(dill_vars, dill_data, strict=True):
         data = _decompress(section.codec, section.data, section.raw_size, writable=False)
         try:
-            result.variables[info.name] = _RestrictedDillUnpickler(io.BytesIO(data), find_global=find_global).load()
+            result.variables[info.name] = _RestrictedDillUnpickler(
+                io.BytesIO(data), find_global=find_global, builtins_table=namespace.get("__builtins__")
+            ).load()
         except Exception as exc:  # as above
             result.failed[info.name] = _describe(exc)
     return result
+
+
+_OWN_HELPERS: dict[str, Callable[..., Any]] = {
+    "_rebuild_lru_cache": _rebuild_lru_cache,
+    "_rebuild_recursive_repr": _rebuild_recursive_repr,
+    "_code_in_cell": _code_in_cell,
+}
+
+
+def _public_getattr(obj: object, name: str, *default: object) -> Any:
+    """``getattr`` for checkpoints (enum members and ``object.__new__`` pickle through it): public names only."""
+    if not isinstance(name, str) or (name.startswith("_") and name not in _GETATTR_PRIVATE):
+        raise pickle.UnpicklingError(f"the checkpoint reads the private attribute {name!r}, which is not allowed")
+    return getattr(obj, name, *default)
 
 
 def _guarded_subimport(allow_module: Callable[[str], bool]) -> Callable[[str], Any]:
@@ -390,12 +493,12 @@ def make_find_global(
 ) -> FindGlobal:
     """Build the resolver the restricted unpickler uses for every global a checkpoint names.
 
-    Allowed: ``overrides`` first (for example a guarded ``builtins.getattr``), the serializers' own
+    Allowed: ``overrides`` first (``builtins.getattr`` defaults to one that refuses private names), the serializers' own
     helpers, plain builtin types, and attributes of modules ``allow_module`` accepts. Anything else
     is refused, so loading never imports an arbitrary module. ``resolve``, when given, looks up
     ``module.name`` for allowed modules instead of a plain attribute walk (the policy's guarded lookup).
     """
-    overrides = dict(overrides or {})
+    overrides = {("builtins", "getattr"): _public_getattr, **(overrides or {})}
     subimport = _guarded_subimport(allow_module)
 
     def find_global(module: str, name: str) -> Any:
@@ -406,14 +509,18 @@ def make_find_global(
                 return subimport
             if name in _CLOUDPICKLE_HELPERS:
                 return getattr(cloudpickle.cloudpickle, name)
-        elif module == __name__ and name == "_rebuild_lru_cache":
-            return _rebuild_lru_cache
+        elif module == __name__ and name in _OWN_HELPERS:
+            return _OWN_HELPERS[name]
         elif module == "builtins":
             if name in _SAFE_BUILTINS or _is_builtin_exception(name):
                 return getattr(__import__("builtins"), name)
         elif module == "copyreg" and name in _COPYREG:
             return getattr(__import__("copyreg"), name)
         elif allow_module(module) and resolve is not None:
+            owner, _, last = name.rpartition(".")
+            if owner and last in _GETATTR_PRIVATE:
+                # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass).
+                return _public_getattr(resolve(module, owner), last)
             return resolve(module, name)
         elif allow_module(module):
             target: Any = importlib.import_module(module)
