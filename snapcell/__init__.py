@@ -35,7 +35,18 @@ from snapcell.errors import (
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import HostCall, Limits, Policy, RunResult
 from snapcell.session import AsyncSession, Session
-from snapcell.storage import LocalStore, MemoryStore, S3Store, Store, open_store
+from snapcell.storage import (
+    HeadStore,
+    LocalStore,
+    MemoryHeads,
+    MemoryStore,
+    S3Heads,
+    S3Store,
+    SQLiteHeads,
+    Store,
+    open_store,
+)
+from snapcell.tool import CodeTool, SyncCodeTool
 
 __version__ = "0.1.0"
 
@@ -47,14 +58,17 @@ __all__ = [
     "CheckpointExpired",
     "CheckpointNotFound",
     "CheckpointVersionError",
+    "CodeTool",
     "ConfigError",
     "Conflict",
+    "HeadStore",
     "HostCall",
     "InvalidKey",
     "LimitExceeded",
     "Limits",
     "LocalStore",
     "Manifest",
+    "MemoryHeads",
     "MemoryLimitExceeded",
     "MemoryStore",
     "ObjectExists",
@@ -64,7 +78,9 @@ __all__ = [
     "Pool",
     "QuotaExceeded",
     "RunResult",
+    "S3Heads",
     "S3Store",
+    "SQLiteHeads",
     "ScriptError",
     "ScriptSyntaxError",
     "Session",
@@ -73,6 +89,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "Store",
+    "SyncCodeTool",
     "TimeLimitExceeded",
     "TypingError",
     "UnpicklableValue",

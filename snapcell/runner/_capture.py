@@ -13,9 +13,14 @@ from typing import TextIO
 
 __all__ = ["TailBuffer", "capture_output"]
 
+_SLACK = 64 * 1024
+
 
 class TailBuffer(io.TextIOBase):
-    """A text sink that keeps the last ``limit`` bytes and counts what it dropped."""
+    """A text sink that keeps the last ``limit`` characters and counts what it dropped.
+
+    Memory stays under ``2 * limit`` plus 64 KiB however much is written.
+    """
 
     def __init__(self, limit: int | None) -> None:
         super().__init__()
@@ -34,22 +39,29 @@ class TailBuffer(io.TextIOBase):
             return 0
         self._chunks.append(text)
         self._size += len(text)
-        if self._limit is not None:
-            while self._size > self._limit and self._chunks:
-                excess = self._size - self._limit
-                head = self._chunks[0]
-                if len(head) <= excess:
-                    self._chunks.popleft()
-                    self._size -= len(head)
-                    self.dropped_bytes += len(head)
-                else:
-                    self._chunks[0] = head[excess:]
-                    self._size -= excess
-                    self.dropped_bytes += excess
+        # Trimming is amortized: a flood of small writes trims once per `limit` characters, not per write.
+        if self._limit is not None and self._size > 2 * self._limit + _SLACK:
+            self._trim()
         return len(text)
+
+    def _trim(self) -> None:
+        if self._limit is None:
+            return
+        while self._size > self._limit and self._chunks:
+            excess = self._size - self._limit
+            head = self._chunks[0]
+            if len(head) <= excess:
+                self._chunks.popleft()
+                self._size -= len(head)
+                self.dropped_bytes += len(head)
+            else:
+                self._chunks[0] = head[excess:]
+                self._size -= excess
+                self.dropped_bytes += excess
 
     def getvalue(self) -> str:
         """The kept text, preceded by a line saying how much was dropped."""
+        self._trim()
         text = "".join(self._chunks)
         if self.dropped_bytes:
             return f"[... {self.dropped_bytes} earlier characters of output were dropped ...]\n{text}"

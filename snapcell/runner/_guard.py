@@ -26,6 +26,8 @@ from snapcell.errors import PolicyError
 
 __all__ = [
     "FORMAT_ATTR_NAME",
+    "format_call",
+    "needs_format_check",
     "ModuleView",
     "attribute_problem",
     "format_problem",
@@ -449,17 +451,30 @@ def format_attr(obj: Any, name: str) -> Any:
     return method
 
 
+def needs_format_check(node: ast.AST) -> bool:
+    """True for a non-literal ``x.format`` / ``x.format_map`` load, which `format_call` must replace."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr in ("format", "format_map")
+        and isinstance(node.ctx, ast.Load)
+        and not (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str))
+    )
+
+
+def format_call(node: ast.Attribute) -> ast.Call:
+    """``__snapcell_format_attr__(x, "format")`` in place of ``x.format``, at the same location."""
+    call = ast.Call(
+        func=ast.Name(id=FORMAT_ATTR_NAME, ctx=ast.Load()), args=[node.value, ast.Constant(node.attr)], keywords=[]
+    )
+    for new in (call, call.func, call.args[1]):
+        ast.copy_location(new, node)
+    return call
+
+
 class _FormatRewriter(ast.NodeTransformer):
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
-        if node.attr not in ("format", "format_map") or not isinstance(node.ctx, ast.Load):
-            return node
-        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            return node  # a literal template; the AST check already read it
-        call = ast.Call(
-            func=ast.Name(id=FORMAT_ATTR_NAME, ctx=ast.Load()), args=[node.value, ast.Constant(node.attr)], keywords=[]
-        )
-        return ast.copy_location(call, node)
+        return format_call(node) if needs_format_check(node) else node
 
 
 def rewrite_format_calls(tree: ast.Module) -> None:

@@ -29,7 +29,17 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["EXPIRED_NAME", "TICK_NAME", "ScriptInterrupt", "Watchdog", "instrument", "reap_tasks", "tick"]
+__all__ = [
+    "EXPIRED_NAME",
+    "TICK_NAME",
+    "ScriptInterrupt",
+    "Watchdog",
+    "apply_checks",
+    "expired_check",
+    "instrument",
+    "reap_tasks",
+    "tick",
+]
 
 TICK_NAME = "__snapcell_tick__"
 EXPIRED_NAME = "__snapcell_expired__"
@@ -47,14 +57,34 @@ def tick() -> None:
     raise ScriptInterrupt
 
 
-def _check() -> ast.stmt:
-    call = ast.Expr(ast.Call(func=ast.Name(id=TICK_NAME, ctx=ast.Load()), args=[], keywords=[]))
-    return ast.If(test=ast.Name(id=EXPIRED_NAME, ctx=ast.Load()), body=[call], orelse=[])
+def expired_check(at: ast.AST) -> ast.stmt:
+    """``if __snapcell_expired__: __snapcell_tick__()``, located at ``at`` (every node, no later fix-up pass)."""
+    call = ast.Call(func=ast.Name(id=TICK_NAME, ctx=ast.Load()), args=[], keywords=[])
+    check = ast.If(test=ast.Name(id=EXPIRED_NAME, ctx=ast.Load()), body=[ast.Expr(call)], orelse=[])
+    for node in ast.walk(check):
+        ast.copy_location(node, at)
+    return check
+
+
+def apply_checks(first: list[tuple[list[ast.stmt], ast.AST]], after: list[tuple[list[ast.stmt], ast.stmt]]) -> None:
+    """Insert expired-flag checks recorded by a tree walk.
+
+    Args:
+        first: Statement lists (loop bodies, handlers, finally blocks) to start with a check, and their owner.
+        after: ``with`` statements to follow with a check, and the statement list holding them.
+    """
+    for body, owner in first:
+        body.insert(0, expired_check(owner))
+    for body, stmt in after:
+        for index, item in enumerate(body):
+            if item is stmt:
+                body.insert(index + 1, expired_check(stmt))
+                break
 
 
 class _Instrument(ast.NodeTransformer):
     def _first(self, node: ast.AST, body: list[ast.stmt]) -> None:
-        body.insert(0, ast.copy_location(_check(), node))
+        body.insert(0, expired_check(node))
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> ast.ExceptHandler:
         self.generic_visit(node)
@@ -81,7 +111,7 @@ class _Instrument(ast.NodeTransformer):
 
     def _after(self, node: ast.With | ast.AsyncWith) -> list[ast.stmt]:
         self.generic_visit(node)
-        return [node, ast.copy_location(_check(), node)]
+        return [node, expired_check(node)]
 
     visit_With = _after
     visit_AsyncWith = _after
@@ -90,7 +120,6 @@ class _Instrument(ast.NodeTransformer):
 def instrument(tree: ast.Module) -> ast.Module:
     """Insert expired-flag checks into loops, except handlers, finally blocks and after with blocks."""
     _Instrument().visit(tree)
-    ast.fix_missing_locations(tree)
     return tree
 
 

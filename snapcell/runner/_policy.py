@@ -36,6 +36,7 @@ import importlib
 import pickle
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,17 +49,19 @@ from snapcell.runner._guard import (
     attach_submodule,
     attribute_hint,
     attribute_problem,
+    format_call,
     format_problem,
     guarded_builtins,
     is_dunder,
     module_allowed,
     module_view,
     name_denied,
+    needs_format_check,
     rewrite_format_calls,
     runtime_policy_error,
     special_value,
 )
-from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, instrument, tick
+from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
 
 __all__ = ["DEFAULT_MODULES", "Policy"]
 
@@ -138,13 +141,29 @@ class Policy:
             PolicyError: The script uses something the policy blocks; it did not run and the session is unchanged.
         """
         if self.restricted:
-            _Checker(self, source).visit(tree)
+            checker = _Checker(self, source)
+            checker.visit(tree)
+            _plans[tree] = checker.plan
 
     def transform(self, tree: ast.Module) -> None:
-        """Rewrite a checked script in place: interrupt checks and runtime format-string checks."""
-        if self.restricted:
+        """Rewrite a checked script in place: interrupt checks and runtime format-string checks.
+
+        Applies the edits `check` recorded on its walk (one pass over the tree in all), or walks the
+        tree again when ``tree`` was not checked by this policy.
+        """
+        if not self.restricted:
+            return
+        plan = _plans.pop(tree, None)
+        if plan is None:
             rewrite_format_calls(tree)
             instrument(tree)
+            return
+        for parent, name, index, node in plan.formats:
+            if index is None:
+                setattr(parent, name, format_call(node))
+            else:
+                getattr(parent, name)[index] = format_call(node)
+        apply_checks(plan.first, plan.after)
 
     def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError:
         """The error for a blocked import of ``name``."""
@@ -296,13 +315,47 @@ def _first_param(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
     return name
 
 
+@dataclass(slots=True)
+class _Plan:
+    """Edits `Policy.transform` makes, recorded by the check's walk so the tree is walked once."""
+
+    formats: list[tuple[ast.AST, str, int | None, ast.Attribute]] = field(default_factory=list)
+    first: list[tuple[list[ast.stmt], ast.AST]] = field(default_factory=list)
+    after: list[tuple[list[ast.stmt], ast.stmt]] = field(default_factory=list)
+
+
+_plans: weakref.WeakKeyDictionary[ast.Module, _Plan] = weakref.WeakKeyDictionary()
+_LOOPS = (ast.While, ast.For, ast.AsyncFor, ast.ExceptHandler)
+
+
 class _Checker(ast.NodeVisitor):
-    """Walks a script and raises `PolicyError` at the first blocked construct."""
+    """Walks a script, raises `PolicyError` at the first blocked construct, and plans the rewrites."""
 
     def __init__(self, policy: Policy, source: str) -> None:
         self.policy = policy
         self.source = source
         self.selves: list[str] = []
+        self.plan = _Plan()
+
+    def generic_visit(self, node: ast.AST) -> None:
+        plan = self.plan
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                for index, item in enumerate(value):
+                    if isinstance(item, ast.AST):
+                        if isinstance(item, ast.With | ast.AsyncWith):
+                            plan.after.append((value, item))
+                        elif needs_format_check(item):
+                            plan.formats.append((node, name, index, item))  # type: ignore[arg-type]
+                        self.visit(item)
+            elif isinstance(value, ast.AST):
+                if needs_format_check(value):
+                    plan.formats.append((node, name, None, value))  # type: ignore[arg-type]
+                self.visit(value)
+        if isinstance(node, _LOOPS):
+            plan.first.append((node.body, node))
+        elif isinstance(node, ast.Try | ast.TryStar) and node.finalbody:
+            plan.first.append((node.finalbody, node))
 
     def fail(self, node: ast.AST, what: str, hint: str) -> PolicyError:
         return _blocked(node, self.source, what, hint)
@@ -345,9 +398,16 @@ class _Checker(ast.NodeVisitor):
             raise self.fail(node, f"the name {node.id}", "Names like __builtins__ and __import__ are not available.")
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        for item in [*node.decorator_list, *node.bases, *node.keywords]:
-            self.visit(item)
+        for name in ("decorator_list", "bases"):
+            for index, item in enumerate(getattr(node, name)):
+                if needs_format_check(item):
+                    self.plan.formats.append((node, name, index, item))
+                self.visit(item)
+        for keyword in node.keywords:
+            self.visit(keyword)
         for stmt in node.body:
+            if isinstance(stmt, ast.With | ast.AsyncWith):
+                self.plan.after.append((node.body, stmt))
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
                 self._visit_function(stmt, _first_param(stmt))
             else:

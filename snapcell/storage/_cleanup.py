@@ -8,8 +8,10 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-from snapcell.errors import ConfigError
+from snapcell._telemetry import trace_cleanup
+from snapcell.errors import ConfigError, SnapcellError
 
+from ._heads import HeadStore
 from ._protocol import BulkDelete, ObjectInfo, Store, validate_prefix
 
 __all__ = [
@@ -62,6 +64,7 @@ class CleanupReport:
         quota_bytes: The quota, or ``None`` for no quota.
         over_quota: True when the store is still over the quota; the CLI then exits non-zero.
         deleted_keys: Every key deleted (or to delete), expired ones first.
+        deleted_heads: Conversation heads deleted (or to delete) because their checkpoint expired.
     """
 
     store_url: str
@@ -79,6 +82,7 @@ class CleanupReport:
     quota_bytes: int | None
     over_quota: bool
     deleted_keys: tuple[str, ...] = field(default=(), repr=False)
+    deleted_heads: int = 0
 
     def to_json(self, *, include_keys: bool = False) -> str:
         """Return the report as one JSON object; the deleted keys only with ``include_keys``."""
@@ -100,6 +104,8 @@ class CleanupReport:
             f"kept     {self.kept_objects} objects, {format_bytes(self.bytes_in_use_after)} in use"
             + (f" of a {format_bytes(self.quota_bytes)} quota" if self.quota_bytes is not None else ""),
         ]
+        if self.deleted_heads:
+            lines.append(f"{verb:<8} {self.deleted_heads} conversation heads whose checkpoints expired")
         if self.over_quota:
             lines.append(
                 f"OVER QUOTA: {self.protected_objects} objects under {self.prefix!r} are still needed (kept heads) "
@@ -108,6 +114,7 @@ class CleanupReport:
         return "\n".join(lines)
 
 
+@trace_cleanup
 def cleanup(
     store: Store,
     *,
@@ -119,6 +126,8 @@ def cleanup(
     dry_run: bool = False,
     prefix: str = "checkpoints/",
     progress: Callable[[int, int], None] | None = None,
+    heads: HeadStore | None = None,
+    key_of: Callable[[bytes], str] | None = None,
 ) -> CleanupReport:
     """Delete expired objects, then the oldest unneeded ones while the store is over its quota.
 
@@ -138,12 +147,17 @@ def cleanup(
         dry_run: Plan and report, delete nothing.
         prefix: Only objects under this prefix are ever deleted.
         progress: Called as ``progress(done, total)`` while deleting.
+        heads: A head store whose conversations' current checkpoints and histories are added to ``keep``. A head
+            that has not moved for ``ttl_s`` and whose current checkpoint is expired or gone is deleted (only if it
+            is unchanged and no turn holds its lease at that moment).
+        key_of: Maps a checkpoint ID to its storage key (``lambda i: pool.keyring.parse_id(i).storage_key``);
+            required with ``heads``. IDs it rejects protect nothing.
 
     Returns:
         The report; ``over_quota`` tells whether the quota still is exceeded.
 
     Raises:
-        ConfigError: A negative ttl, grace or quota.
+        ConfigError: A negative ttl, grace or quota, or ``heads`` without ``key_of``.
         InvalidKey: The prefix is malformed.
         StorageError: The store failed; the cleanup may be run again, it resumes where it stopped.
     """
@@ -151,9 +165,13 @@ def cleanup(
         raise ConfigError("ttl_s, grace_s and quota_bytes must not be negative")
     validate_prefix(prefix)
     now = time.time() if now is None else now
-    keep_set = frozenset(keep)
-
     objects = list(store.scan())
+    keep_set = set(keep)
+    stale_heads: list[tuple[str, str]] = []
+    if heads is not None:
+        if key_of is None:
+            raise ConfigError("cleanup(heads=...) needs key_of=, which maps a checkpoint ID to its storage key")
+        stale_heads = _collect_heads(heads, key_of, {o.key: o for o in objects}, keep_set, now=now, ttl_s=ttl_s)
     scanned_bytes = sum(o.size for o in objects)
     eligible = [o for o in objects if o.key.startswith(prefix) and now - o.created_at >= grace_s]
     expired = [o for o in eligible if now - o.created_at > ttl_s]
@@ -173,8 +191,10 @@ def cleanup(
             in_use -= info.size
 
     victims = expired + over_quota_victims
+    deleted_heads = len(stale_heads)
     if not dry_run:
         _delete_all(store, [o.key for o in victims], progress)
+        deleted_heads = sum(heads.delete(c, expected_version=v) for c, v in stale_heads) if heads is not None else 0
 
     victim_keys = expired_keys | {o.key for o in over_quota_victims}
     protected = sum(
@@ -198,7 +218,40 @@ def cleanup(
         quota_bytes=quota_bytes,
         over_quota=quota_bytes is not None and in_use > quota_bytes,
         deleted_keys=tuple(o.key for o in victims),
+        deleted_heads=deleted_heads,
     )
+
+
+def _collect_heads(
+    heads: HeadStore,
+    key_of: Callable[[bytes], str],
+    objects: dict[str, ObjectInfo],
+    keep: set[str],
+    *,
+    now: float,
+    ttl_s: float,
+) -> list[tuple[str, str]]:
+    """Add every head's checkpoints to ``keep``; return (conversation, version) of the heads that expired."""
+
+    def key(checkpoint_id: bytes) -> str | None:
+        try:
+            return key_of(checkpoint_id)
+        except SnapcellError:
+            return None
+
+    stale = []
+    for conversation_id, head in heads.scan():
+        current = key(head.checkpoint_id) if head.checkpoint_id is not None else None
+        info = objects.get(current) if current is not None else None
+        gone = current is not None and (info is None or now - info.created_at > ttl_s)
+        if gone and now - head.updated_at > ttl_s:
+            stale.append((conversation_id, head.version))
+            continue
+        for checkpoint_id in (head.checkpoint_id, *head.history):
+            found = key(checkpoint_id) if checkpoint_id is not None else None
+            if found is not None:
+                keep.add(found)
+    return stale
 
 
 def _delete_all(store: Store, keys: list[str], progress: Callable[[int, int], None] | None) -> None:

@@ -8,12 +8,14 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from snapcell.errors import ConfigError, StorageError
 
 from ._cleanup import DEFAULT_GRACE_S, DEFAULT_TTL_S, cleanup, usage
 from ._config import open_store
+from ._heads import HeadStore, open_heads
 from ._protocol import Store
 
 __all__ = [
@@ -128,6 +130,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--keep", nargs="+", action="extend", default=[], metavar="KEY", help="keys never deleted")
     p.add_argument("--grace", type=_arg(parse_duration), default=DEFAULT_GRACE_S, help="minimum age to delete (1h)")
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    p.add_argument(
+        "--heads",
+        default=None,
+        metavar="URL",
+        help="head store whose conversations are kept (sqlite:///path, s3://bucket/prefix); needs the signing key",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_run_cleanup)
 
@@ -167,6 +175,7 @@ def _run_cleanup(args: argparse.Namespace) -> int:
     progress = _Progress(sys.stderr, "deleting")
     try:
         store = _open(args)
+        heads, key_of = _open_heads(args, store)
         try:
             report = cleanup(
                 store,
@@ -177,14 +186,29 @@ def _run_cleanup(args: argparse.Namespace) -> int:
                 dry_run=args.dry_run,
                 prefix=args.prefix,
                 progress=progress,
+                heads=heads,
+                key_of=key_of,
             )
         finally:
             progress.finish()
+            if heads is not None:
+                heads.close()
             store.close()
     except (ConfigError, StorageError) as exc:
         return _fail("cleanup", exc)
     print(report.to_json() if args.json else report.summary())
     return EXIT_OVER_QUOTA if report.over_quota else EXIT_OK
+
+
+def _open_heads(args: argparse.Namespace, store: Store) -> tuple[HeadStore | None, Callable[[bytes], str] | None]:
+    """The ``--heads`` store, and how to map its IDs to keys (with the pool's signing key: env, or the local secret)."""
+    if args.heads is None:
+        return None, None
+    from snapcell.pool import resolve_keyring
+
+    keyring = resolve_keyring(store, None)
+    options = {"endpoint_url": args.endpoint_url} if args.endpoint_url and args.heads.startswith("s3://") else {}
+    return open_heads(args.heads, **options), lambda checkpoint_id: keyring.parse_id(checkpoint_id).storage_key
 
 
 def _run_usage(args: argparse.Namespace) -> int:

@@ -81,6 +81,8 @@ HOSTILE: dict[str, tuple[str, type[ScriptError] | str]] = {
     "format_unbound_str": ("t = '{0.__class__.__base__}'\nstr.format(t, 1)", POLICY),
     "format_map_dynamic": ("t = '{x.__class__.__base__}'\nt.format_map({'x': 1})", POLICY),
     "string_formatter": ("import string\ndef f():\n    pass\nstring.Formatter().format('{0.__globals__}', f)", POLICY),
+    "format_as_decorator": ("t = '{0.__globals__}'\n@t.format\ndef f():\n    pass", POLICY),
+    "format_as_class_decorator": ("t = '{0.__init__.__globals__}'\n@t.format\nclass A:\n    pass", POLICY),
     "format_via_getattr": ("t = '{0.__class__}'\nm = getattr(t, 'format')\nm(1)", POLICY),
     # --- module pivots
     "random_os": ("import random\nrandom._os.system('echo CANARY')", POLICY),

@@ -1,0 +1,224 @@
+"""Head store conformance over memory, SQLite and S3 (moto), plus cleanup with heads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from snapcell import Conflict, InvalidKey
+from snapcell.storage import (
+    HeadStore,
+    MemoryHeads,
+    MemoryStore,
+    S3Heads,
+    S3Store,
+    SQLiteHeads,
+    cleanup,
+    default_heads,
+    open_heads,
+    validate_conversation_id,
+)
+
+A, B, C = b"a" * 40, b"b" * 40, b"c" * 40
+NOW = 1_700_000_000.0
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("s3", marks=pytest.mark.integration)])
+def heads(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HeadStore]:
+    made: HeadStore
+    if request.param == "memory":
+        made = MemoryHeads(max_history=3)
+    elif request.param == "sqlite":
+        made = SQLiteHeads(tmp_path / "heads.sqlite3", max_history=3)
+    else:
+        made = S3Heads(request.getfixturevalue("s3_store"), max_history=3)
+    yield made
+    made.close()
+
+
+def test_create_get_and_create_only(heads: HeadStore) -> None:
+    assert heads.get("conv-1") is None
+    version = heads.compare_and_set("conv-1", None, A)
+    head = heads.get("conv-1")
+    assert head is not None and head.checkpoint_id == A and head.history == () and head.version == version
+    with pytest.raises(Conflict, match="already has a head"):
+        heads.compare_and_set("conv-1", None, B)
+    assert heads.get("conv-1").checkpoint_id == A  # type: ignore[union-attr]
+
+
+def test_stale_compare_and_set_is_refused(heads: HeadStore) -> None:
+    v1 = heads.compare_and_set("c", None, A)
+    v2 = heads.compare_and_set("c", v1, B, history=[A])
+    assert v2 != v1
+    with pytest.raises(Conflict, match="moved"):
+        heads.compare_and_set("c", v1, C, history=[A])
+    head = heads.get("c")
+    assert head is not None and head.checkpoint_id == B and head.history == (A,)
+
+
+def test_history_is_bounded_and_versions_never_repeat(heads: HeadStore) -> None:
+    version = heads.compare_and_set("c", None, A)
+    seen = {version}
+    for _ in range(3):  # back and forth between the same IDs: every write still gets a new version
+        version = heads.compare_and_set("c", version, B, history=[A, C, A, C, A])
+        version = heads.compare_and_set("c", version, A, history=[B, A, C, A, C])
+        seen |= {version}
+    head = heads.get("c")
+    assert head is not None and head.history == (B, A, C) and len(seen) == 4
+
+
+def test_lease_taken_over_only_after_expiry(heads: HeadStore) -> None:
+    assert heads.acquire_lease("c", "one", 10, now=NOW)
+    assert heads.get("c") is None  # a lease alone is no head
+    assert not heads.acquire_lease("c", "two", 10, now=NOW + 9.9)
+    assert heads.acquire_lease("c", "one", 10, now=NOW + 5)  # the holder may take it again
+    assert not heads.renew_lease("c", "two", 10, now=NOW + 5)
+    assert heads.renew_lease("c", "one", 10, now=NOW + 8)  # now held until NOW + 18
+    assert not heads.acquire_lease("c", "two", 10, now=NOW + 17)
+    assert heads.acquire_lease("c", "two", 10, now=NOW + 18.1)
+    assert not heads.renew_lease("c", "one", 10, now=NOW + 19)
+    heads.release_lease("c", "one")  # not the holder: nothing happens
+    assert not heads.acquire_lease("c", "three", 10, now=NOW + 19)
+    heads.release_lease("c", "two")
+    assert heads.acquire_lease("c", "three", 10, now=NOW + 19)
+
+
+def test_head_update_checks_the_lease_owner(heads: HeadStore) -> None:
+    version = heads.compare_and_set("c", None, A)
+    assert heads.acquire_lease("c", "one", 10, now=NOW)
+    assert heads.acquire_lease("c", "two", 10, now=NOW + 11)  # took over
+    with pytest.raises(Conflict, match="lease"):
+        heads.compare_and_set("c", version, B, history=[A], owner="one")
+    v2 = heads.compare_and_set("c", version, B, history=[A], owner="two", release_lease=True)
+    head = heads.get("c")
+    assert head is not None and head.version == v2 and head.lease_owner is None
+    assert heads.acquire_lease("c", "three", 10, now=NOW + 12)
+
+
+def test_lease_changes_keep_the_version(heads: HeadStore) -> None:
+    version = heads.compare_and_set("c", None, A)
+    assert heads.acquire_lease("c", "one", 10)
+    assert heads.renew_lease("c", "one", 10)
+    assert heads.compare_and_set("c", version, B, history=[A], owner="one")
+
+
+def test_delete_and_scan(heads: HeadStore) -> None:
+    v1 = heads.compare_and_set("x", None, A)
+    heads.compare_and_set("y", None, B, history=[A])
+    assert heads.acquire_lease("lease-only", "o", 10)
+    assert dict(heads.scan()).keys() == {"x", "y"}
+    assert not heads.delete("x", expected_version="other")
+    assert heads.delete("x", expected_version=v1)
+    assert not heads.delete("x")
+    assert heads.get("x") is None
+    assert [cid for cid, _ in heads.scan()] == ["y"]
+
+
+def test_concurrent_updates_lose_nothing(heads: HeadStore) -> None:
+    heads.compare_and_set("c", None, b"0")
+    counts = {"ok": 0, "conflict": 0}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(5):
+            head = heads.get("c")
+            assert head is not None and head.checkpoint_id is not None
+            n = int(head.checkpoint_id) + 1
+            try:
+                heads.compare_and_set("c", head.version, str(n).encode())
+                key = "ok"
+            except Conflict:
+                key = "conflict"
+            with lock:
+                counts[key] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    head = heads.get("c")
+    assert head is not None and int(head.checkpoint_id or b"") == counts["ok"]
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "../x", "x" * 129, "sp ace", "ü", "a\n", "a\x00"])
+def test_bad_conversation_ids_are_refused(heads: HeadStore, bad: str) -> None:
+    with pytest.raises(InvalidKey, match="conversation ID"):
+        heads.get(bad)
+    with pytest.raises(InvalidKey):
+        heads.compare_and_set(bad, None, A)
+    with pytest.raises(InvalidKey):
+        heads.acquire_lease(bad, "o", 1)
+
+
+def test_good_conversation_ids() -> None:
+    for good in ["a", "user:42:chat-7", "x" * 128, "A.b_c-d"]:
+        assert validate_conversation_id(good) == good
+
+
+def test_sqlite_is_shared_between_instances(tmp_path: Path) -> None:
+    one, two = SQLiteHeads(tmp_path / "h.db"), SQLiteHeads(tmp_path / "h.db")
+    version = one.compare_and_set("c", None, A)
+    assert two.acquire_lease("c", "o", 10)
+    assert not one.acquire_lease("c", "p", 10)
+    two.compare_and_set("c", version, B, history=[A])
+    with pytest.raises(Conflict):
+        one.compare_and_set("c", version, C)
+    assert (tmp_path / "h.db").stat().st_mode & 0o777 == 0o600
+    one.close()
+    two.close()
+
+
+@pytest.mark.integration
+def test_s3_head_objects_live_under_the_prefix(s3_store: S3Store) -> None:
+    heads = S3Heads(s3_store)
+    heads.compare_and_set("conv:1", None, A)
+    assert [o.key for o in s3_store.scan("heads/")] == ["heads/conv:1.json"]
+    assert "heads" in heads.url
+
+
+def test_default_and_open_heads(tmp_path: Path) -> None:
+    from snapcell.storage import LocalStore
+
+    local = default_heads(LocalStore(tmp_path / "store"))
+    assert isinstance(local, SQLiteHeads) and local.path == tmp_path / "store" / ".heads.sqlite3"
+    local.close()
+    assert isinstance(default_heads(MemoryStore()), MemoryHeads)
+    assert isinstance(open_heads(f"sqlite://{tmp_path}/x.db"), SQLiteHeads)
+    assert isinstance(open_heads("memory://"), MemoryHeads)
+
+
+# -------------------------------------------------------------------- cleanup
+
+
+def test_cleanup_keeps_heads_and_deletes_expired_heads() -> None:
+    clock = [NOW]
+    store = MemoryStore("c", now=lambda: clock[0])
+    heads = MemoryHeads(clock=lambda: clock[0])
+    for i in range(6):
+        store.put(f"checkpoints/k{i}", b"x" * 100)
+        clock[0] += 7200
+    key_of = {bytes([i]) * 40: f"checkpoints/k{i}" for i in range(6)}.__getitem__
+    heads.compare_and_set("old", None, bytes([0]) * 40)
+    heads.compare_and_set("live", None, bytes([3]) * 40, history=[bytes([2]) * 40])
+    report = cleanup(store, now=clock[0], quota_bytes=0, heads=heads, key_of=key_of)
+    kept = {o.key for o in store.scan()}
+    assert kept == {"checkpoints/k0", "checkpoints/k2", "checkpoints/k3"}
+    assert report.deleted_heads == 0 and report.over_quota
+    # Nine days later everything expired: heads that stood still past the ttl go too.
+    clock[0] += 9 * 86400
+    report = cleanup(store, now=clock[0], heads=heads, key_of=key_of, dry_run=True)
+    assert report.deleted_heads == 2 and len(list(heads.scan())) == 2
+    report = cleanup(store, now=clock[0], heads=heads, key_of=key_of)
+    assert report.deleted_heads == 2 and list(heads.scan()) == [] and list(store.scan()) == []
+    assert "conversation heads" in report.summary()
+
+
+def test_cleanup_with_heads_needs_key_of() -> None:
+    from snapcell import ConfigError
+
+    with pytest.raises(ConfigError, match="key_of"):
+        cleanup(MemoryStore(), heads=MemoryHeads())
