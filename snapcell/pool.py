@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import secrets
 import time
@@ -237,7 +238,8 @@ class Pool:
         if in_loop:
             coro.close()
             raise SessionError("Pool and Session are synchronous; inside a running event loop use AsyncPool instead")
-        return self._loop.run(coro)
+        # The caller's context (its OpenTelemetry span, conversation label) follows the call into the loop.
+        return self._loop.run(coro, context=contextvars.copy_context())
 
     @property
     def store(self) -> Store:

@@ -6,8 +6,18 @@ import asyncio
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
-from snapcell.checkpoint import CheckpointId, Keyring, Manifest
-from snapcell.errors import CheckpointExpired, CheckpointNotFound, SessionError, SnapcellError, TypingError, WorkerLost
+from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
+from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, blob_key, parse_container
+from snapcell.errors import (
+    CheckpointCorrupt,
+    CheckpointExpired,
+    CheckpointNotFound,
+    ObjectExists,
+    SessionError,
+    SnapcellError,
+    TypingError,
+    WorkerLost,
+)
 from snapcell.runner import Backend, Limits, RunResult
 from snapcell.runner._host import validate_lookup
 from snapcell.runner._typecheck import TypeChecker
@@ -19,6 +29,7 @@ T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
 # Verify and sign off the event loop above this size: HMAC-SHA256 runs at about 1 GB/s.
 _THREAD_BYTES = 1024 * 1024
+_BLOB_CONCURRENCY = 8
 
 
 class AsyncSession:
@@ -50,6 +61,8 @@ class AsyncSession:
         self._closed = False
         self._busy = False
         self._setup_since_checkpoint: list[str] = []
+        # Blobs this session wrote or loaded: a later dump refers to them instead of storing them again.
+        self._blobs: dict[str, BlobRef] = {}
         self.checkpoint_id: bytes | None = None
         self.checkpoint_bytes: int | None = None
         self.manifest: Manifest | None = None
@@ -105,6 +118,7 @@ class AsyncSession:
         finally:
             self._busy = False
 
+    @trace_checkpoint("snapcell.load")
     async def _load(self, checkpoint_id: bytes | bytearray | str) -> None:
         cid = self.parse_id(checkpoint_id)
         try:
@@ -120,9 +134,52 @@ class AsyncSession:
             body = await asyncio.to_thread(self._keyring.verify, blob, cid)
         else:
             body = self._keyring.verify(blob, cid)
-        self.manifest = await self._backend.load(body)
+        note_checkpoint(body)
+        refs = parse_container(body).manifest.blobs
+        blobs = await self._fetch_blobs(refs)
+        self.manifest = await self._backend.load(body, blobs)
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = len(blob)
+        self._blobs = {ref.hash: ref for ref in refs}
+
+    async def _fetch_blobs(self, refs: list[BlobRef]) -> dict[str, bytes]:
+        """Fetch a checkpoint's blobs concurrently; the runner checks each one's hash before use."""
+        limit = asyncio.Semaphore(_BLOB_CONCURRENCY)
+
+        async def fetch(ref: BlobRef) -> tuple[str, bytes]:
+            async with limit:
+                try:
+                    return ref.hash, await self._store.get(blob_key(bytes.fromhex(ref.hash)))
+                except CheckpointNotFound as exc:
+                    raise CheckpointCorrupt(
+                        f"blob {ref.hash} of this checkpoint is missing from the store; the checkpoint cannot be "
+                        "loaded (was the store's blobs/ prefix cleaned by hand?)"
+                    ) from exc
+
+        return dict(await asyncio.gather(*(fetch(ref) for ref in refs)))
+
+    async def _store_blobs(self, dumped: Dumped, expires_at: float) -> bool:
+        """Write new blobs (create-only) and refresh old ones; False when a known blob has vanished."""
+        limit = asyncio.Semaphore(_BLOB_CONCURRENCY)
+
+        async def put(key: str, data: bytes) -> None:
+            async with limit:
+                try:
+                    await self._store.put(blob_key(bytes.fromhex(key)), data, expires_at=expires_at)
+                except ObjectExists:
+                    # Already stored (content addressing), maybe long ago: refresh it so it outlives this checkpoint.
+                    await self._store.touch(blob_key(bytes.fromhex(key)))
+
+        async def touch(key: str) -> bool:
+            async with limit:
+                try:
+                    await self._store.touch(blob_key(bytes.fromhex(key)))
+                except CheckpointNotFound:
+                    return False
+                return True
+
+        await asyncio.gather(*(put(key, data) for key, data in dumped.new_blobs.items()))
+        return all(await asyncio.gather(*(touch(key) for key in dumped.refresh)))
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
@@ -137,6 +194,7 @@ class AsyncSession:
         except SnapcellError as exc:
             raise SessionError(f"the session could not be restored after its worker was lost: {exc}") from exc
 
+    @trace_run
     async def run(
         self,
         code: str,
@@ -208,6 +266,7 @@ class AsyncSession:
             raise result.error
         return result.value
 
+    @trace_checkpoint("snapcell.dump")
     async def dump(self, *, on_unpicklable: Literal["skip", "fail"] = "skip") -> bytes:
         """Save the namespace as a new checkpoint and return its ID.
 
@@ -225,12 +284,21 @@ class AsyncSession:
         try:
             now = self._clock()
             try:
-                body, manifest = await self._backend.dump(
-                    created_at=now, level=self._level, on_unpicklable=on_unpicklable
+                dumped = await self._backend.dump(
+                    created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
                 )
+                if not await self._store_blobs(dumped, now + self._ttl_s):
+                    # A blob this session relied on is gone from the store: write everything again.
+                    self._blobs = {}
+                    dumped = await self._backend.dump(
+                        created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs={}
+                    )
+                    await self._store_blobs(dumped, now + self._ttl_s)
             except WorkerLost:
                 await self._restore("dump")
                 raise
+            body, manifest = dumped.body, dumped.manifest
+            note_checkpoint(body)
             cid = self._keyring.new_id(now)
             if len(body) > _THREAD_BYTES:
                 blob = await asyncio.to_thread(self._keyring.sign, body, cid)
@@ -241,6 +309,7 @@ class AsyncSession:
             self.checkpoint_bytes = len(blob)
             self.manifest = manifest
             self._setup_since_checkpoint = []
+            self._blobs = {ref.hash: ref for ref in manifest.blobs}
             return cid.raw
         finally:
             self._busy = False
@@ -253,6 +322,7 @@ class AsyncSession:
             self.checkpoint_id = None
             self.manifest = None
             self._setup_since_checkpoint = []
+            self._blobs = {}
         finally:
             self._busy = False
 

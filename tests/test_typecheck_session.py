@@ -25,7 +25,10 @@ STUBS = textwrap.dedent(
 
 
 def list_customers() -> list[dict[str, str | None]]:
-    return [{"id": "c-1", "name": "Acme", "churned_at": "2026-08-14"}, {"id": "c-2", "name": "Globex", "churned_at": None}]
+    return [
+        {"id": "c-1", "name": "Acme", "churned_at": "2026-08-14"},
+        {"id": "c-2", "name": "Globex", "churned_at": None},
+    ]
 
 
 async def list_open_tickets(customer_id: str) -> list[dict[str, str]]:
@@ -59,9 +62,10 @@ def test_a_later_turn_sees_earlier_variables(pool: Pool) -> None:
 
 def test_checking_after_load_in_a_new_process(tmp_path: Path) -> None:
     store = f"file://{tmp_path}"
-    with Pool(store, isolation="inline", signing_keys=[KEY]) as pool, pool.checkout(
-        type_check=True, type_check_stubs=STUBS
-    ) as session:
+    with (
+        Pool(store, isolation="inline", signing_keys=[KEY]) as pool,
+        pool.checkout(type_check=True, type_check_stubs=STUBS) as session,
+    ):
         session.feed_run("churned = [c for c in list_customers() if c['churned_at']]", external_lookup=TOOLS)
         checkpoint = session.dump().hex()
     child = textwrap.dedent(

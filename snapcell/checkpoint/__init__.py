@@ -3,18 +3,33 @@
 Knows nothing of execution or storage.
 """
 
+from snapcell.checkpoint._blobs import BLOB_PREFIX, HASH_ALGORITHM, blob_key, blob_keys_of
 from snapcell.checkpoint._format import (
     FORMAT_VERSION,
+    BlobRef,
     DroppedVariable,
     Header,
     Manifest,
     VariableInfo,
     parse_container,
 )
-from snapcell.checkpoint._pickle import FindGlobal, LoadedNamespace, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint._pickle import (
+    Dumped,
+    FindGlobal,
+    LoadedNamespace,
+    dump_namespace,
+    load_namespace,
+    make_find_global,
+)
 from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
 
 __all__ = [
+    "BLOB_PREFIX",
+    "HASH_ALGORITHM",
+    "BlobRef",
+    "Dumped",
+    "blob_key",
+    "blob_keys_of",
     "ENV_SIGNING_KEY",
     "FORMAT_VERSION",
     "CheckpointId",

@@ -16,9 +16,11 @@ from snapcell.errors import CheckpointCorrupt, CheckpointVersionError
 
 __all__ = [
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
     "MAGIC",
     "Container",
     "DroppedVariable",
+    "BlobRef",
     "Header",
     "Manifest",
     "Section",
@@ -28,8 +30,11 @@ __all__ = [
 ]
 
 MAGIC = b"SNAPCELL"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions this release reads: 1 had no blob references.
+READABLE_VERSIONS = frozenset({1, 2})
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+BLOB_REF_BYTES = 16
 MAX_SECTIONS = 1_000_000
 
 _FIXED = struct.Struct(">8sHBBbB")
@@ -44,6 +49,7 @@ class SectionKind(IntEnum):
     STREAM = 0  # the cloudpickle stream: one pickle per variable
     BUFFER = 1  # one out-of-band buffer of the stream (numpy, pandas, arrow)
     DILL = 2  # one variable cloudpickle could not serialize, pickled alone by dill
+    BLOB = 3  # a reference (16-byte content hash) to a large buffer stored as a blob
 
 
 class Codec(IntEnum):
@@ -72,7 +78,7 @@ class Header:
         return fixed + b"".join(_pack_str(s) for s in strings)
 
     @classmethod
-    def unpack(cls, data: bytes | memoryview, offset: int = 0) -> tuple[Header, int]:
+    def unpack(cls, data: bytes | memoryview, offset: int = 0, *, check_python: bool = True) -> tuple[Header, int]:
         """Decode a header at ``offset``; return it and the offset after it.
 
         Raises:
@@ -84,12 +90,12 @@ class Header:
         magic, version, major, minor, level, _flags = _FIXED.unpack_from(data, offset)
         if magic != MAGIC:
             raise CheckpointCorrupt("these bytes are not a snapcell checkpoint (bad magic)")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise CheckpointVersionError(
                 f"checkpoint format version {version} is not supported by this snapcell "
-                f"(reads version {FORMAT_VERSION}); load it with the snapcell release that wrote it"
+                f"(reads versions {sorted(READABLE_VERSIONS)}); load it with the snapcell release that wrote it"
             )
-        if (major, minor) != (sys.version_info.major, sys.version_info.minor):
+        if check_python and (major, minor) != (sys.version_info.major, sys.version_info.minor):
             raise CheckpointVersionError(
                 f"checkpoint was written by Python {major}.{minor} and this is Python "
                 f"{sys.version_info.major}.{sys.version_info.minor}; load it with Python {major}.{minor}"
@@ -132,6 +138,17 @@ class DroppedVariable(BaseModel):
     reason: str
 
 
+class BlobRef(BaseModel):
+    """A large buffer stored once as a content-addressed blob."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hash: str = Field(pattern="^[0-9a-f]{32}$", description="Content hash of the raw bytes, hex.")
+    raw_bytes: int = Field(ge=0)
+    stored_bytes: int = Field(ge=0, description="Size in the store (compressed, or raw plus one byte).")
+    stamp: float = Field(description="A time at or before the blob's last write or refresh in the store.")
+
+
 class Manifest(BaseModel):
     """What a checkpoint holds; readable without unpickling anything."""
 
@@ -147,6 +164,8 @@ class Manifest(BaseModel):
     cells: list[str] = Field(default=[], description="Recent cell sources, so restored tracebacks show lines.")
     cell_count: int = 0
     future_flags: int = 0
+    hash_algorithm: str | None = None
+    blobs: list[BlobRef] = Field(default=[], description="Blobs the checkpoint refers to, once each.")
 
     def to_json(self) -> bytes:
         """Encode as stable JSON (field order fixed by the model)."""
@@ -185,19 +204,23 @@ def pack_container(
     return body
 
 
-def parse_container(body: bytes | bytearray | memoryview, *, max_raw_bytes: int | None = None) -> Container:
+def parse_container(
+    body: bytes | bytearray | memoryview, *, max_raw_bytes: int | None = None, check_python: bool = True
+) -> Container:
     """Parse an unsigned checkpoint body without decompressing or unpickling.
 
     Args:
         body: The verified body (signature already stripped).
         max_raw_bytes: Refuse a checkpoint whose sections would decompress to more than this.
+        check_python: Refuse a checkpoint written by another Python minor version (it could not be unpickled);
+            off for tools that only read the manifest.
 
     Raises:
         CheckpointCorrupt: The bytes are malformed, truncated or declare too much data.
         CheckpointVersionError: Another format or Python version wrote them.
     """
     view = memoryview(body)
-    header, offset = Header.unpack(view)
+    header, offset = Header.unpack(view, check_python=check_python)
     (manifest_len,), offset = _read(_U32, view, offset)
     if manifest_len > MAX_MANIFEST_BYTES or offset + manifest_len > len(view):
         raise CheckpointCorrupt("the checkpoint is truncated or its manifest is too large")
@@ -222,6 +245,13 @@ def parse_container(body: bytes | bytearray | memoryview, *, max_raw_bytes: int 
             section = Section(SectionKind(kind), Codec(codec), raw_size, view[offset : offset + stored])
         except ValueError as exc:
             raise CheckpointCorrupt(f"the checkpoint has an unknown section type: {exc}") from exc
+        if section.kind is SectionKind.BLOB:
+            if stored != BLOB_REF_BYTES or header.format_version < 2:
+                raise CheckpointCorrupt("the checkpoint has a malformed blob reference")
+            sections.append(section)
+            offset += stored
+            total_raw += raw_size
+            continue
         if section.codec is Codec.RAW and raw_size != stored:
             raise CheckpointCorrupt("the checkpoint declares a raw section of the wrong size")
         sections.append(section)

@@ -18,7 +18,16 @@ import cloudpickle
 import dill
 import zstandard
 
+from snapcell.checkpoint._blobs import (
+    BLOB_THRESHOLD_BYTES,
+    HASH_ALGORITHM,
+    REFRESH_AFTER_S,
+    decode_blob,
+    encode_blob,
+    hash_buffer,
+)
 from snapcell.checkpoint._format import (
+    BlobRef,
     Codec,
     DroppedVariable,
     Header,
@@ -30,7 +39,7 @@ from snapcell.checkpoint._format import (
 )
 from snapcell.errors import CheckpointCorrupt, UnpicklableValue
 
-__all__ = ["FindGlobal", "LoadedNamespace", "dump_namespace", "load_namespace", "make_find_global"]
+__all__ = ["Dumped", "FindGlobal", "LoadedNamespace", "dump_namespace", "load_namespace", "make_find_global"]
 
 FindGlobal = Callable[[str, str], Any]
 
@@ -104,6 +113,23 @@ def _recursive_repr_codes() -> frozenset[types.CodeType]:
 _RECURSIVE_REPR_CODES = _recursive_repr_codes()
 
 
+def _datetime_array_reduce(array: Any) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+    """numpy pickles datetime64/timedelta64 arrays in band; send their int64 view out of band like other buffers.
+
+    Without this an unchanged datetime column is compressed into every checkpoint again.
+    """
+    numpy = sys.modules.get("numpy")
+    if numpy is None or type(array) is not numpy.ndarray or not array.flags.c_contiguous or array.dtype.itemsize != 8:
+        return None
+    return _rebuild_datetime_array, (pickle.PickleBuffer(array.view(numpy.int64)), array.dtype.str, array.shape)
+
+
+def _rebuild_datetime_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    import numpy
+
+    return numpy.frombuffer(buffer, dtype=numpy.int64).reshape(shape).view(numpy.dtype(dtype))
+
+
 class _Failed(Exception):
     def __init__(self, name: str, cause: Exception) -> None:
         super().__init__(name)
@@ -146,6 +172,10 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             # cloudpickle renames every code object <dynamic-code>; the cell name keeps restored tracebacks readable.
             constructor, args = cloudpickle.cloudpickle._code_reduce(obj)
             return _code_in_cell, (constructor, args, obj.co_filename)
+        if type(obj).__name__ == "ndarray" and getattr(obj, "dtype", None) is not None and obj.dtype.kind in "mM":  # type: ignore[attr-defined]
+            reduced = _datetime_array_reduce(obj)
+            if reduced is not None:
+                return reduced
         if isinstance(obj, types.FunctionType) and obj.__code__ in _RECURSIVE_REPR_CODES and obj.__closure__:
             user_function = obj.__closure__[obj.__code__.co_freevars.index("user_function")].cell_contents
             return _rebuild_recursive_repr, (user_function,)
@@ -208,6 +238,60 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
+@dataclass(slots=True)
+class Dumped:
+    """A serialized namespace, ready to sign and store.
+
+    Attributes:
+        body: The unsigned checkpoint body (a bytearray, so signing can append in place).
+        manifest: Its manifest.
+        new_blobs: Blobs (hash hex to stored bytes) the store may not have yet; store them before the body.
+        refresh: Hashes of known blobs whose expiry must be pushed back (last written over a day ago).
+    """
+
+    body: bytearray
+    manifest: Manifest
+    new_blobs: dict[str, bytes] = field(default_factory=dict)
+    refresh: list[str] = field(default_factory=list)
+
+
+def _blob_sections(
+    buffers: list[pickle.PickleBuffer],
+    *,
+    level: int,
+    created_at: float,
+    known: Mapping[str, BlobRef],
+    threshold: int | None,
+) -> tuple[list[tuple[SectionKind, Codec, int, bytes | memoryview]], dict[str, BlobRef], Dumped]:
+    """Turn out-of-band buffers into sections: large ones become blob references, stored once."""
+    sections: list[tuple[SectionKind, Codec, int, bytes | memoryview]] = []
+    refs: dict[str, BlobRef] = {}
+    out = Dumped(bytearray(), None)  # type: ignore[arg-type]
+    for buf in buffers:
+        raw = buf.raw()
+        if threshold is None or raw.nbytes < threshold:
+            codec, payload = _compress(raw, level)
+            sections.append((SectionKind.BUFFER, codec, raw.nbytes, payload))
+            continue
+        digest = hash_buffer(raw)
+        key = digest.hex()
+        sections.append((SectionKind.BLOB, Codec.RAW, raw.nbytes, digest))
+        if key in refs:
+            continue
+        previous = known.get(key)
+        if previous is not None and previous.raw_bytes == raw.nbytes:
+            stamp = previous.stamp
+            if created_at - stamp > REFRESH_AFTER_S:
+                out.refresh.append(key)
+                stamp = created_at
+            refs[key] = BlobRef(hash=key, raw_bytes=raw.nbytes, stored_bytes=previous.stored_bytes, stamp=stamp)
+        else:
+            stored = encode_blob(raw, level)
+            out.new_blobs[key] = stored
+            refs[key] = BlobRef(hash=key, raw_bytes=raw.nbytes, stored_bytes=len(stored), stamp=created_at)
+    return sections, refs, out
+
+
 def dump_namespace(
     variables: Mapping[str, object],
     *,
@@ -219,7 +303,9 @@ def dump_namespace(
     cells: Iterable[str] = (),
     cell_count: int = 0,
     future_flags: int = 0,
-) -> tuple[bytearray, Manifest]:
+    known_blobs: Mapping[str, BlobRef] | None = None,
+    blob_threshold: int | None = BLOB_THRESHOLD_BYTES,
+) -> Dumped:
     """Serialize variables into an unsigned checkpoint body.
 
     All variables go into one cloudpickle stream, so shared references survive. A variable
@@ -236,9 +322,12 @@ def dump_namespace(
         cells: Cell sources; the most recent ones are kept so restored tracebacks show their lines.
         cell_count: Cells run so far, so new cell names stay unique after a load.
         future_flags: ``__future__`` flags in force.
+        known_blobs: Blobs the store already has (from this session's earlier dumps and loads), by hash.
+            Buffers of at least ``blob_threshold`` bytes become blobs; only unknown ones are encoded.
+        blob_threshold: Smallest buffer stored as a blob; None keeps every buffer inside the body.
 
     Returns:
-        The body (a bytearray, so signing can append in place) and its manifest.
+        The body, its manifest, the blobs to store first, and the blobs to refresh.
 
     Raises:
         UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
@@ -278,10 +367,10 @@ def dump_namespace(
     sections: list[tuple[SectionKind, Codec, int, bytes | memoryview]] = []
     codec, payload = _compress(stream.data, level)
     sections.append((SectionKind.STREAM, codec, len(stream.data), payload))
-    for buf in stream.buffers:
-        raw = buf.raw()
-        codec, payload = _compress(raw, level)
-        sections.append((SectionKind.BUFFER, codec, raw.nbytes, payload))
+    buffer_sections, refs, dumped = _blob_sections(
+        stream.buffers, level=level, created_at=created_at, known=known_blobs or {}, threshold=blob_threshold
+    )
+    sections += buffer_sections
     for _name, data in dill_sections:
         codec, payload = _compress(data, level)
         sections.append((SectionKind.DILL, codec, len(data), payload))
@@ -300,8 +389,12 @@ def dump_namespace(
         cells=kept_cells,
         cell_count=cell_count,
         future_flags=future_flags,
+        hash_algorithm=HASH_ALGORITHM if refs else None,
+        blobs=list(refs.values()),
     )
-    return pack_container(Header(compression_level=level), manifest, sections), manifest
+    dumped.body = pack_container(Header(compression_level=level), manifest, sections)
+    dumped.manifest = manifest
+    return dumped
 
 
 @dataclass(slots=True)
@@ -409,6 +502,7 @@ def load_namespace(
     namespace: dict[str, Any],
     find_global: FindGlobal,
     max_raw_bytes: int | None = None,
+    blobs: Mapping[str, bytes | bytearray | memoryview] | None = None,
 ) -> LoadedNamespace:
     """Restore variables from a verified checkpoint body.
 
@@ -421,9 +515,10 @@ def load_namespace(
         namespace: The dict restored functions will use as globals (the session namespace).
         find_global: Resolves every global the pickles name; see `make_find_global`.
         max_raw_bytes: Refuse checkpoints that would decompress to more than this.
+        blobs: The stored bytes of the blobs the checkpoint refers to, by hash hex (see ``manifest.blobs``).
 
     Raises:
-        CheckpointCorrupt: Malformed bytes.
+        CheckpointCorrupt: Malformed bytes, or a blob that is missing or does not match its hash.
         CheckpointVersionError: Another format or Python version wrote them.
     """
     container = parse_container(body, max_raw_bytes=max_raw_bytes)
@@ -431,11 +526,25 @@ def load_namespace(
     if len(streams) != 1:
         raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
     stream = _decompress(streams[0].codec, streams[0].data, streams[0].raw_size, writable=False)
-    buffers = [
-        _decompress(s.codec, s.data, s.raw_size, writable=True)
-        for s in container.sections
-        if s.kind is SectionKind.BUFFER
-    ]
+    buffers: list[bytes | bytearray | memoryview] = []
+    decoded: dict[bytes, bytearray] = {}
+    for section in container.sections:
+        if section.kind is SectionKind.BUFFER:
+            buffers.append(_decompress(section.codec, section.data, section.raw_size, writable=True))
+        elif section.kind is SectionKind.BLOB:
+            digest = bytes(section.data)
+            if digest not in decoded:
+                stored = (blobs or {}).get(digest.hex())
+                if stored is None:
+                    raise CheckpointCorrupt(
+                        f"blob {digest.hex()} of the checkpoint is missing from the store; the checkpoint cannot "
+                        "be loaded"
+                    )
+                decoded[digest] = decode_blob(stored, raw_size=section.raw_size, digest=digest)
+                buffers.append(decoded[digest])
+            else:
+                # The same data twice: each buffer must be its own writable copy, as before the dump.
+                buffers.append(bytearray(decoded[digest]))
     dill_data = [s for s in container.sections if s.kind is SectionKind.DILL]
     cloud_vars = [v for v in container.manifest.variables if v.serializer == "cloudpickle"]
     dill_vars = [v for v in container.manifest.variables if v.serializer == "dill"]
@@ -463,6 +572,7 @@ def load_namespace(
 
 
 _OWN_HELPERS: dict[str, Callable[..., Any]] = {
+    "_rebuild_datetime_array": _rebuild_datetime_array,
     "_rebuild_lru_cache": _rebuild_lru_cache,
     "_rebuild_recursive_repr": _rebuild_recursive_repr,
     "_code_in_cell": _code_in_cell,

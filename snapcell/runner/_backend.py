@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
-from snapcell.checkpoint import Manifest
+from snapcell.checkpoint import BlobRef, Dumped, Manifest
 from snapcell.runner._host import LocalBridge
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
@@ -27,13 +27,18 @@ class Backend(Protocol):
         ...
 
     async def dump(
-        self, *, created_at: float, level: int, on_unpicklable: Literal["skip", "fail"]
-    ) -> tuple[bytes | bytearray, Manifest]:
-        """Serialize the namespace into an unsigned checkpoint body."""
+        self,
+        *,
+        created_at: float,
+        level: int,
+        on_unpicklable: Literal["skip", "fail"],
+        known_blobs: Mapping[str, BlobRef],
+    ) -> Dumped:
+        """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks."""
         ...
 
-    async def load(self, body: bytes | bytearray | memoryview) -> Manifest:
-        """Replace the namespace with a verified checkpoint body."""
+    async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
+        """Replace the namespace with a verified checkpoint body and its blobs."""
         ...
 
     async def reset(self) -> None:
@@ -68,15 +73,24 @@ class InlineBackend:
         return await self.runner.run(code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits)
 
     async def dump(
-        self, *, created_at: float, level: int, on_unpicklable: Literal["skip", "fail"]
-    ) -> tuple[bytes | bytearray, Manifest]:
+        self,
+        *,
+        created_at: float,
+        level: int,
+        on_unpicklable: Literal["skip", "fail"],
+        known_blobs: Mapping[str, BlobRef],
+    ) -> Dumped:
         # Off the event loop: a large namespace takes seconds to pickle and compress.
         return await asyncio.to_thread(
-            self.runner.dump, created_at=created_at, level=level, on_unpicklable=on_unpicklable
+            self.runner.dump,
+            created_at=created_at,
+            level=level,
+            on_unpicklable=on_unpicklable,
+            known_blobs=known_blobs,
         )
 
-    async def load(self, body: bytes | bytearray | memoryview) -> Manifest:
-        return await asyncio.to_thread(self.runner.load, body)
+    async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
+        return await asyncio.to_thread(self.runner.load, body, blobs)
 
     async def reset(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)

@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from snapcell._telemetry import trace_host_function
 from snapcell.errors import ConfigError, OutputLimitExceeded
 
 __all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
@@ -112,7 +113,7 @@ class LocalBridge:
                 value=self._max_calls,
                 hint="Batch the work into fewer calls.",
             )
-        return func
+        return trace_host_function(name, func)
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         func = self._admit(name)

@@ -21,10 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from snapcell.checkpoint import Manifest
+from snapcell._telemetry import trace_host_function
+from snapcell.checkpoint import BlobRef, Dumped, Manifest
 from snapcell.errors import ConfigError, ScriptError, SessionError, WorkerLost
 from snapcell.runner._host import HostCall
 from snapcell.runner._limits import Limits
@@ -76,8 +77,8 @@ class WorkerProcess:
         self.pid: int | None = None
         self.sandbox: dict[str, str] = {}
         self.checkouts = 0
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._sock: socket.socket | None = None
+        self._send_lock = asyncio.Lock()
         self._stderr: Any = None
         self.dead = False
 
@@ -103,7 +104,8 @@ class WorkerProcess:
         finally:
             child.close()
         self.pid = self.process.pid
-        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=1024 * 1024)
+        parent.setblocking(False)
+        self._sock = parent
         message, _ = await self._receive(_STARTUP_TIMEOUT_S)
         if message.get("op") != "started":
             await self.kill()
@@ -131,34 +133,52 @@ class WorkerProcess:
             raise SessionError(f"a worker process failed to start: {message}")
         self.sandbox = {str(k): str(v) for k, v in message.get("sandbox", {}).items()}
 
-    async def _send(self, message: dict[str, Any], blob: bytes | bytearray | memoryview = b"") -> None:
-        if self._writer is None or self.dead:
+    async def _send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
+        sock = self._sock
+        if sock is None or self.dead:
             raise _Died("crash", "the worker is not running")
         payload = encode(message)
+        loop = asyncio.get_running_loop()
         try:
-            self._writer.write(FRAME.pack(len(payload), len(blob)) + payload)
-            if blob:
-                self._writer.write(blob)
-            await self._writer.drain()
+            async with self._send_lock:  # frames from concurrent host-call results must not interleave
+                await loop.sock_sendall(sock, FRAME.pack(len(payload), sum(len(p) for p in parts)) + payload)
+                for part in parts:
+                    if part:
+                        await loop.sock_sendall(sock, part)
         except (ConnectionError, OSError) as exc:
             raise _Died(await self._death_reason(), str(exc)) from exc
 
-    async def _receive(self, timeout_s: float | None) -> tuple[dict[str, Any], bytes]:
-        if self._reader is None:
+    async def _read_exactly(self, size: int) -> bytearray:
+        sock = self._sock
+        if sock is None:
             raise _Died("crash", "the worker is not running")
+        loop = asyncio.get_running_loop()
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = await loop.sock_recv_into(sock, view[got:])
+            if n == 0:
+                raise ConnectionResetError("the worker closed its channel")
+            got += n
+        return buf
+
+    async def _receive(self, timeout_s: float | None) -> tuple[dict[str, Any], bytearray]:
         try:
             async with asyncio.timeout(timeout_s):
-                head = await self._reader.readexactly(FRAME.size)
-                size, blob_size = FRAME.unpack(head)
+                size, blob_size = FRAME.unpack(await self._read_exactly(FRAME.size))
                 if size > MAX_MESSAGE_BYTES:
                     raise _Died("crash", f"the worker sent a {size}-byte message")
-                message = decode(await self._reader.readexactly(size))
-                blob = await self._reader.readexactly(blob_size) if blob_size else b""
+                message = decode(await self._read_exactly(size))
+                blob = await self._read_exactly(blob_size) if blob_size else bytearray()
         except TimeoutError:
             await self.kill()
             raise _Died("timeout") from None
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+        except (ConnectionError, OSError) as exc:
             raise _Died(await self._death_reason(), str(exc)) from exc
+        except _Died:
+            await self.kill()
+            raise
         except Exception as exc:  # a malformed frame from a compromised worker
             await self.kill()
             raise _Died("crash", f"the worker sent malformed data: {exc}") from exc
@@ -167,18 +187,18 @@ class WorkerProcess:
     async def request(
         self,
         message: dict[str, Any],
-        blob: bytes | bytearray | memoryview = b"",
+        parts: Sequence[bytes | bytearray | memoryview] = (),
         *,
         timeout_s: float | None = _REQUEST_TIMEOUT_S,
         lookup: Mapping[str, Callable[..., Any]] | None = None,
         calls: list[HostCall] | None = None,
-    ) -> tuple[dict[str, Any], bytes]:
+    ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and wait for its reply, serving host-function calls meanwhile.
 
         Raises:
             _Died: The worker died or overran ``timeout_s`` (it is killed then).
         """
-        await self._send(message, blob)
+        await self._send(message, *parts)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         tasks: set[asyncio.Task[None]] = set()
         try:
@@ -199,7 +219,7 @@ class WorkerProcess:
         self, message: dict[str, Any], lookup: Mapping[str, Callable[..., Any]], calls: list[HostCall] | None
     ) -> None:
         name = str(message.get("name"))
-        func = lookup.get(name)
+        func = trace_host_function(name, lookup.get(name))
         start = time.perf_counter()
         reply: dict[str, Any] = {"op": "result", "id": message.get("id")}
         try:
@@ -262,9 +282,9 @@ class WorkerProcess:
                 self.process.kill()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.to_thread(self.process.wait), _KILL_WAIT_S)
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -428,19 +448,19 @@ class ProcessBackend:
     async def _request(
         self,
         message: dict[str, Any],
-        blob: bytes | bytearray | memoryview = b"",
+        parts: Sequence[bytes | bytearray | memoryview] = (),
         *,
         timeout_s: float | None = _REQUEST_TIMEOUT_S,
         lookup: Mapping[str, Callable[..., Any]] | None = None,
         calls: list[HostCall] | None = None,
-    ) -> tuple[dict[str, Any], bytes]:
+    ) -> tuple[dict[str, Any], bytearray]:
         if self.worker is None:
             await self.start()
         worker = self.worker
         if worker is None:
             raise SessionError("no worker process")
         try:
-            reply, reply_blob = await worker.request(message, blob, timeout_s=timeout_s, lookup=lookup, calls=calls)
+            reply, reply_blob = await worker.request(message, parts, timeout_s=timeout_s, lookup=lookup, calls=calls)
         except _Died as exc:
             await self._pool.release(worker)
             self.worker = None
@@ -486,18 +506,45 @@ class ProcessBackend:
             notes=tuple(str(n) for n in reply.get("notes") or ()),
             error=error,
             memory_bytes=reply.get("memory_bytes") if isinstance(reply.get("memory_bytes"), int) else None,
+            namespace_summary=str(reply.get("namespace_summary") or "")[:1000],
         )
 
     async def dump(
-        self, *, created_at: float, level: int, on_unpicklable: Literal["skip", "fail"]
-    ) -> tuple[bytes | bytearray, Manifest]:
-        reply, body = await self._request(
-            {"op": "dump", "created_at": created_at, "level": level, "on_unpicklable": on_unpicklable}
+        self,
+        *,
+        created_at: float,
+        level: int,
+        on_unpicklable: Literal["skip", "fail"],
+        known_blobs: Mapping[str, BlobRef],
+    ) -> Dumped:
+        reply, payload = await self._request(
+            {
+                "op": "dump",
+                "created_at": created_at,
+                "level": level,
+                "on_unpicklable": on_unpicklable,
+                "known_blobs": [ref.model_dump() for ref in known_blobs.values()],
+            }
         )
-        return body, Manifest.model_validate_json(reply["manifest"])
+        parts = [int(n) for n in reply.get("parts", [len(payload)])]
+        names = [str(n) for n in reply.get("new_blobs", ())]
+        if len(parts) != len(names) + 1 or sum(parts) != len(payload):
+            raise SessionError("the worker sent a malformed checkpoint; the dump was not stored")
+        view = memoryview(payload)
+        offsets = [sum(parts[:i]) for i in range(len(parts) + 1)]
+        return Dumped(
+            body=bytearray(view[: parts[0]]),
+            manifest=Manifest.model_validate_json(reply["manifest"]),
+            new_blobs={name: bytes(view[offsets[i + 1] : offsets[i + 2]]) for i, name in enumerate(names)},
+            refresh=[str(h) for h in reply.get("refresh", ())],
+        )
 
-    async def load(self, body: bytes | bytearray | memoryview) -> Manifest:
-        reply, _ = await self._request({"op": "load"}, body)
+    async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
+        names = list(blobs)
+        sizes = [len(body), *(len(blobs[name]) for name in names)]
+        reply, _ = await self._request(
+            {"op": "load", "parts": sizes, "blobs": names}, [body, *(blobs[name] for name in names)]
+        )
         return Manifest.model_validate_json(reply["manifest"])
 
     async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:

@@ -25,7 +25,11 @@ class RunResult:
         external_calls: Host-function calls the run made, in completion order.
         notes: One-line notes for the model: restarts, timeouts, dropped or restored variables.
         error: The script's error, or None when it succeeded.
-        memory_bytes: Memory in use by the session's process after the run, when known.
+        memory_bytes: Memory in use by the session after the run: the worker's resident set size in process mode;
+            None in inline mode, where the process is the host's and its size says nothing about the session.
+        namespace_summary: One line on the namespace after the run: how many variables, their estimated size and
+            the largest ones (``"4 variables, ~7.7 MiB; largest: rows (list, ~7.6 MiB), ..."``); empty when there
+            are none. Sizes are cheap estimates (sampled for containers); see ``Manifest`` for exact pickled sizes.
     """
 
     value: Any = None
@@ -38,6 +42,7 @@ class RunResult:
     error: ScriptError | None = None
     memory_bytes: int | None = None
     variables: tuple[str, ...] = field(default=())
+    namespace_summary: str = ""
 
     @property
     def ok(self) -> bool:

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
 import reprlib
 import sys
 import time
 import traceback
-from collections.abc import Collection
+import types
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
-from snapcell.checkpoint import Manifest, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint import BlobRef, Dumped, Manifest, dump_namespace, load_namespace, make_find_global
 from snapcell.errors import (
     LimitExceeded,
+    MemoryLimitExceeded,
     PolicyError,
     ScriptError,
     ScriptSyntaxError,
@@ -161,6 +164,7 @@ class Runner:
             notes=tuple(notes),
             error=error,
             external_calls=tuple(getattr(bridge, "calls", ())),
+            namespace_summary=summarize_namespace(self.namespace),
         )
 
     async def _execute(
@@ -191,6 +195,8 @@ class Runner:
             if isinstance(exc, ScriptError | LimitExceeded):
                 return None, _locate(exc)
             return None, _script_error(exc)
+        except MemoryError as exc:
+            return None, _memory_error(exc, self.limits)
         except BaseException as exc:  # the script boundary: SystemExit, KeyboardInterrupt, ...
             return None, _script_error(exc)
 
@@ -220,14 +226,25 @@ class Runner:
         }
 
     def dump(
-        self, *, created_at: float, level: int = 1, on_unpicklable: Literal["skip", "fail"] = "skip"
-    ) -> tuple[bytearray, Manifest]:
-        """Serialize the namespace into an unsigned checkpoint body.
+        self,
+        *,
+        created_at: float,
+        level: int = 1,
+        on_unpicklable: Literal["skip", "fail"] = "skip",
+        known_blobs: Mapping[str, BlobRef] | None = None,
+    ) -> Dumped:
+        """Serialize the namespace into an unsigned checkpoint body and the blobs it needs.
+
+        Args:
+            created_at: Creation time for the manifest.
+            level: zstd level.
+            on_unpicklable: What to do with a variable that cannot be serialized.
+            known_blobs: Blobs the store already has, by hash; they are referenced, not encoded again.
 
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
         """
-        body, manifest = dump_namespace(
+        dumped = dump_namespace(
             self.variables(),
             namespace=self.namespace,
             created_at=created_at,
@@ -237,21 +254,32 @@ class Runner:
             cells=self.cells,
             cell_count=self.cell_count,
             future_flags=self.future_flags,
+            known_blobs=known_blobs,
         )
-        if manifest.dropped:
-            self.pending_notes.append(_dropped_note(manifest))
-        return body, manifest
+        if dumped.manifest.dropped:
+            self.pending_notes.append(_dropped_note(dumped.manifest))
+        return dumped
 
-    def load(self, body: bytes | bytearray | memoryview) -> Manifest:
+    def load(
+        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes | bytearray | memoryview] | None = None
+    ) -> Manifest:
         """Replace the namespace with a verified checkpoint body; on error the namespace is unchanged.
 
+        Args:
+            body: The verified body.
+            blobs: The stored bytes of the blobs it refers to, by hash hex.
+
         Raises:
-            CheckpointCorrupt: The body is malformed.
+            CheckpointCorrupt: The body is malformed, or a blob is missing or altered.
             CheckpointVersionError: Another format or Python version wrote it.
         """
         namespace = self._fresh_namespace()
         loaded = load_namespace(
-            body, namespace=namespace, find_global=self._find_global, max_raw_bytes=self.limits.memory_bytes
+            body,
+            namespace=namespace,
+            find_global=self._find_global,
+            max_raw_bytes=self.limits.memory_bytes,
+            blobs=blobs,
         )
         namespace.update(loaded.variables)
         # cloudpickle hands restored functions the real builtins; the policy's go back in.
@@ -347,6 +375,24 @@ def _render(value: Any, limit: int | None) -> str:
     return text
 
 
+def _memory_error(exc: MemoryError, limits: Limits) -> MemoryLimitExceeded:
+    base = _script_error(exc)
+    limit = f"{limits.memory_bytes / 2**20:.0f} MiB" if limits.memory_bytes else "the memory available"
+    error = MemoryLimitExceeded(
+        f"the script ran out of memory ({limit})",
+        limit="memory_bytes",
+        value=limits.memory_bytes,
+        exc_type="MemoryError",
+        exc_message=str(exc),
+        traceback_text=base.traceback_text,
+        lineno=base.lineno,
+        cell=base.cell,
+        hint="Earlier variables are still defined. Work on smaller pieces, or delete large variables you do not need.",
+    )
+    error.__cause__ = exc
+    return error
+
+
 def _script_error(exc: BaseException) -> ScriptError:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell-")]
     message = str(exc) if not isinstance(exc, KeyError) else repr(exc.args[0]) if exc.args else ""
@@ -371,3 +417,114 @@ def _script_error(exc: BaseException) -> ScriptError:
     )
     error.__cause__ = exc
     return error
+
+
+# ------------------------------------------------------- namespace summary
+
+_SUMMARY_MAX_NAMES = 1000  # a huge namespace is summarized from its first names only
+_SUMMARY_MAX_LIBRARY_SIZES = 16  # pandas' memory_usage costs ~100 µs; only this many per run
+_SUMMARY_SAMPLE = 8
+_SUMMARY_TOP = 3
+_SUMMARY_NAME_LARGEST_BYTES = 1024 * 1024
+# Types whose __sizeof__ is the interpreter's own: measured exactly, and no script code runs.
+_EXACT_SIZE_TYPES = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None), range})
+_CONTAINER_TYPES = frozenset({list, tuple, set, frozenset, dict})
+_SIZED_TYPES = _EXACT_SIZE_TYPES | _CONTAINER_TYPES
+_LIBRARY_TYPES = frozenset(
+    {
+        ("numpy", "ndarray"),
+        ("pandas", "DataFrame"),
+        ("pandas", "Series"),
+        ("pandas.core.frame", "DataFrame"),
+        ("pandas.core.series", "Series"),
+    }
+)
+_SKIPPED_TYPES = (types.ModuleType, HostFunction)
+
+
+def summarize_namespace(namespace: dict[str, Any]) -> str:
+    """One cheap line on the namespace's size and largest variables, for `RunResult.namespace_summary`.
+
+    Only sizes the interpreter and known libraries compute are trusted (no script-defined ``__sizeof__`` runs):
+    builtin scalars exactly, builtin containers from a sample of their first items, numpy arrays and pandas objects
+    by their buffers; other objects count as variables of unknown size. The largest variables are named only when
+    the namespace holds at least 1 MiB. Ten small variables take a few microseconds.
+    """
+    getsizeof = sys.getsizeof
+    sized: list[tuple[int, str, str, bool]] = []  # size, name, type name, estimated
+    count = total = 0
+    estimated = False
+    library_budget = _SUMMARY_MAX_LIBRARY_SIZES
+    for name, value in itertools.islice(namespace.items(), _SUMMARY_MAX_NAMES):
+        if name[:2] == "__":  # builtins, __name__, the result slot
+            continue
+        kind = type(value)
+        sampled = False
+        if kind in _EXACT_SIZE_TYPES:
+            size = getsizeof(value)
+        elif kind in _CONTAINER_TYPES:
+            size = _container_size(value, kind)
+            sampled = len(value) > _SUMMARY_SAMPLE
+            estimated = estimated or sampled
+        elif isinstance(value, _SKIPPED_TYPES):
+            continue
+        elif library_budget and (kind.__module__, kind.__qualname__) in _LIBRARY_TYPES:
+            library_budget -= 1
+            size = _library_size(value)
+        else:
+            count += 1
+            estimated = True
+            continue
+        count += 1
+        total += size
+        sized.append((size, name, kind.__name__, sampled))
+    if not count:
+        return ""
+    more = "+" if len(namespace) > _SUMMARY_MAX_NAMES else ""
+    head = f"{count}{more} variable{'s' if count != 1 else ''}, {'~' if estimated else ''}{_format_size(total)}"
+    if total < _SUMMARY_NAME_LARGEST_BYTES:
+        return head
+    sized.sort(reverse=True)
+    largest = ", ".join(f"{n[:40]} ({t}, {'~' if e else ''}{_format_size(s)})" for s, n, t, e in sized[:_SUMMARY_TOP])
+    return f"{head}; largest: {largest}"
+
+
+def _container_size(value: Any, kind: type) -> int:
+    size = sys.getsizeof(value)
+    length = len(value)
+    if not length:
+        return size
+    if kind is dict:
+        if length <= _SUMMARY_SAMPLE:
+            sample = [*value.keys(), *value.values()]
+        else:
+            sample = [
+                *itertools.islice(value.keys(), _SUMMARY_SAMPLE),
+                *itertools.islice(value.values(), _SUMMARY_SAMPLE),
+            ]
+        measured = sum([sys.getsizeof(part) for part in sample if type(part) in _SIZED_TYPES])
+        return size + measured * length // min(length, _SUMMARY_SAMPLE)
+    if length <= _SUMMARY_SAMPLE:
+        return size + sum([sys.getsizeof(part) for part in value if type(part) in _SIZED_TYPES])
+    sample = list(itertools.islice(value, _SUMMARY_SAMPLE))
+    measured = sum([sys.getsizeof(part) for part in sample if type(part) in _SIZED_TYPES])
+    return size + measured * length // _SUMMARY_SAMPLE
+
+
+def _library_size(value: Any) -> int:
+    if type(value).__name__ == "DataFrame":
+        return int(value.memory_usage(index=True, deep=False).sum())
+    if type(value).__name__ == "Series":
+        return int(value.memory_usage(index=True, deep=False))
+    return int(value.nbytes)
+
+
+def _format_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"

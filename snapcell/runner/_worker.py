@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from snapcell.checkpoint import BlobRef
 from snapcell.errors import CheckpointError, ConfigError, OutputLimitExceeded, SnapcellError
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
@@ -43,12 +44,13 @@ class Channel:
         self._sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, message: dict[str, Any], blob: bytes | bytearray | memoryview = b"") -> None:
+    def send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
         payload = encode(message)
         with self._send_lock:
-            self._sock.sendall(FRAME.pack(len(payload), len(blob)) + payload)
-            if blob:
-                self._sock.sendall(blob)
+            self._sock.sendall(FRAME.pack(len(payload), sum(len(p) for p in parts)) + payload)
+            for part in parts:
+                if part:
+                    self._sock.sendall(part)
 
     def _read_exactly(self, size: int) -> bytearray:
         buf = bytearray(size)
@@ -205,35 +207,55 @@ class Worker:
             try:
                 reply, out = self.handle(op, message, blob)
             except SnapcellError as exc:
-                reply, out = {"op": "error", "error": error_to_plain(exc)}, b""
-            self.channel.send(reply, out)
+                reply, out = {"op": "error", "error": error_to_plain(exc)}, []
+            self.channel.send(reply, *out)
             if op == "close":
                 return
 
-    def handle(self, op: Any, message: dict[str, Any], blob: bytearray) -> tuple[dict[str, Any], bytes | bytearray]:
+    def handle(
+        self, op: Any, message: dict[str, Any], blob: bytearray
+    ) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         if op == "run":
-            return self.run(message), b""
+            return self.run(message), []
         if op == "dump":
-            body, manifest = self.runner.dump(
+            known = [BlobRef.model_validate(ref) for ref in message.get("known_blobs", ())]
+            dumped = self.runner.dump(
                 created_at=float(message["created_at"]),
                 level=int(message["level"]),
                 on_unpicklable="fail" if message.get("on_unpicklable") == "fail" else "skip",
+                known_blobs={ref.hash: ref for ref in known},
             )
-            return {"op": "dumped", "manifest": manifest.model_dump_json()}, body
+            # The body, then each new blob, sent back to back; the reply says where each part ends.
+            out: list[bytes | bytearray] = [dumped.body, *dumped.new_blobs.values()]
+            parts = [len(part) for part in out]
+            reply: dict[str, Any] = {
+                "op": "dumped",
+                "manifest": dumped.manifest.model_dump_json(),
+                "new_blobs": list(dumped.new_blobs),
+                "parts": parts,
+                "refresh": dumped.refresh,
+            }
+            return reply, out
         if op == "load":
-            manifest = self.runner.load(blob)
-            return {"op": "loaded", "manifest": manifest.model_dump_json()}, b""
+            view, parts = memoryview(blob), [int(n) for n in message.get("parts", [len(blob)])]
+            names = [str(n) for n in message.get("blobs", ())]
+            if len(parts) != len(names) + 1 or sum(parts) != len(view):
+                raise ConfigError("malformed load request")
+            offsets = [sum(parts[:i]) for i in range(len(parts) + 1)]
+            blobs = {name: view[offsets[i + 1] : offsets[i + 2]] for i, name in enumerate(names)}
+            manifest = self.runner.load(view[: parts[0]], blobs)
+            return {"op": "loaded", "manifest": manifest.model_dump_json()}, []
         if op == "queue":
             self.runner.pending_notes.extend(str(n) for n in message.get("notes", ()))
             self.runner.pending_setup.extend(str(c) for c in message.get("setup_cells", ()))
-            return {"op": "queued"}, b""
+            return {"op": "queued"}, []
         if op == "declarations":
-            return {"op": "declarations", "text": declarations_from_namespace(self.runner.variables())}, b""
+            return {"op": "declarations", "text": declarations_from_namespace(self.runner.variables())}, []
         if op == "reset":
             self.runner = Runner(policy=self.runner.policy, limits=self.runner.limits)
-            return {"op": "reset"}, b""
+            return {"op": "reset"}, []
         if op == "close":
-            return {"op": "closed"}, b""
+            return {"op": "closed"}, []
         raise ConfigError(f"unknown request {op!r}")
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -267,6 +289,7 @@ class Worker:
             "notes": list(result.notes),
             "error": error_to_plain(result.error) if result.error is not None else None,
             "memory_bytes": _rss_bytes(),
+            "namespace_summary": result.namespace_summary,
         }
 
 

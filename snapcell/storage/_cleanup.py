@@ -15,6 +15,7 @@ from ._heads import HeadStore
 from ._protocol import BulkDelete, ObjectInfo, Store, validate_prefix
 
 __all__ = [
+    "DEFAULT_BLOB_GRACE_S",
     "DEFAULT_GRACE_S",
     "DEFAULT_TTL_S",
     "CleanupReport",
@@ -27,6 +28,7 @@ __all__ = [
 
 DEFAULT_TTL_S = 7 * 86400.0
 DEFAULT_GRACE_S = 3600.0
+DEFAULT_BLOB_GRACE_S = 86400.0
 _DAY_S = 86400.0
 _BULK_BATCH = 1000
 
@@ -83,6 +85,8 @@ class CleanupReport:
     over_quota: bool
     deleted_keys: tuple[str, ...] = field(default=(), repr=False)
     deleted_heads: int = 0
+    deleted_blob_objects: int = 0
+    deleted_blob_bytes: int = 0
 
     def to_json(self, *, include_keys: bool = False) -> str:
         """Return the report as one JSON object; the deleted keys only with ``include_keys``."""
@@ -128,6 +132,9 @@ def cleanup(
     progress: Callable[[int, int], None] | None = None,
     heads: HeadStore | None = None,
     key_of: Callable[[bytes], str] | None = None,
+    blob_refs: Callable[[bytes], Collection[str]] | None = None,
+    blob_prefix: str = "blobs/",
+    blob_grace_s: float = DEFAULT_BLOB_GRACE_S,
 ) -> CleanupReport:
     """Delete expired objects, then the oldest unneeded ones while the store is over its quota.
 
@@ -152,6 +159,14 @@ def cleanup(
             is unchanged and no turn holds its lease at that moment).
         key_of: Maps a checkpoint ID to its storage key (``lambda i: pool.keyring.parse_id(i).storage_key``);
             required with ``heads``. IDs it rejects protect nothing.
+        blob_refs: Maps a checkpoint's stored bytes to the keys of the blobs it refers to
+            (`snapcell.checkpoint.blob_keys_of`). With it, blobs under ``blob_prefix`` that no surviving
+            checkpoint refers to and that are older than ``blob_grace_s`` are deleted (mark and sweep). Without
+            it, blobs are never deleted. A blob is looked at once more right before its deletion and kept if a
+            dump refreshed it meanwhile.
+        blob_prefix: Where blobs live.
+        blob_grace_s: Unreferenced blobs younger than this are kept (a dump writes its blobs before its
+            checkpoint, and refreshes the blobs it reuses once a day).
 
     Returns:
         The report; ``over_quota`` tells whether the quota still is exceeded.
@@ -191,9 +206,16 @@ def cleanup(
             in_use -= info.size
 
     victims = expired + over_quota_victims
+    orphans: list[ObjectInfo] = []
+    if blob_refs is not None:
+        victim_set = {o.key for o in victims}
+        survivors = [o for o in objects if o.key.startswith(prefix) and o.key not in victim_set]
+        orphans = _orphan_blobs(store, objects, survivors, blob_refs, blob_prefix, now - blob_grace_s)
+        in_use -= sum(o.size for o in orphans)
     deleted_heads = len(stale_heads)
     if not dry_run:
         _delete_all(store, [o.key for o in victims], progress)
+        orphans = _delete_orphans(store, orphans, now - blob_grace_s)
         deleted_heads = sum(heads.delete(c, expected_version=v) for c, v in stale_heads) if heads is not None else 0
 
     victim_keys = expired_keys | {o.key for o in over_quota_victims}
@@ -217,8 +239,10 @@ def cleanup(
         bytes_in_use_after=in_use,
         quota_bytes=quota_bytes,
         over_quota=quota_bytes is not None and in_use > quota_bytes,
-        deleted_keys=tuple(o.key for o in victims),
+        deleted_keys=tuple(o.key for o in victims) + tuple(o.key for o in orphans),
         deleted_heads=deleted_heads,
+        deleted_blob_objects=len(orphans),
+        deleted_blob_bytes=sum(o.size for o in orphans),
     )
 
 
@@ -252,6 +276,49 @@ def _collect_heads(
             if found is not None:
                 keep.add(found)
     return stale
+
+
+def _orphan_blobs(
+    store: Store,
+    objects: list[ObjectInfo],
+    survivors: list[ObjectInfo],
+    blob_refs: Callable[[bytes], Collection[str]],
+    blob_prefix: str,
+    cutoff: float,
+) -> list[ObjectInfo]:
+    """Blobs no surviving checkpoint refers to, last written before ``cutoff``.
+
+    The blob listing comes from the same scan as the checkpoints; a blob written after it is not a candidate.
+    """
+    validate_prefix(blob_prefix)
+    candidates = [o for o in objects if o.key.startswith(blob_prefix) and o.created_at < cutoff]
+    if not candidates:
+        return []
+    referenced: set[str] = set()
+    for info in survivors:
+        try:
+            data = store.get(info.key)
+        except SnapcellError:
+            continue  # deleted meanwhile (another cleanup): it protects nothing any more
+        try:
+            referenced.update(blob_refs(data))
+        except SnapcellError:
+            continue  # unreadable bytes protect nothing; they are not a checkpoint that can be loaded
+    return [o for o in candidates if o.key not in referenced]
+
+
+def _delete_orphans(store: Store, orphans: list[ObjectInfo], cutoff: float) -> list[ObjectInfo]:
+    """Delete orphan blobs, each looked at again first: a dump may have refreshed it since the listing."""
+    deleted = []
+    for info in orphans:
+        current = next(iter(store.scan(info.key)), None)
+        if current is None or current.key != info.key:
+            continue
+        if current.created_at >= cutoff:
+            continue  # refreshed by a dump that reuses it
+        store.delete(info.key)
+        deleted.append(info)
+    return deleted
 
 
 def _delete_all(store: Store, keys: list[str], progress: Callable[[int, int], None] | None) -> None:

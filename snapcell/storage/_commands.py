@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from snapcell.errors import ConfigError, StorageError
 
-from ._cleanup import DEFAULT_GRACE_S, DEFAULT_TTL_S, cleanup, usage
+from ._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, DEFAULT_TTL_S, cleanup, usage
 from ._config import open_store
 from ._heads import HeadStore, open_heads
 from ._protocol import Store
@@ -129,6 +129,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--quota", type=_arg(parse_size), default=None, help="byte budget for the store (10GiB, 500MB)")
     p.add_argument("--keep", nargs="+", action="extend", default=[], metavar="KEY", help="keys never deleted")
     p.add_argument("--grace", type=_arg(parse_duration), default=DEFAULT_GRACE_S, help="minimum age to delete (1h)")
+    p.add_argument(
+        "--blob-grace",
+        type=_arg(parse_duration),
+        default=DEFAULT_BLOB_GRACE_S,
+        help="minimum age of an unreferenced blob to delete (1d)",
+    )
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     p.add_argument(
         "--heads",
@@ -188,6 +194,8 @@ def _run_cleanup(args: argparse.Namespace) -> int:
                 progress=progress,
                 heads=heads,
                 key_of=key_of,
+                blob_refs=_blob_refs(),
+                blob_grace_s=args.blob_grace,
             )
         finally:
             progress.finish()
@@ -198,6 +206,13 @@ def _run_cleanup(args: argparse.Namespace) -> int:
         return _fail("cleanup", exc)
     print(report.to_json() if args.json else report.summary())
     return EXIT_OVER_QUOTA if report.over_quota else EXIT_OK
+
+
+def _blob_refs() -> Callable[[bytes], list[str]]:
+    """How cleanup reads which blobs a checkpoint refers to (the checkpoint format is not storage's business)."""
+    from snapcell.checkpoint import blob_keys_of
+
+    return blob_keys_of
 
 
 def _open_heads(args: argparse.Namespace, store: Store) -> tuple[HeadStore | None, Callable[[bytes], str] | None]:
@@ -234,15 +249,16 @@ def _run_s3_setup(args: argparse.Namespace) -> int:
         try:
             if not isinstance(store, S3Store):  # pragma: no cover - open_store maps s3:// to S3Store
                 raise ConfigError(f"{args.store_url!r} is not an S3 store")
-            rule = install_lifecycle(store, ttl_days=max(1, math.ceil(args.ttl / 86400)))
+            rules = install_lifecycle(store, ttl_days=max(1, math.ceil(args.ttl / 86400)))
         finally:
             store.close()
     except (ConfigError, StorageError) as exc:
         return _fail("s3 setup", exc)
-    days = rule["Expiration"]["Days"]
-    print(
-        f"installed lifecycle rule {rule['ID']!r} on bucket {store.bucket!r}: "
-        f"objects under {rule['Filter']['Prefix']!r} expire after {days} days"
-    )
-    print(json.dumps(rule, indent=2, sort_keys=True))
+    for rule in rules:
+        days = rule["Expiration"]["Days"]
+        print(
+            f"installed lifecycle rule {rule['ID']!r} on bucket {store.bucket!r}: "
+            f"objects under {rule['Filter']['Prefix']!r} expire after {days} days"
+        )
+    print(json.dumps(rules, indent=2, sort_keys=True))
     return EXIT_OK

@@ -87,6 +87,15 @@ class LocalStore:
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
                 raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key) from exc
 
+    def touch(self, key: str) -> None:
+        """See `Store.touch`: set the file's modification time to now."""
+        path = self._path(key)
+        with map_exceptions(_OS_ERRORS, f"cannot touch {key!r} in {self.url}"):
+            try:
+                os.utime(path)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key) from exc
+
     def delete(self, key: str) -> None:
         """See `Store.delete`; empty directories left behind are removed too."""
         path = self._path(key)

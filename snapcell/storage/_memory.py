@@ -60,6 +60,15 @@ class MemoryStore:
             raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key)
         return entry.data
 
+    def touch(self, key: str) -> None:
+        """See `Store.touch`."""
+        validate_key(key)
+        with self._lock:
+            entry = self._objects.get(key)
+            if entry is None:
+                raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key)
+            self._objects[key] = _Entry(entry.data, self._now(), entry.expires_at)
+
     def delete(self, key: str) -> None:
         """See `Store.delete`."""
         validate_key(key)

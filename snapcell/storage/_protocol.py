@@ -80,6 +80,15 @@ class Store(Protocol):
         """
         ...
 
+    def touch(self, key: str) -> None:
+        """Reset ``key``'s creation time to now, so expiry and lifecycle rules count from now.
+
+        Raises:
+            CheckpointNotFound: No object is stored under ``key``.
+            StorageError: The store failed; the call may be retried.
+        """
+        ...
+
     def delete(self, key: str) -> None:
         """Delete ``key``; a key that does not exist is not an error.
 
@@ -182,6 +191,10 @@ class AsyncStore:
     async def get(self, key: str) -> bytes:
         """See `Store.get`."""
         return await asyncio.to_thread(self.sync.get, key)
+
+    async def touch(self, key: str) -> None:
+        """See `Store.touch`."""
+        await asyncio.to_thread(self.sync.touch, key)
 
     async def delete(self, key: str) -> None:
         """See `Store.delete`."""

@@ -233,6 +233,18 @@ class S3Store:
             finally:
                 body.close()
 
+    def touch(self, key: str) -> None:
+        """See `Store.touch`: copy the object onto itself, which resets its LastModified (and lifecycle age)."""
+        full = self._full(validate_key(key))
+        with self._errors("touch", key):
+            self._client.copy_object(
+                Bucket=self.bucket,
+                Key=full,
+                CopySource={"Bucket": self.bucket, "Key": full},
+                MetadataDirective="REPLACE",
+                Metadata={"snapcell-touched": "1"},
+            )
+
     def delete(self, key: str) -> None:
         """See `Store.delete`; S3 deletes are idempotent already."""
         full = self._full(validate_key(key))
@@ -283,38 +295,46 @@ class S3Store:
         return f"S3Store({self.url!r}, endpoint_url={self.config.endpoint_url!r})"
 
 
-def install_lifecycle(store: S3Store, *, ttl_days: int = 7, prefix: str = "checkpoints/") -> dict[str, Any]:
-    """Install a bucket lifecycle rule that expires the store's checkpoints ``ttl_days + 1`` days after writing.
+def install_lifecycle(
+    store: S3Store, *, ttl_days: int = 7, prefix: str = "checkpoints/", blob_prefix: str | None = "blobs/"
+) -> list[dict[str, Any]]:
+    """Install bucket lifecycle rules: checkpoints expire ``ttl_days + 1`` days after writing, blobs ``ttl_days + 2``.
 
-    The rule covers ``<store prefix>/<prefix>``, also aborts multipart uploads left incomplete for a day, and
+    Each rule covers ``<store prefix>/<prefix>``, also aborts multipart uploads left incomplete for a day, and
     replaces any earlier rule with the same ID while keeping rules with other IDs. Lifecycle deletion may be days
-    late; snapcell still refuses expired checkpoints at load time from their signed creation time.
+    late; snapcell still refuses expired checkpoints at load time from their signed creation time. Blobs get one
+    more day: a dump refreshes every blob it reuses once a day, so no blob a live checkpoint needs ever expires.
 
     Args:
-        store: The S3 store whose bucket gets the rule.
-        ttl_days: Checkpoint time-to-live in days; objects go one day after it.
+        store: The S3 store whose bucket gets the rules.
+        ttl_days: Checkpoint time-to-live in days.
         prefix: Prefix of the checkpoints inside the store.
+        blob_prefix: Prefix of the blobs inside the store; None installs no blob rule.
 
     Returns:
-        The rule that was installed, as S3 returns it in ``get_bucket_lifecycle_configuration``.
+        The rules that were installed (checkpoints first), as S3 returns them.
 
     Raises:
-        ConfigError: ``ttl_days`` or ``prefix`` is invalid.
+        ConfigError: ``ttl_days`` or a prefix is invalid.
         StorageUnavailable: The bucket is missing or the credentials may not change its lifecycle.
         StorageError: Any other S3 failure.
     """
     if not isinstance(ttl_days, int) or ttl_days < 1:
         raise ConfigError(f"ttl_days must be a whole number of days >= 1, not {ttl_days!r}")
-    validate_prefix(prefix)
-    full_prefix = (f"{store.prefix}/" if store.prefix else "") + prefix
-    rule_id = f"snapcell-expire-{full_prefix.rstrip('/') or 'all'}".replace("/", "-")[:255]
-    rule: dict[str, Any] = {
-        "ID": rule_id,
-        "Filter": {"Prefix": full_prefix},
-        "Status": "Enabled",
-        "Expiration": {"Days": ttl_days + 1},
-        "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1},
-    }
+    wanted = [(prefix, ttl_days + 1)] + ([(blob_prefix, ttl_days + 2)] if blob_prefix is not None else [])
+    new_rules = []
+    for rule_prefix, days in wanted:
+        validate_prefix(rule_prefix)
+        full_prefix = (f"{store.prefix}/" if store.prefix else "") + rule_prefix
+        new_rules.append(
+            {
+                "ID": f"snapcell-expire-{full_prefix.rstrip('/') or 'all'}".replace("/", "-")[:255],
+                "Filter": {"Prefix": full_prefix},
+                "Status": "Enabled",
+                "Expiration": {"Days": days},
+                "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1},
+            }
+        )
     client = store.client
     with store._errors("get lifecycle configuration"):
         try:
@@ -323,7 +343,8 @@ def install_lifecycle(store: S3Store, *, ttl_days: int = 7, prefix: str = "check
             if exc.response.get("Error", {}).get("Code") != "NoSuchLifecycleConfiguration":
                 raise
             existing = []
-    rules = [r for r in existing if r.get("ID") != rule_id] + [rule]
+    ids = {rule["ID"] for rule in new_rules}
+    rules = [r for r in existing if r.get("ID") not in ids] + new_rules
     with store._errors("put lifecycle configuration"):
         client.put_bucket_lifecycle_configuration(Bucket=store.bucket, LifecycleConfiguration={"Rules": rules})
-    return rule
+    return new_rules

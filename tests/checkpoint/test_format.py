@@ -152,7 +152,7 @@ def _resign_with_header_bytes(store: MemoryStore, checkpoint_id: bytes, offset: 
 
 @pytest.mark.parametrize(
     ("offset", "value", "match"),
-    [(8, b"\x00\x02", "format version 2"), (8, b"\xff\xff", "format version 65535"), (11, b"\x63", "Python 3.99")],
+    [(8, b"\x00\x03", "format version 3"), (8, b"\xff\xff", "format version 65535"), (11, b"\x63", "Python 3.99")],
     ids=["next-format", "far-format", "python-minor"],
 )
 def test_version_mismatch_is_refused_before_unpickling(

@@ -200,8 +200,9 @@ def test_s3_setup(s3_bucket: str, s3_server: str, s3_client, capsys, monkeypatch
     assert run("s3", "setup", f"s3://{s3_bucket}/proj", "--ttl", "3d", "--endpoint-url", s3_server) == 0
     out = capsys.readouterr().out
     assert "expire after 4 days" in out
+    assert "expire after 5 days" in out  # blobs outlive the checkpoints that refer to them
     rules = s3_client.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"]
-    assert [r["Filter"]["Prefix"] for r in rules] == ["proj/checkpoints/"]
+    assert [r["Filter"]["Prefix"] for r in rules] == ["proj/checkpoints/", "proj/blobs/"]
     assert run("s3", "setup", "file:///tmp/x") == 2
 
 

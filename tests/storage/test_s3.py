@@ -139,22 +139,25 @@ def test_missing_key_not_found(s3_store: S3Store) -> None:
 def test_install_lifecycle(s3_store: S3Store, s3_client) -> None:
     other = {"ID": "someone-else", "Filter": {"Prefix": "logs/"}, "Status": "Enabled", "Expiration": {"Days": 30}}
     s3_client.put_bucket_lifecycle_configuration(Bucket=s3_store.bucket, LifecycleConfiguration={"Rules": [other]})
-    rule = install_lifecycle(s3_store, ttl_days=7)
+    rule, blob_rule = install_lifecycle(s3_store, ttl_days=7)
     assert rule["Filter"] == {"Prefix": "proj/checkpoints/"}
     assert rule["Expiration"] == {"Days": 8}
-    install_lifecycle(s3_store, ttl_days=3)  # same ID: replaced, not duplicated
+    assert blob_rule["Filter"] == {"Prefix": "proj/blobs/"}
+    assert blob_rule["Expiration"] == {"Days": 9}
+    install_lifecycle(s3_store, ttl_days=3)  # same IDs: replaced, not duplicated
     rules = s3_client.get_bucket_lifecycle_configuration(Bucket=s3_store.bucket)["Rules"]
     by_id = {r["ID"]: r for r in rules}
-    assert set(by_id) == {"someone-else", rule["ID"]}
+    assert set(by_id) == {"someone-else", rule["ID"], blob_rule["ID"]}
     assert by_id[rule["ID"]]["Expiration"]["Days"] == 4
+    assert by_id[blob_rule["ID"]]["Expiration"]["Days"] == 5
     assert by_id[rule["ID"]]["Filter"]["Prefix"] == "proj/checkpoints/"
     assert by_id["someone-else"]["Expiration"]["Days"] == 30
 
 
 def test_install_lifecycle_on_bucket_without_rules(s3_store: S3Store, s3_client) -> None:
-    rule = install_lifecycle(s3_store)
+    installed = install_lifecycle(s3_store)
     rules = s3_client.get_bucket_lifecycle_configuration(Bucket=s3_store.bucket)["Rules"]
-    assert [r["ID"] for r in rules] == [rule["ID"]]
+    assert [r["ID"] for r in rules] == [r["ID"] for r in installed]
     with pytest.raises(ConfigError):
         install_lifecycle(s3_store, ttl_days=0)
 

@@ -1,0 +1,129 @@
+"""Content-addressed blobs: large out-of-band buffers stored once, referenced by hash from checkpoints.
+
+A blob is a one-byte codec tag followed by the (maybe zstd-compressed) raw bytes of one buffer.
+Its key is derived from the xxh3-128 hash of the raw bytes, so the same data is stored once, no
+matter how many checkpoints or sessions refer to it. The checkpoint's signature covers the list of
+references (hash and size), and every blob is hashed again after decompression, before use.
+
+xxh3 detects corruption and swapped blobs at memory speed (about 10 GB/s); it is not a
+cryptographic hash, so a party that can write to the store and craft collisions is outside what it
+protects against (the signed reference list still pins each blob's size and hash).
+"""
+
+from __future__ import annotations
+
+import xxhash
+import zstandard
+
+from snapcell.errors import CheckpointCorrupt
+
+__all__ = [
+    "BLOB_PREFIX",
+    "BLOB_THRESHOLD_BYTES",
+    "HASH_ALGORITHM",
+    "REFRESH_AFTER_S",
+    "blob_key",
+    "blob_keys_of",
+    "decode_blob",
+    "encode_blob",
+    "hash_buffer",
+]
+
+HASH_ALGORITHM = "xxh3-128"
+BLOB_PREFIX = "blobs/"
+# Buffers at least this large become blobs; smaller ones stay inside the checkpoint.
+BLOB_THRESHOLD_BYTES = 256 * 1024
+# A dump that reuses a blob last written or refreshed longer ago than this refreshes it, so a
+# lifecycle rule at ttl + 2 days never deletes a blob a live checkpoint still needs.
+REFRESH_AFTER_S = 86400.0
+
+_MAC_BYTES = 32
+_RAW = 0
+_ZSTD = 1
+_SAMPLE_BYTES = 256 * 1024
+_INCOMPRESSIBLE_RATIO = 0.9
+
+
+def hash_buffer(data: bytes | bytearray | memoryview) -> bytes:
+    """The 16-byte content hash of a buffer."""
+    return xxhash.xxh3_128_digest(data)
+
+
+def blob_key(digest: bytes) -> str:
+    """The store key of the blob with this content hash."""
+    text = digest.hex()
+    return f"{BLOB_PREFIX}{text[:2]}/{text}"
+
+
+def encode_blob(raw: bytes | bytearray | memoryview, level: int) -> bytes:
+    """Compress a buffer for storage, or keep it raw when it does not compress (random floats)."""
+    view = memoryview(raw).cast("B")
+    compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    if len(view) > 2 * _SAMPLE_BYTES:
+        middle = len(view) // 2
+        sample = view[middle : middle + _SAMPLE_BYTES]
+        if len(compressor.compress(sample)) > _INCOMPRESSIBLE_RATIO * len(sample):
+            return bytes([_RAW]) + view
+    compressed = compressor.compress(view)
+    if len(compressed) > _INCOMPRESSIBLE_RATIO * len(view):
+        return bytes([_RAW]) + view
+    return bytes([_ZSTD]) + compressed
+
+
+def decode_blob(data: bytes | bytearray | memoryview, *, raw_size: int, digest: bytes) -> bytearray:
+    """Decode a stored blob into a writable buffer and check it is the one the checkpoint names.
+
+    Raises:
+        CheckpointCorrupt: The blob is malformed, has the wrong size, or its hash does not match.
+    """
+    view = memoryview(data)
+    if len(view) < 1:
+        raise CheckpointCorrupt(f"blob {digest.hex()} is empty")
+    codec, payload = view[0], view[1:]
+    if codec == _RAW:
+        if len(payload) != raw_size:
+            raise CheckpointCorrupt(f"blob {digest.hex()} has {len(payload)} bytes, the checkpoint says {raw_size}")
+        out = bytearray(payload)
+    elif codec == _ZSTD:
+        declared = zstandard.frame_content_size(payload) if len(payload) >= 4 else -1
+        if declared != raw_size:
+            raise CheckpointCorrupt(f"blob {digest.hex()} declares {declared} bytes, the checkpoint says {raw_size}")
+        out = bytearray(raw_size)
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(payload) as reader:
+                filled, target = 0, memoryview(out)
+                while filled < raw_size:
+                    n = reader.readinto(target[filled:])
+                    if not n:
+                        break
+                    filled += n
+        except zstandard.ZstdError as exc:
+            raise CheckpointCorrupt(f"blob {digest.hex()} does not decompress: {exc}") from exc
+        if filled != raw_size:
+            raise CheckpointCorrupt(f"blob {digest.hex()} decompresses to fewer bytes than declared")
+    else:
+        raise CheckpointCorrupt(f"blob {digest.hex()} has an unknown codec {codec}")
+    if len(out) != raw_size or hash_buffer(out) != digest:
+        raise CheckpointCorrupt(
+            f"blob {digest.hex()} does not match its hash: it was altered or replaced; the checkpoint was not loaded"
+        )
+    return out
+
+
+def blob_keys_of(stored: bytes | bytearray | memoryview) -> list[str]:
+    """The keys of the blobs a stored checkpoint refers to, read from its manifest without verifying it.
+
+    For cleanup, which must keep every blob any checkpoint may need: nothing is unpickled, and a forged
+    checkpoint can at worst keep blobs alive.
+
+    Raises:
+        CheckpointCorrupt: The bytes are not a readable checkpoint.
+        CheckpointVersionError: Another format or Python version wrote them.
+    """
+    from snapcell.checkpoint._format import parse_container
+
+    view = memoryview(stored)
+    if len(view) <= _MAC_BYTES:
+        raise CheckpointCorrupt("the checkpoint is truncated or empty")
+    manifest = parse_container(view[:-_MAC_BYTES], check_python=False).manifest
+    return [blob_key(bytes.fromhex(ref.hash)) for ref in manifest.blobs]
