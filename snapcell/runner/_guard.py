@@ -232,6 +232,14 @@ class ModuleView(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         real = sys.modules.get(self.__name__)
+        modules = _view_modules.get(id(self))
+        if real is not None and modules is not None and not name.startswith("_"):
+            # Packages such as numpy import submodules lazily (module __getattr__): numpy.random
+            # appears only on first use, after the view was built.
+            lazy = getattr(real, name, None)
+            if isinstance(lazy, types.ModuleType) and _keep(self.__name__, name, lazy, modules):
+                attach_submodule(self, lazy, modules)
+                return vars(self)[name]
         if real is not None and hasattr(real, name):
             raise AttributeError(
                 f"module {self.__name__!r} has no attribute {name!r} available to scripts (the policy hides it)"
@@ -296,6 +304,10 @@ def _keep(module_name: str, name: str, value: Any, modules: frozenset[str]) -> b
     return True
 
 
+# The policy's modules for each view (views are cached for the life of the process, so ids are stable).
+_view_modules: dict[int, frozenset[str]] = {}
+
+
 def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView:
     """The (cached, shared, read-only) view of ``module`` for a policy allowing ``modules``."""
     key = (modules, module.__name__)
@@ -308,6 +320,7 @@ def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView
             return view
         view = ModuleView(module.__name__, module.__doc__)
         _views[key] = view  # before filling: packages and their submodules refer to each other
+        _view_modules[id(view)] = modules
         content = vars(view)
         for name, value in list(vars(module).items()):
             if not _keep(module.__name__, name, value, modules):
