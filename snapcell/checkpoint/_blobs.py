@@ -12,6 +12,8 @@ protects against (the signed reference list still pins each blob's size and hash
 
 from __future__ import annotations
 
+import struct
+
 import xxhash
 import zstandard
 
@@ -20,6 +22,7 @@ from snapcell.errors import CheckpointCorrupt
 __all__ = [
     "BLOB_PREFIX",
     "BLOB_THRESHOLD_BYTES",
+    "CHUNK_BYTES",
     "HASH_ALGORITHM",
     "REFRESH_AFTER_S",
     "blob_key",
@@ -27,17 +30,24 @@ __all__ = [
     "decode_blob",
     "encode_blob",
     "hash_buffer",
+    "pack_blob_ref",
+    "unpack_blob_ref",
 ]
 
 HASH_ALGORITHM = "xxh3-128"
 BLOB_PREFIX = "blobs/"
 # Buffers at least this large become blobs; smaller ones stay inside the checkpoint.
 BLOB_THRESHOLD_BYTES = 256 * 1024
+# Large buffers are cut into chunks of this size, each its own blob: changing 1% of a big array
+# stores about 1% again, not the whole array.
+CHUNK_BYTES = 4 * 1024 * 1024
 # A dump that reuses a blob last written or refreshed longer ago than this refreshes it, so a
 # lifecycle rule at ttl + 2 days never deletes a blob a live checkpoint still needs.
 REFRESH_AFTER_S = 86400.0
 
 _MAC_BYTES = 32
+_DIGEST_BYTES = 16
+_CHUNK = struct.Struct(">I")
 _RAW = 0
 _ZSTD = 1
 _SAMPLE_BYTES = 256 * 1024
@@ -70,30 +80,52 @@ def encode_blob(raw: bytes | bytearray | memoryview, level: int) -> bytes:
     return bytes([_ZSTD]) + compressed
 
 
-def decode_blob(data: bytes | bytearray | memoryview, *, raw_size: int, digest: bytes) -> bytearray:
-    """Decode a stored blob into a writable buffer and check it is the one the checkpoint names.
+def pack_blob_ref(digests: list[bytes]) -> bytes:
+    """A buffer's reference section: the chunk size, then each chunk's hash."""
+    return _CHUNK.pack(CHUNK_BYTES) + b"".join(digests)
+
+
+def unpack_blob_ref(data: bytes | memoryview, raw_size: int) -> list[bytes]:
+    """The chunk hashes of a buffer's reference section.
+
+    Raises:
+        CheckpointCorrupt: The section does not describe a buffer of ``raw_size`` bytes in whole chunks.
+    """
+    view = memoryview(data)
+    if len(view) < _CHUNK.size:
+        raise CheckpointCorrupt("the checkpoint has a malformed blob reference")
+    (chunk,) = _CHUNK.unpack_from(view)
+    count = -(-raw_size // chunk) if chunk else -1
+    if chunk != CHUNK_BYTES or len(view) != _CHUNK.size + _DIGEST_BYTES * count:
+        raise CheckpointCorrupt("the checkpoint has a malformed blob reference")
+    body = view[_CHUNK.size :]
+    return [bytes(body[i : i + _DIGEST_BYTES]) for i in range(0, len(body), _DIGEST_BYTES)]
+
+
+def decode_blob(data: bytes | bytearray | memoryview, *, digest: bytes, into: memoryview) -> None:
+    """Decode a stored blob into ``into`` (exactly its size) and check it is the one the checkpoint names.
 
     Raises:
         CheckpointCorrupt: The blob is malformed, has the wrong size, or its hash does not match.
     """
     view = memoryview(data)
+    raw_size = len(into)
     if len(view) < 1:
         raise CheckpointCorrupt(f"blob {digest.hex()} is empty")
     codec, payload = view[0], view[1:]
     if codec == _RAW:
         if len(payload) != raw_size:
             raise CheckpointCorrupt(f"blob {digest.hex()} has {len(payload)} bytes, the checkpoint says {raw_size}")
-        out = bytearray(payload)
+        into[:] = payload
     elif codec == _ZSTD:
         declared = zstandard.frame_content_size(payload) if len(payload) >= 4 else -1
         if declared != raw_size:
             raise CheckpointCorrupt(f"blob {digest.hex()} declares {declared} bytes, the checkpoint says {raw_size}")
-        out = bytearray(raw_size)
+        filled = 0
         try:
             with zstandard.ZstdDecompressor().stream_reader(payload) as reader:
-                filled, target = 0, memoryview(out)
                 while filled < raw_size:
-                    n = reader.readinto(target[filled:])
+                    n = reader.readinto(into[filled:])
                     if not n:
                         break
                     filled += n
@@ -103,11 +135,10 @@ def decode_blob(data: bytes | bytearray | memoryview, *, raw_size: int, digest: 
             raise CheckpointCorrupt(f"blob {digest.hex()} decompresses to fewer bytes than declared")
     else:
         raise CheckpointCorrupt(f"blob {digest.hex()} has an unknown codec {codec}")
-    if len(out) != raw_size or hash_buffer(out) != digest:
+    if hash_buffer(into) != digest:
         raise CheckpointCorrupt(
             f"blob {digest.hex()} does not match its hash: it was altered or replaced; the checkpoint was not loaded"
         )
-    return out
 
 
 def blob_keys_of(stored: bytes | bytearray | memoryview) -> list[str]:

@@ -34,7 +34,7 @@ FORMAT_VERSION = 2
 # Versions this release reads: 1 had no blob references.
 READABLE_VERSIONS = frozenset({1, 2})
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-BLOB_REF_BYTES = 16
+BLOB_REF_MIN_BYTES = 4 + 16
 MAX_SECTIONS = 1_000_000
 
 _FIXED = struct.Struct(">8sHBBbB")
@@ -246,7 +246,8 @@ def parse_container(
         except ValueError as exc:
             raise CheckpointCorrupt(f"the checkpoint has an unknown section type: {exc}") from exc
         if section.kind is SectionKind.BLOB:
-            if stored != BLOB_REF_BYTES or header.format_version < 2:
+            # The reference (chunk size and hashes) is checked where it is read: `unpack_blob_ref`.
+            if stored < BLOB_REF_MIN_BYTES or header.format_version < 2:
                 raise CheckpointCorrupt("the checkpoint has a malformed blob reference")
             sections.append(section)
             offset += stored

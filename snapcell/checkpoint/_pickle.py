@@ -20,11 +20,14 @@ import zstandard
 
 from snapcell.checkpoint._blobs import (
     BLOB_THRESHOLD_BYTES,
+    CHUNK_BYTES,
     HASH_ALGORITHM,
     REFRESH_AFTER_S,
     decode_blob,
     encode_blob,
     hash_buffer,
+    pack_blob_ref,
+    unpack_blob_ref,
 )
 from snapcell.checkpoint._format import (
     BlobRef,
@@ -263,7 +266,7 @@ def _blob_sections(
     known: Mapping[str, BlobRef],
     threshold: int | None,
 ) -> tuple[list[tuple[SectionKind, Codec, int, bytes | memoryview]], dict[str, BlobRef], Dumped]:
-    """Turn out-of-band buffers into sections: large ones become blob references, stored once."""
+    """Turn out-of-band buffers into sections: large ones become references to chunks stored once as blobs."""
     sections: list[tuple[SectionKind, Codec, int, bytes | memoryview]] = []
     refs: dict[str, BlobRef] = {}
     out = Dumped(bytearray(), None)  # type: ignore[arg-type]
@@ -273,23 +276,39 @@ def _blob_sections(
             codec, payload = _compress(raw, level)
             sections.append((SectionKind.BUFFER, codec, raw.nbytes, payload))
             continue
-        digest = hash_buffer(raw)
-        key = digest.hex()
-        sections.append((SectionKind.BLOB, Codec.RAW, raw.nbytes, digest))
-        if key in refs:
-            continue
-        previous = known.get(key)
-        if previous is not None and previous.raw_bytes == raw.nbytes:
-            stamp = previous.stamp
-            if created_at - stamp > REFRESH_AFTER_S:
-                out.refresh.append(key)
-                stamp = created_at
-            refs[key] = BlobRef(hash=key, raw_bytes=raw.nbytes, stored_bytes=previous.stored_bytes, stamp=stamp)
-        else:
-            stored = encode_blob(raw, level)
-            out.new_blobs[key] = stored
-            refs[key] = BlobRef(hash=key, raw_bytes=raw.nbytes, stored_bytes=len(stored), stamp=created_at)
+        digests = []
+        for start in range(0, raw.nbytes, CHUNK_BYTES):
+            chunk = raw[start : start + CHUNK_BYTES]
+            digest = hash_buffer(chunk)
+            digests.append(digest)
+            _add_blob(digest.hex(), chunk, refs, out, known=known, level=level, created_at=created_at)
+        sections.append((SectionKind.BLOB, Codec.RAW, raw.nbytes, pack_blob_ref(digests)))
     return sections, refs, out
+
+
+def _add_blob(
+    key: str,
+    chunk: memoryview,
+    refs: dict[str, BlobRef],
+    out: Dumped,
+    *,
+    known: Mapping[str, BlobRef],
+    level: int,
+    created_at: float,
+) -> None:
+    if key in refs:
+        return
+    previous = known.get(key)
+    if previous is not None and previous.raw_bytes == chunk.nbytes:
+        stamp = previous.stamp
+        if created_at - stamp > REFRESH_AFTER_S:
+            out.refresh.append(key)
+            stamp = created_at
+        refs[key] = BlobRef(hash=key, raw_bytes=chunk.nbytes, stored_bytes=previous.stored_bytes, stamp=stamp)
+    else:
+        stored = encode_blob(chunk, level)
+        out.new_blobs[key] = stored
+        refs[key] = BlobRef(hash=key, raw_bytes=chunk.nbytes, stored_bytes=len(stored), stamp=created_at)
 
 
 def dump_namespace(
@@ -527,24 +546,11 @@ def load_namespace(
         raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
     stream = _decompress(streams[0].codec, streams[0].data, streams[0].raw_size, writable=False)
     buffers: list[bytes | bytearray | memoryview] = []
-    decoded: dict[bytes, bytearray] = {}
     for section in container.sections:
         if section.kind is SectionKind.BUFFER:
             buffers.append(_decompress(section.codec, section.data, section.raw_size, writable=True))
         elif section.kind is SectionKind.BLOB:
-            digest = bytes(section.data)
-            if digest not in decoded:
-                stored = (blobs or {}).get(digest.hex())
-                if stored is None:
-                    raise CheckpointCorrupt(
-                        f"blob {digest.hex()} of the checkpoint is missing from the store; the checkpoint cannot "
-                        "be loaded"
-                    )
-                decoded[digest] = decode_blob(stored, raw_size=section.raw_size, digest=digest)
-                buffers.append(decoded[digest])
-            else:
-                # The same data twice: each buffer must be its own writable copy, as before the dump.
-                buffers.append(bytearray(decoded[digest]))
+            buffers.append(_assemble(section.data, section.raw_size, blobs or {}))
     dill_data = [s for s in container.sections if s.kind is SectionKind.DILL]
     cloud_vars = [v for v in container.manifest.variables if v.serializer == "cloudpickle"]
     dill_vars = [v for v in container.manifest.variables if v.serializer == "dill"]
@@ -569,6 +575,21 @@ def load_namespace(
         except Exception as exc:  # as above
             result.failed[info.name] = _describe(exc)
     return result
+
+
+def _assemble(ref: memoryview, raw_size: int, blobs: Mapping[str, bytes | bytearray | memoryview]) -> bytearray:
+    """Rebuild one buffer from its chunks, each decoded in place and checked against its hash."""
+    out = bytearray(raw_size)
+    view = memoryview(out)
+    for index, digest in enumerate(unpack_blob_ref(ref, raw_size)):
+        stored = blobs.get(digest.hex())
+        if stored is None:
+            raise CheckpointCorrupt(
+                f"blob {digest.hex()} of the checkpoint is missing from the store; the checkpoint cannot be loaded"
+            )
+        start = index * CHUNK_BYTES
+        decode_blob(stored, digest=digest, into=view[start : min(start + CHUNK_BYTES, raw_size)])
+    return out
 
 
 _OWN_HELPERS: dict[str, Callable[..., Any]] = {
