@@ -5,6 +5,8 @@ local storage or S3 and returns an opaque ID; ``load_session(id)`` brings it bac
 process or on another server.
 """
 
+from snapcell._inspect import InspectReport, inspect_checkpoint
+from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
 from snapcell.errors import (
     CheckpointCorrupt,
@@ -51,6 +53,9 @@ from snapcell.tool import CodeTool, SyncCodeTool
 __version__ = "0.1.0"
 
 __all__ = [
+    "InspectReport",
+    "conversation_context",
+    "inspect_checkpoint",
     "AsyncPool",
     "AsyncSession",
     "CheckpointCorrupt",

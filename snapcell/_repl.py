@@ -143,7 +143,7 @@ class Repl(code.InteractiveConsole):
         return int(argument)
 
     def _manifest(self, checkpoint_id: bytes) -> Manifest:
-        report = inspect_checkpoint(checkpoint_id, store=self.pool.store, keyring=self.pool._inner.keyring)
+        report = inspect_checkpoint(checkpoint_id, store=self.pool.store, keyring=self.pool.aio.keyring)
         if report.manifest is None:
             raise ConfigError(report.problem or report.verification)
         return report.manifest

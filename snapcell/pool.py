@@ -9,7 +9,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from snapcell.checkpoint import Keyring
 from snapcell.errors import ConfigError, SessionError
@@ -20,6 +20,8 @@ from snapcell.session import AsyncSession, Session
 from snapcell.storage import AsyncStore, LocalStore, MemoryStore, Store, open_store
 
 __all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool"]
+
+T = TypeVar("T")
 
 DEFAULT_TTL_S = 7 * 86400.0
 Isolation = Literal["process", "inline"]
@@ -245,6 +247,16 @@ class Pool:
     def store(self) -> Store:
         """The pool's store."""
         return self._inner.store
+
+    @property
+    def aio(self) -> AsyncPool:
+        """The `AsyncPool` this pool wraps; hand it to async-only code and drive that code with `call`."""
+        return self._inner
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the async API (``pool.aio``, its sessions, a `CodeTool`) on this pool's event loop."""
+        result: T = self._call(coro)
+        return result
 
     def __enter__(self) -> Pool:
         return self

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
+from snapcell._telemetry import conversation_context
 from snapcell.errors import CheckpointExpired, CheckpointNotFound, ConfigError, Conflict, WorkerLost
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
@@ -72,12 +73,28 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
         parts.append(result.stdout.rstrip("\n"))
     if result.stderr:
         parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
-    if result.value_repr is not None:
+    if result.value_repr is not None and result.value_repr != "None":  # like Python's own prompt
         parts.append(result.value_repr)
     if result.error is not None:
         parts.append(result.error.for_model())
     parts.extend(f"[note] {note}" for note in (*notes, *result.notes))
+    memory = _memory_note(result)
+    if memory:
+        parts.append(f"[note] {memory}")
     return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
+
+
+# Tell the model about memory once the namespace is big enough to matter, so it can free some before it runs out.
+_MEMORY_NOTE_BYTES = 256 * 1024 * 1024
+
+
+def _memory_note(result: RunResult) -> str:
+    big_namespace = "largest:" in result.namespace_summary
+    big_process = result.memory_bytes is not None and result.memory_bytes >= _MEMORY_NOTE_BYTES
+    if not (big_namespace or big_process):
+        return ""
+    used = f"the session uses {result.memory_bytes / 2**20:,.0f} MiB; " if result.memory_bytes else ""
+    return f"{used}{result.namespace_summary}"
 
 
 def _stub_signatures(stubs: str) -> list[str]:
@@ -228,6 +245,10 @@ class CodeTool:
             return await self._turn(conversation_id, code, setup, owner)
 
     async def _turn(self, conversation_id: str, code: str, setup: bool, owner: list[str]) -> str:
+        with conversation_context(conversation_id):
+            return await self._turn_in_context(conversation_id, code, setup, owner)
+
+    async def _turn_in_context(self, conversation_id: str, code: str, setup: bool, owner: list[str]) -> str:
         head = await self._aheads.get(conversation_id)
         notes: list[str] = []
         async with self.pool.checkout(**self._checkout) as session:
@@ -378,7 +399,7 @@ class SyncCodeTool:
     def __init__(self, pool: Pool, **options: Any) -> None:
         self._pool = pool
         # The sessions must run on the loop that owns the pool's workers, so reuse the pool's runner.
-        self._inner = CodeTool(pool._inner, **options)
+        self._inner = CodeTool(pool.aio, **options)
 
     @property
     def inner(self) -> CodeTool:
@@ -402,22 +423,22 @@ class SyncCodeTool:
 
     def run_code(self, conversation_id: str, code: str, setup: bool = False) -> str:
         """See `CodeTool.run_code`."""
-        answer: str = self._pool._call(self._inner.run_code(conversation_id, code, setup))
+        answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup))
         return answer
 
     def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:
         """See `CodeTool.rewind`."""
-        target: bytes | None = self._pool._call(self._inner.rewind(conversation_id, turns))
+        target: bytes | None = self._pool.call(self._inner.rewind(conversation_id, turns))
         return target
 
     def fork(self, conversation_id: str, new_conversation_id: str) -> bytes | None:
         """See `CodeTool.fork`."""
-        target: bytes | None = self._pool._call(self._inner.fork(conversation_id, new_conversation_id))
+        target: bytes | None = self._pool.call(self._inner.fork(conversation_id, new_conversation_id))
         return target
 
     def head(self, conversation_id: str) -> Head | None:
         """See `CodeTool.head`."""
-        head: Head | None = self._pool._call(self._inner.head(conversation_id))
+        head: Head | None = self._pool.call(self._inner.head(conversation_id))
         return head
 
 

@@ -347,3 +347,17 @@ def test_lease_of_a_killed_process_is_taken_over_after_expiry(tmp_path: Path) ->
         started = time.monotonic()
         assert patient.run_code("victim", "before") == "1"  # the killed turn's changes were never stored
         assert time.monotonic() - started < 5
+
+
+def test_answer_hides_none_and_mentions_memory_only_when_it_matters() -> None:
+    assert render_answer(RunResult(value_repr="None")) == "(no output)"
+    small = RunResult(value_repr="3", namespace_summary="2 variables, ~1 KiB", memory_bytes=80 * 2**20)
+    assert render_answer(small) == "3"
+    big = RunResult(
+        value_repr="3",
+        namespace_summary="2 variables, ~900 MiB; largest: df (DataFrame, ~899 MiB)",
+        memory_bytes=1200 * 2**20,
+    )
+    answer = render_answer(big)
+    assert answer.splitlines()[0] == "3"
+    assert "[note] the session uses 1,200 MiB; 2 variables, ~900 MiB; largest: df" in answer
