@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
+import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ RESULTS_DIR = Path(__file__).parent / "results"
 
 # One repetition of one method: returns named durations in seconds (e.g. {"dump": 0.1, "load": 0.2}).
 Trial = Callable[[], Mapping[str, float]]
+AsyncTrial = Callable[[], Awaitable[Mapping[str, float]]]
 
 
 def timed(func: Callable[[], Any]) -> tuple[Any, float]:
@@ -46,6 +50,39 @@ def alternate(trials: Mapping[str, Trial], reps: int, *, warmup: int = 0) -> dic
     return samples
 
 
+async def alternate_async(
+    trials: Mapping[str, AsyncTrial], reps: int, *, warmup: int = 0
+) -> dict[str, dict[str, list[float]]]:
+    """`alternate` for coroutine trials, so async pools of several kinds share one event loop."""
+    names = list(trials)
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    for rep in range(warmup + reps):
+        shift = rep % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            durations = await trials[name]()
+            if rep >= warmup:
+                for key, seconds in durations.items():
+                    samples[name].setdefault(key, []).append(seconds)
+    return samples
+
+
+def metric_fields(
+    samples: Mapping[str, Sequence[float]], baseline: Mapping[str, Sequence[float]] | None
+) -> dict[str, Any]:
+    """Record fields for one method: ``<metric>_ms`` (min/median/max) and ``<metric>_ratio`` to the baseline.
+
+    The ratio is this method's median over the baseline's (x < 1: faster than the baseline); it is left out
+    when the baseline lacks the metric.
+    """
+    fields: dict[str, Any] = {}
+    for metric, seconds in samples.items():
+        summary = summarize_ms(seconds)
+        fields[f"{metric}_ms"] = summary
+        if baseline is not None and baseline.get(metric):
+            fields[f"{metric}_ratio"] = ratio(summary["median"], summarize_ms(baseline[metric])["median"])
+    return fields
+
+
 def summarize_ms(seconds: Sequence[float]) -> dict[str, float]:
     """Min, median and max of ``seconds``, in milliseconds rounded to microseconds."""
     return {
@@ -58,6 +95,67 @@ def summarize_ms(seconds: Sequence[float]) -> dict[str, float]:
 def ratio(value: float, baseline: float) -> float | None:
     """``value / baseline`` rounded to 2 decimals; None when the baseline is zero."""
     return round(value / baseline, 2) if baseline else None
+
+
+async def wait_warm(pool: Any, timeout_s: float = 10.0) -> None:
+    """Wait until a snapcell `AsyncPool` in process mode has a started worker to hand out (no-op otherwise).
+
+    A process-mode checkout replaces its worker, so measuring back to back would time interpreter start-ups on
+    a busy CPU; pausing here measures a checkout the way a server that is not saturated sees it.
+    """
+    workers = getattr(pool, "_workers", None)
+    deadline = time.monotonic() + timeout_s
+    while workers is not None and len(workers._warm) < workers.min_warm and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+
+
+def wait_warm_sync(pool: Any) -> None:
+    """`wait_warm` for a sync `Pool`; it runs the pool's own event loop, which starts workers only while it runs."""
+    pool._call(wait_warm(pool._inner))
+
+
+def parse_args(doc: str | None, quick_help: str) -> argparse.Namespace:
+    """The command line every benchmark script takes: ``--quick`` for the reduced set."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    return parser.parse_args()
+
+
+def rss_bytes(pid: int | None = None) -> int | None:
+    """Resident memory of a process (this one by default) from ``/proc``; None where that is unreadable."""
+    try:
+        with open(f"/proc/{pid or os.getpid()}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def machine_description() -> str:
+    """One line naming the CPU model, core count, memory, OS and Python, for tables quoted elsewhere."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    memory = ""
+    try:
+        with open("/proc/meminfo") as info:
+            total_kib = int(info.readline().split()[1])
+            memory = f", {total_kib / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"{cpu}, {cores} cores{memory}, {platform.system()} {platform.release()}, "
+        f"{platform.python_implementation()} {platform.python_version()}"
+    )
 
 
 def write_jsonl(name: str, records: Sequence[Mapping[str, Any]]) -> Path:

@@ -1,0 +1,305 @@
+"""What does a session cost per operation in process mode, inline mode and pydantic-monty?
+
+Side by side in one event loop, alternating every repetition, with the same scripts and host functions:
+
+- ``checkout``: entering ``pool.checkout()`` with a warm worker ready; ``checkin``: leaving it;
+  ``checkout_back_to_back``: a checkout right after a checkin, when the pool may still be replacing the worker.
+- ``run_1+1``: ``feed_run("1+1")`` in an open session (mean of ``CALLS`` calls per repetition).
+- ``host_sync`` / ``host_async``: ``feed_run`` of one call to a sync / async host function.
+- ``host_call_each``: a script making ``HOST_CALLS`` sequential host calls, minus ``run_1+1``, per call: the
+  round trip alone.
+- ``full_turn``: checkout, load the previous state, run a small script, dump, check in. snapcell signs and
+  stores its checkpoint in a memory store; monty keeps its dump bytes in the host (no signing, no store).
+- ``cold_start``: a new pool to the first result of ``feed_run("1+1")``, then closing it.
+- Memory: resident memory of a fresh host process with one session open, and of its worker, measured in a
+  child process per method (RSS from ``/proc``; snapcell's worker reports its own in ``RunResult.memory_bytes``).
+
+``plain exec`` (``exec`` of the compiled code, direct host call) is the floor for ``run_1+1`` and ``host_sync``.
+Ratios are to ``snapcell process``, the default (x < 1: faster than it). Targets (issue 4): process-mode
+``run_1+1`` no slower than monty's, ``host_call_each`` at most half of monty's.
+
+Run from the repository root: ``python -m benchmarks.bench_runner [--quick]``; JSON lines go to
+``benchmarks/results/runner.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from benchmarks._common import (
+    alternate_async,
+    metric_fields,
+    parse_args,
+    print_table,
+    ratio,
+    summarize_ms,
+    wait_warm,
+    write_jsonl,
+)
+from snapcell import AsyncPool
+
+try:
+    import pydantic_monty
+except ImportError:  # the bench extra is optional; monty rows are left out
+    pydantic_monty = None  # type: ignore[assignment]
+
+REPS = 15
+QUICK_REPS = 7
+WARMUP = 2
+CALLS = 10  # feed_run calls averaged per repetition for the per-run metrics
+HOST_CALLS = 20  # sequential host calls in one script for host_call_each
+COLD_REPS = 3
+QUICK_COLD_REPS = 2
+BASELINE = "snapcell process"
+SETUP_CODE = 'rows = [{"id": i, "name": f"row-{i}", "v": i * 0.5} for i in range(100)]\nturns = 0\n'
+TURN_CODE = 'turns += 1\ntotal = sum(r["v"] for r in rows)\n[turns, total]'
+HOST_LOOP = f"total = 0\nfor i in range({HOST_CALLS}):\n    total += f(i)\ntotal"
+METRICS = (
+    "checkout",
+    "checkin",
+    "checkout_back_to_back",
+    "run_1+1",
+    "host_sync",
+    "host_async",
+    "host_call_each",
+    "full_turn",
+    "cold_start",
+)
+
+
+def f(x: int) -> int:
+    return x + 1
+
+
+async def g(x: int) -> int:
+    return x + 1
+
+
+LOOKUP: dict[str, Callable[..., Any]] = {"f": f, "g": g}
+
+
+class Method:
+    """One runner behind a common interface: its pools have ``checkout()``, its sessions feed_run/dump/load."""
+
+    def __init__(self, name: str, make_pool: Callable[[], Any]) -> None:
+        self.name = name
+        self.make_pool = make_pool
+        self.pool: Any = None
+        self.state: Any = None  # the previous turn's checkpoint: an ID (snapcell) or dump bytes (monty)
+        self.session: Any = None
+
+    async def open(self) -> None:
+        self.pool = self.make_pool()
+        await self.pool.__aenter__()
+        async with self.pool.checkout() as session:
+            await session.feed_run(SETUP_CODE)
+            self.state = await session.dump()
+
+    async def close(self) -> None:
+        await self.pool.__aexit__(None, None, None)
+
+    async def wait_warm(self) -> None:
+        await wait_warm(self.pool)
+
+    async def each(self, code: str, calls: int, lookup: dict[str, Callable[..., Any]] | None = None) -> float:
+        """Mean seconds of ``feed_run(code)`` over ``calls`` calls in the entered session."""
+        start = time.perf_counter()
+        for _ in range(calls):
+            await self.session.feed_run(code, external_lookup=lookup)
+        return (time.perf_counter() - start) / calls
+
+    async def trial(self) -> dict[str, float]:
+        await self.wait_warm()
+        manager: AbstractAsyncContextManager[Any] = self.pool.checkout()
+        start = time.perf_counter()
+        self.session = await manager.__aenter__()
+        out = {"checkout": time.perf_counter() - start}
+        try:
+            out["run_1+1"] = await self.each("1+1", CALLS)
+            out["host_sync"] = await self.each("f(1)", CALLS, LOOKUP)
+            out["host_async"] = await self.each("await g(1)", CALLS, LOOKUP)
+            loop_s = await self.each(HOST_LOOP, 1, LOOKUP)
+            out["host_call_each"] = max(loop_s - out["run_1+1"], 0.0) / HOST_CALLS
+        finally:
+            start = time.perf_counter()
+            await manager.__aexit__(None, None, None)
+            out["checkin"] = time.perf_counter() - start
+        start = time.perf_counter()
+        async with self.pool.checkout():
+            out["checkout_back_to_back"] = time.perf_counter() - start
+        await self.wait_warm()
+        start = time.perf_counter()
+        async with self.pool.checkout() as session:
+            await session.load_session(self.state)
+            await session.feed_run(TURN_CODE)
+            self.state = await session.dump()
+        out["full_turn"] = time.perf_counter() - start
+        return out
+
+    async def cold_start(self) -> dict[str, float]:
+        start = time.perf_counter()
+        pool = self.make_pool()
+        await pool.__aenter__()
+        try:
+            async with pool.checkout() as session:
+                await session.feed_run("1+1")
+                first = time.perf_counter() - start
+        finally:
+            await pool.__aexit__(None, None, None)
+        return {"cold_start": first}
+
+
+class PlainExec:
+    """The floor: ``exec`` of compiled code and a direct host call, no session at all."""
+
+    name = "plain exec"
+
+    def __init__(self) -> None:
+        self.code = compile("1+1", "<bench>", "exec")
+        self.call = compile("f(1)", "<bench>", "exec")
+
+    async def trial(self) -> dict[str, float]:
+        out = {}
+        for metric, code in (("run_1+1", self.code), ("host_sync", self.call)):
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                exec(code, {"f": f})
+            out[metric] = (time.perf_counter() - start) / CALLS
+        return out
+
+
+def methods() -> list[Method]:
+    found = [
+        Method("snapcell process", lambda: AsyncPool("memory://", isolation="process")),
+        Method("snapcell inline", lambda: AsyncPool("memory://", isolation="inline")),
+    ]
+    if pydantic_monty is not None:
+        monty = pydantic_monty
+        found.append(Method("monty", lambda: monty.AsyncMonty(min_processes=1)))
+    return found
+
+
+@asynccontextmanager
+async def opened(found: list[Method]) -> AsyncIterator[list[Method]]:
+    try:
+        for method in found:
+            await method.open()
+        yield found
+    finally:
+        for method in found:
+            if method.pool is not None:
+                await method.close()
+
+
+async def measure(quick: bool) -> dict[str, dict[str, list[float]]]:
+    found = methods()
+    async with opened(found):
+        floor = PlainExec()
+        trials = {m.name: m.trial for m in found} | {floor.name: floor.trial}
+        samples = await alternate_async(trials, QUICK_REPS if quick else REPS, warmup=WARMUP)
+    cold = await alternate_async({m.name: m.cold_start for m in found}, QUICK_COLD_REPS if quick else COLD_REPS)
+    for name, metrics in cold.items():
+        samples[name].update(metrics)
+    return samples
+
+
+# Run in a fresh child process per method, so the host figure counts only that method's imports and session.
+MEMORY_PROBE = """
+import asyncio, json, sys
+from benchmarks._common import rss_bytes
+method, setup = sys.argv[1], sys.argv[2]
+baseline = rss_bytes()
+
+async def probe():
+    if method == "monty":
+        import pydantic_monty
+        pool = pydantic_monty.AsyncMonty(min_processes=1)
+    else:
+        import snapcell
+        pool = snapcell.AsyncPool("memory://", isolation=method.split()[-1])
+    async with pool:
+        async with pool.checkout() as session:
+            if method == "snapcell process":
+                worker = (await session.run(setup)).memory_bytes  # the worker reads its own RSS
+            else:
+                await session.feed_run(setup)
+                worker = rss_bytes(session.worker_pid) if method == "monty" else None
+            return {"host_rss_bytes": rss_bytes(), "worker_rss_bytes": worker, "host_rss_baseline_bytes": baseline}
+
+print(json.dumps(asyncio.run(probe())), flush=True)
+"""
+
+
+def memory(found: list[str]) -> dict[str, dict[str, Any]]:
+    """Host and worker RSS of one open session per method, each measured in a fresh child process."""
+    reports = {}
+    for name in found:
+        # monty 1.4 sometimes aborts during interpreter teardown, after the report is printed: keep the report.
+        out = subprocess.run(
+            [sys.executable, "-c", MEMORY_PROBE, name, SETUP_CODE], capture_output=True, text=True, check=False
+        )
+        lines = out.stdout.strip().splitlines()
+        if not lines:
+            raise RuntimeError(f"memory probe of {name} failed: {out.stderr[-2000:]}")
+        reports[name] = json.loads(lines[-1])
+    return reports
+
+
+def main() -> None:
+    args = parse_args(__doc__, "fewer repetitions")
+    samples = asyncio.run(measure(args.quick))
+    names = list(samples)
+    mem = memory([n for n in names if n != "plain exec"])
+    base = samples[BASELINE]
+    records = [
+        {"method": name, **metric_fields(samples[name], base), **mem.get(name, {})}
+        | {"reps": QUICK_REPS if args.quick else REPS}
+        for name in names
+    ]
+    rows = []
+    for metric in METRICS:
+        for name in names:
+            if metric in samples[name]:
+                summary = summarize_ms(samples[name][metric])
+                rows.append(
+                    {
+                        "metric": metric,
+                        "method": name,
+                        **summary,
+                        "ratio": ratio(summary["median"], summarize_ms(base[metric])["median"]),
+                    }
+                )
+    for name, report in mem.items():
+        rows.append({"metric": "host RSS MB", "method": name, "median": report["host_rss_bytes"] / 2**20})
+        if report.get("worker_rss_bytes"):
+            rows.append({"metric": "worker RSS MB", "method": name, "median": report["worker_rss_bytes"] / 2**20})
+    print_table(
+        rows,
+        [("metric", "metric"), ("method", "method"), ("min ms", "min"), ("median", "median"), ("max", "max")]
+        + [("x process", "ratio")],
+    )
+    if "monty" in samples:
+        med = {name: {k: summarize_ms(v)["median"] for k, v in samples[name].items()} for name in names}
+        process, monty = med[BASELINE], med["monty"]
+        print(
+            f"\ntarget run_1+1: process {process['run_1+1']:.3f} ms vs monty {monty['run_1+1']:.3f} ms: "
+            f"{'met' if process['run_1+1'] <= monty['run_1+1'] else 'MISSED'}"
+        )
+        print(
+            f"target host_call_each: process {process['host_call_each']:.3f} ms vs half of monty "
+            f"{monty['host_call_each'] / 2:.3f} ms: "
+            f"{'met' if process['host_call_each'] <= monty['host_call_each'] / 2 else 'MISSED'}"
+        )
+    path = write_jsonl("runner", records)
+    print(f"\nratios are to {BASELINE} (x < 1: faster than it); results appended to {path}")
+
+
+if __name__ == "__main__":
+    main()
