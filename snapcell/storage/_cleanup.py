@@ -105,6 +105,7 @@ class CleanupReport:
             f"scanned  {self.scanned_objects} objects, {format_bytes(self.scanned_bytes)}",
             f"{verb:<8} {self.deleted_expired_objects} expired, {format_bytes(self.deleted_expired_bytes)}",
             f"{verb:<8} {self.deleted_quota_objects} over quota, {format_bytes(self.deleted_quota_bytes)}",
+            f"{verb:<8} {self.deleted_blob_objects} unreferenced blobs, {format_bytes(self.deleted_blob_bytes)}",
             f"kept     {self.kept_objects} objects, {format_bytes(self.bytes_in_use_after)} in use"
             + (f" of a {format_bytes(self.quota_bytes)} quota" if self.quota_bytes is not None else ""),
         ]
@@ -381,6 +382,8 @@ class UsageReport:
     expired_bytes: int
     expiring_24h_objects: int
     expiring_24h_bytes: int
+    blob_objects: int = 0
+    blob_bytes: int = 0
 
     def to_json(self) -> str:
         """Return the report as one JSON object."""
@@ -391,6 +394,8 @@ class UsageReport:
         lines = [f"store {self.store_url}, prefix {self.prefix!r}", f"{'day (UTC)':<12} {'objects':>9} {'bytes':>12}"]
         lines += [f"{d.date:<12} {d.objects:>9} {format_bytes(d.bytes):>12}" for d in self.days]
         lines.append(f"{'total':<12} {self.total_objects:>9} {format_bytes(self.total_bytes):>12}")
+        if self.blob_objects:
+            lines.append(f"blobs (large data, shared): {self.blob_objects} objects, {format_bytes(self.blob_bytes)}")
         if self.store_objects != self.total_objects:
             lines.append(f"whole store: {self.store_objects} objects, {format_bytes(self.store_bytes)}")
         lines.append(f"expired, awaiting cleanup: {self.expired_objects} objects, {format_bytes(self.expired_bytes)}")
@@ -401,7 +406,12 @@ class UsageReport:
 
 
 def usage(
-    store: Store, *, now: float | None = None, ttl_s: float = DEFAULT_TTL_S, prefix: str = "checkpoints/"
+    store: Store,
+    *,
+    now: float | None = None,
+    ttl_s: float = DEFAULT_TTL_S,
+    prefix: str = "checkpoints/",
+    blob_prefix: str = "blobs/",
 ) -> UsageReport:
     """Count objects and bytes per UTC day of creation, in total, and expiring within 24 hours.
 
@@ -410,6 +420,7 @@ def usage(
         now: Current time in seconds since the epoch (default: the clock).
         ttl_s: Age in seconds past which an object has expired.
         prefix: The prefix the per-day figures cover; ``""`` for everything.
+        blob_prefix: Where blobs live; they are counted on a line of their own (they count toward the quota).
 
     Returns:
         The report.
@@ -425,9 +436,13 @@ def usage(
     whole = [0, 0]
     expired = [0, 0]
     soon = [0, 0]
+    blobs = [0, 0]
     for info in store.scan():
         whole[0] += 1
         whole[1] += info.size
+        if info.key.startswith(blob_prefix):
+            blobs[0] += 1
+            blobs[1] += info.size
         if not info.key.startswith(prefix):
             continue
         day = datetime.fromtimestamp(info.created_at, UTC).date().isoformat()
@@ -451,6 +466,8 @@ def usage(
         store_bytes=whole[1],
         expired_objects=expired[0],
         expired_bytes=expired[1],
+        blob_objects=blobs[0],
+        blob_bytes=blobs[1],
         expiring_24h_objects=soon[0],
         expiring_24h_bytes=soon[1],
     )

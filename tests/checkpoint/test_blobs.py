@@ -11,7 +11,7 @@ import pytest
 
 from snapcell import CheckpointCorrupt, Limits, Policy, Pool
 from snapcell.checkpoint import Keyring, blob_keys_of
-from snapcell.storage import MemoryStore, ObjectInfo, cleanup
+from snapcell.storage import MemoryStore, ObjectInfo, cleanup, usage
 
 pytest.importorskip("numpy")
 pytest.importorskip("pandas")
@@ -196,6 +196,10 @@ def test_cleanup_keeps_referenced_blobs_and_deletes_orphans(store: CountingStore
         assert old_blob not in keys
         assert new_blob in keys  # stored again by reference (refreshed), needed by the live checkpoint
         assert report.deleted_blob_objects == 1
+        assert "deleted  1 unreferenced blobs" in report.summary()
+        shown = usage(store, now=clock.now)
+        assert shown.blob_objects == 1 and shown.blob_bytes == _info(store, new_blob).size
+        assert "blobs (large data, shared): 1 objects" in shown.summary()
         with pool.checkout() as session:
             session.load_session(live)
             assert session.feed_run("int(new[-1])") == 199_999
