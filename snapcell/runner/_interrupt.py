@@ -30,6 +30,7 @@ from collections.abc import Collection
 from typing import Any
 
 __all__ = [
+    "start_watchdog",
     "EXPIRED_NAME",
     "TICK_NAME",
     "ScriptInterrupt",
@@ -141,11 +142,21 @@ class _Monitor:
     def add(self, watch: Watchdog, deadline: float) -> None:
         with self._cond:
             heapq.heappush(self._heap, (deadline, next(self._seq), watch))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="snapcell-watchdog", daemon=True)
-                self._thread.start()
-            elif self._heap[0][2] is watch:
+            if not self._ensure_thread() and self._heap[0][2] is watch:
                 self._cond.notify()
+
+    def _ensure_thread(self) -> bool:
+        """Start the thread if it is not running (call with the lock held); True when it was started now."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        self._thread = threading.Thread(target=self._run, name="snapcell-watchdog", daemon=True)
+        self._thread.start()
+        return True
+
+    def start(self) -> None:
+        """Start the thread ahead of the first run (a worker does this once its sandbox is in place)."""
+        with self._cond:
+            self._ensure_thread()
 
     def discard(self) -> None:
         """Note that a watch ended early; its heap entry is dropped lazily."""
@@ -180,6 +191,11 @@ class _Monitor:
 
 
 _monitor = _Monitor()
+
+
+def start_watchdog() -> None:
+    """Start the process's watchdog thread now rather than at the first run with a time limit."""
+    _monitor.start()
 
 
 class Watchdog:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -48,6 +49,8 @@ log = logging.getLogger("snapcell")
 _STARTUP_TIMEOUT_S = 60.0
 _REQUEST_TIMEOUT_S = 600.0
 _KILL_WAIT_S = 5.0
+_READ_CHUNK = 256 * 1024
+_REFILL_DELAY_S = 0.05
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
@@ -78,6 +81,10 @@ class WorkerProcess:
         self.sandbox: dict[str, str] = {}
         self.checkouts = 0
         self._sock: socket.socket | None = None
+        # Received bytes not yet consumed live in _rbuf[_rstart:_rend].
+        self._rbuf = bytearray(_READ_CHUNK)
+        self._rview = memoryview(self._rbuf)
+        self._rstart = self._rend = 0
         self._send_lock = asyncio.Lock()
         self._stderr: Any = None
         self.dead = False
@@ -152,16 +159,38 @@ class WorkerProcess:
         sock = self._sock
         if sock is None:
             raise _Died("crash", "the worker is not running")
+        buffer, view = self._rbuf, self._rview
+        if self._rend - self._rstart >= size:
+            # Small frames usually arrive whole: one read serves the header and the message.
+            out = buffer[self._rstart : self._rstart + size]
+            self._rstart += size
+            return out
         loop = asyncio.get_running_loop()
-        buf = bytearray(size)
-        view = memoryview(buf)
-        got = 0
-        while got < size:
-            n = await loop.sock_recv_into(sock, view[got:])
+        if size > len(buffer) // 2:
+            # A large payload goes straight into its own buffer, after what is already here.
+            out = bytearray(size)
+            target = memoryview(out)
+            got = self._rend - self._rstart
+            target[:got] = view[self._rstart : self._rend]
+            self._rstart = self._rend = 0
+            while got < size:
+                n = await loop.sock_recv_into(sock, target[got:])
+                if n == 0:
+                    raise ConnectionResetError("the worker closed its channel")
+                got += n
+            return out
+        if self._rstart:  # make room at the end
+            kept = self._rend - self._rstart
+            view[:kept] = view[self._rstart : self._rend]
+            self._rstart, self._rend = 0, kept
+        while self._rend < size:
+            n = await loop.sock_recv_into(sock, view[self._rend :])
             if n == 0:
                 raise ConnectionResetError("the worker closed its channel")
-            got += n
-        return buf
+            self._rend += n
+        out = buffer[:size]
+        self._rstart = size
+        return out
 
     async def _receive(self, timeout_s: float | None) -> tuple[dict[str, Any], bytearray]:
         try:
@@ -397,7 +426,9 @@ class WorkerPool:
                 f"({self.max_workers} are checked out); raise max_workers or check sessions in sooner"
             ) from None
         self._busy.add(worker)
-        self.fill()
+        # Start the replacement a moment later: spawning blocks this loop for a fork and then competes for
+        # the CPU, which the session's first run (usually right now) should not pay for.
+        asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
         try:
             await worker.init(policy=policy, limits=limits)
         except (SessionError, _Died) as exc:
@@ -486,7 +517,7 @@ class ProcessBackend:
                 "code": code,
                 "host": host,
                 "setup": setup,
-                "limits": to_plain(dataclasses.asdict(limits)),
+                "limits": _limits_plain(limits),
             },
             timeout_s=timeout,
             lookup=lookup,
@@ -567,6 +598,13 @@ class ProcessBackend:
     def sandbox(self) -> dict[str, str]:
         """The sandbox layers of the current worker."""
         return dict(self.worker.sandbox) if self.worker is not None else {}
+
+
+@functools.lru_cache(maxsize=64)
+def _limits_plain(limits: Limits) -> dict[str, Any]:
+    """A `Limits` as plain data; cached, since a session sends the same frozen limits with every run."""
+    plain: dict[str, Any] = to_plain(dataclasses.asdict(limits))
+    return plain
 
 
 def _lost(exc: _Died, op: Any, timeout_s: float | None) -> WorkerLost:

@@ -18,6 +18,7 @@ from typing import Any
 
 from snapcell.checkpoint import BlobRef
 from snapcell.errors import CheckpointError, ConfigError, OutputLimitExceeded, SnapcellError
+from snapcell.runner._interrupt import start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._runner import Runner
@@ -344,12 +345,28 @@ def _apply_sandbox(
     return layers
 
 
+class _NoHost:
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise NameError(name)
+
+
+def _warm_up() -> None:
+    """Run a throwaway cell and dump, so a session's first run does not pay for lazy imports and caches.
+
+    No wall-time limit: the watchdog thread must not start before the sandbox, which wants a single thread.
+    """
+    runner = Runner(policy=Policy(), limits=Limits(wall_time_s=None))
+    asyncio.run(runner.run("x = [1]\nx", bridge=_NoHost(), host_names=()))
+    runner.dump(created_at=0.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker process."""
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
     channel = Channel(sock)
+    _warm_up()
     channel.send({"op": "started", "pid": os.getpid()})
     try:
         settings, _ = channel.receive()
@@ -370,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     report = _apply_sandbox(settings, limits, policy, keep, parent_pid)
     runner = Runner(policy=policy, limits=limits)
     worker = Worker(channel, runner)
+    start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
     threading.Thread(target=worker.read_forever, name="snapcell-reader", daemon=True).start()
     channel.send({"op": "ready", "sandbox": report})
     worker.serve()
