@@ -31,9 +31,10 @@ KEY_A = "session-tests-key-A-0123456789abcdef"
 KEY_B = "session-tests-key-B-0123456789abcdef"
 
 
-@pytest.fixture
-def pool() -> Iterator[Pool]:
-    with Pool("memory://", signing_keys=[KEY_A], isolation="inline") as pool:
+@pytest.fixture(scope="module", params=["inline", "process"])
+def pool(request: pytest.FixtureRequest) -> Iterator[Pool]:
+    """The session scenarios run in both isolation modes."""
+    with Pool("memory://", signing_keys=[KEY_A], isolation=request.param) as pool:
         yield pool
 
 
@@ -130,7 +131,7 @@ def test_host_function_code_is_never_in_the_checkpoint(pool: Pool) -> None:
     with pool.checkout() as session:
         session.feed_run("alias = secret_tool\nvalue = 1", external_lookup={"secret_tool": secret_tool})
         checkpoint_id = session.dump()
-    blob = pool.store.get(next(iter(pool.store.scan())).key)
+    blob = pool.store.get(pool.aio.keyring.parse_id(checkpoint_id).storage_key)
     assert marker.encode() not in blob and b"secret_tool" in blob  # by name only
     assert b"test_session" not in blob
     manager, session = _reload(pool, checkpoint_id)
@@ -418,3 +419,18 @@ def test_memory_store_without_a_key_works_for_the_process(monkeypatch: pytest.Mo
         session.load_session(checkpoint_id)
         assert session.feed_run("x") == 3
     assert os.environ.get("SNAPCELL_SIGNING_KEY") is None
+
+
+def test_setup_cells_rebuild_variables_that_could_not_be_saved(pool: Pool) -> None:
+    with pool.checkout() as session:
+        session.feed_run("squares = (i * i for i in range(5))\nlabel = 'sq'", setup=True)
+        session.feed_run("next(squares)")  # advanced; the rebuilt one starts over
+        checkpoint_id = session.dump()
+        assert session.manifest is not None
+        assert [d.name for d in session.manifest.dropped] == ["squares"]
+    with pool.checkout() as session:
+        session.load_session(checkpoint_id)
+        result = session.run("list(squares), label")
+    assert result.value == ([0, 1, 4, 9, 16], "sq")
+    assert any("setup cells that assign them" in note for note in result.notes)
+    assert any("1 setup cell was run again" in note for note in result.notes)

@@ -103,7 +103,8 @@ class Runner:
                     failed.append(f"{setup_result.error.exc_type}: {setup_result.error.exc_message}"[:200])
             count = f"{len(backlog)} setup cell{'s' if len(backlog) != 1 else ''}"
             self.pending_notes.append(
-                f"{count} were run again" + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
+                f"{count} {'was' if len(backlog) == 1 else 'were'} run again"
+                + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
         return await self._run_one(code, bridge, host_names, setup, limits, notes)
