@@ -64,7 +64,7 @@ KEY = "benchmark-signing-key-0123456789abcdef"
 LIMITS = Limits(wall_time_s=None, memory_bytes=None)
 POLICY = Policy().with_modules(["numpy", "pandas"])
 TURN_CODE = "turns += 1\nturns"
-TURN_NAMESPACES = ("3 small dicts", "1M ints")
+TURN_NAMESPACES = ("3 small dicts", "100k dicts", "1M ints")
 METHODS = ("snapcell", "pickle+zstd", "dill", "monty")
 
 SMALL = """config = {"model": "m-1", "temperature": 0.2, "tools": ["search", "sql"]}
@@ -267,11 +267,15 @@ class Turns:
         wait_warm_sync(self.pools[name])
         start = time.perf_counter()
         with self.pools[name].checkout() as session:
+            loading = time.perf_counter()
             session.load_session(self.heads[name])
+            loaded = time.perf_counter()
             session.feed_run(TURN_CODE)
+            dumping = time.perf_counter()
             self.heads[name] = session.dump()
+            dumped = time.perf_counter()
             self.sizes[name] = session.checkpoint_bytes or 0
-        return {"full_turn": time.perf_counter() - start}
+        return {"full_turn": time.perf_counter() - start, "load": loaded - loading, "dump": dumped - dumping}
 
 
 def turn_rows(quick: bool) -> list[dict[str, Any]]:
@@ -332,13 +336,23 @@ def main() -> None:
     )
     print()
     print_table(
-        [{**row, **row["full_turn_ms"]} for row in turns],
+        [
+            {
+                **row,
+                **row["full_turn_ms"],
+                "load_median": row["load_ms"]["median"],
+                "dump_median": row["dump_ms"]["median"],
+            }
+            for row in turns
+        ],
         [
             ("full turn", "method"),
             ("namespace", "namespace"),
             ("min ms", "min"),
             ("median", "median"),
             ("max", "max"),
+            ("load ms median", "load_median"),
+            ("dump ms median", "dump_median"),
             ("checkpoint bytes", "size_bytes"),
             ("x memory", "full_turn_ratio"),
         ],
