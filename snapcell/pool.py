@@ -68,6 +68,9 @@ class AsyncPool:
         min_warm_workers: Worker processes kept started ahead of time, so a checkout skips the start-up.
         max_workers: Worker processes alive at once (default: the CPU count); a checkout waits for a free one.
         checkout_timeout_s: Seconds a checkout waits for a free worker before `SessionError`.
+        recycle_after: Checkouts a worker serves before it is replaced (default 1: a fresh interpreter per
+            session). Higher values skip the start-up of a new worker for later sessions with the same policy
+            and limits, which share the interpreter: use them only for sessions that trust each other.
         compression_level: zstd level for checkpoints (1 is fast and compresses well).
         clock: Returns the current time in seconds; injectable for tests.
 
@@ -87,6 +90,7 @@ class AsyncPool:
         min_warm_workers: int = 1,
         max_workers: int | None = None,
         checkout_timeout_s: float = 30.0,
+        recycle_after: int = 1,
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -97,6 +101,8 @@ class AsyncPool:
             raise ConfigError(f"max_workers must be a positive integer, not {max_workers!r}")
         if not isinstance(min_warm_workers, int) or not 0 <= min_warm_workers <= max_workers:
             raise ConfigError(f"min_warm_workers must be an integer from 0 to max_workers, not {min_warm_workers!r}")
+        if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
+            raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
         if not isinstance(checkout_timeout_s, int | float) or checkout_timeout_s <= 0:
             raise ConfigError(f"checkout_timeout_s must be a positive number, not {checkout_timeout_s!r}")
         if not isinstance(ttl_s, int | float) or ttl_s <= 0:
@@ -114,6 +120,7 @@ class AsyncPool:
         self.min_warm_workers = min_warm_workers
         self.max_workers = max_workers
         self.checkout_timeout_s = float(checkout_timeout_s)
+        self.recycle_after = recycle_after
         self._workers: WorkerPool | None = None
         self._async_store = AsyncStore(self.store)
         self._closed = False
@@ -130,6 +137,7 @@ class AsyncPool:
                 min_warm=self.min_warm_workers,
                 max_workers=self.max_workers,
                 checkout_timeout_s=self.checkout_timeout_s,
+                recycle_after=self.recycle_after,
             )
         return self._workers
 

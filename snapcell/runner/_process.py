@@ -341,11 +341,20 @@ class WorkerPool:
         min_warm: Workers kept started ahead of time.
         max_workers: Workers alive at once (checked out plus warm).
         checkout_timeout_s: Seconds `acquire` waits for a free slot before `SessionError`.
+        recycle_after: Checkouts a worker serves before it is replaced. 1 (the default) gives every session a
+            fresh interpreter. More reuses a worker for later sessions with the same policy and limits: its
+            namespace, scratch directory and decimal context are reset, but it is the same interpreter, so
+            use it only where the sessions trust each other (one tenant).
     """
 
-    def __init__(self, *, min_warm: int, max_workers: int, checkout_timeout_s: float) -> None:
+    def __init__(self, *, min_warm: int, max_workers: int, checkout_timeout_s: float, recycle_after: int = 1) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
+        if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
+            raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
+        self.recycle_after = recycle_after
+        # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
+        self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
         self.min_warm = min_warm
         self.max_workers = max_workers
         self.checkout_timeout_s = checkout_timeout_s
@@ -359,7 +368,15 @@ class WorkerPool:
         self._warned: set[str] = set()
 
     def _live(self) -> int:
-        return len(self._warm) + len(self._busy) + self._starting
+        return len(self._warm) + len(self._busy) + self._starting + sum(map(len, self._idle.values()))
+
+    async def _evict_idle(self) -> bool:
+        """Kill one idle worker to free a slot for another configuration; True if there was one."""
+        for workers in self._idle.values():
+            if workers:
+                await workers.pop(0).kill()
+                return True
+        return False
 
     def fill(self) -> None:
         """Start warm workers in the background up to ``min_warm``."""
@@ -403,6 +420,12 @@ class WorkerPool:
         """
         if self._closed:
             raise SessionError("the pool is closed")
+        reused = self._idle.get((policy, limits))
+        if reused:
+            again = reused.pop(0)
+            self._busy.add(again)
+            again.checkouts += 1
+            return again
         worker: WorkerProcess | None = None
         try:
             async with asyncio.timeout(self.checkout_timeout_s):
@@ -414,6 +437,8 @@ class WorkerPool:
                         if self._live() < self.max_workers:
                             self._starting += 1  # reserve the slot while we start one
                             break
+                        if await self._evict_idle():
+                            continue
                         await self._changed.wait()
                 if worker is None:
                     self._starting -= 1
@@ -441,8 +466,19 @@ class WorkerPool:
                 log.warning("snapcell: sandbox layer %s is %s", layer, state)
         return worker
 
-    async def release(self, worker: WorkerProcess) -> None:
-        """End a worker's checkout: it is killed (a worker never serves two sessions)."""
+    async def release(self, worker: WorkerProcess, *, reuse_for: tuple[Policy, Limits] | None = None) -> None:
+        """End a worker's checkout: it is killed, or reset and kept for ``reuse_for`` under ``recycle_after``."""
+        if reuse_for is not None and not worker.dead and worker.checkouts < self.recycle_after and not self._closed:
+            try:
+                reply, _ = await worker.request({"op": "recycle"}, timeout_s=_KILL_WAIT_S)
+            except _Died:
+                reply = {}
+            if reply.get("op") == "recycled":
+                async with self._changed:
+                    self._busy.discard(worker)
+                    self._idle.setdefault(reuse_for, []).append(worker)
+                    self._changed.notify_all()
+                return
         await worker.kill()
         async with self._changed:
             self._busy.discard(worker)
@@ -456,9 +492,10 @@ class WorkerPool:
             self._fill_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._fill_task
-        workers = [*self._warm, *self._busy]
+        workers = [*self._warm, *self._busy, *(w for idle in self._idle.values() for w in idle)]
         self._warm.clear()
         self._busy.clear()
+        self._idle.clear()
         await asyncio.gather(*(w.kill() for w in workers))
         shutil.rmtree(self.scratch_root, ignore_errors=True)
 
@@ -592,7 +629,7 @@ class ProcessBackend:
     async def close(self) -> None:
         if self.worker is not None:
             worker, self.worker = self.worker, None
-            await self._pool.release(worker)
+            await self._pool.release(worker, reuse_for=(self._policy, self._limits))
 
     @property
     def sandbox(self) -> dict[str, str]:

@@ -8,8 +8,11 @@ It holds no signing key and no storage client: checkpoints leave it as unsigned 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import decimal
 import os
 import queue
+import shutil
 import socket
 import sys
 import threading
@@ -255,9 +258,23 @@ class Worker:
         if op == "reset":
             self.runner = Runner(policy=self.runner.policy, limits=self.runner.limits)
             return {"op": "reset"}, []
+        if op == "recycle":
+            self.recycle()
+            return {"op": "recycled"}, []
         if op == "close":
             return {"op": "closed"}, []
         raise ConfigError(f"unknown request {op!r}")
+
+    def recycle(self) -> None:
+        """Forget the session: a new namespace, an empty scratch directory, the default decimal context."""
+        self.runner = Runner(policy=self.runner.policy, limits=self.runner.limits)
+        decimal.setcontext(decimal.Context())
+        for entry in os.scandir("."):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
         limits = Limits(**message["limits"])

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from snapcell import Limits, MemoryLimitExceeded, Policy, Pool, ScriptError, WorkerLost
+from snapcell import ConfigError, Limits, MemoryLimitExceeded, Policy, Pool, ScriptError, WorkerLost
 
 UNRESTRICTED = Policy.unrestricted()
 
@@ -229,3 +229,30 @@ def _alive(pid: int) -> bool:
 def _rss() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_recycled_workers_forget_the_previous_session() -> None:
+    with Pool("memory://", isolation="process", policy=UNRESTRICTED, recycle_after=3, min_warm_workers=0) as pool:
+        pids = []
+        for _ in range(4):
+            with pool.checkout() as session:
+                assert session.run("leak").error is not None  # a fresh namespace
+                result = session.run(
+                    "import os, decimal\n"
+                    "before = sorted(os.listdir('.'))\n"
+                    "open(f'file-{os.getpid()}.txt', 'w').write('x')\n"
+                    "assert decimal.getcontext().prec == 28\n"  # the previous session set 3
+                    "decimal.getcontext().prec = 3\n"
+                    "leak = 'from an earlier session'\n"
+                    "os.getpid(), before"
+                )
+                assert result.error is None, result.error
+                pid, before = result.value
+                pids.append(pid)
+                assert before == []  # the scratch directory was emptied
+        assert pids[0] == pids[1] == pids[2] != pids[3]  # three checkouts, then a new interpreter
+
+
+def test_recycle_after_must_be_positive() -> None:
+    with pytest.raises(ConfigError):
+        Pool("memory://", recycle_after=0)
