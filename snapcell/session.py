@@ -21,6 +21,7 @@ from snapcell.errors import (
 from snapcell.runner import Backend, Limits, RunResult
 from snapcell.runner._host import validate_lookup
 from snapcell.runner._typecheck import TypeChecker
+from snapcell.runner._wire import check_script
 from snapcell.storage import AsyncStore
 
 __all__ = ["AsyncSession", "Session"]
@@ -223,6 +224,9 @@ class AsyncSession:
         lookup = validate_lookup(external_lookup)
         self._start()
         try:
+            rejected = check_script(code, limits or self._limits)
+            if rejected is not None:  # not text, or too large to send: nothing runs and the session is unchanged
+                return RunResult(error=rejected)
             if self._checker is not None and not skip_type_check:
                 declarations = await self._backend.declarations()
                 try:

@@ -38,6 +38,7 @@ class Limits:
         max_processes: Processes the worker may own (process mode; 0 forbids forking).
         max_file_bytes: Largest file the worker may write (process mode).
         max_open_files: File descriptors the worker may hold (process mode).
+        max_script_bytes: Size of one script in UTF-8; a larger one does not run and its result says so.
     """
 
     wall_time_s: float | None = 30.0
@@ -51,6 +52,7 @@ class Limits:
     max_processes: int | None = 0
     max_file_bytes: int | None = 256 * _MIB
     max_open_files: int | None = 256
+    max_script_bytes: int | None = _MIB
 
     def __post_init__(self) -> None:
         for name in ("wall_time_s", "cpu_time_s"):
@@ -68,6 +70,7 @@ class Limits:
             "max_processes": 0,
             "max_file_bytes": 0,
             "max_open_files": 16,
+            "max_script_bytes": 1,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)

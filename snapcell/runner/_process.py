@@ -35,10 +35,12 @@ from snapcell.runner._result import RunResult
 from snapcell.runner._wire import (
     FRAME,
     MAX_MESSAGE_BYTES,
+    MalformedMessage,
     NotPlainData,
     decode,
     encode,
     error_from_plain,
+    split_parts,
     to_plain,
 )
 
@@ -50,6 +52,10 @@ _STARTUP_TIMEOUT_S = 60.0
 _REQUEST_TIMEOUT_S = 600.0
 _KILL_WAIT_S = 5.0
 _READ_CHUNK = 256 * 1024
+# A large blob's buffer starts this big and doubles as data arrives, so a claimed size costs nothing until it is sent.
+_FIRST_BLOCK = 64 * 1024 * 1024
+# Largest blob a worker may send when its session has no memory limit; with one, twice that limit.
+_MAX_BLOB_BYTES_UNLIMITED = 64 * 1024**3
 _REFILL_DELAY_S = 0.05
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
@@ -88,6 +94,8 @@ class WorkerProcess:
         self._send_lock = asyncio.Lock()
         self._stderr: Any = None
         self.dead = False
+        # Largest blob accepted in a frame; none until `init` says how much memory the worker may use.
+        self.max_blob_bytes = 0
 
     async def start(self) -> None:
         """Spawn the interpreter and wait until it has imported snapcell."""
@@ -121,6 +129,8 @@ class WorkerProcess:
     async def init(self, *, policy: Policy, limits: Limits) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers."""
         self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
+        memory = limits.memory_bytes
+        self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
         await self._send(
             {
                 "op": "init",
@@ -168,13 +178,18 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         if size > len(buffer) // 2:
             # A large payload goes straight into its own buffer, after what is already here.
-            out = bytearray(size)
-            target = memoryview(out)
             got = self._rend - self._rstart
-            target[:got] = view[self._rstart : self._rend]
+            out = bytearray(max(min(size, _FIRST_BLOCK), got))
+            out[:got] = view[self._rstart : self._rend]
             self._rstart = self._rend = 0
             while got < size:
-                n = await loop.sock_recv_into(sock, target[got:])
+                if got == len(out):
+                    out.extend(bytes(min(len(out), size - got)))
+                target = memoryview(out)[got:]
+                try:
+                    n = await loop.sock_recv_into(sock, target)
+                finally:
+                    target.release()  # `extend` above needs the buffer unexported
                 if n == 0:
                     raise ConnectionResetError("the worker closed its channel")
                 got += n
@@ -198,6 +213,10 @@ class WorkerProcess:
                 size, blob_size = FRAME.unpack(await self._read_exactly(FRAME.size))
                 if size > MAX_MESSAGE_BYTES:
                     raise _Died("crash", f"the worker sent a {size}-byte message")
+                if blob_size > self.max_blob_bytes:
+                    raise _Died(
+                        "crash", f"the worker announced a {blob_size}-byte blob (at most {self.max_blob_bytes})"
+                    )
                 message = decode(await self._read_exactly(size))
                 blob = await self._read_exactly(blob_size) if blob_size else bytearray()
         except TimeoutError:
@@ -518,10 +537,17 @@ class ProcessBackend:
         message: dict[str, Any],
         parts: Sequence[bytes | bytearray | memoryview] = (),
         *,
+        expect: str,
         timeout_s: float | None = _REQUEST_TIMEOUT_S,
         lookup: Mapping[str, Callable[..., Any]] | None = None,
         calls: list[HostCall] | None = None,
     ) -> tuple[dict[str, Any], bytearray]:
+        """Send a request and return its reply, whose op must be ``expect``.
+
+        Raises:
+            WorkerLost: The worker died, overran ``timeout_s`` or sent a malformed reply; it is killed.
+            SnapcellError: The worker reported this error; the worker is kept.
+        """
         if self.worker is None:
             await self.start()
         worker = self.worker
@@ -538,9 +564,24 @@ class ProcessBackend:
             await self._pool.release(worker)
             self.worker = None
             raise
-        if reply.get("op") == "error":
-            raise error_from_plain(reply.get("error") or {})
+        op = reply.get("op")
+        if op == "error":
+            try:
+                error = error_from_plain(reply.get("error"))
+            except MalformedMessage as exc:
+                raise await self._malformed(message.get("op"), exc) from None
+            raise error
+        if op != expect:
+            raise await self._malformed(message.get("op"), MalformedMessage(f"a {str(op)[:40]!r} reply"))
         return reply, reply_blob
+
+    async def _malformed(self, op: Any, exc: Exception) -> WorkerLost:
+        """Kill a worker that sent a malformed reply (broken or compromised) and say so as a lost worker."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            await self._pool.release(worker)
+        log.warning("snapcell: worker sent a malformed reply to %s: %s", op, exc)
+        return _lost(_Died("crash", f"it sent a malformed reply: {str(exc)[:200]}"), op, None)
 
     async def run(
         self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
@@ -551,31 +592,21 @@ class ProcessBackend:
         reply, _ = await self._request(
             {
                 "op": "run",
-                "code": code,
+                # A str subclass is sent as its text; anything else is not a script, which the worker says.
+                "code": str.__str__(code) if isinstance(code, str) else None,
                 "host": host,
                 "setup": setup,
                 "limits": _limits_plain(limits),
             },
+            expect="ran",
             timeout_s=timeout,
             lookup=lookup,
             calls=calls,
         )
-        error = error_from_plain(reply["error"]) if reply.get("error") else None
-        if error is not None and not isinstance(error, ScriptError):
-            error = ScriptError(str(error))
-        cap = limits.max_output_bytes
-        return RunResult(
-            value=reply.get("value"),
-            value_repr=_cap(reply.get("value_repr"), limits.max_value_repr_bytes),
-            stdout=_cap(reply.get("stdout"), cap) or "",
-            stderr=_cap(reply.get("stderr"), cap) or "",
-            duration_s=float(reply.get("duration_s") or 0.0),
-            external_calls=tuple(calls),
-            notes=tuple(str(n) for n in reply.get("notes") or ()),
-            error=error,
-            memory_bytes=reply.get("memory_bytes") if isinstance(reply.get("memory_bytes"), int) else None,
-            namespace_summary=str(reply.get("namespace_summary") or "")[:1000],
-        )
+        try:
+            return _run_result(reply, limits, calls)
+        except (MalformedMessage, ValueError, TypeError) as exc:
+            raise await self._malformed("run", exc) from None
 
     async def dump(
         self,
@@ -592,38 +623,34 @@ class ProcessBackend:
                 "level": level,
                 "on_unpicklable": on_unpicklable,
                 "known_blobs": [ref.model_dump() for ref in known_blobs.values()],
-            }
+            },
+            expect="dumped",
         )
-        parts = [int(n) for n in reply.get("parts", [len(payload)])]
-        names = [str(n) for n in reply.get("new_blobs", ())]
-        if len(parts) != len(names) + 1 or sum(parts) != len(payload):
-            raise SessionError("the worker sent a malformed checkpoint; the dump was not stored")
-        view = memoryview(payload)
-        offsets = [sum(parts[:i]) for i in range(len(parts) + 1)]
-        return Dumped(
-            body=bytearray(view[: parts[0]]),
-            manifest=Manifest.model_validate_json(reply["manifest"]),
-            new_blobs={name: bytes(view[offsets[i + 1] : offsets[i + 2]]) for i, name in enumerate(names)},
-            refresh=[str(h) for h in reply.get("refresh", ())],
-        )
+        try:
+            return _dumped(reply, payload)
+        except (MalformedMessage, ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+            raise await self._malformed("dump", exc) from None
 
     async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
         names = list(blobs)
         sizes = [len(body), *(len(blobs[name]) for name in names)]
         reply, _ = await self._request(
-            {"op": "load", "parts": sizes, "blobs": names}, [body, *(blobs[name] for name in names)]
+            {"op": "load", "parts": sizes, "blobs": names}, [body, *(blobs[name] for name in names)], expect="loaded"
         )
-        return Manifest.model_validate_json(reply["manifest"])
+        try:
+            return Manifest.model_validate_json(_text(reply, "manifest"))
+        except (MalformedMessage, ValueError) as exc:
+            raise await self._malformed("load", exc) from None
 
     async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
         """Ask the runner to add notes and run setup cells before the next cell."""
-        await self._request({"op": "queue", "notes": notes, "setup_cells": setup_cells})
+        await self._request({"op": "queue", "notes": notes, "setup_cells": setup_cells}, expect="queued")
 
     async def reset(self) -> None:
-        await self._request({"op": "reset"})
+        await self._request({"op": "reset"}, expect="reset")
 
     async def declarations(self) -> str:
-        reply, _ = await self._request({"op": "declarations"})
+        reply, _ = await self._request({"op": "declarations"}, expect="declarations")
         return str(reply.get("text", ""))
 
     async def close(self) -> None:
@@ -659,6 +686,64 @@ def _lost(exc: _Died, op: Any, timeout_s: float | None) -> WorkerLost:
         f"the session's worker process was lost during {op}: {what}{detail}; the session restarts from its last "
         "checkpoint and setup cells, and the cell that caused it is not run again",
         reason=exc.reason,
+    )
+
+
+def _text(reply: dict[str, Any], key: str) -> str:
+    value = reply.get(key)
+    if type(value) is not str:
+        raise MalformedMessage(f"{key} must be text, not {type(value).__name__}")
+    return value
+
+
+def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) -> RunResult:
+    """The `RunResult` in a worker's ``ran`` reply.
+
+    Raises:
+        MalformedMessage: The reply is not one.
+    """
+    error = error_from_plain(reply["error"]) if reply.get("error") is not None else None
+    if error is not None and not isinstance(error, ScriptError):
+        error = ScriptError(str(error))
+    notes = reply.get("notes") or []
+    if type(notes) is not list:
+        raise MalformedMessage("notes must be a list")
+    memory = reply.get("memory_bytes")
+    cap = limits.max_output_bytes
+    return RunResult(
+        value=reply.get("value"),
+        value_repr=_cap(reply.get("value_repr"), limits.max_value_repr_bytes),
+        stdout=_cap(reply.get("stdout"), cap) or "",
+        stderr=_cap(reply.get("stderr"), cap) or "",
+        duration_s=float(reply.get("duration_s") or 0.0),
+        external_calls=tuple(calls),
+        notes=tuple(str(n)[:10_000] for n in notes),
+        error=error,
+        memory_bytes=memory if type(memory) is int else None,
+        namespace_summary=str(reply.get("namespace_summary") or "")[:1000],
+    )
+
+
+def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:
+    """The checkpoint in a worker's ``dumped`` reply and its blob: the body, then each new blob.
+
+    Raises:
+        MalformedMessage: The reply or its parts are not well formed.
+        ValueError: The manifest is not a valid `Manifest`.
+    """
+    names = reply.get("new_blobs", [])
+    refresh = reply.get("refresh", [])
+    if type(names) is not list or type(refresh) is not list:
+        raise MalformedMessage("new_blobs and refresh must be lists")
+    parts = split_parts(payload, reply.get("parts", [len(payload)]))
+    if len(parts) != len(names) + 1:
+        raise MalformedMessage(f"{len(parts)} parts for {len(names)} new blobs")
+    manifest = Manifest.model_validate_json(_text(reply, "manifest"))
+    return Dumped(
+        body=bytearray(parts[0]),
+        manifest=manifest,
+        new_blobs={str(name): bytes(part) for name, part in zip(names, parts[1:], strict=True)},
+        refresh=[str(h) for h in refresh],
     )
 
 

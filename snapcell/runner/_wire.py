@@ -1,60 +1,76 @@
 """What crosses between host and worker: frames, plain data, and errors rebuilt from a fixed table.
 
-Only plain data crosses: None, bool, int, float, complex, str, bytes, list, tuple, dict, set,
-datetime values and Decimal, nested to a bounded depth and size. Messages are pickled, but the
-reading side uses an unpickler that can build nothing else, so the host never runs worker-made code.
+Only plain data crosses: None, bool, int, float, str, bytes, list, tuple, dict with str keys,
+datetime values (date, datetime, time, timedelta, timezone) and Decimal, nested to a bounded depth
+and size. Messages are JSON: the reading side can build nothing but plain data, dict keys are str
+(whose hashes are randomized per process, so a worker cannot make them collide), and a message
+cannot share or cycle, so its size on the host is bounded by its bytes. Values JSON lacks travel as
+one-key tagged objects (``{"$t": [...]}`` for a tuple, ``{"$b": "<base64>"}`` for bytes, ...); a
+one-key dict whose key starts with ``$`` is escaped as ``{"$dict": [key, value]}``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import decimal
-import io
-import pickle
+import gc
+import itertools
+import json
+import re
 import struct
 from typing import Any
 
 from snapcell import errors
+from snapcell.runner._limits import Limits
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "MalformedMessage",
     "NotPlainData",
+    "check_script",
     "decode",
     "encode",
     "error_from_plain",
     "error_to_plain",
+    "split_parts",
     "to_plain",
 ]
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MAX_DEPTH = 32
 MAX_ITEMS = 2_000_000
+# A message carries a few plain values (a run's value, a host call's args and kwargs), each within
+# MAX_ITEMS and MAX_DEPTH; tags and the message's own fields add a little of both.
+MAX_MESSAGE_ITEMS = 8 * MAX_ITEMS
+MAX_MESSAGE_DEPTH = MAX_DEPTH + 2
+# Larger ints are not plain data: CPython refuses to print or parse them as decimal text (and that is quadratic).
+_MAX_INT_BITS = 13_000
 
 FRAME = struct.Struct(">QQ")  # message length, blob length
 
-_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_JSON_SCALARS = frozenset((type(None), bool, int, float, str))
+_SCALARS = (type(None), bool, int, float, str, bytes)
 _VALUES = (datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone, decimal.Decimal)
-_ALLOWED_GLOBALS = {
-    ("datetime", "date"): datetime.date,
-    ("datetime", "datetime"): datetime.datetime,
-    ("datetime", "time"): datetime.time,
-    ("datetime", "timedelta"): datetime.timedelta,
-    ("datetime", "timezone"): datetime.timezone,
-    ("decimal", "Decimal"): decimal.Decimal,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "complex"): complex,
-}
+_CONTAINERS = frozenset((list, tuple, dict))
+_DATETIMES = (datetime.datetime, datetime.time)
 
 
 class NotPlainData(TypeError):
     """A value that cannot cross the boundary as plain data."""
 
 
+class MalformedMessage(ValueError):
+    """Bytes from the other side that are not a well-formed message of plain data (a broken or hostile peer)."""
+
+
 def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> Any:
     """Copy ``value`` as plain data, or raise `NotPlainData` saying what is in the way.
 
-    Only exact built-in types are accepted (a subclass of ``dict`` is not plain data).
+    Only exact built-in types are accepted (a subclass of ``dict`` is not plain data); dict keys must
+    be str; sets, complex numbers, ints over about 3,900 digits and datetimes whose tzinfo is not a
+    ``datetime.timezone`` are not plain data.
     """
     budget = [max_items]
 
@@ -63,7 +79,15 @@ def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITE
         if budget[0] < 0:
             raise NotPlainData(f"more than {max_items} items")
         kind = type(item)
-        if kind in _SCALARS or kind in _VALUES:
+        if kind in _SCALARS:
+            if kind is int and item.bit_length() > _MAX_INT_BITS:
+                raise NotPlainData(f"an int of {item.bit_length()} bits is too large to be plain data")
+            return item
+        if kind in _VALUES:
+            if kind in _DATETIMES and item.tzinfo is not None and type(item.tzinfo) is not datetime.timezone:
+                raise NotPlainData(
+                    f"a {kind.__name__} with a {type(item.tzinfo).__qualname__} tzinfo is not plain data"
+                )
             return item
         if kind is bytearray:
             return bytes(item)
@@ -73,45 +97,281 @@ def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITE
             converted = [convert(x, depth + 1) for x in item]
             return converted if kind is list else tuple(converted)
         if kind is dict:
-            return {convert(k, depth + 1): convert(v, depth + 1) for k, v in item.items()}
-        if kind is set or kind is frozenset:
-            return kind(convert(x, depth + 1) for x in item)
+            out = {}
+            for key, x in item.items():
+                if type(key) is not str:
+                    raise NotPlainData(
+                        f"a dict with a {type(key).__qualname__} key is not plain data (keys must be str)"
+                    )
+                budget[0] -= 1
+                out[key] = convert(x, depth + 1)
+            return out
         raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
 
     return convert(value, 0)
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _ALLOWED_GLOBALS[(module, name)]
-        except KeyError:
-            raise pickle.UnpicklingError(f"{module}.{name} is not plain data") from None
+# ------------------------------------------------------------------ encoding
 
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("persistent references are not plain data")
+
+def _tag_value(value: Any) -> Any:
+    """JSON for one non-JSON plain value; the encoder calls it for every type it does not know."""
+    kind = type(value)
+    if kind is bytes:
+        return {"$b": base64.b64encode(value).decode("ascii")}
+    if kind is datetime.datetime:
+        return {"$dt": value.isoformat()}
+    if kind is datetime.date:
+        return {"$d": value.isoformat()}
+    if kind is datetime.time:
+        return {"$tm": value.isoformat()}
+    if kind is datetime.timedelta:
+        return {"$td": [value.days, value.seconds, value.microseconds]}
+    if kind is datetime.timezone:
+        offset, *name = value.__getinitargs__()
+        return {"$tz": [offset.days, offset.seconds, offset.microseconds, name[0] if name else None]}
+    if kind is decimal.Decimal:
+        return {"$dec": str(value)}
+    raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
+
+
+def _tag_tree(value: Any) -> Any:
+    """Copy a tree, turning tuples into ``$t`` tags and escaping one-key dicts whose key starts with ``$``.
+
+    A container of JSON scalars only is checked at C speed and not copied item by item.
+    """
+    kind = type(value)
+    if kind is list:
+        kinds = set(map(type, value))
+        if kinds <= _JSON_SCALARS:
+            return value
+        if kinds == {tuple} and _JSON_SCALARS.issuperset(map(type, itertools.chain.from_iterable(value))):
+            return [{"$t": row} for row in value]  # rows of scalars: the encoder writes each tuple as an array
+        return [x if type(x) in _JSON_SCALARS else _tag_tree(x) for x in value]
+    if kind is tuple:
+        if _JSON_SCALARS.issuperset(map(type, value)):
+            return {"$t": value}
+        return {"$t": [x if type(x) in _JSON_SCALARS else _tag_tree(x) for x in value]}
+    if kind is dict:
+        if len(value) == 1:
+            ((key, x),) = value.items()
+            if _is_tag_like(key):
+                return {"$dict": [key, _tag_tree(x)]}
+        if _JSON_SCALARS.issuperset(map(type, value.values())):
+            return value
+        return {k: x if type(x) in _JSON_SCALARS else _tag_tree(x) for k, x in value.items()}
+    return value
+
+
+def _is_tag_like(key: Any) -> bool:
+    return type(key) is str and key.startswith("$")
+
+
+def _split(level: list[Any]) -> tuple[list[dict[Any, Any]], list[Any]]:
+    """The dicts of a level of containers, and the values of all of them, gathered at C speed."""
+    kinds = set(map(type, level))
+    if dict not in kinds:
+        return [], list(itertools.chain.from_iterable(level))
+    dicts = level if len(kinds) == 1 else [node for node in level if type(node) is dict]
+    seqs = [] if len(kinds) == 1 else [node for node in level if type(node) is not dict]
+    return dicts, list(itertools.chain(itertools.chain.from_iterable(map(dict.values, dicts)), *seqs))
+
+
+def _containers(values: list[Any]) -> list[Any]:
+    return list(itertools.compress(values, map(_CONTAINERS.__contains__, map(type, values))))
+
+
+def _depth(root: Any, max_depth: int) -> int:
+    """How deep containers nest in ``root``, counted up to ``max_depth + 1``.
+
+    The tree is walked a level at a time with C-level iteration only, so even many small containers
+    (the rows of a table) cost no Python-level loop.
+    """
+    level = [root] if type(root) in _CONTAINERS else []
+    depth = 0
+    while level and depth <= max_depth:
+        depth += 1
+        level = _containers(_split(level)[1])
+    return depth
+
+
+_PLAIN_KINDS = frozenset((*_SCALARS, *_VALUES, list, tuple, dict))
+
+
+def _scan(root: Any, max_depth: int) -> tuple[int, set[type], set[type], bool]:
+    """Like `_depth`; also gather the types of values and of dict keys, and whether a one-key ``$`` dict is there."""
+    kinds: set[type] = {type(root)}
+    key_kinds: set[type] = set()
+    dollar = False
+    level = [root] if type(root) in _CONTAINERS else []
+    depth = 0
+    while level and depth <= max_depth:
+        depth += 1
+        dicts, values = _split(level)
+        if dicts:
+            key_kinds.update(map(type, itertools.chain.from_iterable(dicts)))
+            if not dollar and 1 in map(len, dicts):
+                dollar = any(len(d) == 1 and _is_tag_like(next(iter(d))) for d in dicts)
+        kinds.update(map(type, values))
+        level = _containers(values)
+    return depth, kinds, key_kinds, dollar
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_tag_value, check_circular=False)
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    """Pickle a message of plain data."""
-    return pickle.dumps(message, protocol=5)
+    """Write a message of plain data (as `to_plain` makes it) as JSON bytes.
+
+    Raises:
+        NotPlainData: The message holds something else, or is nested deeper than `decode` accepts.
+    """
+    depth, kinds, key_kinds, dollar = _scan(message, MAX_MESSAGE_DEPTH)
+    if depth > MAX_MESSAGE_DEPTH:
+        raise NotPlainData(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
+    if not kinds <= _PLAIN_KINDS or not key_kinds <= {str}:
+        odd = sorted(k.__qualname__ for k in (kinds - _PLAIN_KINDS) | (key_kinds - {str}))
+        raise NotPlainData(f"the message holds what is not plain data: {', '.join(odd)}")
+    # The JSON encoder writes a tuple as a list; a copy with tags is made only when a tuple is there.
+    tree = _tag_tree(message) if dollar or tuple in kinds else message
+    try:
+        return _ENCODER.encode(tree).encode("ascii")
+    except (ValueError, RecursionError) as exc:  # an int too large for text, a cycle
+        raise NotPlainData(f"the message cannot be written: {exc}") from exc
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _expect(value: Any, kind: type) -> Any:
+    if type(value) is not kind:
+        raise MalformedMessage(f"a tag holds a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def _ints(value: Any, count: int) -> list[int]:
+    if type(value) is not list or len(value) < count or any(type(n) is not int for n in value[:count]):
+        raise MalformedMessage(f"a tag needs {count} ints")
+    return value[:count]
+
+
+def _timezone(value: Any) -> datetime.timezone:
+    days, seconds, micros = _ints(value, 3)
+    name = value[3] if len(value) == 4 else None
+    offset = datetime.timedelta(days, seconds, micros)
+    if name is None:
+        return datetime.timezone(offset)
+    return datetime.timezone(offset, _expect(name, str))
+
+
+def _one_key(value: Any) -> dict[str, Any]:
+    if type(value) is not list or len(value) != 2 or type(value[0]) is not str:
+        raise MalformedMessage("an escaped dict must be [key, value]")
+    return {value[0]: value[1]}
+
+
+_UNTAG: dict[str, Any] = {
+    "$t": lambda v: tuple(_expect(v, list)),
+    "$b": lambda v: base64.b64decode(_expect(v, str), validate=True),
+    "$dt": lambda v: datetime.datetime.fromisoformat(_expect(v, str)),
+    "$d": lambda v: datetime.date.fromisoformat(_expect(v, str)),
+    "$tm": lambda v: datetime.time.fromisoformat(_expect(v, str)),
+    "$td": lambda v: datetime.timedelta(*_ints(v, 3)),
+    "$tz": _timezone,
+    "$dec": lambda v: decimal.Decimal(_expect(v, str)),
+    "$dict": _one_key,
+}
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    if len(obj) != 1:
+        return obj
+    for key in obj:
+        if key[:1] != "$":
+            return obj
+        untag = _UNTAG.get(key)
+        if untag is None:
+            raise MalformedMessage(f"unknown tag {key[:40]!r}")
+        return untag(obj[key])
+    return obj  # unreachable: the dict has one key
+
+
+# A JSON string, escapes included; removed before counting a message's items when the quick count is too high.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def _items_bound(data: bytes | bytearray) -> int:
+    """An upper bound on the values in a JSON text: every value but the first follows one of ``[{,:``."""
+    return data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{") + 1
 
 
 def decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """Read a message written by `encode`; only plain data can come out.
+    """Read a message written by `encode`; only plain data, within the depth and item budgets, comes out.
+
+    The item budget is checked on the bytes, before anything is built.
 
     Raises:
-        pickle.UnpicklingError: The bytes hold anything but plain data, or are malformed.
+        MalformedMessage: The bytes are not such a message.
     """
+    raw = bytes(data) if isinstance(data, memoryview) else data
     try:
-        message = _PlainUnpickler(io.BytesIO(data)).load()
-    except pickle.UnpicklingError:
+        if _items_bound(raw) > MAX_MESSAGE_ITEMS and _items_bound(_STRING.sub(b"", raw)) > MAX_MESSAGE_ITEMS:
+            raise MalformedMessage(f"the message holds more than {MAX_MESSAGE_ITEMS} items")
+        # Parsing makes no cycles, so the cyclic GC has nothing to find; left on, it rescans the growing
+        # tree again and again and makes decoding many small containers several times slower.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            message = json.loads(raw, object_hook=_untag)
+        finally:
+            if paused:
+                gc.enable()
+        if raw.count(b"[") + raw.count(b"{") > MAX_MESSAGE_DEPTH:  # else it cannot be too deep
+            if _depth(message, MAX_MESSAGE_DEPTH) > MAX_MESSAGE_DEPTH:
+                raise MalformedMessage(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
+    except MalformedMessage:
         raise
-    except (EOFError, ValueError, TypeError, KeyError, IndexError, struct.error, RecursionError) as exc:
-        raise pickle.UnpicklingError(f"malformed message: {exc}") from exc
+    except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError, binascii.Error) as exc:
+        raise MalformedMessage(f"malformed message: {str(exc)[:200]}") from exc
     if type(message) is not dict:
-        raise pickle.UnpicklingError("a message must be a dict")
+        raise MalformedMessage("a message must be a dict")
     return message
+
+
+def split_parts(data: bytes | bytearray | memoryview, sizes: Any) -> list[memoryview]:
+    """Cut a frame's blob into consecutive parts of the given sizes, which must cover it exactly.
+
+    Raises:
+        MalformedMessage: ``sizes`` is not a list of non-negative ints adding up to the blob's length.
+    """
+    if type(sizes) is not list or not all(type(n) is int and n >= 0 for n in sizes):
+        raise MalformedMessage("part sizes must be a list of non-negative ints")
+    view = memoryview(data)
+    if sum(sizes) != view.nbytes:
+        raise MalformedMessage(f"part sizes add up to {sum(sizes)} bytes, not {view.nbytes}")
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    return [view[start:end] for start, end in itertools.pairwise(offsets)]
+
+
+def check_script(code: object, limits: Limits) -> errors.ScriptError | None:
+    """The error for a script that must not be run (not text, or over ``max_script_bytes``), else None."""
+    if not isinstance(code, str):
+        return errors.ScriptSyntaxError(
+            f"a script must be text (str), not {type(code).__name__}",
+            hint="Pass the script's source code as a str.",
+        )
+    limit = limits.max_script_bytes
+    # UTF-8 takes 1 to 4 bytes a character: count bytes only when the length alone cannot tell.
+    if limit is None or len(code) * 4 <= limit:
+        return None
+    if len(code) <= limit and len(code.encode("utf-8", "surrogatepass")) <= limit:
+        return None
+    return errors.OutputLimitExceeded(
+        f"the script is larger than Limits.max_script_bytes ({limit:,} bytes); nothing ran",
+        limit="max_script_bytes",
+        value=limit,
+        hint="Send shorter scripts: read large data from a file or a host function instead of pasting it in.",
+    )
 
 
 # Script-facing errors that may come back from a worker, by class name.
@@ -151,8 +411,14 @@ def error_to_plain(error: BaseException) -> dict[str, Any]:
     return data
 
 
-def error_from_plain(data: dict[str, Any]) -> errors.SnapcellError:
-    """Rebuild an error described by `error_to_plain`; unknown classes become `ScriptError`."""
+def error_from_plain(data: Any) -> errors.SnapcellError:
+    """Rebuild an error described by `error_to_plain`; unknown classes become `ScriptError`.
+
+    Raises:
+        MalformedMessage: ``data`` is not such a description.
+    """
+    if type(data) is not dict:
+        raise MalformedMessage(f"an error must be described by a dict, not a {type(data).__name__}")
     name = str(data.get("class", ""))
     message = str(data.get("message", ""))
     fields = {k: data[k] for k in _FIELDS if k in data}
@@ -165,6 +431,8 @@ def error_from_plain(data: dict[str, Any]) -> errors.SnapcellError:
         cls = _CHECKPOINT_ERRORS[name]
         if cls is errors.UnpicklableValue:
             names = data.get("variable_names")
+            if names is not None and type(names) is not list:
+                raise MalformedMessage("variable_names must be a list")
             return errors.UnpicklableValue(message, variable_names=[str(n) for n in names or ()])
         return cls(message)
     cls_script = _ERRORS.get(name, errors.ScriptError)

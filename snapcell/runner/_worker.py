@@ -33,6 +33,7 @@ from snapcell.runner._wire import (
     decode,
     encode,
     error_to_plain,
+    split_parts,
     to_plain,
 )
 
@@ -231,23 +232,23 @@ class Worker:
             )
             # The body, then each new blob, sent back to back; the reply says where each part ends.
             out: list[bytes | bytearray] = [dumped.body, *dumped.new_blobs.values()]
-            parts = [len(part) for part in out]
             reply: dict[str, Any] = {
                 "op": "dumped",
                 "manifest": dumped.manifest.model_dump_json(),
                 "new_blobs": list(dumped.new_blobs),
-                "parts": parts,
+                "parts": [len(part) for part in out],
                 "refresh": dumped.refresh,
             }
             return reply, out
         if op == "load":
-            view, parts = memoryview(blob), [int(n) for n in message.get("parts", [len(blob)])]
             names = [str(n) for n in message.get("blobs", ())]
-            if len(parts) != len(names) + 1 or sum(parts) != len(view):
-                raise ConfigError("malformed load request")
-            offsets = [sum(parts[:i]) for i in range(len(parts) + 1)]
-            blobs = {name: view[offsets[i + 1] : offsets[i + 2]] for i, name in enumerate(names)}
-            manifest = self.runner.load(view[: parts[0]], blobs)
+            try:
+                views = split_parts(blob, message.get("parts", [len(blob)]))
+            except ValueError as exc:
+                raise ConfigError(f"malformed load request: {exc}") from None
+            if len(views) != len(names) + 1:
+                raise ConfigError("malformed load request: a part for each blob and the body")
+            manifest = self.runner.load(views[0], dict(zip(names, views[1:], strict=True)))
             return {"op": "loaded", "manifest": manifest.model_dump_json()}, []
         if op == "queue":
             self.runner.pending_notes.extend(str(n) for n in message.get("notes", ()))
@@ -277,13 +278,15 @@ class Worker:
                     os.unlink(entry.path)
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
+        # Never str() what came instead of a script: the runner answers anything but text with a ScriptSyntaxError.
+        code: Any = message.get("code")
         limits = Limits(**message["limits"])
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
         self.bridge = WorkerBridge(self.channel, host, self.loop, limits)
         try:
             result = self.loop.run_until_complete(
                 self.runner.run(
-                    str(message["code"]),
+                    code,
                     bridge=self.bridge,
                     host_names=tuple(host),
                     setup=bool(message.get("setup")),
@@ -299,7 +302,6 @@ class Worker:
         return {
             "op": "ran",
             "value": value,
-            "value_is_plain": result.value is None or value is not None,
             "value_repr": result.value_repr,
             "stdout": result.stdout,
             "stderr": result.stderr,
@@ -387,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     channel.send({"op": "started", "pid": os.getpid()})
     try:
         settings, _ = channel.receive()
-    except (EOFError, OSError):
+    except (EOFError, OSError, ValueError):
         return 0
     if settings.get("op") != "init":
         return 2

@@ -13,7 +13,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from snapcell import ConfigError, Limits, MemoryLimitExceeded, Policy, Pool, ScriptError, WorkerLost
+from snapcell import (
+    ConfigError,
+    Limits,
+    MemoryLimitExceeded,
+    OutputLimitExceeded,
+    Policy,
+    Pool,
+    ScriptError,
+    ScriptSyntaxError,
+    WorkerLost,
+)
 
 UNRESTRICTED = Policy.unrestricted()
 
@@ -256,3 +266,127 @@ def test_recycled_workers_forget_the_previous_session() -> None:
 def test_recycle_after_must_be_positive() -> None:
     with pytest.raises(ConfigError):
         Pool("memory://", recycle_after=0)
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_script_over_max_script_bytes_does_not_run_and_the_session_keeps_its_variables(isolation: str) -> None:
+    limits = Limits(max_script_bytes=1000)
+    with Pool("memory://", isolation=isolation, limits=limits) as pool, pool.checkout() as session:
+        session.feed_run("kept = [1, 2]")
+        result = session.run("big = '" + "x" * 2000 + "'")
+        assert isinstance(result.error, OutputLimitExceeded)
+        assert result.error.limit == "max_script_bytes" and "max_script_bytes" in str(result.error)
+        with pytest.raises(OutputLimitExceeded):
+            session.feed_run("# é" * 400)  # 400 characters, 1,600 bytes in UTF-8
+        assert session.feed_run("kept") == [1, 2]
+        assert session.run("big").error is not None  # the oversize cell did not run
+        default = session.run("x = 1", limits=Limits())  # a run's own limits apply: 1 MiB
+        assert default.error is None
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_script_that_is_not_text_is_a_syntax_error(isolation: str) -> None:
+    with Pool("memory://", isolation=isolation) as pool, pool.checkout() as session:
+        session.feed_run("kept = 1")
+        for code in (None, 123, b"1+1"):
+            with pytest.raises(ScriptSyntaxError, match="text"):
+                session.feed_run(code)  # type: ignore[arg-type]
+        assert session.feed_run("kept") == 1
+
+
+def test_the_worker_refuses_a_script_that_is_not_text() -> None:
+    import asyncio
+    import dataclasses
+
+    from snapcell.runner._process import ProcessBackend, WorkerPool
+
+    async def main() -> object:
+        workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)
+        backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
+        try:
+            await backend.start()
+            assert backend.worker is not None
+            reply, _ = await backend.worker.request({"op": "run", "code": 123, "limits": dataclasses.asdict(Limits())})
+            return reply
+        finally:
+            await workers.close()
+
+    reply = asyncio.run(main())
+    assert isinstance(reply, dict) and reply["op"] == "ran"
+    assert reply["error"]["class"] == "ScriptSyntaxError" and reply["value"] is None
+
+
+_PATCH_DUMP_REPLY = """
+import __main__
+_handle = __main__.Worker.handle
+def handle(self, op, message, blob):
+    reply, out = _handle(self, op, message, blob)
+    if op == "dump":
+        {change}
+    return reply, out
+__main__.Worker.handle = handle
+"""
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "reply['manifest'] = '{\"garbage\": 1}'",
+        "del reply['manifest']",
+        "reply['parts'] = ['x']",
+        "reply['parts'] = [1] * 3",
+        "reply['new_blobs'] = 7",
+        "reply.clear(); reply.update(op='error', error=[1, 2])",
+        "reply['op'] = 'loaded'",
+    ],
+)
+def test_a_malformed_dump_reply_loses_the_worker_and_the_session_is_restored(open_pool: Pool, change: str) -> None:
+    with open_pool.checkout() as session:
+        session.feed_run("kept = 'from the checkpoint'")
+        session.dump()
+        pid = session.feed_run("import os\nos.getpid()")
+        session.feed_run(_PATCH_DUMP_REPLY.replace("{change}", change))
+        with pytest.raises(WorkerLost, match="malformed") as lost:
+            session.dump()
+        assert lost.value.reason == "crash"
+        result = session.run("import os\nkept, os.getpid()")
+        assert result.error is None and result.value[0] == "from the checkpoint"
+        assert result.value[1] != pid and not _alive(pid)
+        assert any("restarted" in note for note in result.notes)
+
+
+_SEND_FRAME = """
+import gc, os, __main__
+channel = next(o for o in gc.get_objects() if type(o) is __main__.Channel)
+with channel._send_lock:
+    channel._sock.sendall(__main__.FRAME.pack(2, {blob_size}) + b"{{}}" + b"x" * {sent})
+if {exit}:
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("blob_size", "sent", "exit"),
+    [(2**50, 0, False), (2**30, 1000, True)],
+    ids=["over-the-cap", "under-the-cap-then-gone"],
+)
+def test_a_frame_claiming_a_huge_blob_costs_the_host_nothing(
+    open_pool: Pool, blob_size: int, sent: int, exit: bool
+) -> None:
+    import resource
+
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss_before = _rss()
+    with open_pool.checkout() as session:
+        session.feed_run("kept = 1")
+        session.dump()
+        pid = session.feed_run("import os\nos.getpid()")
+        with pytest.raises(WorkerLost) as lost:
+            session.feed_run(_SEND_FRAME.format(blob_size=blob_size, sent=sent, exit=exit))
+        if not exit:
+            assert "announced" in str(lost.value) and lost.value.reason == "crash"
+        assert not _alive(pid)
+        assert session.feed_run("kept") == 1
+    peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert peak_after - max(peak_before, rss_before) < 256 * 2**20
+    assert _rss() - rss_before < 256 * 2**20
