@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import os
 import secrets
 import time
@@ -36,10 +37,10 @@ def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) ->
     key for the life of the process; any other store needs a key.
 
     Raises:
-        ConfigError: No key is configured for a store that has no default.
+        ConfigError: No key is configured for a store that has no default, or ``signing_keys`` is malformed.
     """
-    if signing_keys:
-        return Keyring(signing_keys)
+    if signing_keys or isinstance(signing_keys, str | bytes):
+        return Keyring(signing_keys)  # a bare str or bytes is refused there, not split into characters
     from_env = Keyring.from_env()
     if from_env is not None:
         return from_env
@@ -51,6 +52,23 @@ def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) ->
         f"no signing key for {store.url}: set SNAPCELL_SIGNING_KEY (at least 16 bytes; comma-separate "
         "several to rotate) or pass signing_keys= to the pool"
     )
+
+
+# What makes an object a store here: the four methods every backend has (an application's own store may lack the
+# optional ones, such as touch), so a wrong argument fails now instead of at the first dump.
+_STORE_METHODS = ("put", "get", "delete", "scan")
+
+
+def _positive_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _check_options(*, limits: object, policy: object) -> None:
+    """Refuse ``limits``/``policy`` of the wrong type now, rather than at the first run."""
+    if limits is not None and not isinstance(limits, Limits):
+        raise ConfigError(f"limits must be a snapcell Limits(...) or None, not {type(limits).__name__}")
+    if policy is not None and not isinstance(policy, Policy):
+        raise ConfigError(f"policy must be a snapcell Policy(...) or None, not {type(policy).__name__}")
 
 
 class AsyncPool:
@@ -103,13 +121,23 @@ class AsyncPool:
             raise ConfigError(f"min_warm_workers must be an integer from 0 to max_workers, not {min_warm_workers!r}")
         if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
             raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
-        if not isinstance(checkout_timeout_s, int | float) or checkout_timeout_s <= 0:
-            raise ConfigError(f"checkout_timeout_s must be a positive number, not {checkout_timeout_s!r}")
-        if not isinstance(ttl_s, int | float) or ttl_s <= 0:
-            raise ConfigError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
+        if not _positive_number(checkout_timeout_s):
+            raise ConfigError(f"checkout_timeout_s must be a positive, finite number, not {checkout_timeout_s!r}")
+        if not _positive_number(ttl_s):
+            raise ConfigError(f"ttl_s must be a positive, finite number of seconds, not {ttl_s!r}")
         if not isinstance(compression_level, int) or not -7 <= compression_level <= 22:
             raise ConfigError(f"compression_level must be an integer from -7 to 22, not {compression_level!r}")
-        self.store = open_store(store) if isinstance(store, str) else store
+        _check_options(limits=limits, policy=policy)
+        if not callable(clock):
+            raise ConfigError(f"clock must be a function returning seconds, not {clock!r}")
+        if isinstance(store, str):
+            store = open_store(store)
+        elif not all(callable(getattr(store, name, None)) for name in _STORE_METHODS):
+            raise ConfigError(
+                f"store must be a Store or a store URL (file:///path, s3://bucket/prefix, memory://), "
+                f"not {type(store).__name__}"
+            )
+        self.store = store
         self.keyring = resolve_keyring(self.store, signing_keys)
         self.ttl_s = float(ttl_s)
         self.policy = policy or Policy()
@@ -183,11 +211,19 @@ class AsyncPool:
             policy: Policy for this session instead of the pool's.
 
         Raises:
-            ConfigError: ``type_check=True`` but ty is not installed.
+            ConfigError: An argument has the wrong type, or ``type_check=True`` but ty is not installed; nothing
+                was checked out.
             SessionError: The pool is closed.
         """
         if self._closed:
             raise SessionError("the pool is closed; create a new pool")
+        if not isinstance(type_check, bool):
+            raise ConfigError(f"type_check must be True or False, not {type_check!r}")
+        if not isinstance(type_check_stubs, str):
+            raise ConfigError(
+                f"type_check_stubs must be Python source text (a str), not {type(type_check_stubs).__name__}"
+            )
+        _check_options(limits=limits, policy=policy)
         limits = limits or self.limits
         checker = TypeChecker(type_check_stubs) if type_check else None
         try:
@@ -235,10 +271,14 @@ class Pool:
     """
 
     def __init__(self, store: Store | str = "memory://", **options: Any) -> None:
-        self._loop = asyncio.Runner()
         self._inner = AsyncPool(store, **options)
+        self._loop = asyncio.Runner()
+        self._closed = False
 
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        if self._closed:
+            coro.close()
+            raise SessionError("the pool is closed; create a new pool")
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -267,6 +307,8 @@ class Pool:
         return result
 
     def __enter__(self) -> Pool:
+        if self._closed:
+            raise SessionError("the pool is closed; create a new pool")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -280,19 +322,27 @@ class Pool:
     @contextmanager
     def checkout(self, **options: Any) -> Iterator[Session]:
         """See `AsyncPool.checkout`."""
+        if self._closed:
+            raise SessionError("the pool is closed; create a new pool")
         manager = self._inner.checkout(**options)
         inner = self._call(manager.__aenter__())
         try:
             yield Session(inner, self._call)
         except BaseException as exc:
-            self._call(manager.__aexit__(type(exc), exc, exc.__traceback__))
+            # A pool closed inside the block already checked the session in (closing the loop finished it).
+            if not self._closed:
+                self._call(manager.__aexit__(type(exc), exc, exc.__traceback__))
             raise
         else:
-            self._call(manager.__aexit__(None, None, None))
+            if not self._closed:
+                self._call(manager.__aexit__(None, None, None))
 
     def close(self) -> None:
-        """Close the pool and its event loop."""
+        """Close the pool and its event loop; sessions still checked out become unusable. Closing twice is a no-op."""
+        if self._closed:
+            return
         try:
             self._call(self._inner.aclose())
         finally:
+            self._closed = True
             self._loop.close()

@@ -25,6 +25,7 @@ from snapcell._telemetry import conversation_context
 from snapcell.errors import CheckpointExpired, CheckpointNotFound, ConfigError, Conflict, WorkerLost
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
+from snapcell.runner._host import validate_lookup
 from snapcell.storage import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id
 
 __all__ = ["STATE_GONE_NOTE", "CodeTool", "SyncCodeTool", "cut_answer", "render_answer", "tool_call_arguments"]
@@ -169,9 +170,19 @@ class CodeTool:
         for label, value in (("lease_ttl_s", lease_ttl_s), ("lease_wait_s", lease_wait_s)):
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{label} must be a positive number of seconds, not {value!r}")
+        if not isinstance(pool, AsyncPool):
+            raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
+        if heads is not None and not isinstance(heads, HeadStore):
+            raise ConfigError(f"heads must be a head store (SQLiteHeads, S3Heads, MemoryHeads), not {heads!r}")
+        if stubs is not None and not isinstance(stubs, str):
+            raise ConfigError(f"stubs must be Python source text (a str) or None, not {type(stubs).__name__}")
+        if limits is not None and not isinstance(limits, Limits):
+            raise ConfigError(f"limits must be a snapcell Limits(...) or None, not {type(limits).__name__}")
+        # Checked now, not on the first turn: a bad name would otherwise fail only after a lease was taken.
+        tools = validate_lookup(tools, what="tools")
         self.pool = pool
         self.heads: HeadStore = heads if heads is not None else default_heads(pool.store)
-        self.tools = dict(tools or {})
+        self.tools = tools
         self.stubs = stubs
         self.max_answer_chars = max_answer_chars
         self.lease_ttl_s = float(lease_ttl_s)
@@ -397,6 +408,8 @@ class SyncCodeTool:
     name = CodeTool.name
 
     def __init__(self, pool: Pool, **options: Any) -> None:
+        if not isinstance(pool, Pool):
+            raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
         self._pool = pool
         # The sessions must run on the loop that owns the pool's workers, so reuse the pool's runner.
         self._inner = CodeTool(pool.aio, **options)
@@ -445,8 +458,11 @@ class SyncCodeTool:
 def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
     """Parse a model's tool-call arguments (JSON text or a dict) into ``(code, setup)``.
 
+    ``setup`` may be a JSON boolean or the text ``"true"``/``"false"`` (some models quote booleans); it defaults
+    to false.
+
     Raises:
-        ConfigError: The arguments are not an object with a string ``code``.
+        ConfigError: The arguments are not an object with a string ``code``, or ``setup`` is not a boolean.
     """
     try:
         data = json.loads(arguments) if isinstance(arguments, str) else arguments
@@ -454,4 +470,9 @@ def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
         raise ConfigError(f"run_code arguments are not valid JSON: {exc}") from exc
     if not isinstance(data, Mapping) or not isinstance(data.get("code"), str):
         raise ConfigError("run_code arguments must be a JSON object with a string 'code'")
-    return data["code"], bool(data.get("setup", False))
+    setup = data.get("setup", False)
+    if isinstance(setup, str) and setup.strip().lower() in ("true", "false"):
+        setup = setup.strip().lower() == "true"
+    if not isinstance(setup, bool):
+        raise ConfigError(f"run_code argument 'setup' must be true or false, not {setup!r}")
+    return data["code"], setup

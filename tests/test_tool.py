@@ -361,3 +361,57 @@ def test_answer_hides_none_and_mentions_memory_only_when_it_matters() -> None:
     answer = render_answer(big)
     assert answer.splitlines()[0] == "3"
     assert "[note] the session uses 1,200 MiB; 2 variables, ~900 MiB; largest: df" in answer
+
+
+# ------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("tools", [123, [lookup], "lookup"])
+def test_tools_must_be_a_mapping(pool: Pool, tools: object) -> None:
+    with pytest.raises(ConfigError, match="tools must be a mapping of names to functions"):
+        SyncCodeTool(pool, heads=MemoryHeads(), tools=tools)
+
+
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [({"1bad": lookup}, "public identifiers"), ({"_private": lookup}, "public identifiers"), ({"x": 3}, "callable")],
+)
+def test_tool_names_are_checked_when_the_tool_is_made(pool: Pool, tools: object, message: str) -> None:
+    heads = MemoryHeads()
+    with pytest.raises(ConfigError, match=message):
+        SyncCodeTool(pool, heads=heads, tools=tools)
+    assert list(heads.scan()) == []  # no lease, no head: nothing ran
+
+
+def test_tool_refuses_options_of_the_wrong_type(pool: Pool) -> None:
+    with pytest.raises(ConfigError, match="limits must be a snapcell Limits"):
+        SyncCodeTool(pool, heads=MemoryHeads(), limits=5)
+    with pytest.raises(ConfigError, match="stubs must be Python source text"):
+        SyncCodeTool(pool, heads=MemoryHeads(), stubs=5)
+    with pytest.raises(ConfigError, match="heads must be a head store"):
+        SyncCodeTool(pool, heads="sqlite:///heads.db")
+    with pytest.raises(ConfigError, match="pool must be a Pool"):
+        SyncCodeTool(pool.aio)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="pool must be an AsyncPool"):
+        CodeTool(pool)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "setup"),
+    [
+        ('{"code": "x", "setup": "false"}', False),
+        ('{"code": "x", "setup": "False"}', False),
+        ('{"code": "x", "setup": "true"}', True),
+        ('{"code": "x", "setup": false}', False),
+        ('{"code": "x"}', False),
+        ({"code": "x", "setup": True}, True),
+    ],
+)
+def test_tool_call_setup_accepts_booleans_and_their_text(arguments: str | dict[str, object], setup: bool) -> None:
+    assert tool_call_arguments(arguments) == ("x", setup)
+
+
+@pytest.mark.parametrize("setup", ['"no"', '"0"', "1", "0", "null", '"yes"', "[]"])
+def test_tool_call_setup_refuses_anything_else(setup: str) -> None:
+    with pytest.raises(ConfigError, match="'setup' must be true or false"):
+        tool_call_arguments(f'{{"code": "x", "setup": {setup}}}')

@@ -8,7 +8,7 @@ import os
 import secrets
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -61,11 +61,23 @@ class Keyring:
         keys: Secret keys, each at least 16 bytes (text is UTF-8 encoded).
 
     Raises:
-        ConfigError: No key, or a key that is too short.
+        ConfigError: No key, a key that is not str or bytes, a key that is too short, or a single str/bytes key
+            passed instead of a list of keys.
     """
 
     def __init__(self, keys: Sequence[bytes | str]) -> None:
-        encoded = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
+        if isinstance(keys, str | bytes | bytearray | memoryview):
+            raise ConfigError("signing keys must be a list of keys, not one key: write [key] (the first one signs)")
+        if not isinstance(keys, Iterable):
+            raise ConfigError(f"signing keys must be a list of str or bytes keys, not {type(keys).__name__}")
+        encoded = []
+        for key in keys:
+            if isinstance(key, str):
+                encoded.append(key.encode())
+            elif isinstance(key, bytes | bytearray):
+                encoded.append(bytes(key))
+            else:
+                raise ConfigError(f"each signing key must be str or bytes, not {type(key).__name__}")
         if not encoded:
             raise ConfigError("a Keyring needs at least one signing key")
         for key in encoded:

@@ -76,18 +76,26 @@ def host_function(name: str) -> HostFunction:
     return HostFunction(name)
 
 
-def validate_lookup(lookup: Mapping[str, Callable[..., Any]] | None) -> dict[str, Callable[..., Any]]:
-    """Check an ``external_lookup`` mapping.
+def validate_lookup(
+    lookup: Mapping[str, Callable[..., Any]] | None, *, what: str = "external_lookup"
+) -> dict[str, Callable[..., Any]]:
+    """Check an ``external_lookup`` mapping; ``what`` names the argument in error messages.
 
     Raises:
-        ConfigError: A name is not an identifier or a value is not callable; nothing ran.
+        ConfigError: ``lookup`` is not a mapping, a name is not an identifier or a value is not callable; nothing ran.
     """
+    if lookup is None:
+        return {}
+    if not isinstance(lookup, Mapping):
+        raise ConfigError(
+            f"{what} must be a mapping of names to functions, like {{'fetch': fetch}}, not {type(lookup).__name__}"
+        )
     result: dict[str, Callable[..., Any]] = {}
-    for name, func in (lookup or {}).items():
+    for name, func in lookup.items():
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
             raise ConfigError(f"host function names must be public identifiers, not {name!r}")
         if not callable(func):
-            raise ConfigError(f"external_lookup[{name!r}] must be callable, not {type(func).__name__}")
+            raise ConfigError(f"{what}[{name!r}] must be callable, not {type(func).__name__}")
         result[name] = func
     return result
 

@@ -12,6 +12,7 @@ from snapcell._telemetry import trace_cleanup
 from snapcell.errors import ConfigError, SnapcellError
 
 from ._heads import HeadStore
+from ._local import LocalStore
 from ._protocol import BulkDelete, ObjectInfo, Store, validate_prefix
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
 DEFAULT_TTL_S = 7 * 86400.0
 DEFAULT_GRACE_S = 3600.0
 DEFAULT_BLOB_GRACE_S = 86400.0
+# A local write removes its temporary file within moments; one a day old was left by a crash.
+_TEMP_FILE_AGE_S = 86400.0
 _DAY_S = 86400.0
 _BULK_BATCH = 1000
 
@@ -67,6 +70,7 @@ class CleanupReport:
         over_quota: True when the store is still over the quota; the CLI then exits non-zero.
         deleted_keys: Every key deleted (or to delete), expired ones first.
         deleted_heads: Conversation heads deleted (or to delete) because their checkpoint expired.
+        deleted_temp_files: Temporary files of interrupted writes deleted (or to delete); local stores only.
     """
 
     store_url: str
@@ -87,6 +91,7 @@ class CleanupReport:
     deleted_heads: int = 0
     deleted_blob_objects: int = 0
     deleted_blob_bytes: int = 0
+    deleted_temp_files: int = 0
 
     def to_json(self, *, include_keys: bool = False) -> str:
         """Return the report as one JSON object; the deleted keys only with ``include_keys``."""
@@ -111,6 +116,8 @@ class CleanupReport:
         ]
         if self.deleted_heads:
             lines.append(f"{verb:<8} {self.deleted_heads} conversation heads whose checkpoints expired")
+        if self.deleted_temp_files:
+            lines.append(f"{verb:<8} {self.deleted_temp_files} temporary files left by interrupted writes")
         if self.over_quota:
             lines.append(
                 f"OVER QUOTA: {self.protected_objects} objects under {self.prefix!r} are still needed (kept heads) "
@@ -219,6 +226,10 @@ def cleanup(
         orphans = _delete_orphans(store, orphans, now - blob_grace_s)
         deleted_heads = sum(heads.delete(c, expected_version=v) for c, v in stale_heads) if heads is not None else 0
 
+    temp_files = 0
+    if isinstance(store, LocalStore):
+        temp_files = store.reclaim_temp_files(_TEMP_FILE_AGE_S, now=now, dry_run=dry_run)
+
     victim_keys = expired_keys | {o.key for o in over_quota_victims}
     protected = sum(
         1
@@ -244,6 +255,7 @@ def cleanup(
         deleted_heads=deleted_heads,
         deleted_blob_objects=len(orphans),
         deleted_blob_bytes=sum(o.size for o in orphans),
+        deleted_temp_files=temp_files,
     )
 
 

@@ -16,6 +16,7 @@ from snapcell.errors import ConfigError, StorageError
 from ._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, DEFAULT_TTL_S, cleanup, usage
 from ._config import open_store
 from ._heads import HeadStore, open_heads
+from ._local import LocalStore
 from ._protocol import Store
 
 __all__ = [
@@ -172,6 +173,19 @@ def _open(args: argparse.Namespace) -> Store:
     return open_store(args.store_url)
 
 
+def _open_existing(args: argparse.Namespace) -> Store:
+    """Open the store for cleanup or usage: a local store must already exist (a typo must not report 0 objects).
+
+    Raises:
+        ConfigError: The URL is invalid, or names a local directory that does not exist.
+    """
+    store = _open(args)
+    if isinstance(store, LocalStore) and not store.root.is_dir():
+        store.close()
+        raise ConfigError(f"no store at {store.url}: the directory {store.root} does not exist; check the path")
+    return store
+
+
 def _fail(command: str, exc: Exception) -> int:
     print(f"snapcell {command}: error: {exc}", file=sys.stderr)
     return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_STORAGE
@@ -180,9 +194,10 @@ def _fail(command: str, exc: Exception) -> int:
 def _run_cleanup(args: argparse.Namespace) -> int:
     progress = _Progress(sys.stderr, "deleting")
     try:
-        store = _open(args)
-        heads, key_of = _open_heads(args, store)
+        store = _open_existing(args)
+        heads: HeadStore | None = None
         try:
+            heads, key_of = _open_heads(args, store)
             report = cleanup(
                 store,
                 ttl_s=args.ttl,
@@ -223,12 +238,15 @@ def _open_heads(args: argparse.Namespace, store: Store) -> tuple[HeadStore | Non
 
     keyring = resolve_keyring(store, None)
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url and args.heads.startswith("s3://") else {}
-    return open_heads(args.heads, **options), lambda checkpoint_id: keyring.parse_id(checkpoint_id).storage_key
+    # must_exist: a mistyped path would otherwise be a new, empty head store that protects nothing from --quota.
+    return open_heads(
+        args.heads, must_exist=True, **options
+    ), lambda checkpoint_id: keyring.parse_id(checkpoint_id).storage_key
 
 
 def _run_usage(args: argparse.Namespace) -> int:
     try:
-        store = _open(args)
+        store = _open_existing(args)
         try:
             report = usage(store, ttl_s=args.ttl, prefix=args.prefix)
         finally:

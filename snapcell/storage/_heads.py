@@ -437,12 +437,15 @@ def default_heads(store: object) -> HeadStore:
     raise ConfigError(f"no default head store for {store!r}; pass heads=SQLiteHeads(path) or heads=S3Heads(store)")
 
 
-def open_heads(url: str, **options: object) -> HeadStore:
+def open_heads(url: str, *, must_exist: bool = False, **options: object) -> HeadStore:
     """Open the head store a URL names: ``sqlite:///abs/path``, ``sqlite://rel/path``, ``s3://bucket/prefix``
     (heads under ``prefix/heads/``; ``options`` go to `open_store`) or ``memory://``.
 
+    With ``must_exist`` (cleanup's mode, where a head store that is wrongly empty would let heads be deleted), a
+    SQLite file is never created and ``memory://``, always empty, is refused.
+
     Raises:
-        ConfigError: Unknown scheme or malformed URL.
+        ConfigError: Unknown scheme or malformed URL; with ``must_exist``, no such SQLite file, or ``memory://``.
     """
     from ._config import open_store
     from ._heads_s3 import S3Heads
@@ -451,8 +454,10 @@ def open_heads(url: str, **options: object) -> HeadStore:
 
     scheme, sep, rest = url.partition("://") if isinstance(url, str) else ("", "", "")
     if scheme == "sqlite" and rest and not options:
-        return SQLiteHeads(rest)
+        return SQLiteHeads(rest, create=not must_exist)
     if scheme == "memory" and not options:
+        if must_exist:
+            raise ConfigError("a memory:// head store is always empty here; give the head store the sessions use")
         return MemoryHeads()
     if scheme == "s3":
         store = open_store(url, **options)  # type: ignore[arg-type]

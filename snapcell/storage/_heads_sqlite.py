@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from snapcell.errors import StorageError, StorageUnavailable, map_exceptions
+from snapcell.errors import ConfigError, StorageError, StorageUnavailable, map_exceptions
 
 from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete
 
@@ -46,6 +46,22 @@ def _head(row: tuple[bytes | None, str, str, float, str | None, float]) -> Head:
     )
 
 
+def _set_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """Switch to WAL; SQLite reports a busy database at once for this (no busy handler), so wait here.
+
+    Two processes opening a new file at the same moment otherwise fail with "database is locked".
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 class SQLiteHeads(RecordHeads):
     """Heads in a SQLite file: the embedded default, next to a local store (``<root>/.heads.sqlite3``).
 
@@ -55,11 +71,14 @@ class SQLiteHeads(RecordHeads):
 
     Args:
         path: The database file; created, with its directory, on first use (mode 0o600).
+        create: False to open only an existing file (as cleanup does: a mistyped path must not look like a head
+            store without heads).
         max_history: Earlier checkpoint IDs kept per conversation (default 50).
         busy_timeout_s: Seconds to wait for another process's write lock before `StorageUnavailable`.
         clock: Returns the current time in seconds; injectable for tests.
 
     Raises:
+        ConfigError: ``create`` is false and the file does not exist.
         StorageUnavailable: The file cannot be opened or created.
     """
 
@@ -70,18 +89,29 @@ class SQLiteHeads(RecordHeads):
         max_history: int = DEFAULT_MAX_HISTORY,
         busy_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        create: bool = True,
     ) -> None:
         super().__init__(max_history=max_history, clock=clock)
         self.path = Path(path).expanduser().absolute()
         self._lock = threading.Lock()
+        if not create and not self.path.is_file():
+            raise ConfigError(
+                f"no head store at {self.path}: the file does not exist; check the path (sqlite:///absolute/path)"
+            )
         with map_exceptions(_ERRORS, f"cannot open the head store {self.path}"):
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
+            target: str | Path = self.path
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                os.close(fd)
+            else:
+                target = self.path.as_uri() + "?mode=rw"  # never create it, even if it vanished just now
             # autocommit mode: transactions are explicit, so BEGIN IMMEDIATE means what it says.
-            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(
+                target, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=not create
+            )
             self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._db.execute("PRAGMA journal_mode = WAL")
+            _set_wal(self._db, busy_timeout_s)
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._db.execute(_SCHEMA)
 

@@ -6,6 +6,8 @@ import errno
 import os
 import re
 import secrets
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ __all__ = ["LocalStore"]
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
+_TEMP_PREFIX = ".tmp-"
 _SECRET_NAME = re.compile(r"[A-Za-z0-9_-]+\Z")
 _OS_ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[StorageError]]] = [
     (PermissionError, StorageUnavailable),
@@ -40,10 +43,14 @@ class LocalStore:
 
     Args:
         root: The directory holding the store; created on the first write.
+
+    Raises:
+        ConfigError: ``root`` is not a usable path (not text, empty, contains a NUL byte, or names an unknown
+            user's home directory).
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self._root = Path(root).expanduser().absolute()
+        self._root = _root_path(root)
 
     @property
     def root(self) -> Path:
@@ -145,6 +152,39 @@ class LocalStore:
                         continue  # deleted since the directory was listed
                 yield ObjectInfo(key=key, size=st.st_size, created_at=st.st_mtime)
 
+    def reclaim_temp_files(self, older_than_s: float, *, now: float | None = None, dry_run: bool = False) -> int:
+        """Delete the ``.tmp-*`` files that writes interrupted by a crash left behind; return how many.
+
+        A write renames or unlinks its temporary file within moments, so one older than ``older_than_s`` (by
+        modification time) belongs to no write in progress. `scan` hides these files, so nothing else reclaims them.
+
+        Args:
+            older_than_s: Minimum age in seconds of a temporary file to delete.
+            now: Current time in seconds since the epoch (default: the clock).
+            dry_run: Count them, delete nothing.
+
+        Raises:
+            StorageError: The store's directory cannot be listed or a file cannot be deleted.
+        """
+        cutoff = (time.time() if now is None else now) - older_than_s
+        found = 0
+        with map_exceptions(_OS_ERRORS, f"cannot reclaim temporary files in {self.url}"):
+            for directory, _dirs, files in os.walk(self._root):
+                for name in files:
+                    if not name.startswith(_TEMP_PREFIX):
+                        continue
+                    path = os.path.join(directory, name)
+                    try:
+                        st = os.lstat(path)
+                        if not stat.S_ISREG(st.st_mode) or st.st_mtime >= cutoff:
+                            continue
+                        if not dry_run:
+                            os.unlink(path)
+                    except FileNotFoundError:
+                        continue  # its write finished, or another cleanup took it
+                    found += 1
+        return found
+
     def secret(self, name: str = "signing-key", size: int = 32) -> bytes:
         """Return the store's secret ``name``, generating ``size`` random bytes on first use.
 
@@ -187,6 +227,23 @@ class LocalStore:
         return f"LocalStore({str(self._root)!r})"
 
 
+def _root_path(root: object) -> Path:
+    """Validate and absolutize a store root, so a bad path fails here and not deep inside the first operation."""
+    if not isinstance(root, str | os.PathLike):
+        raise ConfigError(f"a local store root must be a path, not {type(root).__name__}")
+    text = os.fspath(root)
+    if not isinstance(text, str):
+        raise ConfigError(f"a local store root must be a text path, not {type(text).__name__}")
+    if not text:
+        raise ConfigError("a local store root must not be empty; give a directory such as ./snapcell-store")
+    if "\x00" in text:
+        raise ConfigError(f"a local store root must not contain a NUL byte: {text!r}")
+    try:
+        return Path(text).expanduser().absolute()
+    except (RuntimeError, ValueError, OSError) as exc:  # expanduser of an unknown ~user; a path the OS refuses
+        raise ConfigError(f"invalid local store root {text!r}: {exc}") from exc
+
+
 def _write_atomic(path: Path, data: bytes | bytearray, *, overwrite: bool, what: str) -> None:
     """Write ``data`` to a temporary file next to ``path``, fsync it, then link or rename it into place.
 
@@ -223,7 +280,7 @@ def _open_temp(directory: Path) -> tuple[int, Path]:
     for _ in range(3):
         # A concurrent delete may prune the directory between mkdir and open: create it again.
         directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
-        tmp = directory / f".tmp-{secrets.token_hex(8)}"
+        tmp = directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             return os.open(tmp, flags, _FILE_MODE), tmp
         except FileNotFoundError:

@@ -234,15 +234,22 @@ class S3Store:
                 body.close()
 
     def touch(self, key: str) -> None:
-        """See `Store.touch`: copy the object onto itself, which resets its LastModified (and lifecycle age)."""
+        """See `Store.touch`: copy the object onto itself, which resets its LastModified (and lifecycle age).
+
+        S3 refuses a copy onto itself that changes nothing, so the copy replaces the metadata: with the object's
+        own metadata (``snapcell-expires-at`` and the like) plus a ``snapcell-touched`` marker, read just before.
+        """
         full = self._full(validate_key(key))
         with self._errors("touch", key):
+            head = self._client.head_object(Bucket=self.bucket, Key=full)
+            extra = {"ContentType": head["ContentType"]} if head.get("ContentType") else {}
             self._client.copy_object(
                 Bucket=self.bucket,
                 Key=full,
                 CopySource={"Bucket": self.bucket, "Key": full},
                 MetadataDirective="REPLACE",
-                Metadata={"snapcell-touched": "1"},
+                Metadata={**head.get("Metadata", {}), "snapcell-touched": "1"},
+                **extra,
             )
 
     def delete(self, key: str) -> None:

@@ -217,3 +217,100 @@ def test_cleanup_cli_on_s3(s3_bucket: str, s3_config: S3Config, s3_server: str, 
     assert run("cleanup", f"s3://{s3_bucket}/p", "--json", "--ttl", "0s", "--grace", "0s") == 0
     assert json.loads(capsys.readouterr().out)["deleted_expired_objects"] == 1
     assert list(store.scan()) == []
+
+
+@pytest.mark.parametrize("command", ["cleanup", "usage"])
+@pytest.mark.parametrize("url", ["file://%00", "file://\x00"])
+def test_nul_byte_in_store_path_is_a_config_error(command: str, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(command, url) == 2
+    err = capsys.readouterr().err
+    assert f"snapcell {command}: error:" in err and "NUL byte" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["cleanup", "usage"])
+def test_missing_local_store_is_an_error(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "typo" / "store"
+    assert run(command, str(missing)) == 2
+    assert run(command, f"file://{missing}") == 2
+    err = capsys.readouterr().err
+    assert f"no store at file://{missing}" in err and "does not exist" in err
+    assert not (tmp_path / "typo").exists()  # nothing was created (no directory, no signing key)
+
+
+def test_cleanup_refuses_a_heads_database_that_does_not_exist(
+    local: tuple[Path, LocalStore], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, store = local
+    monkeypatch.setenv("SNAPCELL_SIGNING_KEY", "commands-test-signing-key-0123")
+    before = [o.key for o in store.scan()]
+    typo = tmp_path / "typo" / "heads.db"
+    assert run("cleanup", f"file://{root}", "--quota", "0", "--grace", "0", "--heads", f"sqlite://{typo}") == 2
+    err = capsys.readouterr().err
+    assert f"no head store at {typo}" in err
+    assert not typo.parent.exists()  # neither the database nor its directory was created
+    assert [o.key for o in store.scan()] == before  # and nothing was deleted
+    assert run("cleanup", f"file://{root}", "--heads", "memory://") == 2
+    assert "memory:// head store is always empty" in capsys.readouterr().err
+
+
+def test_cleanup_with_an_existing_heads_database(
+    local: tuple[Path, LocalStore], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapcell.storage import SQLiteHeads
+
+    root, _store = local
+    monkeypatch.setenv("SNAPCELL_SIGNING_KEY", "commands-test-signing-key-0123")
+    path = tmp_path / "heads.db"
+    SQLiteHeads(path).close()
+    assert run("cleanup", f"file://{root}", "--heads", f"sqlite://{path}", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["deleted_expired_objects"] == 2
+
+
+def test_sqlite_heads_in_must_exist_mode(tmp_path: Path) -> None:
+    from snapcell.storage import SQLiteHeads
+
+    with pytest.raises(ConfigError, match="no head store at"):
+        SQLiteHeads(tmp_path / "missing" / "heads.db", create=False)
+    assert not (tmp_path / "missing").exists()
+    SQLiteHeads(tmp_path / "heads.db").close()
+    heads = SQLiteHeads(tmp_path / "heads.db", create=False)
+    assert list(heads.scan()) == []
+    heads.close()
+
+
+def test_cleanup_reports_reclaimed_temp_files(
+    local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _store = local
+    stale = root / "checkpoints" / ".tmp-0123456789abcdef"
+    stale.write_bytes(b"half a checkpoint")
+    old = time.time() - 2 * DAY
+    os.utime(stale, (old, old))
+    assert run("cleanup", f"file://{root}", "--dry-run") == 0
+    assert "would delete 1 temporary files left by interrupted writes" in capsys.readouterr().out
+    assert stale.exists()
+    assert run("cleanup", f"file://{root}", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["deleted_temp_files"] == 1
+    assert not stale.exists()
+
+
+def _open_heads_file(path: str) -> str:
+    from snapcell.storage import SQLiteHeads
+
+    try:
+        SQLiteHeads(path).close()
+    except Exception as exc:  # reported back to the parent, which asserts on it
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def test_processes_opening_a_new_heads_file_at_once_all_succeed(tmp_path: Path) -> None:
+    # Switching a new file to WAL reports "database is locked" without waiting; the open must wait and retry.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    with context.Pool(8) as workers:
+        for round_ in range(40):
+            path = str(tmp_path / f"{round_}" / "heads.db")
+            assert [e for e in workers.map(_open_heads_file, [path] * 8) if e] == []

@@ -199,3 +199,55 @@ def test_permission_error_maps_to_unavailable(tmp_path: Path, monkeypatch: pytes
     assert isinstance(info.value.__cause__, PermissionError)
     monkeypatch.undo()
     assert _files(tmp_path) == []
+
+
+def _temp_file(directory: Path, name: str, age_s: float, now: float) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_bytes(b"partial")
+    os.utime(path, (now - age_s, now - age_s))
+    return path
+
+
+def test_reclaim_temp_files_deletes_only_old_temp_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    store.put("checkpoints/2024-01-01/k", b"data")
+    now = 1_700_000_000.0
+    day = 86400.0
+    crashed = _temp_file(store.root / "checkpoints/2024-01-01", ".tmp-00aa", 2 * day, now)
+    crashed_root = _temp_file(store.root, ".tmp-11bb", day + 1, now)
+    writing = _temp_file(store.root / "checkpoints/2024-01-01", ".tmp-22cc", 60, now)  # a write in progress
+    secret = _temp_file(store.root, ".snapcell-other", 10 * day, now)  # not a temp file
+    assert store.reclaim_temp_files(day, now=now, dry_run=True) == 2
+    assert crashed.exists() and crashed_root.exists()
+    assert store.reclaim_temp_files(day, now=now) == 2
+    assert not crashed.exists() and not crashed_root.exists()
+    assert writing.exists() and secret.exists()
+    assert store.get("checkpoints/2024-01-01/k") == b"data"
+    assert store.reclaim_temp_files(day, now=now) == 0
+
+
+def test_reclaim_temp_files_on_a_missing_root(tmp_path: Path) -> None:
+    assert LocalStore(tmp_path / "never-written").reclaim_temp_files(0.0) == 0
+
+
+def test_cleanup_reclaims_temp_files_a_day_old(tmp_path: Path) -> None:
+    from snapcell.storage import cleanup
+
+    store = LocalStore(tmp_path / "s")
+    now = 1_700_000_000.0
+    old = _temp_file(store.root / "checkpoints", ".tmp-00aa", 86400.0 + 60, now)
+    young = _temp_file(store.root / "checkpoints", ".tmp-11bb", 3600.0, now)
+    report = cleanup(store, now=now, dry_run=True)
+    assert report.deleted_temp_files == 1 and old.exists()
+    report = cleanup(store, now=now)
+    assert report.deleted_temp_files == 1
+    assert "1 temporary files" in report.summary()
+    assert not old.exists() and young.exists()
+    assert report.scanned_objects == 0  # temp files were never objects
+
+
+@pytest.mark.parametrize("url", ["file://\x00", "file://%00", "file:///a/b%00c"])
+def test_open_store_refuses_nul_bytes(url: str) -> None:
+    with pytest.raises(ConfigError, match="NUL byte"):
+        open_store(url)

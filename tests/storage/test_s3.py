@@ -169,3 +169,21 @@ def test_bad_settings_are_config_errors() -> None:
         S3Config(aws_access_key_id="only-half")
     with pytest.raises(ConfigError):
         S3Store("bad/bucket", config=S3Config(**TEST_CREDENTIALS, region_name=TEST_REGION))
+
+
+def test_touch_keeps_the_objects_metadata(s3_store: S3Store, s3_client) -> None:
+    s3_store.put("checkpoints/k", b"payload", expires_at=1234.5)
+    before = s3_client.head_object(Bucket=s3_store.bucket, Key="proj/checkpoints/k")
+    s3_store.touch("checkpoints/k")
+    head = s3_client.head_object(Bucket=s3_store.bucket, Key="proj/checkpoints/k")
+    assert head["Metadata"] == {"snapcell-expires-at": "1234.500", "snapcell-touched": "1"}
+    assert head["LastModified"] >= before["LastModified"]
+    s3_store.touch("checkpoints/k")  # touching twice keeps working (S3 refuses a copy that changes nothing)
+    head = s3_client.head_object(Bucket=s3_store.bucket, Key="proj/checkpoints/k")
+    assert head["Metadata"] == {"snapcell-expires-at": "1234.500", "snapcell-touched": "1"}
+    assert s3_store.get("checkpoints/k") == b"payload"
+
+
+def test_touch_of_a_missing_key(s3_store: S3Store) -> None:
+    with pytest.raises(CheckpointNotFound):
+        s3_store.touch("checkpoints/missing")
