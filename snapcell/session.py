@@ -6,13 +6,13 @@ import asyncio
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
+from snapcell._blobio import BlobIO, ForgedBlob
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
-from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, blob_key, parse_container
+from snapcell.checkpoint import BlobRef, CheckpointId, Keyring, Manifest, parse_container
 from snapcell.errors import (
-    CheckpointCorrupt,
     CheckpointExpired,
     CheckpointNotFound,
-    ObjectExists,
+    ConfigError,
     SessionError,
     SnapcellError,
     TypingError,
@@ -30,7 +30,6 @@ T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
 # Verify and sign off the event loop above this size: HMAC-SHA256 runs at about 1 GB/s.
 _THREAD_BYTES = 1024 * 1024
-_BLOB_CONCURRENCY = 8
 
 
 class AsyncSession:
@@ -64,6 +63,7 @@ class AsyncSession:
         self._setup_since_checkpoint: list[str] = []
         # Blobs this session wrote or loaded: a later dump refers to them instead of storing them again.
         self._blobs: dict[str, BlobRef] = {}
+        self._blob_io = BlobIO(store, keyring.blob_namespace())
         self.checkpoint_id: bytes | None = None
         self.checkpoint_bytes: int | None = None
         self.manifest: Manifest | None = None
@@ -132,55 +132,18 @@ class AsyncSession:
                 key=cid.storage_key,
             ) from exc
         if len(blob) > _THREAD_BYTES:
-            body = await asyncio.to_thread(self._keyring.verify, blob, cid)
+            body, key_index = await asyncio.to_thread(self._keyring.verify_with_key, blob, cid)
         else:
-            body = self._keyring.verify(blob, cid)
+            body, key_index = self._keyring.verify_with_key(blob, cid)
         note_checkpoint(body)
         refs = parse_container(body).manifest.blobs
-        blobs = await self._fetch_blobs(refs)
+        # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
+        blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
         self.manifest = await self._backend.load(body, blobs)
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = len(blob)
-        self._blobs = {ref.hash: ref for ref in refs}
-
-    async def _fetch_blobs(self, refs: list[BlobRef]) -> dict[str, bytes]:
-        """Fetch a checkpoint's blobs concurrently; the runner checks each one's hash before use."""
-        limit = asyncio.Semaphore(_BLOB_CONCURRENCY)
-
-        async def fetch(ref: BlobRef) -> tuple[str, bytes]:
-            async with limit:
-                try:
-                    return ref.hash, await self._store.get(blob_key(bytes.fromhex(ref.hash)))
-                except CheckpointNotFound as exc:
-                    raise CheckpointCorrupt(
-                        f"blob {ref.hash} of this checkpoint is missing from the store; the checkpoint cannot be "
-                        "loaded (was the store's blobs/ prefix cleaned by hand?)"
-                    ) from exc
-
-        return dict(await asyncio.gather(*(fetch(ref) for ref in refs)))
-
-    async def _store_blobs(self, dumped: Dumped, expires_at: float) -> bool:
-        """Write new blobs (create-only) and refresh old ones; False when a known blob has vanished."""
-        limit = asyncio.Semaphore(_BLOB_CONCURRENCY)
-
-        async def put(key: str, data: bytes) -> None:
-            async with limit:
-                try:
-                    await self._store.put(blob_key(bytes.fromhex(key)), data, expires_at=expires_at)
-                except ObjectExists:
-                    # Already stored (content addressing), maybe long ago: refresh it so it outlives this checkpoint.
-                    await self._store.touch(blob_key(bytes.fromhex(key)))
-
-        async def touch(key: str) -> bool:
-            async with limit:
-                try:
-                    await self._store.touch(blob_key(bytes.fromhex(key)))
-                except CheckpointNotFound:
-                    return False
-                return True
-
-        await asyncio.gather(*(put(key, data) for key, data in dumped.new_blobs.items()))
-        return all(await asyncio.gather(*(touch(key) for key in dumped.refresh)))
+        # Only blobs in the signing key's namespace can be referred to by the next dump.
+        self._blobs = {ref.hash: ref for ref in refs} if key_index == 0 else {}
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
@@ -224,6 +187,8 @@ class AsyncSession:
         lookup = validate_lookup(external_lookup)
         self._start()
         try:
+            if limits is not None and not isinstance(limits, Limits):
+                raise ConfigError(f"limits must be a snapcell.Limits, not {type(limits).__name__}")
             rejected = check_script(code, limits or self._limits)
             if rejected is not None:  # not text, or too large to send: nothing runs and the session is unchanged
                 return RunResult(error=rejected)
@@ -291,13 +256,18 @@ class AsyncSession:
                 dumped = await self._backend.dump(
                     created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
                 )
-                if not await self._store_blobs(dumped, now + self._ttl_s):
+                if not await self._blob_io.store(dumped, now + self._ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
                     dumped = await self._backend.dump(
                         created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs={}
                     )
-                    await self._store_blobs(dumped, now + self._ttl_s)
+                    await self._blob_io.store(dumped, now + self._ttl_s)
+            except ForgedBlob as exc:
+                # Only a compromised worker sends a blob that is not what it claims: it goes, nothing is stored.
+                await self._backend.discard()
+                await self._restore("dump")
+                raise WorkerLost(f"{exc}; the worker was replaced and the session restored", reason="crash") from exc
             except WorkerLost:
                 await self._restore("dump")
                 raise

@@ -171,3 +171,12 @@ def test_local_store_refuses_an_unusable_root(root: object) -> None:
 def test_local_store_refuses_an_unknown_users_home() -> None:
     with pytest.raises(ConfigError, match="invalid local store root"):
         LocalStore("~no-such-user-snapcell-test/store")
+
+
+def test_per_run_limits_and_boolean_seconds_are_refused() -> None:
+    with pytest.raises(ConfigError):
+        Limits(wall_time_s=True)
+    with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
+        with pytest.raises(ConfigError, match="snapcell.Limits"):
+            session.feed_run("1", limits=123)  # type: ignore[arg-type]
+        assert session.feed_run("1 + 1") == 2

@@ -42,8 +42,9 @@ BLOB_THRESHOLD_BYTES = 256 * 1024
 # stores about 1% again, not the whole array.
 CHUNK_BYTES = 4 * 1024 * 1024
 # A dump that reuses a blob last written or refreshed longer ago than this refreshes it, so a
-# lifecycle rule at ttl + 2 days never deletes a blob a live checkpoint still needs.
-REFRESH_AFTER_S = 86400.0
+# lifecycle rule at ttl + 2 days never deletes a blob a live checkpoint still needs. A quarter of
+# cleanup's one-day grace for unreferenced blobs leaves room for clocks that disagree by hours.
+REFRESH_AFTER_S = 6 * 3600.0
 
 _MAC_BYTES = 32
 _DIGEST_BYTES = 16
@@ -59,10 +60,10 @@ def hash_buffer(data: bytes | bytearray | memoryview) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
-def blob_key(digest: bytes) -> str:
-    """The store key of the blob with this content hash."""
+def blob_key(digest: bytes, namespace: str) -> str:
+    """The store key of the blob with this content hash, in a signing key's namespace (`Keyring.blob_namespace`)."""
     text = digest.hex()
-    return f"{BLOB_PREFIX}{text[:2]}/{text}"
+    return f"{BLOB_PREFIX}{namespace}/{text[:2]}/{text}"
 
 
 def encode_blob(raw: bytes | bytearray | memoryview, level: int) -> bytes:
@@ -142,10 +143,11 @@ def decode_blob(data: bytes | bytearray | memoryview, *, digest: bytes, into: me
 
 
 def blob_keys_of(stored: bytes | bytearray | memoryview) -> list[str]:
-    """The keys of the blobs a stored checkpoint refers to, read from its manifest without verifying it.
+    """The content hashes (hex) of the blobs a stored checkpoint refers to, read without verifying it.
 
-    For cleanup, which must keep every blob any checkpoint may need: nothing is unpickled, and a forged
-    checkpoint can at worst keep blobs alive.
+    For cleanup, which must keep every blob any checkpoint may need, whatever the namespace: a blob whose
+    key ends in one of these names is kept. Nothing is unpickled, and a forged checkpoint can at worst keep
+    blobs alive.
 
     Raises:
         CheckpointCorrupt: The bytes are not a readable checkpoint.
@@ -157,4 +159,4 @@ def blob_keys_of(stored: bytes | bytearray | memoryview) -> list[str]:
     if len(view) <= _MAC_BYTES:
         raise CheckpointCorrupt("the checkpoint is truncated or empty")
     manifest = parse_container(view[:-_MAC_BYTES], check_python=False).manifest
-    return [blob_key(bytes.fromhex(ref.hash)) for ref in manifest.blobs]
+    return [ref.hash for ref in manifest.blobs]

@@ -146,23 +146,40 @@ class Keyring:
             return body
         return body + mac
 
+    def blob_namespace(self, index: int = 0) -> str:
+        """The store folder for blobs of checkpoints signed by key ``index`` (0: the signing key).
+
+        Blobs are content-addressed; keeping each key's blobs apart means one tenant can neither read nor
+        plant blobs of another that shares the store.
+        """
+        return hmac.new(self._keys[index], b"snapcell-blobs", hashlib.sha256).hexdigest()[:16]
+
+    def verify_with_key(self, blob: bytes | bytearray, checkpoint_id: CheckpointId) -> tuple[memoryview, int]:
+        """Like `verify`, and also say which key (by position) the checkpoint was signed with.
+
+        Raises:
+            CheckpointCorrupt: As `verify`.
+        """
+        if len(blob) <= _MAC_BYTES:
+            raise CheckpointCorrupt("the checkpoint is truncated or empty", checkpoint_id=checkpoint_id.raw)
+        view = memoryview(blob)
+        body, mac = view[:-_MAC_BYTES], view[-_MAC_BYTES:]
+        for index, key in enumerate(self._keys):
+            if hmac.compare_digest(self._mac(key, body, checkpoint_id), mac):
+                return body, index
+        raise CheckpointCorrupt(
+            "the checkpoint failed verification: its bytes were altered or truncated, or it was signed "
+            "with another key; it was not loaded",
+            checkpoint_id=checkpoint_id.raw,
+        )
+
     def verify(self, blob: bytes | bytearray, checkpoint_id: CheckpointId) -> memoryview:
         """Check the seal of checkpoint bytes and return the body, before anything parses it.
 
         Raises:
             CheckpointCorrupt: Tampered, truncated, stored under another ID, or signed with another key.
         """
-        if len(blob) <= _MAC_BYTES:
-            raise CheckpointCorrupt("the checkpoint is truncated or empty", checkpoint_id=checkpoint_id.raw)
-        view = memoryview(blob)
-        body, mac = view[:-_MAC_BYTES], view[-_MAC_BYTES:]
-        if not any(hmac.compare_digest(self._mac(key, body, checkpoint_id), mac) for key in self._keys):
-            raise CheckpointCorrupt(
-                "the checkpoint failed verification: its bytes were altered or truncated, or it was signed "
-                "with another key; it was not loaded",
-                checkpoint_id=checkpoint_id.raw,
-            )
-        return body
+        return self.verify_with_key(blob, checkpoint_id)[0]
 
     @staticmethod
     def _mac(key: bytes, body: bytes | bytearray | memoryview, checkpoint_id: CheckpointId) -> bytes:

@@ -49,6 +49,10 @@ class Backend(Protocol):
         """Add notes for the next run, and setup cells to run before its cell."""
         ...
 
+    async def discard(self) -> None:
+        """Throw the runner away (it misbehaved); the next request starts a new one."""
+        ...
+
     async def declarations(self) -> str:
         """Type declarations for the namespace's variables (for the type checker)."""
         ...
@@ -98,6 +102,9 @@ class InlineBackend:
     async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
         self.runner.pending_notes.extend(notes)
         self.runner.pending_setup.extend(setup_cells)
+
+    async def discard(self) -> None:
+        self.runner = Runner(policy=self._policy, limits=self._limits)
 
     async def declarations(self) -> str:
         return declarations_from_namespace(self.runner.variables())

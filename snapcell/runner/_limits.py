@@ -57,9 +57,9 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("wall_time_s", "cpu_time_s"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int | float) or not math.isfinite(value) or value <= 0):
+            if value is not None and (not _is_number(value) or not math.isfinite(value) or value <= 0):
                 raise ConfigError(f"Limits.{name} must be a positive number of seconds or None, not {value!r}")
-        if not isinstance(self.grace_s, int | float) or not math.isfinite(self.grace_s) or self.grace_s < 0:
+        if not _is_number(self.grace_s) or not math.isfinite(self.grace_s) or self.grace_s < 0:
             raise ConfigError(f"Limits.grace_s must be a non-negative number of seconds, not {self.grace_s!r}")
         minimums = {
             "memory_bytes": 64 * _MIB,
@@ -78,3 +78,7 @@ class Limits:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ConfigError(f"Limits.{name} must be an integer >= {minimum} or None, not {value!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

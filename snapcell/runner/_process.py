@@ -658,6 +658,11 @@ class ProcessBackend:
             worker, self.worker = self.worker, None
             await self._pool.release(worker, reuse_for=(self._policy, self._limits))
 
+    async def discard(self) -> None:
+        if self.worker is not None:
+            worker, self.worker = self.worker, None
+            await self._pool.release(worker)  # killed, never reused
+
     @property
     def sandbox(self) -> dict[str, str]:
         """The sandbox layers of the current worker."""

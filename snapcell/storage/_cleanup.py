@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from snapcell._telemetry import trace_cleanup
-from snapcell.errors import ConfigError, SnapcellError
+from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, CheckpointVersionError, ConfigError, SnapcellError
 
 from ._heads import HeadStore
 from ._local import LocalStore
@@ -167,7 +167,7 @@ def cleanup(
             is unchanged and no turn holds its lease at that moment).
         key_of: Maps a checkpoint ID to its storage key (``lambda i: pool.keyring.parse_id(i).storage_key``);
             required with ``heads``. IDs it rejects protect nothing.
-        blob_refs: Maps a checkpoint's stored bytes to the keys of the blobs it refers to
+        blob_refs: Maps a checkpoint's stored bytes to the names (content hashes) of the blobs it refers to
             (`snapcell.checkpoint.blob_keys_of`). With it, blobs under ``blob_prefix`` that no surviving
             checkpoint refers to and that are older than ``blob_grace_s`` are deleted (mark and sweep). Without
             it, blobs are never deleted. A blob is looked at once more right before its deletion and kept if a
@@ -302,6 +302,11 @@ def _orphan_blobs(
     """Blobs no surviving checkpoint refers to, last written before ``cutoff``.
 
     The blob listing comes from the same scan as the checkpoints; a blob written after it is not a candidate.
+    A blob is matched by its name (the content hash, the last part of its key), whatever its namespace.
+
+    Raises:
+        StorageError: A checkpoint could not be read (other than gone): nothing is deleted, so a flaky store
+            never makes live blobs look unreferenced.
     """
     validate_prefix(blob_prefix)
     candidates = [o for o in objects if o.key.startswith(blob_prefix) and o.created_at < cutoff]
@@ -311,13 +316,15 @@ def _orphan_blobs(
     for info in survivors:
         try:
             data = store.get(info.key)
-        except SnapcellError:
+        except CheckpointNotFound:
             continue  # deleted meanwhile (another cleanup): it protects nothing any more
         try:
             referenced.update(blob_refs(data))
-        except SnapcellError:
-            continue  # unreadable bytes protect nothing; they are not a checkpoint that can be loaded
-    return [o for o in candidates if o.key not in referenced]
+        except CheckpointVersionError:
+            return []  # written by another snapcell release: its blobs cannot be told apart, so keep them all
+        except CheckpointCorrupt:
+            continue  # not a loadable checkpoint: it protects nothing
+    return [o for o in candidates if o.key.rsplit("/", 1)[-1] not in referenced]
 
 
 def _delete_orphans(store: Store, orphans: list[ObjectInfo], cutoff: float) -> list[ObjectInfo]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from snapcell import CheckpointCorrupt, Limits, Policy, Pool
+from snapcell import CheckpointCorrupt, Limits, Policy, Pool, StorageUnavailable, WorkerLost
 from snapcell.checkpoint import Keyring, blob_keys_of
 from snapcell.storage import MemoryStore, ObjectInfo, cleanup, usage
 
@@ -18,6 +18,7 @@ pytest.importorskip("pandas")
 
 KEY = "blob-test-signing-key-0123456789"
 DAY = 86400.0
+HOUR = 3600.0
 POLICY = Policy().with_modules(["numpy", "pandas"])
 LIMITS = Limits(memory_bytes=8 * 2**30, wall_time_s=120)
 GOLDEN = Path(__file__).parent / "golden"
@@ -165,15 +166,15 @@ def test_a_dump_after_a_blob_vanished_writes_it_again(store: CountingStore, cloc
         session.load_session(checkpoint)
 
 
-def test_reused_blobs_are_refreshed_after_a_day(store: CountingStore, clock: Clock) -> None:
+def test_reused_blobs_are_refreshed_after_six_hours(store: CountingStore, clock: Clock) -> None:
     with _pool(store, clock) as pool, pool.checkout() as session:
         session.feed_run("import numpy as np\na = np.arange(100_000)")
         session.dump()
         (key,) = store.blob_writes()
-        clock.now += DAY / 2
+        clock.now += 3 * HOUR
         session.dump()
-        assert _info(store, key).created_at == clock.now - DAY / 2  # not refreshed: younger than a day
-        clock.now += DAY
+        assert _info(store, key).created_at == clock.now - 3 * HOUR  # not refreshed: younger than 6 hours
+        clock.now += 4 * HOUR
         session.dump()
         assert _info(store, key).created_at == clock.now
         assert store.blob_writes() == [key]  # refreshed in place, never uploaded again
@@ -288,3 +289,88 @@ def test_checkpoints_of_format_version_1_still_load(clock: Clock) -> None:
 def _info(store: MemoryStore, key: str) -> ObjectInfo:
     (info,) = [o for o in store.scan() if o.key == key]
     return info
+
+
+def test_a_forged_blob_from_the_runner_is_never_stored(
+    store: CountingStore, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compromised worker could name garbage after data others store: the host checks every new blob."""
+    from snapcell.runner import InlineBackend
+
+    real_dump = InlineBackend.dump
+
+    async def forging_dump(self: InlineBackend, **options: Any) -> Any:
+        dumped = await real_dump(self, **options)
+        for name in dumped.new_blobs:
+            dumped.new_blobs[name] = b"\x00" + bytes(len(dumped.new_blobs[name]) - 1)  # raw codec, wrong bytes
+        return dumped
+
+    with _pool(store, clock) as pool, pool.checkout() as session:
+        session.feed_run("import numpy as np\na = np.arange(100_000)")
+        monkeypatch.setattr(InlineBackend, "dump", forging_dump)
+        with pytest.raises(WorkerLost, match="does not match its name"):
+            session.dump()
+        assert store.writes == []  # neither the blob nor a checkpoint
+        monkeypatch.setattr(InlineBackend, "dump", real_dump)
+        assert session.feed_run("1 + 1") == 2  # restored (empty: nothing was dumped before) and usable
+
+
+def test_each_signing_key_has_its_own_blob_namespace(store: CountingStore, clock: Clock) -> None:
+    code = "import numpy as np\na = np.arange(100_000)"
+    other = "another-tenant-signing-key-0123456789"
+    with _pool(store, clock) as pool, pool.checkout() as session:
+        session.feed_run(code)
+        mine = session.dump()
+    with Pool(store, isolation="inline", policy=POLICY, signing_keys=[other], clock=clock) as theirs:
+        with theirs.checkout() as session:
+            session.feed_run(code)
+            session.dump()
+    first, second = store.blob_writes()
+    assert first.rsplit("/", 1)[1] == second.rsplit("/", 1)[1]  # same content...
+    assert first != second  # ...stored once per tenant, never shared
+    # After a rotation the old key still verifies, and its namespace is still read.
+    fresh = "rotated-in-signing-key-0123456789"
+    with Pool(store, isolation="inline", policy=POLICY, signing_keys=[fresh, KEY], clock=clock) as rotated:
+        with rotated.checkout() as session:
+            session.load_session(mine)
+            assert session.feed_run("int(a[-1])") == 99_999
+            store.writes.clear()
+            session.dump()
+            assert len(store.blob_writes()) == 1  # rewritten into the new key's namespace
+
+
+class FlakyStore(MemoryStore):
+    """Fails reads of checkpoints the way an overloaded S3 endpoint does."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @property
+    def url(self) -> str:
+        return self._inner.url
+
+    def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return self._inner.scan(prefix)
+
+    def get(self, key: str) -> bytes:
+        if key.startswith("checkpoints/"):
+            raise StorageUnavailable("slow down")
+        return self._inner.get(key)
+
+    def delete(self, key: str) -> None:
+        self._inner.delete(key)
+
+
+def test_cleanup_deletes_no_blob_when_it_cannot_read_a_checkpoint(store: CountingStore, clock: Clock) -> None:
+    with _pool(store, clock) as pool, pool.checkout() as session:
+        session.feed_run("import numpy as np\na = np.arange(100_000)")
+        live = session.dump()
+    with pytest.raises(StorageUnavailable):
+        cleanup(FlakyStore(store), now=clock.now + 2 * DAY, blob_refs=blob_keys_of)
+    with _pool(store, clock) as pool, pool.checkout() as session:
+        clock.now += 2 * DAY
+        session.load_session(live)
+        assert session.feed_run("int(a[-1])") == 99_999
