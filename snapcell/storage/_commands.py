@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -234,8 +235,15 @@ def _open_heads(args: argparse.Namespace, store: Store) -> tuple[HeadStore | Non
     """The ``--heads`` store, and how to map its IDs to keys (with the pool's signing key: env, or the local secret)."""
     if args.heads is None:
         return None, None
+    from snapcell.checkpoint import ENV_SIGNING_KEY
     from snapcell.pool import resolve_keyring
 
+    if isinstance(store, LocalStore) and not os.environ.get(ENV_SIGNING_KEY):
+        if not (store.root / ".snapcell-signing-key").exists():
+            # A key generated now would match no head: every head would protect nothing from --quota.
+            raise ConfigError(
+                f"--heads needs the signing key the sessions used, and {store.url} has none; set {ENV_SIGNING_KEY}"
+            )
     keyring = resolve_keyring(store, None)
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url and args.heads.startswith("s3://") else {}
     # must_exist: a mistyped path would otherwise be a new, empty head store that protects nothing from --quota.

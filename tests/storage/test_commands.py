@@ -314,3 +314,17 @@ def test_processes_opening_a_new_heads_file_at_once_all_succeed(tmp_path: Path) 
         for round_ in range(40):
             path = str(tmp_path / f"{round_}" / "heads.db")
             assert [e for e in workers.map(_open_heads_file, [path] * 8) if e] == []
+
+
+def test_cleanup_with_heads_refuses_to_invent_a_signing_key(
+    local: tuple[Path, LocalStore], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapcell.storage import SQLiteHeads
+
+    root, _store = local
+    monkeypatch.delenv("SNAPCELL_SIGNING_KEY", raising=False)
+    path = tmp_path / "heads.db"
+    SQLiteHeads(path).close()
+    assert run("cleanup", f"file://{root}", "--heads", f"sqlite://{path}") == 2
+    assert "needs the signing key" in capsys.readouterr().err
+    assert not (root / ".snapcell-signing-key").exists()
