@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from snapcell.checkpoint import CheckpointId, Header, Keyring, Manifest, parse_container
-from snapcell.checkpoint._signing import _ID_BODY, _MAC_BYTES, ID_BYTES
+from snapcell.checkpoint._signing import _ID_BODY, ID_BYTES, MAC_BYTES
 from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, StorageError
-from snapcell.storage import LocalStore, Store, open_store
+from snapcell.storage import DEFAULT_TTL_S, LocalStore, Store, open_store
 from snapcell.storage._cleanup import format_bytes
 
 __all__ = ["DEFAULT_STORE", "InspectReport", "SectionInfo", "inspect_checkpoint"]
 
 DEFAULT_STORE = "file://.snapcell"
-_DEFAULT_TTL_S = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,7 +157,7 @@ def inspect_checkpoint(
     path: str | os.PathLike[str] | None = None,
     signing_keys: Sequence[bytes | str] | None = None,
     keyring: Keyring | None = None,
-    ttl_s: float = _DEFAULT_TTL_S,
+    ttl_s: float = DEFAULT_TTL_S,
     verify: bool = True,
     now: float | None = None,
 ) -> InspectReport:
@@ -228,7 +227,7 @@ def inspect_checkpoint(
             return _failed(source, cid, len(blob), problem, ttl_s, now)
         verification = "verified: the ID and the checkpoint's HMAC match the signing key"
     else:
-        body = memoryview(blob)[:-_MAC_BYTES] if len(blob) > _MAC_BYTES else memoryview(b"")
+        body = memoryview(blob)[:-MAC_BYTES] if len(blob) > MAC_BYTES else memoryview(b"")
         verification = "NOT CHECKED (--no-verify): these bytes may have been altered or forged"
     return _parsed(source, cid, blob, body, verification, verified=keyring is not None, ttl_s=ttl_s, now=now)
 

@@ -18,13 +18,12 @@ from snapcell.runner import Backend, InlineBackend, Limits, Policy
 from snapcell.runner._process import ProcessBackend, WorkerPool
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.session import AsyncSession, Session
-from snapcell.storage import AsyncStore, LocalStore, MemoryStore, Store, open_store
+from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
 
 __all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool"]
 
 T = TypeVar("T")
 
-DEFAULT_TTL_S = 7 * 86400.0
 Isolation = Literal["process", "inline"]
 # A memory store lives as long as the process, and so does its key.
 _PROCESS_KEY = secrets.token_bytes(32)

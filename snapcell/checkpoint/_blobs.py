@@ -17,6 +17,7 @@ import struct
 import xxhash
 import zstandard
 
+from snapcell.checkpoint._signing import MAC_BYTES as _MAC_BYTES
 from snapcell.errors import CheckpointCorrupt
 
 __all__ = [
@@ -46,7 +47,6 @@ CHUNK_BYTES = 4 * 1024 * 1024
 # cleanup's one-day grace for unreferenced blobs leaves room for clocks that disagree by hours.
 REFRESH_AFTER_S = 6 * 3600.0
 
-_MAC_BYTES = 32
 _DIGEST_BYTES = 16
 _CHUNK = struct.Struct(">I")
 _RAW = 0

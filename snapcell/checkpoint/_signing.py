@@ -23,7 +23,7 @@ _ID_VERSION = 1
 _ID_BODY = struct.Struct(">BQ16s")
 _ID_MAC_BYTES = 16
 ID_BYTES = _ID_BODY.size + _ID_MAC_BYTES
-_MAC_BYTES = 32
+MAC_BYTES = 32
 _ID_DOMAIN = b"snapcell-id\x00"
 _CHECKPOINT_DOMAIN = b"snapcell-checkpoint\x00"
 
@@ -160,10 +160,10 @@ class Keyring:
         Raises:
             CheckpointCorrupt: As `verify`.
         """
-        if len(blob) <= _MAC_BYTES:
+        if len(blob) <= MAC_BYTES:
             raise CheckpointCorrupt("the checkpoint is truncated or empty", checkpoint_id=checkpoint_id.raw)
         view = memoryview(blob)
-        body, mac = view[:-_MAC_BYTES], view[-_MAC_BYTES:]
+        body, mac = view[:-MAC_BYTES], view[-MAC_BYTES:]
         for index, key in enumerate(self._keys):
             if hmac.compare_digest(self._mac(key, body, checkpoint_id), mac):
                 return body, index

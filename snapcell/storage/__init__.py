@@ -4,7 +4,7 @@ Pick a backend by URL with `open_store` (``file://``, ``s3://``, ``memory://``);
 callers. Cleanup and usage are plain functions over any store; `add_commands` puts them on the CLI.
 """
 
-from ._cleanup import CleanupReport, DayUsage, UsageReport, cleanup, usage
+from ._cleanup import DEFAULT_TTL_S, CleanupReport, DayUsage, UsageReport, cleanup, usage
 from ._commands import add_commands, parse_duration, parse_size
 from ._config import S3Config, open_store
 from ._heads import AsyncHeads, Head, HeadStore, MemoryHeads, default_heads, open_heads, validate_conversation_id
@@ -16,6 +16,7 @@ from ._protocol import AsyncStore, ObjectInfo, Store, validate_key
 from ._s3 import S3Store, install_lifecycle
 
 __all__ = [
+    "DEFAULT_TTL_S",
     "AsyncHeads",
     "AsyncStore",
     "CleanupReport",
