@@ -100,18 +100,21 @@ def validate_lookup(
     return result
 
 
-class LocalBridge:
-    """Calls host functions in this process (inline mode, and the host side of a worker)."""
+class CallBudget:
+    """Counts a run's host-function calls against ``Limits.max_host_calls``; shared by every bridge."""
 
-    def __init__(self, lookup: Mapping[str, Callable[..., Any]], *, max_calls: int | None) -> None:
-        self._lookup = lookup
+    def __init__(self, max_calls: int | None) -> None:
         self._max_calls = max_calls
-        self.calls: list[HostCall] = []
         self._started = 0
 
-    def _admit(self, name: str) -> Callable[..., Any]:
-        func = self._lookup.get(name)
-        if func is None:
+    def admit(self, name: str, *, available: bool) -> None:
+        """Count one call of ``name``.
+
+        Raises:
+            NameError: No host function of that name in this run (the script may catch it).
+            OutputLimitExceeded: The run made more calls than allowed.
+        """
+        if not available:
             raise NameError(f"host function {name!r} is not available in this run")
         self._started += 1
         if self._max_calls is not None and self._started > self._max_calls:
@@ -121,6 +124,21 @@ class LocalBridge:
                 value=self._max_calls,
                 hint="Batch the work into fewer calls.",
             )
+
+
+class LocalBridge:
+    """Calls host functions in this process (inline mode, and the host side of a worker)."""
+
+    def __init__(self, lookup: Mapping[str, Callable[..., Any]], *, max_calls: int | None) -> None:
+        self._lookup = lookup
+        self._budget = CallBudget(max_calls)
+        self.calls: list[HostCall] = []
+
+    def _admit(self, name: str) -> Callable[..., Any]:
+        func = self._lookup.get(name)
+        self._budget.admit(name, available=func is not None)
+        if func is None:  # admit has raised already; this narrows the type
+            raise NameError(name)
         return trace_host_function(name, func)
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from snapcell.checkpoint import BlobRef
-from snapcell.errors import CheckpointError, ConfigError, OutputLimitExceeded, SnapcellError
+from snapcell.errors import CheckpointError, ConfigError, SnapcellError
+from snapcell.runner._host import CallBudget
 from snapcell.runner._interrupt import start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
@@ -83,23 +84,13 @@ class WorkerBridge:
         self._channel = channel
         self._host = host
         self._loop = loop
-        self._max_calls = limits.max_host_calls
-        self._started = 0
+        self._budget = CallBudget(limits.max_host_calls)
         self._next_id = 0
         self._lock = threading.Lock()
         self._waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if name not in self._host:
-            raise NameError(f"host function {name!r} is not available in this run")
-        self._started += 1
-        if self._max_calls is not None and self._started > self._max_calls:
-            raise OutputLimitExceeded(
-                f"the run made more than {self._max_calls} host-function calls",
-                limit="max_host_calls",
-                value=self._max_calls,
-                hint="Batch the work into fewer calls.",
-            )
+        self._budget.admit(name, available=name in self._host)
         try:
             plain_args, plain_kwargs = to_plain(list(args)), to_plain(kwargs)
         except NotPlainData as exc:
