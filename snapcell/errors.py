@@ -166,7 +166,7 @@ class MemoryLimitExceeded(LimitExceeded, MemoryError):
 
 
 class OutputLimitExceeded(LimitExceeded):
-    """Raised when a limit on host calls or output volume stops a run; earlier variables stay usable."""
+    """Raised when a limit on host calls, output volume or script size stops a run; earlier variables stay usable."""
 
 
 # ----------------------------------------------------------------- checkpoint

@@ -52,6 +52,7 @@ _STARTUP_TIMEOUT_S = 60.0
 _REQUEST_TIMEOUT_S = 600.0
 _KILL_WAIT_S = 5.0
 _READ_CHUNK = 256 * 1024
+_DECODE_INLINE_BYTES = 256 * 1024
 # A large blob's buffer starts this big and doubles as data arrives, so a claimed size costs nothing until it is sent.
 _FIRST_BLOCK = 64 * 1024 * 1024
 # Largest blob a worker may send when its session has no memory limit; with one, twice that limit.
@@ -217,7 +218,9 @@ class WorkerProcess:
                     raise _Died(
                         "crash", f"the worker announced a {blob_size}-byte blob (at most {self.max_blob_bytes})"
                     )
-                message = decode(await self._read_exactly(size))
+                raw = await self._read_exactly(size)
+                # A large message (a big run value) is decoded off the event loop, which other sessions share.
+                message = decode(raw) if size < _DECODE_INLINE_BYTES else await asyncio.to_thread(decode, raw)
                 blob = await self._read_exactly(blob_size) if blob_size else bytearray()
         except TimeoutError:
             await self.kill()
