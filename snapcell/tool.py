@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import os
 import random
 import secrets
@@ -22,19 +23,36 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from snapcell._telemetry import conversation_context
-from snapcell.errors import CheckpointExpired, CheckpointNotFound, ConfigError, Conflict, WorkerLost
+from snapcell.errors import (
+    CheckpointExpired,
+    CheckpointNotFound,
+    ConfigError,
+    Conflict,
+    SnapcellError,
+    StorageError,
+    WorkerLost,
+)
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
 from snapcell.runner._host import validate_lookup
 from snapcell.storage import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id
 
-__all__ = ["STATE_GONE_NOTE", "CodeTool", "SyncCodeTool", "cut_answer", "render_answer", "tool_call_arguments"]
+__all__ = [
+    "MIN_ANSWER_CHARS",
+    "STATE_GONE_NOTE",
+    "CodeTool",
+    "SyncCodeTool",
+    "cut_answer",
+    "render_answer",
+    "tool_call_arguments",
+]
 
 STATE_GONE_NOTE = (
     "the earlier state of this conversation is gone (its checkpoint expired or was deleted); this code ran in a "
     "fresh, empty session, so variables, functions and imports from earlier turns must be recreated"
 )
-_MIN_ANSWER_CHARS = 200
+MIN_ANSWER_CHARS = 200
+log = logging.getLogger("snapcell")
 _POLL_MIN_S = 0.01
 _POLL_MAX_S = 0.25
 
@@ -49,7 +67,13 @@ only what you need to see."""
 
 
 def cut_answer(text: str, max_chars: int) -> str:
-    """Cut ``text`` to at most ``max_chars`` characters, keeping the end and saying how much was cut."""
+    """Cut ``text`` to at most ``max_chars`` characters, keeping the end and saying how much was cut.
+
+    Raises:
+        ConfigError: ``max_chars`` is below `MIN_ANSWER_CHARS`, too small to say what was cut.
+    """
+    if not isinstance(max_chars, int) or max_chars < MIN_ANSWER_CHARS:
+        raise ConfigError(f"max_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_chars!r}")
     if len(text) <= max_chars:
         return text
     cut = len(text) - max_chars
@@ -120,7 +144,7 @@ def _tool_signatures(tools: Mapping[str, Callable[..., Any]]) -> list[str]:
     for name, func in tools.items():
         try:
             signature = str(inspect.signature(func, eval_str=True))
-        except (TypeError, ValueError, NameError):
+        except Exception:  # evaluating the host's own annotations may raise anything; fall back to their text
             try:
                 signature = str(inspect.signature(func))
             except (TypeError, ValueError):
@@ -165,8 +189,8 @@ class CodeTool:
         lease_ttl_s: float = 60.0,
         lease_wait_s: float = 30.0,
     ) -> None:
-        if not isinstance(max_answer_chars, int) or max_answer_chars < _MIN_ANSWER_CHARS:
-            raise ConfigError(f"max_answer_chars must be an integer >= {_MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
+        if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
+            raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
         for label, value in (("lease_ttl_s", lease_ttl_s), ("lease_wait_s", lease_wait_s)):
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{label} must be a positive number of seconds, not {value!r}")
@@ -182,6 +206,7 @@ class CodeTool:
         tools = validate_lookup(tools, what="tools")
         self.pool = pool
         self.heads: HeadStore = heads if heads is not None else default_heads(pool.store)
+        self._owns_heads = heads is None
         self.tools = tools
         self.stubs = stubs
         self.max_answer_chars = max_answer_chars
@@ -248,7 +273,10 @@ class CodeTool:
             Conflict: Another turn of this conversation held it for ``lease_wait_s``, or moved its head while this
                 turn ran; this turn's changes were not saved and the conversation's head is the other turn's.
             StorageError: The checkpoint or head store failed; the head did not move, the turn may be retried.
-            CheckpointCorrupt: The head's checkpoint was altered or signed with another key; the head did not move.
+            CheckpointCorrupt: The head's checkpoint was altered or signed with another key (check the keys after a
+                rotation); the head did not move: fix the keys, or `rewind` / start a new conversation.
+            CheckpointVersionError: The head's checkpoint was written by another Python minor version; the head did
+                not move: run it on that version, or `rewind` / start a new conversation.
             SessionError: No worker could be checked out; nothing ran.
         """
         validate_conversation_id(conversation_id)
@@ -282,15 +310,25 @@ class CodeTool:
         history: tuple[bytes, ...] = ()
         if head is not None and not fresh:
             history = head.history if head.checkpoint_id is None else (head.checkpoint_id, *head.history)
-        await self._aheads.compare_and_set(
-            conversation_id,
-            head.version if head is not None else None,
-            new_id,
-            history=history,
-            owner=owner[0],
-            release_lease=True,
-        )
-        owner.clear()  # released with the head
+        try:
+            await self._aheads.compare_and_set(
+                conversation_id,
+                head.version if head is not None else None,
+                new_id,
+                history=history,
+                owner=owner[0],
+                release_lease=True,
+            )
+        except (Conflict, StorageError):
+            # The update may have landed even though it reported a failure (a retried request on S3): checkpoint
+            # IDs are unique, so a head that names this turn's checkpoint means the turn was stored.
+            current = await self._aheads.get(conversation_id)
+            if current is None or current.checkpoint_id != new_id:
+                raise
+            if current.lease_owner != owner[0]:
+                owner.clear()  # the head update released it
+        else:
+            owner.clear()  # released with the head
         return render_answer(result, notes, max_chars=self.max_answer_chars)
 
     @contextlib.asynccontextmanager
@@ -304,22 +342,27 @@ class CodeTool:
             lock = self._locks[conversation_id] = asyncio.Lock()
         async with lock:
             owner = f"{self._owner_prefix}:{secrets.token_hex(6)}"
-            await self._acquire(conversation_id, owner)
+            try:
+                await self._acquire(conversation_id, owner)
+            except BaseException:
+                # Cancelled (or failed) while the store may already have granted the lease: give it back, or
+                # the conversation stays locked for the whole lease time. Releasing a lease not held does nothing.
+                await asyncio.shield(self._aheads.release_lease(conversation_id, owner))
+                raise
             renewer = asyncio.create_task(self._renew(conversation_id, owner))
             held = [owner]
             try:
                 yield held
             finally:
                 renewer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewer
+                await asyncio.gather(renewer, return_exceptions=True)
                 if held:
                     await asyncio.shield(self._aheads.release_lease(conversation_id, owner))
 
     async def _acquire(self, conversation_id: str, owner: str) -> None:
         deadline = time.monotonic() + self.lease_wait_s
         delay = _POLL_MIN_S
-        while not await self._aheads.acquire_lease(conversation_id, owner, self.lease_ttl_s):
+        while not await self._try_lease(conversation_id, owner):
             if time.monotonic() >= deadline:
                 raise Conflict(
                     f"another turn of conversation {conversation_id!r} is running (it has held the conversation for "
@@ -328,11 +371,34 @@ class CodeTool:
             await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, _POLL_MAX_S)
 
+    async def _try_lease(self, conversation_id: str, owner: str) -> bool:
+        """One attempt at the lease; if the caller is cancelled meanwhile, wait for the store's answer first.
+
+        The attempt runs in a thread that cannot be stopped: giving the lease back before it finished would
+        let it take the lease afterwards and keep the conversation locked for the whole lease time.
+        """
+        attempt = asyncio.ensure_future(self._aheads.acquire_lease(conversation_id, owner, self.lease_ttl_s))
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            await asyncio.gather(attempt, return_exceptions=True)
+            raise
+
     async def _renew(self, conversation_id: str, owner: str) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl_s / 3)
-            if not await self._aheads.renew_lease(conversation_id, owner, self.lease_ttl_s):
-                return  # lost: the head update will be refused with Conflict
+            try:
+                if not await self._aheads.renew_lease(conversation_id, owner, self.lease_ttl_s):
+                    return  # lost: the head update will be refused with Conflict
+            except SnapcellError as exc:
+                # A failed renewal is not the turn's failure: try again next time; if the lease really lapses,
+                # the head update is refused with Conflict and nothing is overwritten.
+                log.warning("snapcell: renewing the lease of conversation %r failed: %s", conversation_id, exc)
+
+    async def aclose(self) -> None:
+        """Close the head store if the tool opened it (the default one); a head store passed in stays open."""
+        if self._owns_heads:
+            await asyncio.to_thread(self.heads.close)
 
     # ------------------------------------------------------------ history ops
 
@@ -454,6 +520,10 @@ class SyncCodeTool:
         head: Head | None = self._pool.call(self._inner.head(conversation_id))
         return head
 
+    def close(self) -> None:
+        """See `CodeTool.aclose`."""
+        self._pool.call(self._inner.aclose())
+
 
 def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
     """Parse a model's tool-call arguments (JSON text or a dict) into ``(code, setup)``.
@@ -466,7 +536,7 @@ def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
     """
     try:
         data = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"run_code arguments are not valid JSON: {exc}") from exc
     if not isinstance(data, Mapping) or not isinstance(data.get("code"), str):
         raise ConfigError("run_code arguments must be a JSON object with a string 'code'")

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from snapcell import (
     ScriptError,
     SQLiteHeads,
     StorageError,
+    StorageUnavailable,
     SyncCodeTool,
 )
 from snapcell.storage import MemoryStore, S3Config, S3Store, cleanup
@@ -415,3 +417,61 @@ def test_tool_call_setup_accepts_booleans_and_their_text(arguments: str | dict[s
 def test_tool_call_setup_refuses_anything_else(setup: str) -> None:
     with pytest.raises(ConfigError, match="'setup' must be true or false"):
         tool_call_arguments(f'{{"code": "x", "setup": {setup}}}')
+
+
+class FailingRenewals(MemoryHeads):
+    def renew_lease(self, *args: object, **kwargs: object) -> bool:
+        raise StorageUnavailable("the head store is briefly unreachable")
+
+
+def test_a_failed_lease_renewal_does_not_fail_a_finished_turn(pool: Pool) -> None:
+    heads = FailingRenewals()
+    tool = SyncCodeTool(pool, heads=heads, lease_ttl_s=0.06)
+    assert tool.run_code("c", "import time\ntime.sleep(0.2)\nx = 1\nx") == "1"
+    head = heads.get("c")
+    assert head is not None and head.checkpoint_id is not None and head.lease_owner is None
+
+
+class AmbiguousUpdates(MemoryHeads):
+    """The update lands, but the reply is lost (a retried request on S3)."""
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
+        super().compare_and_set(*args, **kwargs)
+        raise StorageUnavailable("read timeout")
+
+
+def test_a_head_update_that_landed_despite_an_error_counts_as_done(pool: Pool) -> None:
+    heads = AmbiguousUpdates()
+    tool = SyncCodeTool(pool, heads=heads)
+    assert tool.run_code("c", "n = 41\nn + 1") == "42"
+    head = heads.get("c")
+    assert head is not None and head.lease_owner is None
+    assert tool.run_code("c", "n") == "41"  # the turn was stored once, not twice
+
+
+class SlowLeases(MemoryHeads):
+    def acquire_lease(self, *args: Any, **kwargs: Any) -> bool:
+        time.sleep(0.2)
+        return super().acquire_lease(*args, **kwargs)
+
+
+def test_a_turn_cancelled_while_taking_the_lease_gives_it_back() -> None:
+    async def scenario() -> None:
+        heads = SlowLeases()
+        async with AsyncPool("memory://", isolation="inline") as pool:
+            tool = CodeTool(pool, heads=heads)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(tool.run_code("c", "1"), 0.05)
+            await asyncio.sleep(0.3)  # the thread that took the lease finishes
+            head = heads.get("c")
+            assert head is None or head.lease_owner is None
+            assert await tool.run_code("c", "2") == "2"
+
+    asyncio.run(scenario())
+
+
+def test_hostile_tool_arguments_and_tiny_limits_are_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        tool_call_arguments("[" * 100_000)
+    with pytest.raises(ConfigError):
+        cut_answer("x" * 1000, 10)
