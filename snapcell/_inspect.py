@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from snapcell.storage._cleanup import format_bytes
 __all__ = ["DEFAULT_STORE", "InspectReport", "SectionInfo", "inspect_checkpoint"]
 
 DEFAULT_STORE = "file://.snapcell"
+_KEY_FILE = ".snapcell-signing-key"  # `LocalStore.secret()`'s file for the signing key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +67,8 @@ class InspectReport:
         header: The container header, when it was parsed.
         manifest: The manifest, when it was parsed.
         sections: The container's sections, in order.
+        warnings: Lines for people about a checkpoint that parsed but that this interpreter could not load (one
+            written by another Python minor version).
     """
 
     source: str
@@ -79,6 +83,7 @@ class InspectReport:
     header: Header | None = None
     manifest: Manifest | None = None
     sections: tuple[SectionInfo, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -120,6 +125,7 @@ class InspectReport:
                 }
                 for s in self.sections
             ],
+            "warnings": list(self.warnings),
         }
 
     def to_json(self) -> str:
@@ -141,6 +147,7 @@ class InspectReport:
         lines.append(_row("size", format_bytes(self.checkpoint_bytes) + _raw_total(self.sections)))
         if self.problem is not None:
             lines.append(_row("PROBLEM", self.problem))
+        lines.extend(_row("WARNING", warning) for warning in self.warnings)
         if self.header is not None:
             lines.extend(_render_header(self.header, self.manifest))
         if self.manifest is not None:
@@ -165,7 +172,8 @@ def inspect_checkpoint(
 
     Give an ID and a store (the checkpoint is fetched from the store), or a checkpoint file with ``path`` (and its
     ID, to verify it). Keys are resolved as a pool resolves them: ``signing_keys``, then ``SNAPCELL_SIGNING_KEY``,
-    then the local store's key file (for a file inside a local store's ``checkpoints/`` directory, that store's).
+    then the local store's existing key file (for a file inside a local store's ``checkpoints/`` directory, that
+    store's); unlike a pool, inspecting never generates a key.
 
     Args:
         checkpoint_id: The checkpoint's ID, as bytes or hex; required unless ``path`` is given with ``verify=False``.
@@ -183,7 +191,8 @@ def inspect_checkpoint(
         and nothing of it parsed.
 
     Raises:
-        ConfigError: Neither an ID nor a file, a file to verify without its ID, or no signing key.
+        ConfigError: Neither an ID nor a file, a file to verify without its ID, or no signing key (none given, no
+            ``SNAPCELL_SIGNING_KEY`` and no ``.snapcell-signing-key`` in the local store).
         CheckpointCorrupt: The ID is not hex, or the wrong length.
         CheckpointNotFound: The store has no checkpoint under the ID.
         StorageError: The store or the file could not be read.
@@ -255,7 +264,8 @@ def _parsed(
         "expired": created is not None and now > created + ttl_s,
     }
     try:
-        container = parse_container(body)
+        # Only the manifest is read, so a checkpoint of another Python minor version is shown, with a warning.
+        container = parse_container(body, check_python=False)
     except CheckpointError as exc:
         return InspectReport(**common, problem=str(exc))
     sections = tuple(
@@ -271,7 +281,24 @@ def _parsed(
     if created is None:  # an unverified file without an ID: the manifest's (unsigned) time is all there is
         created = container.manifest.created_at
         common.update(created_at=created, expires_at=created + ttl_s, expired=now > created + ttl_s)
-    return InspectReport(**common, header=container.header, manifest=container.manifest, sections=sections)
+    return InspectReport(
+        **common,
+        header=container.header,
+        manifest=container.manifest,
+        sections=sections,
+        warnings=_python_warnings(container.header),
+    )
+
+
+def _python_warnings(header: Header) -> tuple[str, ...]:
+    """A warning when another Python minor version wrote the checkpoint: this interpreter cannot load it."""
+    written, running = header.python, (sys.version_info.major, sys.version_info.minor)
+    if written == running:
+        return ()
+    return (
+        f"written by Python {written[0]}.{written[1]}, this is Python {running[0]}.{running[1]}: a pool here "
+        f"cannot load it (CheckpointVersionError); load it with Python {written[0]}.{written[1]}",
+    )
 
 
 def _failed(source: str, cid: CheckpointId, size: int, problem: str, ttl_s: float, now: float) -> InspectReport:
@@ -328,12 +355,20 @@ def _enclosing_store(path: Path) -> LocalStore | None:
 
 
 def _keyring(store: Store, signing_keys: Sequence[bytes | str] | None) -> Keyring:
-    """The pool's keys (`resolve_keyring`), without generating a fresh key for a directory that is no store."""
+    """The pool's keys (`resolve_keyring`), but never a newly generated one.
+
+    A pool generates a local store's key on first use; here that would write a key file into whatever directory
+    was named (any ``.../checkpoints/<x>/<file>`` path looks like a store), and a new key verifies nothing anyway.
+    """
     from snapcell.pool import resolve_keyring
 
-    if not signing_keys and Keyring.from_env() is None and isinstance(store, LocalStore) and not store.root.is_dir():
+    if signing_keys or Keyring.from_env() is not None or not isinstance(store, LocalStore):
+        return resolve_keyring(store, signing_keys)
+    key_file = store.root / _KEY_FILE
+    if not key_file.is_file():
         raise ConfigError(
-            f"no signing key to verify with: {store.root} is not a snapcell store; pass --store, --signing-key "
+            f"no signing key to verify with: {key_file} does not exist ({store.root} is not a snapcell store, or "
+            "not the one that wrote this checkpoint); pass --store with the store's directory, --signing-key KEY, "
             "or set SNAPCELL_SIGNING_KEY"
         )
     return resolve_keyring(store, signing_keys)

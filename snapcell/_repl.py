@@ -20,7 +20,7 @@ from typing import IO, Any
 from snapcell._inspect import inspect_checkpoint
 from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
-from snapcell.errors import ConfigError, Conflict, SnapcellError
+from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, Conflict, SnapcellError
 from snapcell.pool import Pool
 from snapcell.storage import MemoryStore
 from snapcell.storage._cleanup import format_bytes
@@ -31,6 +31,7 @@ __all__ = ["DEFAULT_CONVERSATION", "Repl", "run_repl"]
 DEFAULT_CONVERSATION = "repl"
 _EXIT_WORDS = frozenset({"exit", "exit()", "quit", "quit()"})
 _NO_OUTPUT = "(no output)"
+_NOT_STARTED = object()  # a turn interrupted before it read the head
 _HELP = """\
 Every input is a turn of the conversation; its variables are saved after each turn.
   %vars          variables of the current checkpoint: types and pickled sizes, largest first
@@ -73,18 +74,39 @@ class Repl(code.InteractiveConsole):
         return False
 
     def turn(self, source: str) -> None:
-        """Run one input as a turn of the conversation and print the answer."""
+        """Run one input as a turn of the conversation and print the answer; errors are printed, never raised."""
+        before: str | None | object = _NOT_STARTED
         try:
+            before = self._head_version()
             with conversation_context(self.conversation):
                 answer = self.tool.run_code(self.conversation, source)
         except KeyboardInterrupt:
-            self.say("KeyboardInterrupt: this input was stopped and its changes are lost")
+            self.say(self._interrupted(before))
             return
         except Conflict as exc:
             self.say(f"not saved: {exc}")
             return
+        except SnapcellError as exc:
+            self.say(_one_line(exc))
+            return
         if answer != _NO_OUTPUT:
             self.say(answer)
+
+    def _head_version(self) -> str | None:
+        head = self.tool.head(self.conversation)
+        return head.version if head is not None else None
+
+    def _interrupted(self, before: str | None | object) -> str:
+        """What a Ctrl-C during a turn left behind: the head may have moved just before the interrupt landed."""
+        if before is _NOT_STARTED:
+            return "KeyboardInterrupt: this input did not run"
+        try:
+            after = self._head_version()
+        except (SnapcellError, KeyboardInterrupt) as exc:
+            return f"KeyboardInterrupt: this input was stopped; whether it was saved is unknown ({_one_line(exc)})"
+        if after != before:
+            return "KeyboardInterrupt: this input had already been saved; its changes are kept"
+        return "KeyboardInterrupt: this input was stopped and its changes are lost"
 
     def interact(self, banner: str | None = None, exitmsg: str | None = None) -> None:
         """Read inputs until Ctrl-D, ``exit`` or ``quit``."""
@@ -135,17 +157,20 @@ class Repl(code.InteractiveConsole):
         except SnapcellError as exc:
             self.say(f"%{name}: {exc}")
 
-    def _count(self, argument: str, default: int) -> int:
+    def _count(self, argument: str, default: int, command: str) -> int:
+        # isascii: str.isdigit() also accepts '²' or '٣', which int() then refuses.
         if not argument:
             return default
-        if not argument.isdigit() or int(argument) < 1:
-            raise ConfigError(f"expected a positive number, not {argument!r}")
+        if not (argument.isascii() and argument.isdigit()) or int(argument) < 1:
+            raise ConfigError(f"expected a positive number, not {argument!r}; usage: %{command} [N]")
         return int(argument)
 
     def _manifest(self, checkpoint_id: bytes) -> Manifest:
         report = inspect_checkpoint(checkpoint_id, store=self.pool.store, keyring=self.pool.aio.keyring)
+        if not report.verified:
+            raise CheckpointCorrupt(report.verification.removeprefix("FAILED: "), checkpoint_id=checkpoint_id)
         if report.manifest is None:
-            raise ConfigError(report.problem or report.verification)
+            raise CheckpointError(report.problem or "the checkpoint could not be parsed")
         return report.manifest
 
     def _current(self) -> bytes | None:
@@ -162,7 +187,7 @@ class Repl(code.InteractiveConsole):
 
     def show_history(self, argument: str = "") -> None:
         """``%history [N]``: the conversation's last checkpoints, newest first."""
-        limit = self._count(argument, 10)
+        limit = self._count(argument, 10, "history")
         head = self.tool.head(self.conversation)
         if head is None or head.checkpoint_id is None:
             self.say("no turns yet")
@@ -184,7 +209,7 @@ class Repl(code.InteractiveConsole):
 
     def rewind(self, argument: str = "") -> None:
         """``%rewind [N]``: move the conversation back N turns."""
-        turns = self._count(argument, 1)
+        turns = self._count(argument, 1, "rewind")
         target = self.tool.rewind(self.conversation, turns)
         if target is None:
             self.say(f"rewound {turns} turn{'s' if turns != 1 else ''}: the namespace is empty")
@@ -208,7 +233,12 @@ class Repl(code.InteractiveConsole):
         if current is None:
             lines.append("a new conversation; %help lists the commands, Ctrl-D leaves")
         else:
-            manifest = self._manifest(current)
+            try:
+                manifest = self._manifest(current)
+            except SnapcellError as exc:
+                lines.append(f"current checkpoint unreadable: {_one_line(exc)}; %rewind or start over")
+                lines.append("%help lists the commands, Ctrl-D leaves")
+                return "\n".join(lines)
             names = ", ".join(v.name for v in manifest.variables[:12]) + (
                 ", ..." if len(manifest.variables) > 12 else ""
             )
@@ -221,6 +251,12 @@ class Repl(code.InteractiveConsole):
                 lines.append(f"not saved, so not restored: {dropped}")
             lines.append("%help lists the commands, Ctrl-D leaves")
         return "\n".join(lines)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's type and message on one line."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def describe_variables(manifest: Manifest) -> list[str]:

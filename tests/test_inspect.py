@@ -174,3 +174,52 @@ def test_expiry_and_missing_checkpoints(store_dir: Path, capsys: pytest.CaptureF
 def test_no_store_no_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a snapcell store"):
         inspect_checkpoint("00" * 41, store=f"file://{tmp_path / 'missing'}")
+
+
+def test_checkpoint_of_another_python_is_shown_with_a_warning(
+    store_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from snapcell.checkpoint import Keyring
+
+    checkpoint = _checkpoint(store_dir, "value = 42")
+    keyring = Keyring([(store_dir / ".snapcell-signing-key").read_bytes()])
+    cid = keyring.parse_id(checkpoint)
+    path = _file_of(store_dir, checkpoint)
+    body = bytearray(keyring.verify(path.read_bytes(), cid))
+    other_minor = 12 if sys.version_info.minor != 12 else 11
+    body[11] = other_minor  # the header's Python minor version; re-signed, so the checkpoint still verifies
+    path.write_bytes(bytes(keyring.sign(body, cid)))
+
+    report = inspect_checkpoint(checkpoint, store=f"file://{store_dir}")
+    assert report.ok and report.header is not None and report.header.python == (3, other_minor)
+    assert report.manifest is not None and [v.name for v in report.manifest.variables] == ["value"]
+    assert len(report.warnings) == 1 and f"Python 3.{other_minor}" in report.warnings[0]
+
+    assert main(["inspect", checkpoint, "--store", f"file://{store_dir}"]) == 0
+    text = capsys.readouterr().out
+    (warning,) = [line for line in text.splitlines() if line.startswith("WARNING")]
+    assert f"3.{other_minor}" in warning and "value" in text
+    assert main(["inspect", checkpoint, "--store", f"file://{store_dir}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == list(report.warnings)
+
+
+def test_inspect_never_creates_a_signing_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SNAPCELL_SIGNING_KEY", raising=False)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(ConfigError, match=r"\.snapcell-signing-key.*--signing-key.*SNAPCELL_SIGNING_KEY"):
+        inspect_checkpoint("00" * 41, store=f"file://{plain}")
+    assert list(plain.iterdir()) == []
+
+    # A file that merely looks like it sits in a store's checkpoints/<day>/ directory.
+    fake = tmp_path / "docs" / "checkpoints" / "2024" / "notes.bin"
+    fake.parent.mkdir(parents=True)
+    fake.write_bytes(b"x" * 100)
+    assert main(["inspect", str(fake), "--id", "00" * 41]) in (1, 2)
+    err = capsys.readouterr().err
+    assert "ConfigError" in err and ".snapcell-signing-key" in err and "--signing-key" in err
+    assert sorted(p.name for p in (tmp_path / "docs").rglob("*")) == ["2024", "checkpoints", "notes.bin"]

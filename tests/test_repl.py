@@ -129,3 +129,102 @@ def test_exit_and_eof(tmp_path: Path) -> None:
     assert text.count(">>> ") == 2
     assert "v = 5" not in text
     assert "restored after turn 1: 1 variables (v)" in _repl(tmp_path / "s", "", "--isolation", "inline")
+
+
+def _head_file(store: Path) -> Path:
+    """The checkpoint file of conversation t1's head in a local store."""
+    from snapcell.storage import SQLiteHeads
+
+    heads = SQLiteHeads(store / ".heads.sqlite3", create=False)
+    try:
+        head = heads.get("t1")
+    finally:
+        heads.close()
+    assert head is not None and head.checkpoint_id is not None
+    (path,) = [
+        p for p in (store / "checkpoints").rglob("*") if p.is_file() and head.checkpoint_id.hex()[18:50] in p.name
+    ]
+    return path
+
+
+def test_starts_when_the_head_checkpoint_was_deleted(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    _repl(store, "x = 1\n", "--isolation", "inline")
+    _head_file(store).unlink()  # as cleanup does once the checkpoint expired
+
+    text = _repl(store, "y = 2\nprint('after', y)\n%history\n", "--isolation", "inline")
+    banner = text.splitlines()[1]
+    assert banner.startswith("current checkpoint unreadable: CheckpointNotFound") and "%rewind or start over" in banner
+    assert "state of this conversation is gone" in text
+    assert "after 2" in text
+    assert "print('after', y)" in text.split("last input")[-1]  # the new turns were saved
+
+
+def test_starts_when_the_head_checkpoint_was_tampered(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    _repl(store, "a = 1\nb = 2\n", "--isolation", "inline")
+    path = _head_file(store)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    text = _repl(store, "b\n%rewind\nprint('ok', a)\n", "--isolation", "inline")
+    banner = text.splitlines()[1]
+    assert banner.startswith("current checkpoint unreadable: CheckpointCorrupt") and "%rewind or start over" in banner
+    assert "rewound 1 turn to turn 1; variables: a" in text
+    assert "ok 1" in text
+
+
+def test_storage_errors_of_a_turn_are_printed_and_the_prompt_stays(
+    console: tuple[Repl, io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapcell.errors import StorageError, WorkerLost
+
+    repl, out = console
+    real = repl.tool.run_code
+    for error in (StorageError("the disk went away\nsecond line"), WorkerLost("the worker died", reason="signal")):
+
+        def failing(conversation_id: str, code: str, setup: bool = False, error: Exception = error) -> str:
+            raise error
+
+        monkeypatch.setattr(repl.tool, "run_code", failing)
+        text = _type(repl, out, "x = 1")
+        assert text.startswith(f"{type(error).__name__}: ") and text.count("\n") == 1, text
+    monkeypatch.setattr(repl.tool, "run_code", real)
+    assert _type(repl, out, "x = 2", "x") == "2\n"
+
+
+@pytest.mark.parametrize("command", ["%history ²", "%rewind ²", "%history -1", "%rewind 0", "%history ٣"])
+def test_bad_command_arguments_print_usage(console: tuple[Repl, io.StringIO], command: str) -> None:
+    repl, out = console
+    _type(repl, out, "a = 1", "a = 2")
+    text = _type(repl, out, command)
+    name = command.split()[0]
+    assert text.startswith(f"{name}: ") and f"usage: {name} [N]" in text and text.count("\n") == 1, text
+    assert _type(repl, out, "a") == "2\n"  # nothing moved
+
+
+def test_interrupt_reports_whether_the_turn_was_saved(
+    console: tuple[Repl, io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repl, out = console
+    real = repl.tool.run_code
+
+    def interrupted_after_commit(conversation_id: str, code: str, setup: bool = False) -> str:
+        real(conversation_id, code, setup)
+        raise KeyboardInterrupt
+
+    def interrupted_before(conversation_id: str, code: str, setup: bool = False) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(repl.tool, "run_code", interrupted_after_commit)
+    text = _type(repl, out, "kept = 1")
+    assert "KeyboardInterrupt" in text and "saved" in text and "lost" not in text, text
+
+    monkeypatch.setattr(repl.tool, "run_code", interrupted_before)
+    text = _type(repl, out, "gone = 1")
+    assert "KeyboardInterrupt" in text and "lost" in text, text
+
+    monkeypatch.setattr(repl.tool, "run_code", real)
+    assert _type(repl, out, "kept") == "1\n"
+    assert "NameError" in _type(repl, out, "gone")

@@ -34,16 +34,30 @@ _ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[
 ]
 
 
-def _head(row: tuple[bytes | None, str, str, float, str | None, float]) -> Head:
+def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | None, float], path: Path) -> Head:
+    """Decode a row of the heads table.
+
+    Raises:
+        StorageError: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
+    """
     checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at = row
-    return Head(
-        checkpoint_id=None if checkpoint_id is None else bytes(checkpoint_id),
-        history=tuple(bytes.fromhex(h) for h in json.loads(history)),
-        version=version,
-        updated_at=updated_at,
-        lease_owner=lease_owner,
-        lease_expires_at=lease_expires_at,
-    )
+    try:
+        ids = json.loads(history)
+        if not isinstance(ids, list):
+            raise TypeError(f"history is a {type(ids).__name__}, not a list")
+        return Head(
+            checkpoint_id=None if checkpoint_id is None else bytes(checkpoint_id),
+            history=tuple(bytes.fromhex(h) for h in ids),
+            version=str(version),
+            updated_at=float(updated_at),
+            lease_owner=None if lease_owner is None else str(lease_owner),
+            lease_expires_at=float(lease_expires_at),
+        )
+    except (ValueError, TypeError) as exc:
+        raise StorageError(
+            f"the head of conversation {conversation_id!r} in {path} is not a snapcell head ({exc}); "
+            "delete its row or restore the file"
+        ) from exc
 
 
 def _set_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
@@ -125,7 +139,7 @@ class SQLiteHeads(RecordHeads):
             row = self._db.execute(
                 f"SELECT {_COLUMNS} FROM heads WHERE conversation_id = ?", (conversation_id,)
             ).fetchone()
-        return None if row is None else _head(row)
+        return None if row is None else _head(conversation_id, row, self.path)
 
     def _update(self, conversation_id: str, transition: Transition) -> Head | None:
         with self._lock, map_exceptions(_ERRORS, f"cannot update head {conversation_id!r} in {self.path}"):
@@ -136,7 +150,7 @@ class SQLiteHeads(RecordHeads):
                 row = db.execute(
                     f"SELECT {_COLUMNS} FROM heads WHERE conversation_id = ?", (conversation_id,)
                 ).fetchone()
-                result = transition(None if row is None else _head(row))
+                result = transition(None if row is None else _head(conversation_id, row, self.path))
                 if isinstance(result, _Delete):
                     db.execute("DELETE FROM heads WHERE conversation_id = ?", (conversation_id,))
                 elif result is not None:
@@ -163,7 +177,7 @@ class SQLiteHeads(RecordHeads):
         """See `HeadStore.scan`."""
         with self._lock, map_exceptions(_ERRORS, f"cannot list heads in {self.path}"):
             rows = self._db.execute(f"SELECT conversation_id, {_COLUMNS} FROM heads WHERE version != ''").fetchall()
-        return iter([(row[0], _head(row[1:])) for row in rows])
+        return iter([(row[0], _head(row[0], row[1:], self.path)) for row in rows])
 
     def close(self) -> None:
         """Close the database connection."""

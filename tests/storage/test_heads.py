@@ -222,3 +222,31 @@ def test_cleanup_with_heads_needs_key_of() -> None:
 
     with pytest.raises(ConfigError, match="key_of"):
         cleanup(MemoryStore(), heads=MemoryHeads())
+
+
+@pytest.mark.parametrize(
+    "history", ["not json", '["zz"]', '{"a": 1}', "[1]"], ids=["bad-json", "bad-hex", "not-a-list", "not-text"]
+)
+def test_sqlite_corrupt_row_is_a_storage_error(tmp_path: Path, history: str) -> None:
+    import sqlite3
+
+    from snapcell import StorageError
+
+    path = tmp_path / "heads.sqlite3"
+    heads = SQLiteHeads(path)
+    heads.compare_and_set("good", None, A)
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("INSERT INTO heads VALUES ('bad-one', ?, ?, 'v1', 0, NULL, 0)", (B, history))
+    db.close()
+    try:
+        with pytest.raises(StorageError, match="'bad-one'"):
+            heads.get("bad-one")
+        with pytest.raises(StorageError, match="'bad-one'"):
+            heads.compare_and_set("bad-one", "v1", C)
+        with pytest.raises(StorageError, match="'bad-one'"):
+            list(heads.scan())
+        assert heads.get("good").checkpoint_id == A  # type: ignore[union-attr]
+        heads.compare_and_set("other", None, C)  # the failed update left no transaction open
+    finally:
+        heads.close()
