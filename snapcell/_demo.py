@@ -63,7 +63,7 @@ def run_demo(store: str) -> int:
     print(f"store: {store}")
     print(f"turn 1 (this process):\n{_indent(TURN_1)}")
     value, checkpoint_hex, size = run_turn(store, TURN_1, None)
-    print(f"  -> {value!r}   checkpoint ...{checkpoint_hex[-12:]} ({size} bytes)")
+    print(f"  -> {value!r}   checkpoint {checkpoint_hex} ({size} bytes)")
     print(f"turn 2 (a new Python process, after load_session):\n{_indent(TURN_2)}")
     child = subprocess.run(
         [sys.executable, "-m", "snapcell", "demo", "--store", store, "--turn-2", checkpoint_hex],
@@ -79,7 +79,7 @@ def run_demo(store: str) -> int:
 def run_second_turn(store: str, checkpoint_hex: str) -> int:
     """Turn 2 of the demo, run by the child process."""
     value, new_hex, size = run_turn(store, TURN_2, checkpoint_hex)
-    print(f"  -> {value!r}   checkpoint ...{new_hex[-12:]} ({size} bytes)")
+    print(f"  -> {value!r}   checkpoint {new_hex} ({size} bytes)")
     return 0
 
 

@@ -130,8 +130,10 @@ class TypingError(ScriptError):
         return "\n".join(lines) if lines else str(self)
 
     def for_model(self) -> str:
-        """Render the diagnostics in full, as a model should read them."""
-        return self.display("full")
+        """Render the diagnostics in full, as a model should read them, saying that nothing ran."""
+        count = len(self.diagnostics)
+        head = f"The script did not run: type checking found {count} problem{'s' if count != 1 else ''}."
+        return f"{head}\n{self.display('full')}\nFix them and run the script again."
 
 
 class LimitExceeded(ScriptError):

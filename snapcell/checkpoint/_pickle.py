@@ -231,6 +231,8 @@ def _compress(data: bytes | memoryview, level: int) -> tuple[Codec, bytes | memo
 
 
 def _type_name(value: object) -> str:
+    if isinstance(value, types.ModuleType):
+        return "module"  # scripts hold guarded views of modules; their class name is an implementation detail
     cls = type(value)
     module = cls.__module__
     return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"

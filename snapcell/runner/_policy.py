@@ -184,6 +184,8 @@ class Policy:
         if not self.restricted:
             return dict(vars(builtins))
         table = guarded_builtins()
+        for name, reason in _BLOCKED_BUILTINS.items():
+            table.setdefault(name, _blocked_builtin(name, reason))
         table["__import__"] = self._make_import()
         table[TICK_NAME] = tick
         table[EXPIRED_NAME] = False
@@ -485,3 +487,27 @@ def _annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]
     params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
     found = [p.annotation for p in params if p is not None and p.annotation is not None]
     return [*found, node.returns] if node.returns is not None else found
+
+
+# Builtins scripts do not get; calling one says why instead of a puzzling NameError.
+_BLOCKED_BUILTINS = {
+    "open": "there is no file access; keep data in variables",
+    "eval": "run code directly instead",
+    "exec": "run code directly instead",
+    "compile": "run code directly instead",
+    "input": "scripts cannot read input",
+    "breakpoint": "there is no debugger",
+    "globals": "use the variables by name",
+    "locals": "use the variables by name",
+    "exit": "scripts cannot end the session; return a value instead",
+    "quit": "scripts cannot end the session; return a value instead",
+    "help": "there is no interactive help; read the function's docstring instead",
+}
+
+
+def _blocked_builtin(name: str, reason: str) -> Callable[..., Any]:
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        raise runtime_policy_error(f"{name}()", f"{name}() is not available: {reason}.")
+
+    blocked.__name__ = blocked.__qualname__ = name
+    return blocked

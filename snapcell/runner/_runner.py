@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import itertools
-import reprlib
 import sys
 import time
 import traceback
@@ -206,7 +205,7 @@ class Runner:
             f"the script was stopped after {limits.wall_time_s:g} s",
             limit="wall_time_s",
             value=limits.wall_time_s,
-            hint="Earlier variables are still defined. Make the script do less per run, or raise the limit.",
+            hint="Earlier variables are still defined. Do the work in smaller steps, one run each.",
         )
 
     def _bind_host_functions(self, host_names: Collection[str]) -> None:
@@ -394,6 +393,11 @@ def _memory_error(exc: MemoryError, limits: Limits) -> MemoryLimitExceeded:
     return error
 
 
+def _shorten(message: str, limit: int = 1000) -> str:
+    """The message, cut in the middle only when it is very long (the end usually says the most)."""
+    return message if len(message) <= limit else f"{message[: limit // 4]} ... {message[-(limit * 3 // 4) :]}"
+
+
 def _script_error(exc: BaseException) -> ScriptError:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell-")]
     message = str(exc) if not isinstance(exc, KeyError) else repr(exc.args[0]) if exc.args else ""
@@ -408,7 +412,7 @@ def _script_error(exc: BaseException) -> ScriptError:
         hint = "Scripts cannot exit the session; return a value instead."
     last = frames[-1] if frames else None
     error = ScriptError(
-        f"{exc_type}: {reprlib.repr(message)[1:-1] if message else ''}".rstrip(": "),
+        f"{exc_type}: {_shorten(message)}".rstrip(": "),
         exc_type=exc_type,
         exc_message=message,
         traceback_text="\n".join(lines),
