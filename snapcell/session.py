@@ -88,7 +88,7 @@ class AsyncSession:
             expired_at = cid.created_at + self._ttl_s
             raise CheckpointExpired(
                 f"checkpoint {cid.raw.hex()[:16]}... expired {_ago(now - expired_at)} ago "
-                f"(it was kept for {self._ttl_s / 86400:g} days); start a fresh session",
+                f"(checkpoints are kept for {_duration(self._ttl_s)}); start a fresh session",
                 checkpoint_id=cid.raw,
                 created_at=cid.created_at,
                 expired_at=expired_at,
@@ -358,3 +358,12 @@ def _ago(seconds: float) -> str:
     if seconds < 2 * 86400:
         return f"{seconds / 3600:.1f} hours"
     return f"{seconds / 86400:.1f} days"
+
+
+def _duration(seconds: float) -> str:
+    """A ttl as people say it: "7 days", "12 hours", "30 seconds"."""
+    for unit, size in (("day", 86400.0), ("hour", 3600.0), ("minute", 60.0)):
+        if seconds >= size:
+            amount = seconds / size
+            return f"{amount:.3g} {unit}{'' if amount == 1 else 's'}"
+    return f"{seconds:.3g} seconds"

@@ -225,10 +225,9 @@ class CodeTool:
 
     @property
     def json_schema(self) -> dict[str, Any]:
-        """JSON schema of the tool's parameters (``code``, optional ``setup``), with the description on top."""
+        """JSON schema of the tool's parameters (``code``, optional ``setup``); the description goes beside it."""
         return {
             "type": "object",
-            "description": self.description,
             "properties": {
                 "code": {
                     "type": "string",

@@ -681,7 +681,8 @@ def _limits_plain(limits: Limits) -> dict[str, Any]:
 
 def _lost(exc: _Died, op: Any, timeout_s: float | None) -> WorkerLost:
     reasons = {
-        "timeout": f"it did not stop within its wall-time limit plus grace ({timeout_s:g} s)"
+        "timeout": f"it did not stop within {timeout_s:g} s (the wall-time limit, plus grace_s, plus a second to "
+        "reach the host)"
         if timeout_s
         else "it timed out",
         "memory": "it ran out of memory",

@@ -231,8 +231,16 @@ def _blob_refs() -> Callable[[bytes], list[str]]:
     return blob_keys_of
 
 
+_DEFAULT_HEADS = ".heads.sqlite3"
+
+
 def _open_heads(args: argparse.Namespace, store: Store) -> tuple[HeadStore | None, Callable[[bytes], str] | None]:
     """The ``--heads`` store, and how to map its IDs to keys (with the pool's signing key: env, or the local secret)."""
+    if args.heads is None and isinstance(store, LocalStore) and (store.root / _DEFAULT_HEADS).exists():
+        # The run_code tool keeps heads here by default: without them, --quota would delete the checkpoints
+        # conversations point to right now.
+        args.heads = f"sqlite://{store.root / _DEFAULT_HEADS}"
+        print(f"snapcell cleanup: keeping conversation heads from {args.heads}", file=sys.stderr)
     if args.heads is None:
         return None, None
     from snapcell.checkpoint import ENV_SIGNING_KEY

@@ -328,3 +328,20 @@ def test_cleanup_with_heads_refuses_to_invent_a_signing_key(
     assert run("cleanup", f"file://{root}", "--heads", f"sqlite://{path}") == 2
     assert "needs the signing key" in capsys.readouterr().err
     assert not (root / ".snapcell-signing-key").exists()
+
+
+def test_cleanup_keeps_the_heads_next_to_a_local_store_without_being_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import snapcell
+
+    monkeypatch.delenv("SNAPCELL_SIGNING_KEY", raising=False)
+    root = tmp_path / "store"
+    with snapcell.Pool(f"file://{root}", isolation="inline") as pool:
+        tool = snapcell.SyncCodeTool(pool)
+        tool.run_code("c", "x = [1] * 1000")
+        tool.close()
+    assert run("cleanup", f"file://{root}", "--quota", "1B", "--grace", "0s", "--json") == 1  # over quota: kept
+    captured = capsys.readouterr()
+    assert "keeping conversation heads" in captured.err
+    assert json.loads(captured.out)["deleted_quota_objects"] == 0
