@@ -244,7 +244,7 @@ def test_description_and_schema(pool: Pool) -> None:
     assert "async def fetch(n: int) -> list[int]" in tool.description
     schema = tool.json_schema
     assert schema["required"] == ["code"] and schema["properties"]["code"]["type"] == "string"
-    assert schema["description"] == tool.description
+    assert "description" not in schema  # it goes beside the schema (the API's tool description), not twice
     assert tool_call_arguments('{"code": "1", "setup": true}') == ("1", True)
     with pytest.raises(ConfigError):
         tool_call_arguments("[1]")
