@@ -192,6 +192,20 @@ class _Monitor:
 
 _monitor = _Monitor()
 
+# snapcell's own stand-ins that scripts call (guarded builtins, time.sleep in slices, format checks).
+_SCRIPT_FACING = frozenset({"snapcell.runner._guard", "snapcell.runner._host"})
+# Standard-library modules scripts call into; an interrupt may land in their frames (it unwinds into the script).
+# `traceback` is deliberately missing: hooks that format exceptions run it on the host's behalf.
+_LIBRARY_MODULES = frozenset(
+    {
+        "abc", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "copy", "csv", "dataclasses",
+        "datetime", "decimal", "difflib", "enum", "fractions", "functools", "hashlib", "heapq", "io", "itertools",
+        "json", "math", "numbers", "operator", "pprint", "random", "re", "statistics", "string", "struct",
+        "textwrap", "time", "typing", "unicodedata", "uuid", "zoneinfo", "_pydecimal", "_strptime", "sre_compile",
+        "sre_parse", "numpy", "pandas",
+    }
+)  # fmt: skip
+
 
 def start_watchdog() -> None:
     """Start the process's watchdog thread now rather than at the first run with a time limit."""
@@ -244,10 +258,22 @@ class Watchdog:
                 _set_async_exc(self._thread_id, ScriptInterrupt)
 
     def _script_on_stack(self) -> bool:
+        """True when the thread is running script code, or library code the script called.
+
+        Walking out from the innermost frame: script frames mean yes; frames of the standard-library and
+        allowed modules a script uses are looked through; any other frame (a host function, snapcell itself,
+        an exception or unraisable hook of the host) means no — an interrupt must never land in host code,
+        so the next try comes once control is back in the script.
+        """
         frame = sys._current_frames().get(self._thread_id)
         while frame is not None:
             if frame.f_globals is self._namespace:
                 return True
+            module = frame.f_globals.get("__name__")
+            if not isinstance(module, str) or (
+                module.partition(".")[0] not in _LIBRARY_MODULES and module not in _SCRIPT_FACING
+            ):
+                return False
             frame = frame.f_back
         return False
 
