@@ -298,7 +298,8 @@ def test_the_worker_refuses_a_script_that_is_not_text() -> None:
     import asyncio
     import dataclasses
 
-    from snapcell.runner._process import ProcessBackend, WorkerPool
+    from snapcell.runner._procbackend import ProcessBackend
+    from snapcell.runner._workerpool import WorkerPool
 
     async def main() -> object:
         workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)

@@ -1,0 +1,274 @@
+"""A session's runner in a worker process: requests, replies checked as untrusted, recovery on loss."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from snapcell.checkpoint import BlobRef, Dumped, Manifest
+from snapcell.errors import ScriptError, SessionError, WorkerLost
+from snapcell.runner._host import HostCall
+from snapcell.runner._limits import Limits
+from snapcell.runner._policy import Policy
+from snapcell.runner._process import (
+    _REQUEST_TIMEOUT_S,
+    WorkerProcess,
+    _Died,
+    log,
+)
+from snapcell.runner._result import RunResult
+from snapcell.runner._wire import (
+    MalformedMessage,
+    error_from_plain,
+    split_parts,
+    to_plain,
+)
+from snapcell.runner._workerpool import WorkerPool
+
+__all__ = ["ProcessBackend"]
+
+
+class ProcessBackend:
+    """A session's runner in a worker process; replaces the worker when it dies."""
+
+    def __init__(self, pool: WorkerPool, *, policy: Policy, limits: Limits) -> None:
+        self._pool = pool
+        self._policy = policy
+        self._limits = limits
+        self.worker: WorkerProcess | None = None
+
+    async def start(self) -> None:
+        """Acquire the session's worker."""
+        self.worker = await self._pool.acquire(policy=self._policy, limits=self._limits)
+
+    async def _request(
+        self,
+        message: dict[str, Any],
+        parts: Sequence[bytes | bytearray | memoryview] = (),
+        *,
+        expect: str,
+        timeout_s: float | None = _REQUEST_TIMEOUT_S,
+        lookup: Mapping[str, Callable[..., Any]] | None = None,
+        calls: list[HostCall] | None = None,
+    ) -> tuple[dict[str, Any], bytearray]:
+        """Send a request and return its reply, whose op must be ``expect``.
+
+        Raises:
+            WorkerLost: The worker died, overran ``timeout_s`` or sent a malformed reply; it is killed.
+            SnapcellError: The worker reported this error; the worker is kept.
+        """
+        if self.worker is None:
+            await self.start()
+        worker = self.worker
+        if worker is None:
+            raise SessionError("no worker process")
+        try:
+            reply, reply_blob = await worker.request(message, parts, timeout_s=timeout_s, lookup=lookup, calls=calls)
+        except _Died as exc:
+            await self._pool.release(worker)
+            self.worker = None
+            raise _lost(exc, message.get("op"), timeout_s) from None
+        except BaseException:
+            # Cancelled mid-request: the worker's state is unknown, so it goes.
+            await self._pool.release(worker)
+            self.worker = None
+            raise
+        op = reply.get("op")
+        if op == "error":
+            try:
+                error = error_from_plain(reply.get("error"))
+            except MalformedMessage as exc:
+                raise await self._malformed(message.get("op"), exc) from None
+            raise error
+        if op != expect:
+            raise await self._malformed(message.get("op"), MalformedMessage(f"a {str(op)[:40]!r} reply"))
+        return reply, reply_blob
+
+    async def _malformed(self, op: Any, exc: Exception) -> WorkerLost:
+        """Kill a worker that sent a malformed reply (broken or compromised) and say so as a lost worker."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            await self._pool.release(worker)
+        log.warning("snapcell: worker sent a malformed reply to %s: %s", op, exc)
+        return _lost(_Died("crash", f"it sent a malformed reply: {str(exc)[:200]}"), op, None)
+
+    async def run(
+        self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
+    ) -> RunResult:
+        host = {name: inspect.iscoroutinefunction(func) for name, func in lookup.items()}
+        timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
+        calls: list[HostCall] = []
+        reply, _ = await self._request(
+            {
+                "op": "run",
+                # A str subclass is sent as its text; anything else is not a script, which the worker says.
+                "code": str.__str__(code) if isinstance(code, str) else None,
+                "host": host,
+                "setup": setup,
+                "limits": _limits_plain(limits),
+            },
+            expect="ran",
+            timeout_s=timeout,
+            lookup=lookup,
+            calls=calls,
+        )
+        try:
+            return _run_result(reply, limits, calls)
+        except (MalformedMessage, ValueError, TypeError) as exc:
+            raise await self._malformed("run", exc) from None
+
+    async def dump(
+        self,
+        *,
+        created_at: float,
+        level: int,
+        on_unpicklable: Literal["skip", "fail"],
+        known_blobs: Mapping[str, BlobRef],
+    ) -> Dumped:
+        reply, payload = await self._request(
+            {
+                "op": "dump",
+                "created_at": created_at,
+                "level": level,
+                "on_unpicklable": on_unpicklable,
+                "known_blobs": [ref.model_dump() for ref in known_blobs.values()],
+            },
+            expect="dumped",
+        )
+        try:
+            return _dumped(reply, payload)
+        except (MalformedMessage, ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+            raise await self._malformed("dump", exc) from None
+
+    async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
+        names = list(blobs)
+        sizes = [len(body), *(len(blobs[name]) for name in names)]
+        reply, _ = await self._request(
+            {"op": "load", "parts": sizes, "blobs": names}, [body, *(blobs[name] for name in names)], expect="loaded"
+        )
+        try:
+            return Manifest.model_validate_json(_text(reply, "manifest"))
+        except (MalformedMessage, ValueError) as exc:
+            raise await self._malformed("load", exc) from None
+
+    async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
+        """Ask the runner to add notes and run setup cells before the next cell."""
+        await self._request({"op": "queue", "notes": notes, "setup_cells": setup_cells}, expect="queued")
+
+    async def reset(self) -> None:
+        await self._request({"op": "reset"}, expect="reset")
+
+    async def declarations(self) -> str:
+        reply, _ = await self._request({"op": "declarations"}, expect="declarations")
+        return str(reply.get("text", ""))
+
+    async def close(self) -> None:
+        if self.worker is not None:
+            worker, self.worker = self.worker, None
+            await self._pool.release(worker, reuse_for=(self._policy, self._limits))
+
+    async def discard(self) -> None:
+        if self.worker is not None:
+            worker, self.worker = self.worker, None
+            await self._pool.release(worker)  # killed, never reused
+
+    @property
+    def sandbox(self) -> dict[str, str]:
+        """The sandbox layers of the current worker."""
+        return dict(self.worker.sandbox) if self.worker is not None else {}
+
+
+@functools.lru_cache(maxsize=64)
+def _limits_plain(limits: Limits) -> dict[str, Any]:
+    """A `Limits` as plain data; cached, since a session sends the same frozen limits with every run."""
+    plain: dict[str, Any] = to_plain(dataclasses.asdict(limits))
+    return plain
+
+
+def _lost(exc: _Died, op: Any, timeout_s: float | None) -> WorkerLost:
+    reasons = {
+        "timeout": f"it did not stop within {timeout_s:g} s (the wall-time limit, plus grace_s, plus a second to "
+        "reach the host)"
+        if timeout_s
+        else "it timed out",
+        "memory": "it ran out of memory",
+        "signal": "it was killed by a signal",
+        "crash": "it crashed",
+    }
+    what = reasons.get(exc.reason, "it died")
+    detail = f" ({exc.detail})" if exc.detail and exc.reason == "crash" else ""
+    return WorkerLost(
+        f"the session's worker process was lost during {op}: {what}{detail}; the session restarts from its last "
+        "checkpoint and setup cells, and the cell that caused it is not run again",
+        reason=exc.reason,
+    )
+
+
+def _text(reply: dict[str, Any], key: str) -> str:
+    value = reply.get(key)
+    if type(value) is not str:
+        raise MalformedMessage(f"{key} must be text, not {type(value).__name__}")
+    return value
+
+
+def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) -> RunResult:
+    """The `RunResult` in a worker's ``ran`` reply.
+
+    Raises:
+        MalformedMessage: The reply is not one.
+    """
+    error = error_from_plain(reply["error"]) if reply.get("error") is not None else None
+    if error is not None and not isinstance(error, ScriptError):
+        error = ScriptError(str(error))
+    notes = reply.get("notes") or []
+    if type(notes) is not list:
+        raise MalformedMessage("notes must be a list")
+    memory = reply.get("memory_bytes")
+    cap = limits.max_output_bytes
+    return RunResult(
+        value=reply.get("value"),
+        value_repr=_cap(reply.get("value_repr"), limits.max_value_repr_bytes),
+        stdout=_cap(reply.get("stdout"), cap) or "",
+        stderr=_cap(reply.get("stderr"), cap) or "",
+        duration_s=float(reply.get("duration_s") or 0.0),
+        external_calls=tuple(calls),
+        notes=tuple(str(n)[:10_000] for n in notes),
+        error=error,
+        memory_bytes=memory if type(memory) is int else None,
+        namespace_summary=str(reply.get("namespace_summary") or "")[:1000],
+    )
+
+
+def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:
+    """The checkpoint in a worker's ``dumped`` reply and its blob: the body, then each new blob.
+
+    Raises:
+        MalformedMessage: The reply or its parts are not well formed.
+        ValueError: The manifest is not a valid `Manifest`.
+    """
+    names = reply.get("new_blobs", [])
+    refresh = reply.get("refresh", [])
+    if type(names) is not list or type(refresh) is not list:
+        raise MalformedMessage("new_blobs and refresh must be lists")
+    parts = split_parts(payload, reply.get("parts", [len(payload)]))
+    if len(parts) != len(names) + 1:
+        raise MalformedMessage(f"{len(parts)} parts for {len(names)} new blobs")
+    manifest = Manifest.model_validate_json(_text(reply, "manifest"))
+    return Dumped(
+        body=bytearray(parts[0]),
+        manifest=manifest,
+        new_blobs={str(name): bytes(part) for name, part in zip(names, parts[1:], strict=True)},
+        refresh=[str(h) for h in refresh],
+    )
+
+
+def _cap(text: Any, limit: int | None) -> str | None:
+    if text is None:
+        return None
+    kept: str = str(text)
+    if limit is not None and len(kept) > limit + 200:
+        return kept[-limit:]
+    return kept

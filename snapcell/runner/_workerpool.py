@@ -1,0 +1,187 @@
+"""A pool of warm worker processes: started ahead of time, handed to sessions, recycled or killed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+
+from snapcell.errors import ConfigError, SessionError
+from snapcell.runner._limits import Limits
+from snapcell.runner._policy import Policy
+from snapcell.runner._process import (
+    _KILL_WAIT_S,
+    _REFILL_DELAY_S,
+    WorkerProcess,
+    _Died,
+    log,
+)
+
+__all__ = ["WorkerPool"]
+
+
+class WorkerPool:
+    """Keeps warm worker processes so a checkout does not pay for an interpreter start-up.
+
+    Args:
+        min_warm: Workers kept started ahead of time.
+        max_workers: Workers alive at once (checked out plus warm).
+        checkout_timeout_s: Seconds `acquire` waits for a free slot before `SessionError`.
+        recycle_after: Checkouts a worker serves before it is replaced. 1 (the default) gives every session a
+            fresh interpreter. More reuses a worker for later sessions with the same policy and limits: its
+            namespace, scratch directory and decimal context are reset, but it is the same interpreter, so
+            use it only where the sessions trust each other (one tenant).
+    """
+
+    def __init__(self, *, min_warm: int, max_workers: int, checkout_timeout_s: float, recycle_after: int = 1) -> None:
+        if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
+            raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
+        if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
+            raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
+        self.recycle_after = recycle_after
+        # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
+        self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
+        self.min_warm = min_warm
+        self.max_workers = max_workers
+        self.checkout_timeout_s = checkout_timeout_s
+        self.scratch_root = tempfile.mkdtemp(prefix="snapcell-workers-")
+        self._warm: list[WorkerProcess] = []
+        self._busy: set[WorkerProcess] = set()
+        self._starting = 0
+        self._changed = asyncio.Condition()
+        self._fill_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._warned: set[str] = set()
+
+    def _live(self) -> int:
+        return len(self._warm) + len(self._busy) + self._starting + sum(map(len, self._idle.values()))
+
+    async def _evict_idle(self) -> bool:
+        """Kill one idle worker to free a slot for another configuration; True if there was one."""
+        for workers in self._idle.values():
+            if workers:
+                await workers.pop(0).kill()
+                return True
+        return False
+
+    def fill(self) -> None:
+        """Start warm workers in the background up to ``min_warm``."""
+        if self._closed or (self._fill_task is not None and not self._fill_task.done()):
+            return
+        self._fill_task = asyncio.ensure_future(self._fill())
+
+    async def _fill(self) -> None:
+        while not self._closed and len(self._warm) + self._starting < self.min_warm and self._live() < self.max_workers:
+            worker = await self._spawn()
+            if worker is None:
+                return
+            async with self._changed:
+                if self._closed:
+                    await worker.kill()
+                    return
+                self._warm.append(worker)
+                self._changed.notify_all()
+
+    async def _spawn(self) -> WorkerProcess | None:
+        self._starting += 1
+        worker = WorkerProcess(self.scratch_root)
+        try:
+            await worker.start()
+            return worker
+        except (SessionError, _Died) as exc:
+            log.warning("snapcell: a worker process failed to start: %s", exc)
+            await worker.kill()
+            return None
+        except BaseException:
+            await asyncio.shield(worker.kill())  # cancelled mid-start (pool closing): leave no process
+            raise
+        finally:
+            self._starting -= 1
+
+    async def acquire(self, *, policy: Policy, limits: Limits) -> WorkerProcess:
+        """Take a warm worker (or start one), give it its settings, and mark it busy.
+
+        Raises:
+            SessionError: No worker became free within ``checkout_timeout_s``, or one failed to start.
+        """
+        if self._closed:
+            raise SessionError("the pool is closed")
+        reused = self._idle.get((policy, limits))
+        if reused:
+            again = reused.pop(0)
+            self._busy.add(again)
+            again.checkouts += 1
+            return again
+        worker: WorkerProcess | None = None
+        try:
+            async with asyncio.timeout(self.checkout_timeout_s):
+                async with self._changed:
+                    while True:
+                        if self._warm:
+                            worker = self._warm.pop(0)
+                            break
+                        if self._live() < self.max_workers:
+                            self._starting += 1  # reserve the slot while we start one
+                            break
+                        if await self._evict_idle():
+                            continue
+                        await self._changed.wait()
+                if worker is None:
+                    self._starting -= 1
+                    worker = await self._spawn()
+                    if worker is None:
+                        raise SessionError("a worker process failed to start; see the snapcell log")
+        except TimeoutError:
+            raise SessionError(
+                f"no worker process became free within {self.checkout_timeout_s:g} s "
+                f"({self.max_workers} are checked out); raise max_workers or check sessions in sooner"
+            ) from None
+        self._busy.add(worker)
+        # Start the replacement a moment later: spawning blocks this loop for a fork and then competes for
+        # the CPU, which the session's first run (usually right now) should not pay for.
+        asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
+        try:
+            await worker.init(policy=policy, limits=limits)
+        except (SessionError, _Died) as exc:
+            await self.release(worker)
+            raise SessionError(f"a worker process failed to start: {exc}") from exc
+        worker.checkouts += 1
+        for layer, state in worker.sandbox.items():
+            if state.startswith("unavailable") and layer not in self._warned:
+                self._warned.add(layer)
+                log.warning("snapcell: sandbox layer %s is %s", layer, state)
+        return worker
+
+    async def release(self, worker: WorkerProcess, *, reuse_for: tuple[Policy, Limits] | None = None) -> None:
+        """End a worker's checkout: it is killed, or reset and kept for ``reuse_for`` under ``recycle_after``."""
+        if reuse_for is not None and not worker.dead and worker.checkouts < self.recycle_after and not self._closed:
+            try:
+                reply, _ = await worker.request({"op": "recycle"}, timeout_s=_KILL_WAIT_S)
+            except _Died:
+                reply = {}
+            if reply.get("op") == "recycled":
+                async with self._changed:
+                    self._busy.discard(worker)
+                    self._idle.setdefault(reuse_for, []).append(worker)
+                    self._changed.notify_all()
+                return
+        await worker.kill()
+        async with self._changed:
+            self._busy.discard(worker)
+            self._changed.notify_all()
+        self.fill()
+
+    async def close(self) -> None:
+        """Kill every worker; none outlives the pool."""
+        self._closed = True
+        if self._fill_task is not None:
+            self._fill_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._fill_task
+        workers = [*self._warm, *self._busy, *(w for idle in self._idle.values() for w in idle)]
+        self._warm.clear()
+        self._busy.clear()
+        self._idle.clear()
+        await asyncio.gather(*(w.kill() for w in workers))
+        shutil.rmtree(self.scratch_root, ignore_errors=True)
