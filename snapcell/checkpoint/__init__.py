@@ -13,15 +13,9 @@ from snapcell.checkpoint._format import (
     VariableInfo,
     parse_container,
 )
-from snapcell.checkpoint._pickle import (
-    Dumped,
-    FindGlobal,
-    LoadedNamespace,
-    dump_namespace,
-    load_namespace,
-    make_find_global,
-)
+from snapcell.checkpoint._pickle import Dumped, dump_namespace
 from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
+from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global
 
 __all__ = [
     "BLOB_PREFIX",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import zstandard
 
-import snapcell.checkpoint._pickle as pickle_module
+import snapcell.checkpoint._unpickle as pickle_module
 from snapcell import (
     CheckpointCorrupt,
     CheckpointVersionError,
