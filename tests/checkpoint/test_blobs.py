@@ -215,12 +215,11 @@ def test_cleanup_keeps_young_unreferenced_blobs(store: CountingStore, clock: Clo
     assert report.deleted_blob_objects == 1
 
 
-class InterleavingStore(MemoryStore):
-    """Runs ``between`` once, right after cleanup's first full listing: a dump racing the cleanup."""
+class DelegatingStore(MemoryStore):
+    """A store that passes everything to ``inner``; subclasses change one method to stage a situation."""
 
-    def __init__(self, inner: MemoryStore, between: Callable[[], Any]) -> None:
+    def __init__(self, inner: MemoryStore) -> None:
         self._inner = inner
-        self._between: Callable[[], Any] | None = between
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -230,17 +229,28 @@ class InterleavingStore(MemoryStore):
         return self._inner.url
 
     def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        listing = list(self._inner.scan(prefix))
-        if prefix == "" and self._between is not None:
-            between, self._between = self._between, None
-            between()
-        return iter(listing)
+        return self._inner.scan(prefix)
 
     def get(self, key: str) -> bytes:
         return self._inner.get(key)
 
     def delete(self, key: str) -> None:
         self._inner.delete(key)
+
+
+class InterleavingStore(DelegatingStore):
+    """Runs ``between`` once, right after cleanup's first full listing: a dump racing the cleanup."""
+
+    def __init__(self, inner: MemoryStore, between: Callable[[], Any]) -> None:
+        super().__init__(inner)
+        self._between: Callable[[], Any] | None = between
+
+    def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        listing = list(self._inner.scan(prefix))
+        if prefix == "" and self._between is not None:
+            between, self._between = self._between, None
+            between()
+        return iter(listing)
 
 
 def test_cleanup_racing_a_dump_that_reuses_an_old_blob(store: CountingStore, clock: Clock) -> None:
@@ -339,29 +349,13 @@ def test_each_signing_key_has_its_own_blob_namespace(store: CountingStore, clock
             assert len(store.blob_writes()) == 1  # rewritten into the new key's namespace
 
 
-class FlakyStore(MemoryStore):
+class FlakyStore(DelegatingStore):
     """Fails reads of checkpoints the way an overloaded S3 endpoint does."""
-
-    def __init__(self, inner: MemoryStore) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    @property
-    def url(self) -> str:
-        return self._inner.url
-
-    def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        return self._inner.scan(prefix)
 
     def get(self, key: str) -> bytes:
         if key.startswith("checkpoints/"):
             raise StorageUnavailable("slow down")
         return self._inner.get(key)
-
-    def delete(self, key: str) -> None:
-        self._inner.delete(key)
 
 
 def test_cleanup_deletes_no_blob_when_it_cannot_read_a_checkpoint(store: CountingStore, clock: Clock) -> None:
