@@ -54,6 +54,8 @@ _REQUEST_TIMEOUT_S = 600.0
 # Requests that do no script work (queue, reset, declarations): a worker that takes longer is stuck or hostile.
 _CONTROL_TIMEOUT_S = 30.0
 _KILL_WAIT_S = 5.0
+# A worker whose channel closed exits at once; one still alive this long after is killed.
+_EXIT_WAIT_S = 1.0
 _READ_CHUNK = 256 * 1024
 _DECODE_INLINE_BYTES = 256 * 1024
 # A large frame's buffer starts this big and doubles as data arrives, so a claimed size costs nothing until it is
@@ -293,6 +295,8 @@ class WorkerProcess:
         if counter is not None:
             calls_budget = reply_budget("call", limits)
             budget = _larger(budget, calls_budget)
+        if self._rend != self._rstart:
+            await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
         try:
             async with _deadline(timeout_s, self):
@@ -372,8 +376,9 @@ class WorkerProcess:
         if self.process is None:
             return "crash"
         try:
-            code, peak_bytes = await asyncio.wait_for(asyncio.to_thread(self._reap), _KILL_WAIT_S)
-        except TimeoutError:
+            code, peak_bytes = await asyncio.wait_for(asyncio.to_thread(self._reap), _EXIT_WAIT_S)
+        except TimeoutError:  # it closed its channel but lives on: not a worker any more
+            await self.kill()
             return "crash"
         self.dead = True
         tail = self._stderr_tail()
