@@ -207,3 +207,183 @@ def test_after_the_attacks_a_real_session_works() -> None:
         session.load_session(checkpoint)
         assert session.feed_run("x + 22") == 42
     assert os.getpid() > 0
+
+
+# ---------------------------------------------------------------- the attacks of issue 13, end to end
+
+UNRESTRICTED = Policy.unrestricted()
+# Process-mode limits: short dump and load limits keep the hang tests quick; three host calls a run.
+E2E_LIMITS = Limits(wall_time_s=10.0, grace_s=0.5, dump_time_s=1.0, load_time_s=1.0, max_host_calls=3)
+# Current RSS of the host may grow this much over an attack that claims (or sends) far more.
+RSS_BOUND = 64 * MIB
+
+_SEND = """
+import gc, __main__
+channel = next(o for o in gc.get_objects() if type(o) is __main__.Channel)
+payload = {payload}
+with channel._send_lock:
+    channel._sock.sendall(__main__.FRAME.pack({length}, 0) + payload)
+"""
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module")
+def hijack_pool() -> Iterator[Pool]:
+    """A process-mode pool whose scripts may reach the worker's own objects, to play a compromised worker."""
+    with Pool("memory://", isolation="process", policy=UNRESTRICTED, limits=E2E_LIMITS, min_warm_workers=1) as pool:
+        yield pool
+
+
+def _lost_and_restored(pool: Pool, attack: str, match: str) -> WorkerLost:
+    """Run ``attack`` in a session with a checkpoint; it must lose the worker, and the session must go on."""
+    rss_before = _rss()
+    with pool.checkout() as session:
+        session.feed_run("kept = 'from the checkpoint'")
+        session.dump()
+        with pytest.raises(WorkerLost, match=match) as lost:
+            session.feed_run(attack)
+        assert session.feed_run("kept") == "from the checkpoint"
+    assert _rss() - rss_before < RSS_BOUND
+    return lost.value
+
+
+def test_a_reply_frame_longer_than_the_run_budget_is_refused_unread(hijack_pool: Pool) -> None:
+    # Today's worker may use 2 GiB: a frame of up to twice that was accepted and buffered.
+    attack = _SEND.format(payload='b\'{"op":"ran","stdout":"\' + b\'x\' * (64 * 2**20)', length=3 * 2**30)
+    lost = _lost_and_restored(hijack_pool, attack, "3,221,225,472-byte message")
+    assert lost.reason == "crash"
+
+
+def test_a_ran_reply_with_twelve_million_notes_is_refused(hijack_pool: Pool) -> None:
+    payload = 'b\'{"op":"ran","notes":[\' + b\'"",\' * 12_000_000 + b\'""]}\''
+    attack = _SEND.format(payload=payload, length="len(payload)")
+    _lost_and_restored(hijack_pool, attack, "-byte message where at most")
+
+
+def test_an_oversized_value_comes_back_as_its_repr_with_a_note(hijack_pool: Pool) -> None:
+    with hijack_pool.checkout() as session:
+        big = session.run("'v' * (8 * 2**20)")
+        many = session.run("list(range(1_000_000))")
+        fine = session.run("list(range(1000))")
+    for result in (big, many):
+        assert result.error is None and result.value is None
+        assert result.value_repr is not None and len(result.value_repr) < 17 * 1024  # capped as before
+        assert any("max_value_bytes" in note for note in result.notes), result.notes
+    assert fine.value == list(range(1000))
+
+
+def test_host_call_arguments_over_the_value_limit_fail_in_the_script(hijack_pool: Pool) -> None:
+    seen: list[int] = []
+
+    def record(data: object) -> int:
+        seen.append(len(data))  # type: ignore[arg-type]
+        return 1
+
+    with hijack_pool.checkout() as session:
+        result = session.run("record('a' * (2 * 2**20))", external_lookup={"record": record})
+        assert result.error is not None and result.error.limit == "max_value_bytes"  # type: ignore[attr-defined]
+        assert session.feed_run("record('small')", external_lookup={"record": record}) == 1
+    assert seen == [5]
+
+
+def test_host_calls_beyond_max_host_calls_are_refused_by_the_host(hijack_pool: Pool) -> None:
+    calls: list[int] = []
+
+    def record(n: int) -> int:
+        calls.append(n)
+        return n
+
+    # The script switches off the worker's own count, as a compromised worker would.
+    attack = (
+        "import gc, __main__\n"
+        "from snapcell.runner._host import CallBudget\n"
+        "bridge = next(o for o in gc.get_objects() if type(o) is __main__.WorkerBridge)\n"
+        "bridge._budget = CallBudget(None)\n"
+        "for n in range(20):\n"
+        "    record(n)\n"
+    )
+    rss_before = _rss()
+    with hijack_pool.checkout() as session:
+        with pytest.raises(WorkerLost, match="max_host_calls"):
+            session.feed_run(attack, external_lookup={"record": record})
+        assert session.feed_run("record(99)", external_lookup={"record": record}) == 99
+    assert calls == [0, 1, 2, 99]
+    assert _rss() - rss_before < RSS_BOUND
+
+
+def test_memoryerror_written_to_stderr_does_not_make_an_out_of_memory_death(hijack_pool: Pool) -> None:
+    # 32 MiB of "MemoryError" on the real stderr, then an exit: a crash, and only the tail is read.
+    attack = "import os\nfor _ in range(512):\n    os.write(2, b'MemoryError\\n' * 5000)\nos._exit(1)"
+    lost = _lost_and_restored(hijack_pool, attack, "crashed")
+    assert lost.reason == "crash"
+
+
+_LOOPS_AT_DUMP = """
+class Stuck:
+    def __reduce__(self):
+        while True:
+            pass
+stuck = Stuck()
+"""
+
+_C_LEVEL_AT_DUMP = """
+class Busy:
+    def __reduce__(self):
+        return (int, (sum(range(10**15)),))
+busy = Busy()
+"""
+
+_LOOPS_AT_LOAD = """
+class Sleeper:
+    def __getstate__(self):
+        return {"n": 1}
+    def __setstate__(self, state):
+        while True:
+            pass
+sleeper = Sleeper()
+"""
+
+
+@pytest.mark.parametrize("cell", [_LOOPS_AT_DUMP, _C_LEVEL_AT_DUMP], ids=["python-loop", "c-level-loop"])
+def test_a_dump_that_hangs_is_stopped_and_the_session_restored(cell: str) -> None:
+    # The default policy: the script only defines a class, as any model may.
+    with Pool("memory://", isolation="process", limits=E2E_LIMITS, min_warm_workers=0) as pool:
+        with pool.checkout() as session:
+            session.feed_run("kept = [1, 2]")
+            session.dump()
+            session.feed_run(cell)
+            start = time.monotonic()
+            with pytest.raises(WorkerLost, match="dump_time_s") as lost:
+                session.dump()
+            assert time.monotonic() - start < HANG_GUARD_S
+            assert lost.value.reason == "timeout"
+            # Restored from the last good checkpoint: the stuck object is gone, and dumping works again.
+            assert session.feed_run("kept") == [1, 2]
+            name = "stuck" if "stuck" in cell else "busy"
+            gone = session.run(name).error
+            assert gone is not None and gone.exc_type == "NameError"
+            checkpoint = session.dump()
+        with pool.checkout() as session:
+            session.load_session(checkpoint)
+            assert session.feed_run("kept") == [1, 2]
+
+
+def test_a_checkpoint_that_hangs_at_load_is_reported_and_the_session_goes_on() -> None:
+    with Pool("memory://", isolation="process", limits=E2E_LIMITS, min_warm_workers=0) as pool:
+        with pool.checkout() as session:
+            session.feed_run("good = 1")
+            good = session.dump()
+            session.feed_run(_LOOPS_AT_LOAD)
+            bad = session.dump()
+        with pool.checkout() as session:
+            start = time.monotonic()
+            with pytest.raises(WorkerLost, match="load of the checkpoint did not finish within Limits.load_time_s"):
+                session.load_session(bad)
+            assert time.monotonic() - start < HANG_GUARD_S
+            assert session.feed_run("1 + 1") == 2  # the conversation is not stuck
+            session.load_session(good)
+            assert session.feed_run("good") == 1
