@@ -252,9 +252,9 @@ def _lost_and_restored(pool: Pool, attack: str, match: str) -> WorkerLost:
 
 
 def test_a_reply_frame_longer_than_the_run_budget_is_refused_unread(hijack_pool: Pool) -> None:
-    # Today's worker may use 2 GiB: a frame of up to twice that was accepted and buffered.
-    attack = _SEND.format(payload='b\'{"op":"ran","stdout":"\' + b\'x\' * (64 * 2**20)', length=3 * 2**30)
-    lost = _lost_and_restored(hijack_pool, attack, "3,221,225,472-byte message")
+    # 200 MiB really sent: under the old fixed cap of 256 MiB, it was read, buffered and decoded whole.
+    attack = _SEND.format(payload='b\'{"op":"ran","stdout":"\' + b\'x\' * (200 * 2**20)', length="len(payload)")
+    lost = _lost_and_restored(hijack_pool, attack, "-byte message where at most")
     assert lost.reason == "crash"
 
 
