@@ -522,11 +522,12 @@ _LONG_FIELDS = frozenset(("message", "exc_message", "traceback_text", "hint"))
 
 
 def cut_text(text: str, limit: int) -> str:
-    """``text``, or its start and end around a marker when it is longer than ``limit`` characters."""
+    """``text``, or its start and end around a marker, in at most ``limit`` characters (``limit`` >= 64)."""
     if len(text) <= limit:
         return text
-    marker = f" ...[{len(text) - limit} characters cut]... "
-    return f"{text[: limit // 4]}{marker}{text[-(limit - limit // 4) :]}"
+    marker = f" ...[{len(text)} characters, cut]... "
+    keep = limit - len(marker)
+    return f"{text[: keep // 4]}{marker}{text[len(text) - (keep - keep // 4) :]}"
 
 
 def _cut_field(name: str, value: Any) -> Any:
