@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -451,7 +452,9 @@ async def _deadline(timeout_s: float | None, worker: WorkerProcess) -> AsyncIter
         raise _Died("timeout") from None
 
 
+@functools.lru_cache(maxsize=64)
 def _larger(a: Budget, b: Budget) -> Budget:
+    """A budget that admits what either does (a run's frames: its reply, or a host-function call)."""
     return Budget(
         message_bytes=max(a.message_bytes, b.message_bytes),
         items=max(a.items, b.items),
