@@ -232,6 +232,13 @@ def _(peer: Peer) -> None:
     os._exit(137)
 
 
+@attack("dies_after_filling_its_memory")
+def _(peer: Peer) -> None:
+    hog = bytearray(220 * MIB)  # touched: its peak RSS is what the host reads from wait4
+    hog[::4096] = b"x" * len(range(0, len(hog), 4096))
+    os._exit(1)
+
+
 @attack("closing_the_socket_mid_run")
 def _(peer: Peer) -> None:
     peer.raw(FRAME.pack(50, 0) + b'{"op"')
