@@ -21,6 +21,7 @@ import functools
 import inspect
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -117,6 +118,7 @@ class WorkerProcess:
         self.max_blob_bytes = 0
         # The session's limits (from `init`): they size the budget of every reply.
         self.limits = Limits()
+        self._inherited_rss = 0
 
     async def start(self) -> None:
         """Spawn the interpreter and wait until it has imported snapcell."""
@@ -140,6 +142,9 @@ class WorkerProcess:
         finally:
             child.close()
         self.pid = self.process.pid
+        # A child's peak RSS (from wait4) starts at the host's own, inherited across fork and exec: only a peak
+        # above this is the worker's own doing.
+        self._inherited_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         parent.setblocking(False)
         self._sock = parent
         async with _deadline(_STARTUP_TIMEOUT_S, self):
@@ -386,7 +391,13 @@ class WorkerProcess:
         if tail:
             log.debug("snapcell: worker %s exited with %s; its stderr ends with:\n%s", self.pid, code, tail)
         memory = self.limits.memory_bytes
-        if code != 0 and memory is not None and peak_bytes is not None and peak_bytes >= _MEMORY_DEATH_SHARE * memory:
+        if (
+            code != 0
+            and memory is not None
+            and peak_bytes is not None
+            and peak_bytes > self._inherited_rss
+            and peak_bytes >= _MEMORY_DEATH_SHARE * memory
+        ):
             return "memory"
         if code < 0 and -code in (signal.SIGKILL, signal.SIGTERM):
             return "signal"

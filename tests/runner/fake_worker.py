@@ -1,6 +1,6 @@
 """A hostile stand-in for ``python -I -m snapcell.runner._worker``: it speaks the wire protocol and then lies.
 
-Started by the host as ``python -I fake_worker.py ATTACK FD HOST_PID``. It starts and becomes ready like a
+Started by the host as ``python -I fake_worker.py ATTACK [ARGUMENT] FD HOST_PID``. It starts and becomes ready like a
 real worker (unless the attack is about start-up), then answers the first request the attack is about
 (``run``, ``dump`` or ``load``) with the attack. It imports nothing from snapcell, so it starts in a few
 milliseconds, and writes its frames by hand: a 16-byte header (message length, blob length, big-endian),
@@ -234,7 +234,9 @@ def _(peer: Peer) -> None:
 
 @attack("dies_after_filling_its_memory")
 def _(peer: Peer) -> None:
-    hog = bytearray(220 * MIB)  # touched: its peak RSS is what the host reads from wait4
+    # Touched pages: its peak RSS is what the host reads from wait4. The size comes from the test (the word
+    # after the attack's name), as the memory limit and the host's own peak, which a child inherits, decide it.
+    hog = bytearray(int(sys.argv[2]))
     hog[::4096] = b"x" * len(range(0, len(hog), 4096))
     os._exit(1)
 
@@ -370,7 +372,7 @@ def _(peer: Peer) -> None:
 
 
 def main() -> None:
-    name, fd = sys.argv[1], int(sys.argv[2])
+    name, fd = sys.argv[1], int(sys.argv[-2])  # ATTACK [ARGUMENT] FD HOST_PID
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the host's SIGKILL stops it
     peer = Peer(socket.socket(fileno=fd))
     op, func = ATTACKS[name]

@@ -9,7 +9,9 @@ lets a script reach the worker's channel) and replays the attacks of issue 13 en
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import resource
 import sys
 import time
 import tracemalloc
@@ -105,6 +107,17 @@ def traced() -> Iterator[None]:
         tracemalloc.stop()
 
 
+def _setting(attack: str) -> tuple[Limits, list[str]]:
+    """The limits an attack runs under, and the words after the fake worker's name."""
+    if attack != "dies_after_filling_its_memory":
+        return LIMITS, [attack]
+    # A child's peak RSS starts at the host's (inherited across fork and exec): the fake must go well past it,
+    # and past 75 % of its memory limit, for its death to be its own memory's doing.
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    hog = max(200 * MIB, host_peak + 64 * MIB)
+    return dataclasses.replace(LIMITS, memory_bytes=hog * 10 // 9), [attack, str(hog)]
+
+
 async def _attack(attack: str, recorded: list[Any]) -> tuple[Any, int | None]:
     """Run one attack against the real host code; its outcome (or error) and the fake worker's exit status."""
 
@@ -112,10 +125,11 @@ async def _attack(attack: str, recorded: list[Any]) -> tuple[Any, int | None]:
         recorded.append(args)
         return 1
 
+    limits, words = _setting(attack)
     pool = WorkerPool(
-        min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, worker_command=[sys.executable, "-I", FAKE, attack]
+        min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, worker_command=[sys.executable, "-I", FAKE, *words]
     )
-    backend = ProcessBackend(pool, policy=Policy(), limits=LIMITS)
+    backend = ProcessBackend(pool, policy=Policy(), limits=limits)
     try:
         if _driver(attack) == "start":
             return await _outcome(backend.start()), None
