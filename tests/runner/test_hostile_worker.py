@@ -230,7 +230,7 @@ def test_after_the_attacks_a_real_session_works() -> None:
 
 UNRESTRICTED = Policy.unrestricted()
 # Process-mode limits: short dump and load limits keep the hang tests quick; three host calls a run.
-E2E_LIMITS = Limits(wall_time_s=10.0, grace_s=0.5, dump_time_s=1.0, load_time_s=1.0, max_host_calls=3)
+E2E_LIMITS = Limits(wall_time_s=10.0, grace_s=0.3, dump_time_s=0.5, load_time_s=0.5, max_host_calls=3)
 # Current RSS of the host may grow this much over an attack that claims (or sends) far more.
 RSS_BOUND = 64 * MIB
 
@@ -246,6 +246,13 @@ with channel._send_lock:
 def _rss() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module")
+def plain_pool() -> Iterator[Pool]:
+    """A process-mode pool with the default policy: the script only defines classes, as any model may."""
+    with Pool("memory://", isolation="process", limits=E2E_LIMITS, min_warm_workers=1) as pool:
+        yield pool
 
 
 @pytest.fixture(scope="module")
@@ -366,41 +373,40 @@ sleeper = Sleeper()
 
 
 @pytest.mark.parametrize("cell", [_LOOPS_AT_DUMP, _C_LEVEL_AT_DUMP], ids=["python-loop", "c-level-loop"])
-def test_a_dump_that_hangs_is_stopped_and_the_session_restored(cell: str) -> None:
-    # The default policy: the script only defines a class, as any model may.
-    with Pool("memory://", isolation="process", limits=E2E_LIMITS, min_warm_workers=0) as pool:
-        with pool.checkout() as session:
-            session.feed_run("kept = [1, 2]")
+def test_a_dump_that_hangs_is_stopped_and_the_session_restored(plain_pool: Pool, cell: str) -> None:
+    pool = plain_pool
+    with pool.checkout() as session:
+        session.feed_run("kept = [1, 2]")
+        session.dump()
+        session.feed_run(cell)
+        start = time.monotonic()
+        with pytest.raises(WorkerLost, match="dump_time_s") as lost:
             session.dump()
-            session.feed_run(cell)
-            start = time.monotonic()
-            with pytest.raises(WorkerLost, match="dump_time_s") as lost:
-                session.dump()
-            assert time.monotonic() - start < HANG_GUARD_S
-            assert lost.value.reason == "timeout"
-            # Restored from the last good checkpoint: the stuck object is gone, and dumping works again.
-            assert session.feed_run("kept") == [1, 2]
-            name = "stuck" if "stuck" in cell else "busy"
-            gone = session.run(name).error
-            assert gone is not None and gone.exc_type == "NameError"
-            checkpoint = session.dump()
-        with pool.checkout() as session:
-            session.load_session(checkpoint)
-            assert session.feed_run("kept") == [1, 2]
+        assert time.monotonic() - start < HANG_GUARD_S
+        assert lost.value.reason == "timeout"
+        # Restored from the last good checkpoint: the stuck object is gone, and dumping works again.
+        assert session.feed_run("kept") == [1, 2]
+        name = "stuck" if "stuck" in cell else "busy"
+        gone = session.run(name).error
+        assert gone is not None and gone.exc_type == "NameError"
+        checkpoint = session.dump()
+    with pool.checkout() as session:
+        session.load_session(checkpoint)
+        assert session.feed_run("kept") == [1, 2]
 
 
-def test_a_checkpoint_that_hangs_at_load_is_reported_and_the_session_goes_on() -> None:
-    with Pool("memory://", isolation="process", limits=E2E_LIMITS, min_warm_workers=0) as pool:
-        with pool.checkout() as session:
-            session.feed_run("good = 1")
-            good = session.dump()
-            session.feed_run(_LOOPS_AT_LOAD)
-            bad = session.dump()
-        with pool.checkout() as session:
-            start = time.monotonic()
-            with pytest.raises(WorkerLost, match="load of the checkpoint did not finish within Limits.load_time_s"):
-                session.load_session(bad)
-            assert time.monotonic() - start < HANG_GUARD_S
-            assert session.feed_run("1 + 1") == 2  # the conversation is not stuck
-            session.load_session(good)
-            assert session.feed_run("good") == 1
+def test_a_checkpoint_that_hangs_at_load_is_reported_and_the_session_goes_on(plain_pool: Pool) -> None:
+    pool = plain_pool
+    with pool.checkout() as session:
+        session.feed_run("good = 1")
+        good = session.dump()
+        session.feed_run(_LOOPS_AT_LOAD)
+        bad = session.dump()
+    with pool.checkout() as session:
+        start = time.monotonic()
+        with pytest.raises(WorkerLost, match="load of the checkpoint did not finish within Limits.load_time_s"):
+            session.load_session(bad)
+        assert time.monotonic() - start < HANG_GUARD_S
+        assert session.feed_run("1 + 1") == 2  # the conversation is not stuck
+        session.load_session(good)
+        assert session.feed_run("good") == 1
