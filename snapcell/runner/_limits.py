@@ -39,6 +39,13 @@ class Limits:
         max_file_bytes: Largest file the worker may write (process mode).
         max_open_files: File descriptors the worker may hold (process mode).
         max_script_bytes: Size of one script in UTF-8; a larger one does not run and its result says so.
+        max_value_bytes: Size of a run's value, and of a host call's arguments, as sent from a worker (their
+            JSON form; process mode). A larger value comes back as None with its capped repr and a note; larger
+            arguments fail the call with `OutputLimitExceeded`.
+        dump_time_s: Seconds a dump may take in the worker (``__reduce__`` and ``__getstate__`` of script
+            objects run then) before it is stopped and the worker replaced (process mode).
+        load_time_s: Seconds a load may take in the worker (``__setstate__`` and reducers run then) before it
+            is stopped and the worker replaced (process mode).
     """
 
     wall_time_s: float | None = 30.0
@@ -53,9 +60,16 @@ class Limits:
     max_file_bytes: int | None = 256 * _MIB
     max_open_files: int | None = 256
     max_script_bytes: int | None = _MIB
+    max_value_bytes: int | None = _MIB
+    dump_time_s: float | None = 60.0
+    load_time_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         for name in ("wall_time_s", "cpu_time_s"):
+            value = getattr(self, name)
+            if value is not None and (not _is_number(value) or not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"Limits.{name} must be a positive number of seconds or None, not {value!r}")
+        for name in ("dump_time_s", "load_time_s"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or not math.isfinite(value) or value <= 0):
                 raise ConfigError(f"Limits.{name} must be a positive number of seconds or None, not {value!r}")
@@ -71,6 +85,7 @@ class Limits:
             "max_file_bytes": 0,
             "max_open_files": 16,
             "max_script_bytes": 1,
+            "max_value_bytes": 1024,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)

@@ -1,4 +1,9 @@
-"""A session's runner in a worker process: requests, replies checked as untrusted, recovery on loss."""
+"""A session's runner in a worker process: requests, replies checked as untrusted, recovery on loss.
+
+A dump or a load runs script code (``__reduce__``, ``__setstate__``): the worker stops one that overruns
+``Limits.dump_time_s`` / ``load_time_s``, and the host kills a worker that has not answered by that limit
+plus ``grace_s``. Either way the worker is replaced and the caller gets `WorkerLost` naming the limit.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
-from snapcell.errors import ScriptError, SessionError, WorkerLost
+from snapcell.errors import ScriptError, SessionError, TimeLimitExceeded, WorkerLost
 from snapcell.runner._host import HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._process import (
+    _CONTROL_TIMEOUT_S,
     _REQUEST_TIMEOUT_S,
     WorkerProcess,
     _Died,
@@ -21,7 +27,14 @@ from snapcell.runner._process import (
 )
 from snapcell.runner._result import RunResult
 from snapcell.runner._wire import (
+    MAX_DUMP_BLOBS,
+    MAX_MANIFEST_ITEMS,
+    MAX_NAME_CHARS,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SUMMARY_CHARS,
     MalformedMessage,
+    count_items,
     error_from_plain,
     split_parts,
     to_plain,
@@ -53,8 +66,20 @@ class ProcessBackend:
         timeout_s: float | None = _REQUEST_TIMEOUT_S,
         lookup: Mapping[str, Callable[..., Any]] | None = None,
         calls: list[HostCall] | None = None,
+        limits: Limits | None = None,
+        limit_name: str = "",
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and return its reply, whose op must be ``expect``.
+
+        Args:
+            message: The request.
+            parts: Bytes sent after it.
+            expect: The op of a good reply.
+            timeout_s: Deadline for the reply (the request's own limit plus grace).
+            lookup: Host functions a run may call.
+            calls: Where the host-function calls served are recorded.
+            limits: The limits the request runs under; the session's by default.
+            limit_name: The `Limits` field behind ``timeout_s``, named when it is overrun.
 
         Raises:
             WorkerLost: The worker died, overran ``timeout_s`` or sent a malformed reply; it is killed.
@@ -66,11 +91,13 @@ class ProcessBackend:
         if worker is None:
             raise SessionError("no worker process")
         try:
-            reply, reply_blob = await worker.request(message, parts, timeout_s=timeout_s, lookup=lookup, calls=calls)
+            reply, reply_blob = await worker.request(
+                message, parts, timeout_s=timeout_s, lookup=lookup, calls=calls, limits=limits
+            )
         except _Died as exc:
             await self._pool.release(worker)
             self.worker = None
-            raise _lost(exc, message.get("op"), timeout_s) from None
+            raise _lost(exc, message.get("op"), timeout_s, limit_name) from None
         except BaseException:
             # Cancelled mid-request: the worker's state is unknown, so it goes.
             await self._pool.release(worker)
@@ -82,6 +109,11 @@ class ProcessBackend:
                 error = error_from_plain(reply.get("error"))
             except MalformedMessage as exc:
                 raise await self._malformed(message.get("op"), exc) from None
+            if limit_name and isinstance(error, TimeLimitExceeded) and error.limit == limit_name:
+                # The worker stopped a dump or load that overran its limit; what it was running (a script's
+                # __reduce__ or __setstate__) may have left it in any state, so it goes like a lost worker.
+                await self.discard()
+                raise _lost(_Died("timeout"), message.get("op"), timeout_s, limit_name) from None
             raise error
         if op != expect:
             raise await self._malformed(message.get("op"), MalformedMessage(f"a {str(op)[:40]!r} reply"))
@@ -93,7 +125,7 @@ class ProcessBackend:
         if worker is not None:
             await self._pool.release(worker)
         log.warning("snapcell: worker sent a malformed reply to %s: %s", op, exc)
-        return _lost(_Died("crash", f"it sent a malformed reply: {str(exc)[:200]}"), op, None)
+        return _lost(_Died("crash", f"it sent a malformed reply: {str(exc)[:200]}"), op, None, "")
 
     async def run(
         self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
@@ -114,6 +146,8 @@ class ProcessBackend:
             timeout_s=timeout,
             lookup=lookup,
             calls=calls,
+            limits=limits,
+            limit_name="wall_time_s",
         )
         try:
             return _run_result(reply, limits, calls)
@@ -137,6 +171,8 @@ class ProcessBackend:
                 "known_blobs": [ref.model_dump() for ref in known_blobs.values()],
             },
             expect="dumped",
+            timeout_s=_step_timeout(self._limits, self._limits.dump_time_s),
+            limit_name="dump_time_s",
         )
         try:
             return _dumped(reply, payload)
@@ -147,22 +183,28 @@ class ProcessBackend:
         names = list(blobs)
         sizes = [len(body), *(len(blobs[name]) for name in names)]
         reply, _ = await self._request(
-            {"op": "load", "parts": sizes, "blobs": names}, [body, *(blobs[name] for name in names)], expect="loaded"
+            {"op": "load", "parts": sizes, "blobs": names},
+            [body, *(blobs[name] for name in names)],
+            expect="loaded",
+            timeout_s=_step_timeout(self._limits, self._limits.load_time_s),
+            limit_name="load_time_s",
         )
         try:
-            return Manifest.model_validate_json(_text(reply, "manifest"))
+            return _manifest(reply)
         except (MalformedMessage, ValueError) as exc:
             raise await self._malformed("load", exc) from None
 
     async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
         """Ask the runner to add notes and run setup cells before the next cell."""
-        await self._request({"op": "queue", "notes": notes, "setup_cells": setup_cells}, expect="queued")
+        await self._request(
+            {"op": "queue", "notes": notes, "setup_cells": setup_cells}, expect="queued", timeout_s=_CONTROL_TIMEOUT_S
+        )
 
     async def reset(self) -> None:
-        await self._request({"op": "reset"}, expect="reset")
+        await self._request({"op": "reset"}, expect="reset", timeout_s=_CONTROL_TIMEOUT_S)
 
     async def declarations(self) -> str:
-        reply, _ = await self._request({"op": "declarations"}, expect="declarations")
+        reply, _ = await self._request({"op": "declarations"}, expect="declarations", timeout_s=_CONTROL_TIMEOUT_S)
         return str(reply.get("text", ""))
 
     async def close(self) -> None:
@@ -188,7 +230,21 @@ def _limits_plain(limits: Limits) -> dict[str, Any]:
     return plain
 
 
-def _lost(exc: _Died, op: Any, timeout_s: float | None) -> WorkerLost:
+def _step_timeout(limits: Limits, limit_s: float | None) -> float | None:
+    """The host's deadline for a dump or load: the worker's own limit, plus grace, plus a second to reach the host."""
+    return None if limit_s is None else limit_s + limits.grace_s + 1.0
+
+
+def _lost(exc: _Died, op: Any, timeout_s: float | None, limit_name: str) -> WorkerLost:
+    if exc.reason == "timeout" and limit_name in ("dump_time_s", "load_time_s") and timeout_s is not None:
+        step = "dump" if limit_name == "dump_time_s" else "load of the checkpoint"
+        limit = timeout_s - 1.0
+        return WorkerLost(
+            f"the {step} did not finish within Limits.{limit_name} (plus grace_s: {limit:g} s), so its worker "
+            "process was stopped and replaced; a script object's __reduce__, __getstate__ or __setstate__ may "
+            "loop. The session continues from its last good checkpoint and setup cells",
+            reason="timeout",
+        )
     reasons = {
         "timeout": f"it did not stop within {timeout_s:g} s (the wall-time limit, plus grace_s, plus a second to "
         "reach the host)"
@@ -201,10 +257,24 @@ def _lost(exc: _Died, op: Any, timeout_s: float | None) -> WorkerLost:
     what = reasons.get(exc.reason, "it died")
     detail = f" ({exc.detail})" if exc.detail and exc.reason == "crash" else ""
     return WorkerLost(
-        f"the session's worker process was lost during {op}: {what}{detail}; the session restarts from its last "
-        "checkpoint and setup cells, and the cell that caused it is not run again",
+        f"the session's worker process was lost during {str(op)[:40]}: {what}{detail}; the session restarts from its "
+        "last checkpoint and setup cells, and the cell that caused it is not run again",
         reason=exc.reason,
     )
+
+
+def _manifest(reply: dict[str, Any]) -> Manifest:
+    """The manifest in a dump or load reply; its items are counted before it is parsed.
+
+    Raises:
+        MalformedMessage: It is not text, or holds more than `MAX_MANIFEST_ITEMS` items.
+        ValueError: It is not a valid `Manifest`.
+    """
+    text = _text(reply, "manifest")
+    raw = text.encode("utf-8", "surrogatepass")
+    if count_items(raw, MAX_MANIFEST_ITEMS) > MAX_MANIFEST_ITEMS:
+        raise MalformedMessage(f"the manifest holds more than {MAX_MANIFEST_ITEMS} items")
+    return Manifest.model_validate_json(raw)
 
 
 def _text(reply: dict[str, Any], key: str) -> str:
@@ -224,8 +294,8 @@ def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) ->
     if error is not None and not isinstance(error, ScriptError):
         error = ScriptError(str(error))
     notes = reply.get("notes") or []
-    if type(notes) is not list:
-        raise MalformedMessage("notes must be a list")
+    if type(notes) is not list or len(notes) > MAX_NOTES:
+        raise MalformedMessage(f"notes must be a list of at most {MAX_NOTES}")
     memory = reply.get("memory_bytes")
     cap = limits.max_output_bytes
     return RunResult(
@@ -235,15 +305,18 @@ def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) ->
         stderr=_cap(reply.get("stderr"), cap) or "",
         duration_s=float(reply.get("duration_s") or 0.0),
         external_calls=tuple(calls),
-        notes=tuple(str(n)[:10_000] for n in notes),
+        notes=tuple(str(n)[:MAX_NOTE_CHARS] for n in notes),
         error=error,
         memory_bytes=memory if type(memory) is int else None,
-        namespace_summary=str(reply.get("namespace_summary") or "")[:1000],
+        namespace_summary=str(reply.get("namespace_summary") or "")[:MAX_SUMMARY_CHARS],
     )
 
 
 def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:
     """The checkpoint in a worker's ``dumped`` reply and its blob: the body, then each new blob.
+
+    The part sizes the reply declares must add up to the bytes received before any part is copied, and a
+    blob may be named once. The body is the payload itself, cut after its part, not a copy.
 
     Raises:
         MalformedMessage: The reply or its parts are not well formed.
@@ -253,16 +326,22 @@ def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:
     refresh = reply.get("refresh", [])
     if type(names) is not list or type(refresh) is not list:
         raise MalformedMessage("new_blobs and refresh must be lists")
+    if len(names) > MAX_DUMP_BLOBS or len(refresh) > MAX_DUMP_BLOBS:
+        raise MalformedMessage(f"a dump names at most {MAX_DUMP_BLOBS} new blobs and {MAX_DUMP_BLOBS} refreshed ones")
+    if not all(type(n) is str and 0 < len(n) <= MAX_NAME_CHARS for n in (*names, *refresh)):
+        raise MalformedMessage("blob names must be short non-empty text")
+    if len(set(names)) != len(names):
+        raise MalformedMessage("the same blob is named twice among the new blobs")
     parts = split_parts(payload, reply.get("parts", [len(payload)]))
     if len(parts) != len(names) + 1:
         raise MalformedMessage(f"{len(parts)} parts for {len(names)} new blobs")
-    manifest = Manifest.model_validate_json(_text(reply, "manifest"))
-    return Dumped(
-        body=bytearray(parts[0]),
-        manifest=manifest,
-        new_blobs={str(name): bytes(part) for name, part in zip(names, parts[1:], strict=True)},
-        refresh=[str(h) for h in refresh],
-    )
+    manifest = _manifest(reply)
+    new_blobs = {name: bytes(part) for name, part in zip(names, parts[1:], strict=True)}
+    body_bytes = parts[0].nbytes
+    for part in parts:
+        part.release()
+    del payload[body_bytes:]
+    return Dumped(body=payload, manifest=manifest, new_blobs=new_blobs, refresh=list(refresh))
 
 
 def _cap(text: Any, limit: int | None) -> str | None:

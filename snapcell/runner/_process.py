@@ -4,6 +4,12 @@ A worker is a fresh interpreter (``python -I -m snapcell.runner._worker``) start
 environment, no inherited descriptors but its socket, and its own scratch directory. The host never
 unpickles what a worker sends (see `_wire`), and it kills a worker that overruns its wall time plus
 grace, or that the pool no longer needs.
+
+Every worker is assumed hostile. Each frame it sends is checked against the budget of the request in
+flight (`_wire.reply_budget`) before anything is allocated, and read as it arrives, so a claimed size
+costs nothing until it is sent; host-function calls are counted here against ``max_host_calls``; every
+request has a deadline; and why a worker died is decided from what the host sees (its exit status,
+its peak memory from ``wait4``), never from what it wrote to stderr, of which only the tail is read.
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -21,20 +29,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from snapcell._telemetry import trace_host_function
-from snapcell.errors import SessionError
-from snapcell.runner._host import HostCall
+from snapcell.errors import OutputLimitExceeded, SessionError
+from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._wire import (
     FRAME,
-    MAX_MESSAGE_BYTES,
+    Budget,
     NotPlainData,
     decode,
     encode,
+    reply_budget,
     to_plain,
 )
 
@@ -44,14 +53,26 @@ log = logging.getLogger("snapcell")
 
 _STARTUP_TIMEOUT_S = 60.0
 _REQUEST_TIMEOUT_S = 600.0
+# Requests that do no script work (queue, reset, declarations): a worker that takes longer is stuck or hostile.
+_CONTROL_TIMEOUT_S = 30.0
 _KILL_WAIT_S = 5.0
+# A worker whose channel closed exits at once; one still alive this long after is killed.
+_EXIT_WAIT_S = 1.0
 _READ_CHUNK = 256 * 1024
 _DECODE_INLINE_BYTES = 256 * 1024
-# A large blob's buffer starts this big and doubles as data arrives, so a claimed size costs nothing until it is sent.
-_FIRST_BLOCK = 64 * 1024 * 1024
+# A large frame's buffer starts this big and doubles as data arrives, so a claimed size costs nothing until it is
+# sent: the host never holds more than twice what the worker actually sent.
+_FIRST_BLOCK = 1024 * 1024
 # Largest blob a worker may send when its session has no memory limit; with one, twice that limit.
 _MAX_BLOB_BYTES_UNLIMITED = 64 * 1024**3
 _REFILL_DELAY_S = 0.05
+# Host-function calls of one run being served at once; beyond it the host stops reading until one is done.
+_MAX_PENDING_CALLS = 1024
+# Only the end of a dead worker's stderr is read (for the log), never all of it.
+_STDERR_TAIL_BYTES = 64 * 1024
+# A worker that dies (other than by the host's own kill) with a peak RSS at least this share of its memory
+# limit is reported as out of memory.
+_MEMORY_DEATH_SHARE = 0.75
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
@@ -74,7 +95,11 @@ def policy_to_plain(policy: Policy) -> dict[str, Any]:
 class WorkerProcess:
     """One worker process and the channel to it. Use `start`, then `init`, then requests."""
 
-    def __init__(self, scratch_root: str) -> None:
+    def __init__(self, scratch_root: str, *, command: Sequence[str] | None = None) -> None:
+        # The interpreter and module to start; the socket's descriptor and the host's pid are appended.
+        self._command = (
+            list(command) if command is not None else [sys.executable, "-I", "-m", "snapcell.runner._worker"]
+        )
         self._scratch_root = scratch_root
         self.scratch_dir = ""
         self.process: subprocess.Popen[bytes] | None = None
@@ -91,6 +116,9 @@ class WorkerProcess:
         self.dead = False
         # Largest blob accepted in a frame; none until `init` says how much memory the worker may use.
         self.max_blob_bytes = 0
+        # The session's limits (from `init`): they size the budget of every reply.
+        self.limits = Limits()
+        self._inherited_rss = 0
 
     async def start(self) -> None:
         """Spawn the interpreter and wait until it has imported snapcell."""
@@ -98,7 +126,7 @@ class WorkerProcess:
         self._stderr = tempfile.TemporaryFile()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-m", "snapcell.runner._worker", str(child.fileno()), str(os.getpid())],
+                [*self._command, str(child.fileno()), str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr,
@@ -114,18 +142,23 @@ class WorkerProcess:
         finally:
             child.close()
         self.pid = self.process.pid
+        # A child's peak RSS (from wait4) starts at the host's own, inherited across fork and exec: only a peak
+        # above this is the worker's own doing.
+        self._inherited_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         parent.setblocking(False)
         self._sock = parent
-        message, _ = await self._receive(_STARTUP_TIMEOUT_S)
+        async with _deadline(_STARTUP_TIMEOUT_S, self):
+            message, _, _ = await self._receive(reply_budget("start", self.limits))
         if message.get("op") != "started":
             await self.kill()
-            raise SessionError(f"a worker process sent {message.get('op')!r} instead of starting")
+            raise SessionError(f"a worker process sent {str(message.get('op'))[:40]!r} instead of starting")
 
     async def init(self, *, policy: Policy, limits: Limits) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers."""
         self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
         memory = limits.memory_bytes
         self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
+        self.limits = limits
         await self._send(
             {
                 "op": "init",
@@ -135,15 +168,17 @@ class WorkerProcess:
             }
         )
         try:
-            message, _ = await self._receive(_STARTUP_TIMEOUT_S)
+            async with _deadline(_STARTUP_TIMEOUT_S, self):
+                message, _, _ = await self._receive(reply_budget("init", limits))
         except _Died as exc:
             tail = self._stderr_tail(1500).strip()
             detail = f":\n{tail}" if tail else ""
             raise SessionError(f"a worker process failed to start ({exc.reason}){detail}") from exc
-        if message.get("op") != "ready":
+        sandbox = message.get("sandbox")
+        if message.get("op") != "ready" or type(sandbox) is not dict:
             await self.kill()
-            raise SessionError(f"a worker process failed to start: {message}")
-        self.sandbox = {str(k): str(v) for k, v in message.get("sandbox", {}).items()}
+            raise SessionError(f"a worker process failed to start: {str(message)[:500]}")
+        self.sandbox = {str(k)[:100]: str(v)[:1000] for k, v in sandbox.items()}
 
     async def _send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
         sock = self._sock
@@ -202,23 +237,27 @@ class WorkerProcess:
         self._rstart = size
         return out
 
-    async def _receive(self, timeout_s: float | None) -> tuple[dict[str, Any], bytearray]:
+    async def _receive(self, budget: Budget) -> tuple[dict[str, Any], bytearray, int]:
+        """Read one frame within ``budget``: its message, its blob, and the message's length.
+
+        Raises:
+            _Died: The worker is gone, or sent a frame over budget or malformed (it is killed then).
+        """
         try:
-            async with asyncio.timeout(timeout_s):
-                size, blob_size = FRAME.unpack(await self._read_exactly(FRAME.size))
-                if size > MAX_MESSAGE_BYTES:
-                    raise _Died("crash", f"the worker sent a {size}-byte message")
-                if blob_size > self.max_blob_bytes:
-                    raise _Died(
-                        "crash", f"the worker announced a {blob_size}-byte blob (at most {self.max_blob_bytes})"
-                    )
-                raw = await self._read_exactly(size)
-                # A large message (a big run value) is decoded off the event loop, which other sessions share.
-                message = decode(raw) if size < _DECODE_INLINE_BYTES else await asyncio.to_thread(decode, raw)
-                blob = await self._read_exactly(blob_size) if blob_size else bytearray()
-        except TimeoutError:
-            await self.kill()
-            raise _Died("timeout") from None
+            size, blob_size = FRAME.unpack(await self._read_exactly(FRAME.size))
+            # Checked before anything is allocated: a worker that claims more is not following the protocol.
+            if size > budget.message_bytes:
+                raise _Died("crash", f"it sent a {size:,}-byte message where at most {budget.message_bytes:,} fit")
+            if blob_size > budget.blob_bytes:
+                raise _Died("crash", f"it announced a {blob_size:,}-byte blob where at most {budget.blob_bytes:,} fit")
+            raw = await self._read_exactly(size)
+            # A large message (a big run value) is decoded off the event loop, which other sessions share.
+            if size < _DECODE_INLINE_BYTES:
+                message = decode(raw, max_items=budget.items)
+            else:
+                message = await asyncio.to_thread(decode, raw, max_items=budget.items)
+            del raw
+            blob = await self._read_exactly(blob_size) if blob_size else bytearray()
         except (ConnectionError, OSError) as exc:
             raise _Died(await self._death_reason(), str(exc)) from exc
         except _Died:
@@ -226,8 +265,8 @@ class WorkerProcess:
             raise
         except Exception as exc:  # a malformed frame from a compromised worker
             await self.kill()
-            raise _Died("crash", f"the worker sent malformed data: {exc}") from exc
-        return message, blob
+            raise _Died("crash", f"it sent malformed data: {str(exc)[:200]}") from exc
+        return message, blob, size
 
     async def request(
         self,
@@ -237,28 +276,78 @@ class WorkerProcess:
         timeout_s: float | None = _REQUEST_TIMEOUT_S,
         lookup: Mapping[str, Callable[..., Any]] | None = None,
         calls: list[HostCall] | None = None,
+        limits: Limits | None = None,
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and wait for its reply, serving host-function calls meanwhile.
 
+        The reply must fit the request's budget (`reply_budget`); a run's host-function calls must fit
+        the call budget and ``max_host_calls``, counted here whatever the worker counts.
+
+        Args:
+            message: The request.
+            parts: Bytes sent after it as the frame's blob.
+            timeout_s: Deadline for sending the request and receiving its reply; None waits for ever.
+            lookup: Host functions a run may call.
+            calls: Where the host-function calls served are recorded.
+            limits: The limits the request runs under (a run's own); the session's by default.
+
         Raises:
-            _Died: The worker died or overran ``timeout_s`` (it is killed then).
+            _Died: The worker died, overran ``timeout_s`` or broke the protocol (it is killed then).
         """
-        await self._send(message, *parts)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        op = message.get("op")
+        limits = self.limits if limits is None else limits
+        budget = reply_budget(str(op), limits, self.max_blob_bytes)
+        counter = CallBudget(limits.max_host_calls) if op == "run" else None
+        if counter is not None:
+            calls_budget = reply_budget("call", limits)
+            budget = _larger(budget, calls_budget)
+        if self._rend != self._rstart:
+            await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
         try:
-            while True:
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-                reply, reply_blob = await self._receive(remaining)
-                if reply.get("op") == "call":
-                    task = asyncio.ensure_future(self._serve_call(reply, lookup or {}, calls))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    continue
-                return reply, reply_blob
+            async with _deadline(timeout_s, self):
+                await self._send(message, *parts)
+                while True:
+                    if len(tasks) >= _MAX_PENDING_CALLS:
+                        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    reply, reply_blob, size = await self._receive(budget)
+                    if reply.get("op") == "call":
+                        if counter is None:
+                            await self._refuse("it sent a host-function call outside a run")
+                        else:
+                            await self._admit_call(reply, size, calls_budget, counter)
+                        task = asyncio.ensure_future(self._serve_call(reply, lookup or {}, calls))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                        continue
+                    return reply, reply_blob
         finally:
             for task in tasks:
                 task.cancel()
+
+    async def _refuse(self, reason: str) -> None:
+        """Kill a worker that broke the protocol.
+
+        Raises:
+            _Died: Always.
+        """
+        await self.kill()
+        raise _Died("crash", reason)
+
+    async def _admit_call(self, message: dict[str, Any], size: int, budget: Budget, counter: CallBudget) -> None:
+        """Check a host-function call frame and count it against ``max_host_calls``.
+
+        Raises:
+            _Died: The frame is over the call budget, malformed, or one call too many (the worker is killed).
+        """
+        if size > budget.message_bytes:
+            await self._refuse(f"it sent a {size:,}-byte host-function call where at most {budget.message_bytes:,} fit")
+        if type(message.get("args", [])) is not list or type(message.get("kwargs", {})) is not dict:
+            await self._refuse("it sent a host-function call whose arguments are not a list and a dict")
+        try:
+            counter.admit(str(message.get("name"))[:100], available=True)
+        except OutputLimitExceeded as exc:
+            await self._refuse(f"it made more host-function calls than Limits.max_host_calls ({exc.value})")
 
     async def _serve_call(
         self, message: dict[str, Any], lookup: Mapping[str, Callable[..., Any]], calls: list[HostCall] | None
@@ -269,7 +358,7 @@ class WorkerProcess:
         reply: dict[str, Any] = {"op": "result", "id": message.get("id")}
         try:
             if func is None:
-                raise NameError(f"host function {name!r} is not available in this run")
+                raise NameError(f"host function {name[:100]!r} is not available in this run")
             args, kwargs = message.get("args") or [], message.get("kwargs") or {}
             value = func(*args, **{str(k): v for k, v in kwargs.items()})
             if inspect.isawaitable(value):
@@ -289,33 +378,58 @@ class WorkerProcess:
             await self._send(reply)
 
     async def _death_reason(self) -> str:
+        """Why the worker died, from what the host saw: its exit status and its peak memory (never its stderr)."""
         if self.process is None:
             return "crash"
         try:
-            code = await asyncio.wait_for(asyncio.to_thread(self.process.wait), _KILL_WAIT_S)
-        except TimeoutError:
+            code, peak_bytes = await asyncio.wait_for(asyncio.to_thread(self._reap), _EXIT_WAIT_S)
+        except TimeoutError:  # it closed its channel but lives on: not a worker any more
+            await self.kill()
             return "crash"
         self.dead = True
         tail = self._stderr_tail()
         if tail:
             log.debug("snapcell: worker %s exited with %s; its stderr ends with:\n%s", self.pid, code, tail)
+        memory = self.limits.memory_bytes
+        if (
+            code != 0
+            and memory is not None
+            and peak_bytes is not None
+            and peak_bytes > self._inherited_rss
+            and peak_bytes >= _MEMORY_DEATH_SHARE * memory
+        ):
+            return "memory"
         if code < 0 and -code in (signal.SIGKILL, signal.SIGTERM):
             return "signal"
         if code < 0 and -code == signal.SIGXCPU:
             return "timeout"
-        return "memory" if self._stderr_mentions("MemoryError") else "crash"
+        return "crash"
+
+    def _reap(self) -> tuple[int, int | None]:
+        """Wait for the worker to exit: its exit code (negative for a signal) and peak RSS in bytes, if known."""
+        process = self.process
+        if process is None:
+            return 0, None
+        if process.returncode is None:
+            try:
+                _, status, usage = os.wait4(process.pid, 0)
+            except ChildProcessError:  # reaped meanwhile by `kill`
+                return process.wait(), None
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode, usage.ru_maxrss * 1024  # Linux reports kilobytes
+        return process.returncode, None
 
     def _stderr_tail(self, limit: int = 4096) -> str:
+        """The last ``limit`` bytes (at most 64 KiB) the worker wrote to stderr; nothing before them is read."""
         if self._stderr is None:
             return ""
         try:
-            self._stderr.seek(0)
-            return str(self._stderr.read()[-limit:].decode(errors="replace"))
+            end = self._stderr.seek(0, os.SEEK_END)
+            size = min(limit, _STDERR_TAIL_BYTES, end)
+            self._stderr.seek(end - size)
+            return str(self._stderr.read(size).decode(errors="replace"))
         except (OSError, ValueError):
             return ""
-
-    def _stderr_mentions(self, text: str) -> bool:
-        return text in self._stderr_tail(65536)
 
     async def kill(self) -> None:
         """Kill the worker and remove its scratch directory; safe to call twice."""
@@ -336,6 +450,27 @@ class WorkerProcess:
         if self.scratch_dir:
             shutil.rmtree(self.scratch_dir, ignore_errors=True)
             self.scratch_dir = ""
+
+
+@contextlib.asynccontextmanager
+async def _deadline(timeout_s: float | None, worker: WorkerProcess) -> AsyncIterator[None]:
+    """Kill ``worker`` and raise ``_Died("timeout")`` when the block overruns ``timeout_s`` (None: no deadline)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError:
+        await worker.kill()
+        raise _Died("timeout") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _larger(a: Budget, b: Budget) -> Budget:
+    """A budget that admits what either does (a run's frames: its reply, or a host-function call)."""
+    return Budget(
+        message_bytes=max(a.message_bytes, b.message_bytes),
+        items=max(a.items, b.items),
+        blob_bytes=max(a.blob_bytes, b.blob_bytes),
+    )
 
 
 def _plain_friendly(value: Any) -> Any:

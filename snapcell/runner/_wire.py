@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime
 import decimal
+import functools
 import gc
 import itertools
 import json
@@ -27,15 +29,20 @@ from snapcell.runner._limits import Limits
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "Budget",
     "MalformedMessage",
     "NotPlainData",
     "check_script",
+    "count_items",
+    "cut_text",
     "decode",
     "encode",
     "error_from_plain",
     "error_to_plain",
+    "reply_budget",
     "split_parts",
     "to_plain",
+    "value_items",
 ]
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -49,6 +56,101 @@ MAX_MESSAGE_DEPTH = MAX_DEPTH + 2
 _MAX_INT_BITS = 13_000
 
 FRAME = struct.Struct(">QQ")  # message length, blob length
+
+# What one reply may carry besides its value. A worker keeps within these (it cuts what is longer), and the host
+# sizes its budget for each reply from them, so a worker that sends more is not following the protocol.
+MAX_NOTES = 64
+MAX_NOTE_CHARS = 2048
+MAX_SUMMARY_CHARS = 1000
+MAX_ERROR_TEXT_CHARS = 16 * 1024
+MAX_ERROR_NAMES = 256
+MAX_NAME_CHARS = 256
+# A dump or load reply: its manifest (JSON text, whose own items are counted before it is parsed), the new
+# blobs it names. A worker whose checkpoint needs more says so with an error instead.
+MAX_CHECKPOINT_REPLY_BYTES = 32 * 1024 * 1024
+MAX_MANIFEST_ITEMS = 1_000_000
+MAX_DUMP_BLOBS = 65_536
+MAX_DECLARATIONS_CHARS = 1024 * 1024
+# Bytes a str character may take in a message: JSON is written as ASCII, and a character outside the BMP
+# becomes a surrogate pair of escapes (``\ud83d\ude00``).
+_CHAR_BYTES = 12
+_TEXT_SLACK = 200  # a text's cut marker ("[... 123 earlier characters of output were dropped ...]")
+_FIELDS_BYTES = 16 * 1024  # field names, numbers, the error's short fields
+_FIELDS_ITEMS = 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """The most a reply from a worker may hold; the host checks a frame against it before reading it.
+
+    Attributes:
+        message_bytes: Length of the JSON message.
+        items: Values in the message (as `count_items` counts them).
+        blob_bytes: Length of the blob after the message.
+    """
+
+    message_bytes: int
+    items: int
+    blob_bytes: int = 0
+
+
+def _text_bytes(*chars: int | None) -> int | None:
+    """Bytes of JSON text needed for strings of at most these many characters; None if one is unbounded."""
+    if any(c is None for c in chars):
+        return None
+    return sum(_CHAR_BYTES * (c + _TEXT_SLACK) for c in chars if c is not None)
+
+
+_ERROR_BYTES = _text_bytes(*[MAX_ERROR_TEXT_CHARS] * 4, *[MAX_NAME_CHARS] * 8, MAX_ERROR_NAMES * MAX_NAME_CHARS) or 0
+_ERROR_ITEMS = MAX_ERROR_NAMES + 64
+
+
+def _bounded(message_bytes: int | None, items: int | None, blob_bytes: int = 0) -> Budget:
+    if message_bytes is None or message_bytes > MAX_MESSAGE_BYTES:
+        message_bytes = MAX_MESSAGE_BYTES
+    if items is None or items > MAX_MESSAGE_ITEMS:
+        items = MAX_MESSAGE_ITEMS
+    return Budget(message_bytes=message_bytes, items=items, blob_bytes=blob_bytes)
+
+
+def value_items(limits: Limits) -> int:
+    """Most items a run's value (or a host call's arguments) may hold under ``Limits.max_value_bytes``."""
+    return MAX_ITEMS if limits.max_value_bytes is None else min(limits.max_value_bytes // 8, MAX_ITEMS)
+
+
+@functools.lru_cache(maxsize=256)
+def reply_budget(kind: str, limits: Limits, blob_bytes: int = 0) -> Budget:
+    """The budget of a reply to request ``kind`` (``"run"``, ``"dump"``, ...), or of a host ``"call"`` frame.
+
+    Every reply may instead be an ``error`` reply, so each budget covers one of those as well. A
+    limit that is None leaves the matching part bounded only by `MAX_MESSAGE_BYTES`.
+
+    Args:
+        kind: The request's op, or ``"call"`` for a worker's host-function call.
+        limits: The limits the request runs under.
+        blob_bytes: Largest blob a dump reply may carry (the worker's checkpoint budget).
+    """
+    value = limits.max_value_bytes
+    if kind == "call":
+        return _bounded(None if value is None else value + _FIELDS_BYTES, value_items(limits) + _FIELDS_ITEMS)
+    if kind == "run":
+        text = _text_bytes(
+            limits.max_output_bytes,
+            limits.max_output_bytes,
+            limits.max_value_repr_bytes,
+            MAX_NOTES * MAX_NOTE_CHARS,
+            MAX_SUMMARY_CHARS,
+        )
+        size = None if value is None or text is None else value + text + _ERROR_BYTES + _FIELDS_BYTES
+        return _bounded(size, value_items(limits) + MAX_NOTES + _ERROR_ITEMS + _FIELDS_ITEMS)
+    if kind in ("dump", "load"):
+        items = 3 * MAX_DUMP_BLOBS + _ERROR_ITEMS + _FIELDS_ITEMS
+        return _bounded(MAX_CHECKPOINT_REPLY_BYTES, items, blob_bytes if kind == "dump" else 0)
+    if kind == "declarations":
+        return _bounded((_text_bytes(MAX_DECLARATIONS_CHARS) or 0) + _ERROR_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS)
+    # Control requests (init, queue, reset, recycle, close) and start-up: a few short fields, or an error.
+    return _bounded(_ERROR_BYTES + _FIELDS_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS)
+
 
 _JSON_SCALARS = frozenset((type(None), bool, int, float, str))
 _SCALARS = (type(None), bool, int, float, str, bytes)
@@ -305,18 +407,35 @@ def _items_bound(data: bytes | bytearray) -> int:
     return data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{") + 1
 
 
-def decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+def count_items(data: bytes | bytearray, limit: int) -> int:
+    """An upper bound on the values in a JSON text, exact enough to compare with ``limit``.
+
+    Separators are counted at C speed; only when that count is over ``limit`` are the strings (whose
+    separators are not items) taken out and the count made again.
+    """
+    count = _items_bound(data)
+    if count > limit:
+        count = _items_bound(_STRING.sub(b"", data))
+    return count
+
+
+def decode(data: bytes | bytearray | memoryview, *, max_items: int | None = None) -> dict[str, Any]:
     """Read a message written by `encode`; only plain data, within the depth and item budgets, comes out.
 
     The item budget is checked on the bytes, before anything is built.
+
+    Args:
+        data: The message's bytes.
+        max_items: Most values the message may hold; `MAX_MESSAGE_ITEMS` by default.
 
     Raises:
         MalformedMessage: The bytes are not such a message.
     """
     raw = bytes(data) if isinstance(data, memoryview) else data
+    limit = MAX_MESSAGE_ITEMS if max_items is None else max_items
     try:
-        if _items_bound(raw) > MAX_MESSAGE_ITEMS and _items_bound(_STRING.sub(b"", raw)) > MAX_MESSAGE_ITEMS:
-            raise MalformedMessage(f"the message holds more than {MAX_MESSAGE_ITEMS} items")
+        if count_items(raw, limit) > limit:
+            raise MalformedMessage(f"the message holds more than {limit} items")
         # Parsing makes no cycles, so the cyclic GC has nothing to find; left on, it rescans the growing
         # tree again and again and makes decoding many small containers several times slower.
         paused = gc.isenabled()
@@ -399,13 +518,36 @@ _CHECKPOINT_ERRORS: dict[str, type[errors.SnapcellError]] = {
 _FIELDS = ("exc_type", "exc_message", "traceback_text", "lineno", "cell", "hint")
 
 
+_LONG_FIELDS = frozenset(("message", "exc_message", "traceback_text", "hint"))
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text``, or its start and end around a marker, in at most ``limit`` characters (``limit`` >= 64)."""
+    if len(text) <= limit:
+        return text
+    marker = f" ...[{len(text)} characters, cut]... "
+    keep = limit - len(marker)
+    return f"{text[: keep // 4]}{marker}{text[len(text) - (keep - keep // 4) :]}"
+
+
+def _cut_field(name: str, value: Any) -> Any:
+    if type(value) is str:
+        return cut_text(value, MAX_ERROR_TEXT_CHARS if name in _LONG_FIELDS else MAX_NAME_CHARS)
+    if name == "variable_names" and type(value) is list:
+        return [cut_text(str(n), MAX_NAME_CHARS) for n in value[:MAX_ERROR_NAMES]]
+    return value
+
+
 def error_to_plain(error: BaseException) -> dict[str, Any]:
-    """Describe a snapcell error as plain data."""
-    data: dict[str, Any] = {"class": type(error).__name__, "message": str(error)}
+    """Describe a snapcell error as plain data, its texts cut to the sizes the host accepts."""
+    data: dict[str, Any] = {
+        "class": cut_text(type(error).__name__, MAX_NAME_CHARS),
+        "message": cut_text(str(error), MAX_ERROR_TEXT_CHARS),
+    }
     for name in (*_FIELDS, "limit", "value", "variable_names"):
         if hasattr(error, name):
             try:
-                data[name] = to_plain(getattr(error, name))
+                data[name] = _cut_field(name, to_plain(getattr(error, name)))
             except NotPlainData:
                 continue
     return data
@@ -420,10 +562,10 @@ def error_from_plain(data: Any) -> errors.SnapcellError:
     if type(data) is not dict:
         raise MalformedMessage(f"an error must be described by a dict, not a {type(data).__name__}")
     name = str(data.get("class", ""))
-    message = str(data.get("message", ""))
+    message = cut_text(str(data.get("message", "")), MAX_ERROR_TEXT_CHARS)
     fields = {k: data[k] for k in _FIELDS if k in data}
     for key in ("exc_type", "exc_message", "traceback_text", "hint"):
-        fields[key] = str(fields.get(key) or "")
+        fields[key] = cut_text(str(fields.get(key) or ""), MAX_ERROR_TEXT_CHARS)
     for key in ("lineno",):
         fields[key] = fields.get(key) if isinstance(fields.get(key), int) else None
     fields["cell"] = str(fields["cell"]) if isinstance(fields.get("cell"), str) else None
@@ -433,14 +575,14 @@ def error_from_plain(data: Any) -> errors.SnapcellError:
             names = data.get("variable_names")
             if names is not None and type(names) is not list:
                 raise MalformedMessage("variable_names must be a list")
-            return errors.UnpicklableValue(message, variable_names=[str(n) for n in names or ()])
+            return errors.UnpicklableValue(message, variable_names=[str(n) for n in (names or ())[:MAX_ERROR_NAMES]])
         return cls(message)
     cls_script = _ERRORS.get(name, errors.ScriptError)
     if issubclass(cls_script, errors.LimitExceeded):
         value = data.get("value")
         return cls_script(
             message,
-            limit=str(data.get("limit", "")),
+            limit=str(data.get("limit", ""))[:MAX_NAME_CHARS],
             value=value if isinstance(value, int | float) else None,
             **fields,
         )

@@ -16,26 +16,36 @@ import shutil
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapcell.checkpoint import BlobRef
-from snapcell.errors import CheckpointError, ConfigError, SnapcellError
+from snapcell.errors import CheckpointError, ConfigError, OutputLimitExceeded, SnapcellError, TimeLimitExceeded
 from snapcell.runner._host import CallBudget
-from snapcell.runner._interrupt import start_watchdog
+from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._runner import Runner
 from snapcell.runner._typecheck import declarations_from_namespace
 from snapcell.runner._wire import (
     FRAME,
+    MAX_CHECKPOINT_REPLY_BYTES,
+    MAX_DECLARATIONS_CHARS,
+    MAX_DUMP_BLOBS,
     MAX_MESSAGE_BYTES,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SUMMARY_CHARS,
     NotPlainData,
+    count_items,
+    cut_text,
     decode,
     encode,
     error_to_plain,
+    reply_budget,
     split_parts,
     to_plain,
+    value_items,
 )
 
 __all__ = ["main"]
@@ -51,7 +61,10 @@ class Channel:
         self._send_lock = threading.Lock()
 
     def send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
-        payload = encode(message)
+        self.send_payload(encode(message), *parts)
+
+    def send_payload(self, payload: bytes, *parts: bytes | bytearray | memoryview) -> None:
+        """Send a message already encoded (to check its size first), then its parts."""
         with self._send_lock:
             self._sock.sendall(FRAME.pack(len(payload), sum(len(p) for p in parts)) + payload)
             for part in parts:
@@ -85,14 +98,16 @@ class WorkerBridge:
         self._host = host
         self._loop = loop
         self._budget = CallBudget(limits.max_host_calls)
+        self._limits = limits
         self._next_id = 0
         self._lock = threading.Lock()
         self._waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._budget.admit(name, available=name in self._host)
+        items = value_items(self._limits)
         try:
-            plain_args, plain_kwargs = to_plain(list(args)), to_plain(kwargs)
+            plain_args, plain_kwargs = to_plain(list(args), max_items=items), to_plain(kwargs, max_items=items)
         except NotPlainData as exc:
             raise TypeError(f"arguments of host function {name}() must be plain data: {exc}") from None
         if self._host[name]:
@@ -103,8 +118,20 @@ class WorkerBridge:
         with self._lock:
             self._next_id += 1
             call_id = self._next_id
+        payload = encode({"op": "call", "id": call_id, "name": name, "args": args, "kwargs": kwargs})
+        # The host refuses (and kills the worker for) a call frame over its budget: refuse it here first.
+        limit = self._limits.max_value_bytes
+        budget = reply_budget("call", self._limits)
+        if (limit is not None and len(payload) > limit) or count_items(payload, budget.items) > budget.items:
+            raise OutputLimitExceeded(
+                f"the arguments of host function {name}() are larger than Limits.max_value_bytes ({limit:,} bytes)",
+                limit="max_value_bytes",
+                value=limit,
+                hint="Pass a smaller piece, or let the host function fetch the data itself.",
+            )
+        with self._lock:
             self._waiting[call_id] = deliver
-        self._channel.send({"op": "call", "id": call_id, "name": name, "args": args, "kwargs": kwargs})
+        self._channel.send_payload(payload)
         return call_id
 
     def _call_sync(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -202,25 +229,60 @@ class Worker:
             op = message.get("op")
             try:
                 reply, out = self.handle(op, message, blob)
+                payload = reply if isinstance(reply, bytes) else encode(reply)
+                if op in ("dump", "load") and len(payload) > MAX_CHECKPOINT_REPLY_BYTES:
+                    raise CheckpointError(
+                        f"the checkpoint's manifest is larger than the {MAX_CHECKPOINT_REPLY_BYTES:,} bytes a worker "
+                        "may send; keep fewer cells or variables in the session"
+                    )
             except SnapcellError as exc:
-                reply, out = {"op": "error", "error": error_to_plain(exc)}, []
-            self.channel.send(reply, *out)
+                payload, out = encode({"op": "error", "error": error_to_plain(exc)}), []
+            self.channel.send_payload(payload, *out)
             if op == "close":
                 return
 
+    @contextlib.contextmanager
+    def watched(self, step: str, limit_name: str, limit_s: float | None) -> Iterator[None]:
+        """Stop a dump or load that overruns ``limit_s``: script code (``__reduce__``, ``__setstate__``) runs then.
+
+        Raises:
+            TimeLimitExceeded: The step was stopped (the host then replaces this worker).
+        """
+        watch = _StepWatchdog(limit_s, {"__builtins__": self.runner.builtins})
+        try:
+            try:
+                yield
+            finally:
+                watch.stop()
+        except ScriptInterrupt:
+            pass
+        except SnapcellError:
+            if not watch.fired:
+                raise
+        if watch.fired:
+            raise TimeLimitExceeded(
+                f"the {step} was stopped after {limit_s:g} s (Limits.{limit_name})",
+                limit=limit_name,
+                value=limit_s,
+                hint="A script object's __reduce__, __getstate__ or __setstate__ may loop.",
+            )
+
     def handle(
         self, op: Any, message: dict[str, Any], blob: bytearray
-    ) -> tuple[dict[str, Any], list[bytes | bytearray]]:
+    ) -> tuple[dict[str, Any] | bytes, list[bytes | bytearray]]:
         if op == "run":
             return self.run(message), []
         if op == "dump":
             known = [BlobRef.model_validate(ref) for ref in message.get("known_blobs", ())]
-            dumped = self.runner.dump(
-                created_at=float(message["created_at"]),
-                level=int(message["level"]),
-                on_unpicklable="fail" if message.get("on_unpicklable") == "fail" else "skip",
-                known_blobs={ref.hash: ref for ref in known},
-            )
+            with self.watched("dump", "dump_time_s", self.runner.limits.dump_time_s):
+                dumped = self.runner.dump(
+                    created_at=float(message["created_at"]),
+                    level=int(message["level"]),
+                    on_unpicklable="fail" if message.get("on_unpicklable") == "fail" else "skip",
+                    known_blobs={ref.hash: ref for ref in known},
+                )
+            if len(dumped.new_blobs) > MAX_DUMP_BLOBS:
+                raise CheckpointError(f"the checkpoint needs more than {MAX_DUMP_BLOBS} new blobs")
             # The body, then each new blob, sent back to back; the reply says where each part ends.
             out: list[bytes | bytearray] = [dumped.body, *dumped.new_blobs.values()]
             reply: dict[str, Any] = {
@@ -239,14 +301,18 @@ class Worker:
                 raise ConfigError(f"malformed load request: {exc}") from None
             if len(views) != len(names) + 1:
                 raise ConfigError("malformed load request: a part for each blob and the body")
-            manifest = self.runner.load(views[0], dict(zip(names, views[1:], strict=True)))
+            with self.watched("load", "load_time_s", self.runner.limits.load_time_s):
+                manifest = self.runner.load(views[0], dict(zip(names, views[1:], strict=True)))
             return {"op": "loaded", "manifest": manifest.model_dump_json()}, []
         if op == "queue":
             self.runner.pending_notes.extend(str(n) for n in message.get("notes", ()))
             self.runner.pending_setup.extend(str(c) for c in message.get("setup_cells", ()))
             return {"op": "queued"}, []
         if op == "declarations":
-            return {"op": "declarations", "text": declarations_from_namespace(self.runner.variables())}, []
+            text = declarations_from_namespace(self.runner.variables())
+            if len(text) > MAX_DECLARATIONS_CHARS:  # the host accepts no more; the stubs keep their first lines
+                text = text[: text.rfind("\n", 0, MAX_DECLARATIONS_CHARS) + 1]
+            return {"op": "declarations", "text": text}, []
         if op == "reset":
             self.runner = Runner(policy=self.runner.policy, limits=self.runner.limits)
             return {"op": "reset"}, []
@@ -268,7 +334,8 @@ class Worker:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
 
-    def run(self, message: dict[str, Any]) -> dict[str, Any]:
+    def run(self, message: dict[str, Any]) -> bytes:
+        """Run a cell; the encoded ``ran`` reply, kept within what the host accepts for the run's limits."""
         # Never str() what came instead of a script: the runner answers anything but text with a ScriptSyntaxError.
         code: Any = message.get("code")
         limits = Limits(**message["limits"])
@@ -286,22 +353,40 @@ class Worker:
             )
         finally:
             self.bridge = None
+        notes = [cut_text(str(n), MAX_NOTE_CHARS) for n in result.notes]
+        too_large = (
+            f"the value is larger than Limits.max_value_bytes ({limits.max_value_bytes or 0:,} bytes), so only its "
+            "repr came back; return a smaller piece of it"
+        )
         try:
-            value = to_plain(result.value)
-        except NotPlainData:
+            value = to_plain(result.value, max_items=value_items(limits))
+        except NotPlainData as exc:
             value = None
-        return {
+            if str(exc).startswith("more than"):
+                notes.append(too_large)
+        reply = {
             "op": "ran",
             "value": value,
             "value_repr": result.value_repr,
             "stdout": result.stdout,
             "stderr": result.stderr,
             "duration_s": result.duration_s,
-            "notes": list(result.notes),
+            "notes": notes[-MAX_NOTES:],
             "error": error_to_plain(result.error) if result.error is not None else None,
             "memory_bytes": _rss_bytes(),
-            "namespace_summary": result.namespace_summary,
+            "namespace_summary": cut_text(result.namespace_summary, MAX_SUMMARY_CHARS),
         }
+        payload = encode(reply)
+        # A reply over the host's budget would cost this worker its life: the value (the only part without a cap
+        # of its own) stays behind instead. Both checks are free for a reply smaller than the value limit.
+        budget = reply_budget("run", limits)
+        limit = limits.max_value_bytes
+        if value is not None and limit is not None and len(payload) > limit:
+            if len(encode({"v": value})) > limit or count_items(payload, budget.items) > budget.items:
+                reply["value"] = None
+                reply["notes"] = [*notes[-(MAX_NOTES - 1) :], too_large]
+                payload = encode(reply)
+        return payload
 
 
 # Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.
@@ -353,6 +438,13 @@ def _apply_sandbox(
     )
     layers: dict[str, str] = report.to_dict()
     return layers
+
+
+class _StepWatchdog(Watchdog):
+    """The watchdog of a dump or load: the whole step runs on the script's behalf, so any frame may be interrupted."""
+
+    def _script_on_stack(self) -> bool:
+        return True
 
 
 class _NoHost:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
+from collections.abc import Sequence
 
 from snapcell.errors import ConfigError, SessionError
 from snapcell.runner._limits import Limits
@@ -32,14 +33,25 @@ class WorkerPool:
             fresh interpreter. More reuses a worker for later sessions with the same policy and limits: its
             namespace, scratch directory and decimal context are reset, but it is the same interpreter, so
             use it only where the sessions trust each other (one tenant).
+        worker_command: The interpreter and module a worker is started as (tests start stand-ins); the default
+            is ``python -I -m snapcell.runner._worker``.
     """
 
-    def __init__(self, *, min_warm: int, max_workers: int, checkout_timeout_s: float, recycle_after: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        min_warm: int,
+        max_workers: int,
+        checkout_timeout_s: float,
+        recycle_after: int = 1,
+        worker_command: Sequence[str] | None = None,
+    ) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
         if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
             raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
         self.recycle_after = recycle_after
+        self._worker_command = worker_command
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
         self.min_warm = min_warm
@@ -85,7 +97,7 @@ class WorkerPool:
 
     async def _spawn(self) -> WorkerProcess | None:
         self._starting += 1
-        worker = WorkerProcess(self.scratch_root)
+        worker = WorkerProcess(self.scratch_root, command=self._worker_command)
         try:
             await worker.start()
             return worker

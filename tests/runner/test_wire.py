@@ -6,14 +6,22 @@ import datetime
 import decimal
 import json
 import math
-import time
 import zoneinfo
 
 import pytest
 
 from snapcell import Limits, OutputLimitExceeded, ScriptSyntaxError
 from snapcell.runner import _wire
-from snapcell.runner._wire import MalformedMessage, NotPlainData, check_script, decode, encode, split_parts, to_plain
+from snapcell.runner._wire import (
+    MalformedMessage,
+    NotPlainData,
+    check_script,
+    decode,
+    encode,
+    reply_budget,
+    split_parts,
+    to_plain,
+)
 
 CET = datetime.timezone(datetime.timedelta(hours=1), "CET")
 ODD = datetime.timezone(-datetime.timedelta(hours=3, minutes=30, seconds=15, microseconds=7))
@@ -122,8 +130,16 @@ def test_deeply_nested_message_fails_cleanly() -> None:
     tuples = b'{"v":' + b'{"$t":[' * 40 + b"]}" * 40 + b"}"
     with pytest.raises(MalformedMessage):
         decode(tuples)
-    ok = b'{"v":' + b"[" * (_wire.MAX_MESSAGE_DEPTH - 1) + b"]" * (_wire.MAX_MESSAGE_DEPTH - 1) + b"}"
-    assert decode(ok)["v"] is not None
+    # The limit is exact: the message dict plus MAX_MESSAGE_DEPTH - 1 lists decodes to that very nesting,
+    # one list more does not.
+    limit = _wire.MAX_MESSAGE_DEPTH
+    expected: list[object] = []
+    for _ in range(limit - 2):
+        expected = [expected]
+    ok = b'{"v":' + b"[" * (limit - 1) + b"]" * (limit - 1) + b"}"
+    assert decode(ok) == {"v": expected}
+    with pytest.raises(MalformedMessage, match="deeper"):
+        decode(b'{"v":' + b"[" * limit + b"]" * limit + b"}")
 
 
 @pytest.mark.parametrize(
@@ -154,25 +170,50 @@ def test_malformed_bytes_raise_malformed_message(data: bytes) -> None:
         decode(data)
 
 
-def _time(data: bytes) -> float:
-    start = time.perf_counter()
-    try:
-        decode(data)
-    except MalformedMessage:
-        pass
-    return time.perf_counter() - start
-
-
-def test_decoding_a_hostile_megabyte_is_fast() -> None:
+def _hostile_megabytes() -> dict[str, bytes]:
     size = 1024 * 1024
-    keys = json.dumps({f"k{i}": i for i in range(size // 12)}).encode()  # str keys: hashes cannot be made to collide
-    many = b'{"v":[' + b",".join([b"[]"] * (size // 3)) + b"]}"
-    tags = b'{"v":[' + b",".join([b'{"$t":[{"$b":""}]}'] * (size // 18)) + b"]}"
-    strings = b'{"v":[' + b",".join([b'"[{,:"'] * (size // 7)) + b"]}"
-    wide_deep = b'{"v":[' + b",".join([b"[" * 30 + b"]" * 30] * (size // 61)) + b"]}"
-    for data in (keys, many, tags, strings, wide_deep):
-        assert len(data) >= size * 0.9
-        assert _time(data) < 0.5
+    return {
+        "keys": json.dumps({f"k{i}": i for i in range(size // 12)}).encode(),  # str keys: hashes cannot collide
+        "many": b'{"v":[' + b",".join([b"[]"] * (size // 3)) + b"]}",
+        "tags": b'{"v":[' + b",".join([b'{"$t":[{"$b":""}]}'] * (size // 18)) + b"]}",
+        "strings": b'{"v":[' + b",".join([b'"[{,:"'] * (size // 7)) + b"]}",
+        "wide_deep": b'{"v":[' + b",".join([b"[" * 30 + b"]" * 30] * (size // 61)) + b"]}",
+    }
+
+
+def test_a_hostile_megabyte_is_refused_by_the_run_budget_before_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A megabyte of dense items is over a run reply's item budget: it is refused without building anything."""
+    budget = reply_budget("run", Limits())
+    parses: list[int] = []
+    real_loads = json.loads
+    monkeypatch.setattr(_wire.json, "loads", lambda *a, **k: parses.append(1) or real_loads(*a, **k))
+    for name, data in _hostile_megabytes().items():
+        assert len(data) >= 1024 * 1024 * 0.9, name
+        with pytest.raises(MalformedMessage, match="items"):
+            decode(data, max_items=budget.items)
+    assert parses == []
+    assert decode(encode({"v": list(range(1000))}), max_items=budget.items) == {"v": list(range(1000))}
+    assert parses == [1]
+
+
+def test_decoding_a_hostile_megabyte_visits_each_object_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within the largest budget, decoding is one pass: each JSON object is seen once, nothing is walked again."""
+    visits: list[int] = []
+    real_untag = _wire._untag
+    monkeypatch.setattr(_wire, "_untag", lambda obj: visits.append(1) or real_untag(obj))
+    walked: list[int] = []
+    real_split = _wire._split
+    monkeypatch.setattr(_wire, "_split", lambda level: walked.append(len(level)) or real_split(level))
+    for name, data in _hostile_megabytes().items():
+        visits.clear()
+        walked.clear()
+        try:
+            decode(data)
+        except MalformedMessage:
+            pass
+        assert len(visits) <= data.count(b"{"), name
+        # The depth check (only for text with many brackets) walks each container at most once.
+        assert sum(walked) <= data.count(b"[") + data.count(b"{") + 1, name
 
 
 def test_item_budget_is_checked_before_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,3 +252,54 @@ def test_max_script_bytes_is_validated() -> None:
         with pytest.raises(ConfigError):
             Limits(max_script_bytes=bad)  # type: ignore[arg-type]
     assert Limits().max_script_bytes == 1024 * 1024
+
+
+@pytest.mark.parametrize("name", ["dump_time_s", "load_time_s", "max_value_bytes"])
+def test_new_limits_are_validated(name: str) -> None:
+    from snapcell import ConfigError
+
+    for bad in (0, -1, True, "1", math.inf if name != "max_value_bytes" else 1.5):
+        with pytest.raises(ConfigError, match=name):
+            Limits(**{name: bad})
+    Limits(**{name: None})  # no limit
+
+
+def test_an_honest_reply_at_every_cap_fits_its_budget() -> None:
+    """The largest ``ran`` reply a real worker can send (astral text at every cap) is within the run budget."""
+    from snapcell.errors import ScriptError
+
+    limits = Limits(max_output_bytes=4096, max_value_repr_bytes=2048, max_value_bytes=64 * 1024)
+    wide = "\U0001f600"  # 12 bytes of JSON for one character
+    error = ScriptError(wide * 10**5, exc_type=wide * 10**3, exc_message=wide * 10**5, traceback_text=wide * 10**5)
+    value = "x" * (64 * 1024 - 20)
+    reply = {
+        "op": "ran",
+        "value": value,
+        "value_repr": wide * (2048 + 150),
+        "stdout": wide * (4096 + 150),
+        "stderr": wide * (4096 + 150),
+        "duration_s": 1e300,
+        "notes": [_wire.cut_text(wide * 10**4, _wire.MAX_NOTE_CHARS)] * _wire.MAX_NOTES,
+        "error": _wire.error_to_plain(error),
+        "memory_bytes": 2**63,
+        "namespace_summary": wide * _wire.MAX_SUMMARY_CHARS,
+    }
+    assert len(encode({"v": value})) <= 64 * 1024
+    data = encode(reply)
+    budget = reply_budget("run", limits)
+    assert len(data) <= budget.message_bytes
+    assert _wire.count_items(data, budget.items) <= budget.items
+    # ... and a frame only a little larger than the budget allows is not one a worker can send by accident.
+    assert budget.message_bytes < 2 * len(data)
+
+
+def test_error_texts_are_cut_on_both_sides() -> None:
+    from snapcell.errors import ScriptError, UnpicklableValue
+
+    plain = _wire.error_to_plain(ScriptError("m" * 10**6, hint="h" * 10**6, traceback_text="t" * 10**6))
+    assert all(len(plain[key]) == _wire.MAX_ERROR_TEXT_CHARS for key in ("message", "hint", "traceback_text"))
+    names = _wire.error_to_plain(UnpicklableValue("x", variable_names=["v" * 1000] * 10_000))["variable_names"]
+    assert len(names) == _wire.MAX_ERROR_NAMES and all(len(n) == _wire.MAX_NAME_CHARS for n in names)
+    rebuilt = _wire.error_from_plain({"class": "ScriptError", "message": "m" * 10**6, "hint": "h" * 10**6})
+    assert len(str(rebuilt)) == len(rebuilt.hint) == _wire.MAX_ERROR_TEXT_CHARS
+    assert "1000000 characters, cut" in str(rebuilt) and str(rebuilt).startswith("m") and str(rebuilt).endswith("m")

@@ -1,0 +1,412 @@
+"""A compromised worker: whatever it sends, the host answers with a snapcell error, in bounded time and memory.
+
+Part one drives the real host code (`WorkerPool`, `WorkerProcess`, `ProcessBackend`) against a fake worker
+(`fake_worker.py`, started in place of ``python -I -m snapcell.runner._worker``) that sends malformed,
+oversized and lying frames. Part two takes over a real worker from inside a script (the unrestricted policy
+lets a script reach the worker's channel) and replays the attacks of issue 13 end to end, in process mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import resource
+import sys
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snapcell import Limits, Policy, Pool, ScriptError, SessionError, WorkerLost
+from snapcell.runner._procbackend import ProcessBackend
+from snapcell.runner._workerpool import WorkerPool
+
+FAKE = str(Path(__file__).with_name("fake_worker.py"))
+MIB = 1024 * 1024
+# The host may hold this much more, at its peak, while a fake worker claims gigabytes and sends megabytes.
+MEMORY_BOUND = 64 * MIB
+# A hang guard, far above every deadline below (the longest is a dump's 0.5 s + 0.2 s grace + 1 s).
+HANG_GUARD_S = 30.0
+LIMITS = Limits(
+    wall_time_s=0.3,
+    grace_s=0.2,
+    max_host_calls=5,
+    dump_time_s=0.5,
+    load_time_s=0.5,
+    memory_bytes=256 * MIB,
+)
+LOST = (WorkerLost, None)
+
+# attack: (error expected, a text it must contain); None when the attack gets a checked answer instead.
+EXPECTED: dict[str, tuple[type[Exception], str | None] | None] = {
+    "length_2_pow_40": (WorkerLost, "1,099,511,627,776-byte message"),
+    "length_over_the_run_budget": (WorkerLost, "67,108,864-byte message"),
+    "truncated_frame_then_eof": (WorkerLost, None),
+    "garbage_json": (WorkerLost, "malformed"),
+    "deep_nesting": (WorkerLost, "malformed"),
+    "huge_item_count": (WorkerLost, "items"),
+    "empty_containers_within_bytes": (WorkerLost, "items"),
+    "wrong_op_for_the_request": (WorkerLost, "malformed"),
+    "reply_to_a_request_never_sent": (WorkerLost, "malformed"),
+    "unknown_error_class": (ScriptError, "bye"),
+    "error_with_enormous_message": None,
+    "twelve_million_notes": (WorkerLost, "-byte message"),
+    "notes_over_the_count": (WorkerLost, "notes"),
+    "giant_value": (WorkerLost, "-byte message"),
+    "value_that_claims_plain_type_but_is_not": (WorkerLost, "unknown tag"),
+    "interleaved_replies": None,
+    "reply_after_the_deadline": (WorkerLost, "did not stop within"),
+    "stall_mid_frame": (WorkerLost, "did not stop within"),
+    "slow_loris": (WorkerLost, "did not stop within"),
+    "stderr_flood_with_memoryerror": (WorkerLost, "it crashed"),
+    "exit_with_a_fake_exit_code": (WorkerLost, "it crashed"),
+    "closing_the_socket_mid_run": (WorkerLost, "it crashed"),
+    "dies_after_filling_its_memory": (WorkerLost, "ran out of memory"),
+    "blob_on_a_run_reply": (WorkerLost, "announced a 4,294,967,296-byte blob"),
+    "host_call_for_a_function_not_offered": None,
+    "host_calls_beyond_the_budget": (WorkerLost, "max_host_calls"),
+    "host_call_with_huge_args": (WorkerLost, "host-function call where at most"),
+    "host_call_args_not_a_list": (WorkerLost, "arguments"),
+    "host_call_outside_a_run": (WorkerLost, "outside a run"),
+    "blob_claims_more_than_it_sends": (WorkerLost, None),
+    "blob_over_the_budget": (WorkerLost, "announced"),
+    "blob_sizes_that_do_not_add_up": (WorkerLost, "add up"),
+    "negative_blob_size": (WorkerLost, "non-negative ints"),
+    "float_blob_size": (WorkerLost, "non-negative ints"),
+    "bool_blob_size": (WorkerLost, "non-negative ints"),
+    "duplicate_blob_refs": (WorkerLost, "named twice"),
+    "blob_count_beyond_the_budget": (WorkerLost, "at most 65536"),
+    "manifest_with_millions_of_items": (WorkerLost, "manifest holds more than"),
+    "garbage_instead_of_started": (SessionError, None),
+    "ready_with_a_sandbox_that_is_not_a_dict": (SessionError, "failed to start"),
+}
+DRIVER = {
+    "host_call_outside_a_run": "dump",
+    "manifest_with_millions_of_items": "load",
+    "garbage_instead_of_started": "start",
+    "ready_with_a_sandbox_that_is_not_a_dict": "start",
+}
+
+
+def _driver(attack: str) -> str:
+    if attack.startswith(("blob_", "negative_blob", "float_blob", "bool_blob", "duplicate_blob")):
+        return "run" if attack == "blob_on_a_run_reply" else "dump"
+    return DRIVER.get(attack, "run")
+
+
+@pytest.fixture(scope="module")
+def traced() -> Iterator[None]:
+    tracemalloc.start()
+    try:
+        yield
+    finally:
+        tracemalloc.stop()
+
+
+def _setting(attack: str) -> tuple[Limits, list[str]]:
+    """The limits an attack runs under, and the words after the fake worker's name."""
+    if attack != "dies_after_filling_its_memory":
+        return LIMITS, [attack]
+    # A child's peak RSS starts at the host's (inherited across fork and exec): the fake must go well past it,
+    # and past 75 % of its memory limit, for its death to be its own memory's doing.
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    hog = max(200 * MIB, host_peak + 64 * MIB)
+    return dataclasses.replace(LIMITS, memory_bytes=hog * 10 // 9), [attack, str(hog)]
+
+
+async def _attack(attack: str, recorded: list[Any]) -> tuple[Any, int | None]:
+    """Run one attack against the real host code; its outcome (or error) and the fake worker's exit status."""
+
+    def record(*args: Any) -> int:
+        recorded.append(args)
+        return 1
+
+    limits, words = _setting(attack)
+    pool = WorkerPool(
+        min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, worker_command=[sys.executable, "-I", FAKE, *words]
+    )
+    backend = ProcessBackend(pool, policy=Policy(), limits=limits)
+    try:
+        if _driver(attack) == "start":
+            return await _outcome(backend.start()), None
+        await backend.start()
+        worker = backend.worker
+        assert worker is not None and worker.process is not None
+        if _driver(attack) == "dump":
+            outcome = await _outcome(backend.dump(created_at=0.0, level=1, on_unpicklable="skip", known_blobs={}))
+        elif _driver(attack) == "load":
+            outcome = await _outcome(backend.load(b"body", {}))
+        else:
+            run = backend.run("x", lookup={"record": record}, setup=False, limits=LIMITS)
+            outcome = await _outcome(run)
+            if attack == "interleaved_replies":
+                again = backend.run("x", lookup={}, setup=False, limits=LIMITS)
+                outcome = (outcome, await _outcome(again))
+        exit_status = worker.process.poll()
+        # The pool is not wedged by what happened: the session gets a new worker.
+        await backend.discard()
+        await backend.start()
+        assert backend.worker is not None and backend.worker is not worker and not backend.worker.dead
+        return outcome, exit_status
+    finally:
+        await pool.close()
+
+
+async def _outcome(awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except Exception as exc:
+        return exc
+
+
+@pytest.mark.parametrize("attack", list(EXPECTED))
+def test_a_lying_worker_gets_a_clear_error_within_a_deadline_and_a_memory_bound(traced: None, attack: str) -> None:
+    recorded: list[Any] = []
+    tracemalloc.reset_peak()
+    before, _ = tracemalloc.get_traced_memory()
+    start = time.monotonic()
+    outcome, exit_status = asyncio.run(asyncio.wait_for(_attack(attack, recorded), HANG_GUARD_S))
+    elapsed = time.monotonic() - start
+    _, peak = tracemalloc.get_traced_memory()
+    assert peak - before < MEMORY_BOUND, f"the host held {(peak - before) / MIB:.0f} MiB more"
+    assert elapsed < HANG_GUARD_S
+    expected = EXPECTED[attack]
+    if expected is None:
+        _check_answer(attack, outcome, recorded)
+        return
+    kind, text = expected
+    assert isinstance(outcome, kind), outcome
+    if text is not None:
+        assert text in str(outcome), str(outcome)
+    if isinstance(outcome, WorkerLost):
+        # The host killed the worker itself (or saw it die): it is gone, not left running.
+        assert exit_status is not None
+        if attack == "dies_after_filling_its_memory":
+            assert outcome.reason == "memory"  # its peak RSS, as the kernel reports it to the host
+        else:
+            assert outcome.reason in ("crash", "timeout")  # nothing a worker writes makes it a memory death
+    if attack == "host_calls_beyond_the_budget":
+        assert len(recorded) <= LIMITS.max_host_calls  # type: ignore[operator]
+    elif attack.startswith("host_call"):
+        assert recorded == []
+
+
+def _check_answer(attack: str, outcome: Any, recorded: list[Any]) -> None:
+    if attack == "error_with_enormous_message":
+        # Within the run's budget, so it is read, but what the caller gets is cut to a readable size.
+        assert isinstance(outcome, ScriptError) and not isinstance(outcome, WorkerLost)
+        assert len(str(outcome)) < 20_000 and len(outcome.hint) < 20_000
+    elif attack == "host_call_for_a_function_not_offered":
+        assert outcome.error is None and outcome.value == (1, "NameError") or outcome.value == [1, "NameError"]
+        assert recorded == []
+    elif attack == "interleaved_replies":
+        first, second = outcome
+        assert first.value == 1
+        assert isinstance(second, WorkerLost) and "no request asked for" in str(second)
+
+
+def test_the_fake_worker_knows_every_attack_in_the_table() -> None:
+    """The table and the fake worker stay in step (an attack missing from either would not be tested)."""
+    source = Path(FAKE).read_text()
+    for attack in EXPECTED:
+        assert f'@attack("{attack}"' in source
+    assert len(EXPECTED) >= 25
+
+
+def test_after_the_attacks_a_real_session_works() -> None:
+    with Pool("memory://", isolation="process", min_warm_workers=0) as pool, pool.checkout() as session:
+        session.feed_run("x = 20")
+        checkpoint = session.dump()
+        session.load_session(checkpoint)
+        assert session.feed_run("x + 22") == 42
+    assert os.getpid() > 0
+
+
+# ---------------------------------------------------------------- the attacks of issue 13, end to end
+
+UNRESTRICTED = Policy.unrestricted()
+# Process-mode limits: short dump and load limits keep the hang tests quick; three host calls a run.
+E2E_LIMITS = Limits(wall_time_s=10.0, grace_s=0.3, dump_time_s=0.5, load_time_s=0.5, max_host_calls=3)
+# Current RSS of the host may grow this much over an attack that claims (or sends) far more.
+RSS_BOUND = 64 * MIB
+
+_SEND = """
+import gc, __main__
+channel = next(o for o in gc.get_objects() if type(o) is __main__.Channel)
+payload = {payload}
+with channel._send_lock:
+    channel._sock.sendall(__main__.FRAME.pack({length}, 0) + payload)
+"""
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module")
+def plain_pool() -> Iterator[Pool]:
+    """A process-mode pool with the default policy: the script only defines classes, as any model may."""
+    with Pool("memory://", isolation="process", limits=E2E_LIMITS, min_warm_workers=1) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def hijack_pool() -> Iterator[Pool]:
+    """A process-mode pool whose scripts may reach the worker's own objects, to play a compromised worker."""
+    with Pool("memory://", isolation="process", policy=UNRESTRICTED, limits=E2E_LIMITS, min_warm_workers=1) as pool:
+        yield pool
+
+
+def _lost_and_restored(pool: Pool, attack: str, match: str) -> WorkerLost:
+    """Run ``attack`` in a session with a checkpoint; it must lose the worker, and the session must go on."""
+    rss_before = _rss()
+    with pool.checkout() as session:
+        session.feed_run("kept = 'from the checkpoint'")
+        session.dump()
+        with pytest.raises(WorkerLost, match=match) as lost:
+            session.feed_run(attack)
+        assert session.feed_run("kept") == "from the checkpoint"
+    assert _rss() - rss_before < RSS_BOUND
+    return lost.value
+
+
+def test_a_reply_frame_longer_than_the_run_budget_is_refused_unread(hijack_pool: Pool) -> None:
+    # 200 MiB really sent: under the old fixed cap of 256 MiB, it was read, buffered and decoded whole.
+    attack = _SEND.format(payload='b\'{"op":"ran","stdout":"\' + b\'x\' * (200 * 2**20)', length="len(payload)")
+    lost = _lost_and_restored(hijack_pool, attack, "-byte message where at most")
+    assert lost.reason == "crash"
+
+
+def test_a_ran_reply_with_twelve_million_notes_is_refused(hijack_pool: Pool) -> None:
+    payload = 'b\'{"op":"ran","notes":[\' + b\'"",\' * 12_000_000 + b\'""]}\''
+    attack = _SEND.format(payload=payload, length="len(payload)")
+    _lost_and_restored(hijack_pool, attack, "-byte message where at most")
+
+
+def test_an_oversized_value_comes_back_as_its_repr_with_a_note(hijack_pool: Pool) -> None:
+    with hijack_pool.checkout() as session:
+        big = session.run("'v' * (8 * 2**20)")
+        many = session.run("list(range(1_000_000))")
+        fine = session.run("list(range(1000))")
+    for result in (big, many):
+        assert result.error is None and result.value is None
+        assert result.value_repr is not None and len(result.value_repr) < 17 * 1024  # capped as before
+        assert any("max_value_bytes" in note for note in result.notes), result.notes
+    assert fine.value == list(range(1000))
+
+
+def test_host_call_arguments_over_the_value_limit_fail_in_the_script(hijack_pool: Pool) -> None:
+    seen: list[int] = []
+
+    def record(data: object) -> int:
+        seen.append(len(data))  # type: ignore[arg-type]
+        return 1
+
+    with hijack_pool.checkout() as session:
+        result = session.run("record('a' * (2 * 2**20))", external_lookup={"record": record})
+        assert result.error is not None and result.error.limit == "max_value_bytes"  # type: ignore[attr-defined]
+        assert session.feed_run("record('small')", external_lookup={"record": record}) == 1
+    assert seen == [5]
+
+
+def test_host_calls_beyond_max_host_calls_are_refused_by_the_host(hijack_pool: Pool) -> None:
+    calls: list[int] = []
+
+    def record(n: int) -> int:
+        calls.append(n)
+        return n
+
+    # The script switches off the worker's own count, as a compromised worker would.
+    attack = (
+        "import gc, __main__\n"
+        "from snapcell.runner._host import CallBudget\n"
+        "bridge = next(o for o in gc.get_objects() if type(o) is __main__.WorkerBridge)\n"
+        "bridge._budget = CallBudget(None)\n"
+        "for n in range(20):\n"
+        "    record(n)\n"
+    )
+    rss_before = _rss()
+    with hijack_pool.checkout() as session:
+        with pytest.raises(WorkerLost, match="max_host_calls"):
+            session.feed_run(attack, external_lookup={"record": record})
+        assert session.feed_run("record(99)", external_lookup={"record": record}) == 99
+    assert calls == [0, 1, 2, 99]
+    assert _rss() - rss_before < RSS_BOUND
+
+
+def test_memoryerror_written_to_stderr_does_not_make_an_out_of_memory_death(hijack_pool: Pool) -> None:
+    # 32 MiB of "MemoryError" on the real stderr, then an exit: a crash, and only the tail is read.
+    attack = "import os\nfor _ in range(512):\n    os.write(2, b'MemoryError\\n' * 5000)\nos._exit(1)"
+    lost = _lost_and_restored(hijack_pool, attack, "crashed")
+    assert lost.reason == "crash"
+
+
+_LOOPS_AT_DUMP = """
+class Stuck:
+    def __reduce__(self):
+        while True:
+            pass
+stuck = Stuck()
+"""
+
+_C_LEVEL_AT_DUMP = """
+class Busy:
+    def __reduce__(self):
+        return (int, (sum(range(10**15)),))
+busy = Busy()
+"""
+
+_LOOPS_AT_LOAD = """
+class Sleeper:
+    def __getstate__(self):
+        return {"n": 1}
+    def __setstate__(self, state):
+        while True:
+            pass
+sleeper = Sleeper()
+"""
+
+
+@pytest.mark.parametrize("cell", [_LOOPS_AT_DUMP, _C_LEVEL_AT_DUMP], ids=["python-loop", "c-level-loop"])
+def test_a_dump_that_hangs_is_stopped_and_the_session_restored(plain_pool: Pool, cell: str) -> None:
+    pool = plain_pool
+    with pool.checkout() as session:
+        session.feed_run("kept = [1, 2]")
+        session.dump()
+        session.feed_run(cell)
+        start = time.monotonic()
+        with pytest.raises(WorkerLost, match="dump_time_s") as lost:
+            session.dump()
+        assert time.monotonic() - start < HANG_GUARD_S
+        assert lost.value.reason == "timeout"
+        # Restored from the last good checkpoint: the stuck object is gone, and dumping works again.
+        assert session.feed_run("kept") == [1, 2]
+        name = "stuck" if "stuck" in cell else "busy"
+        gone = session.run(name).error
+        assert gone is not None and gone.exc_type == "NameError"
+        checkpoint = session.dump()
+    with pool.checkout() as session:
+        session.load_session(checkpoint)
+        assert session.feed_run("kept") == [1, 2]
+
+
+def test_a_checkpoint_that_hangs_at_load_is_reported_and_the_session_goes_on(plain_pool: Pool) -> None:
+    pool = plain_pool
+    with pool.checkout() as session:
+        session.feed_run("good = 1")
+        good = session.dump()
+        session.feed_run(_LOOPS_AT_LOAD)
+        bad = session.dump()
+    with pool.checkout() as session:
+        start = time.monotonic()
+        with pytest.raises(WorkerLost, match="load of the checkpoint did not finish within Limits.load_time_s"):
+            session.load_session(bad)
+        assert time.monotonic() - start < HANG_GUARD_S
+        assert session.feed_run("1 + 1") == 2  # the conversation is not stuck
+        session.load_session(good)
+        assert session.feed_run("good") == 1
