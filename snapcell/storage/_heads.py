@@ -266,6 +266,9 @@ class RecordHeads:
             raise ConfigError(f"max_history must be a non-negative integer, not {max_history!r}")
         self.max_history = max_history
         self.clock = clock
+        # Test hook: called by `_update` with the record it read, before deciding and writing (still atomic with
+        # both), so a test can make another instance write in between and check the race is caught.
+        self._after_read: Callable[[str, Head | None], None] | None = None
 
     def _read(self, conversation_id: str) -> Head | None:
         raise NotImplementedError
@@ -344,7 +347,10 @@ class MemoryHeads(RecordHeads):
 
     def _update(self, conversation_id: str, transition: Transition) -> Head | None:
         with self._lock:
-            result = transition(self._records.get(conversation_id))
+            record = self._records.get(conversation_id)
+            if self._after_read is not None:
+                self._after_read(conversation_id, record)
+            result = transition(record)
             if isinstance(result, _Delete):
                 self._records.pop(conversation_id, None)
                 return None

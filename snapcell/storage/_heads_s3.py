@@ -117,6 +117,8 @@ class S3Heads(RecordHeads):
         client = self._store.client
         for attempt in range(_MAX_ATTEMPTS):
             found = self._fetch(conversation_id)
+            if self._after_read is not None:
+                self._after_read(conversation_id, None if found is None else found[0])
             result = transition(None if found is None else found[0])
             if result is None or (found is None and isinstance(result, _Delete)):
                 return None
