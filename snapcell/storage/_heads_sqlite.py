@@ -14,7 +14,7 @@ from pathlib import Path
 
 from snapcell.errors import ConfigError, StorageError, StorageUnavailable, map_exceptions
 
-from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete
+from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
 
 __all__ = ["SQLiteHeads"]
 
@@ -26,23 +26,24 @@ CREATE TABLE IF NOT EXISTS heads (
     version TEXT NOT NULL,
     updated_at REAL NOT NULL,
     lease_owner TEXT,
-    lease_expires_at REAL NOT NULL
+    lease_expires_at REAL NOT NULL,
+    turns TEXT NOT NULL DEFAULT '[]'
 )
 """
-_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at"
+_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns"
 _ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[StorageError]]] = [
     ((sqlite3.OperationalError, PermissionError), StorageUnavailable),
     ((sqlite3.Error, OSError), StorageError),
 ]
 
 
-def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | None, float], path: Path) -> Head:
+def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | None, float, str], path: Path) -> Head:
     """Decode a row of the heads table.
 
     Raises:
         StorageError: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
     """
-    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at = row
+    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns = row
     try:
         ids = json.loads(history)
         if not isinstance(ids, list):
@@ -54,12 +55,24 @@ def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | 
             updated_at=float(updated_at),
             lease_owner=None if lease_owner is None else str(lease_owner),
             lease_expires_at=float(lease_expires_at),
+            turns=turns_from_json(json.loads(turns)),
         )
     except (ValueError, TypeError) as exc:
         raise StorageError(
             f"the head of conversation {conversation_id!r} in {path} is not a snapcell head ({exc}); "
             "delete its row or restore the file"
         ) from exc
+
+
+def _add_turns_column(db: sqlite3.Connection) -> None:
+    """Add the ``turns`` column to a table made by an earlier snapcell (another process may do it at once)."""
+    if any(row[1] == "turns" for row in db.execute("PRAGMA table_info(heads)")):
+        return
+    try:
+        db.execute("ALTER TABLE heads ADD COLUMN turns TEXT NOT NULL DEFAULT '[]'")
+    except sqlite3.OperationalError as exc:
+        if "duplicate column" not in str(exc):
+            raise
 
 
 def _set_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
@@ -154,6 +167,7 @@ def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
                 _set_wal(db, busy_timeout_s)
                 db.execute("PRAGMA synchronous = NORMAL")
                 db.execute(_SCHEMA)
+                _add_turns_column(db)
                 key = _identity(path)
                 if key is None:
                     raise FileNotFoundError(f"{path} vanished while it was being opened")
@@ -252,7 +266,7 @@ class SQLiteHeads(RecordHeads):
                     db.execute("DELETE FROM heads WHERE conversation_id = ?", (conversation_id,))
                 elif result is not None:
                     db.execute(
-                        f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             conversation_id,
                             result.checkpoint_id,
@@ -261,6 +275,7 @@ class SQLiteHeads(RecordHeads):
                             result.updated_at,
                             result.lease_owner,
                             result.lease_expires_at,
+                            json.dumps(turns_to_json(result.turns)),
                         ),
                     )
                 db.execute("COMMIT")
