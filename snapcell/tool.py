@@ -15,29 +15,47 @@ import json
 import logging
 import os
 import random
+import re
 import secrets
 import socket
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from snapcell._telemetry import conversation_context
 from snapcell.errors import (
+    CheckpointCorrupt,
     CheckpointExpired,
     CheckpointNotFound,
+    CheckpointVersionError,
     ConfigError,
     Conflict,
+    ConversationBusy,
     SnapcellError,
     StorageError,
+    StorageUnavailable,
+    TurnOutcomeUnknown,
     WorkerLost,
 )
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
 from snapcell.runner._host import validate_lookup
-from snapcell.storage import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id
+from snapcell.session import AsyncSession
+from snapcell.storage import (
+    AsyncHeads,
+    Head,
+    HeadStore,
+    RecordHeads,
+    TurnRecord,
+    default_heads,
+    validate_conversation_id,
+    validate_turn_id,
+)
 
 __all__ = [
+    "KEPT_ANSWER_CHARS",
     "MIN_ANSWER_CHARS",
     "STATE_GONE_NOTE",
     "CodeTool",
@@ -52,9 +70,18 @@ STATE_GONE_NOTE = (
     "fresh, empty session, so variables, functions and imports from earlier turns must be recreated"
 )
 MIN_ANSWER_CHARS = 200
+# A committed turn's answer is kept in its head, for a retry, up to this long (cut from the start, like answers).
+KEPT_ANSWER_CHARS = 8000
 log = logging.getLogger("snapcell")
 _POLL_MIN_S = 0.01
 _POLL_MAX_S = 0.25
+# A failed turn waits this long for its lease to be given back before it reports; retries go on in the background.
+_RELEASE_WAIT_S = 2.0
+# A lease renewed every third of its ttl always has more than two thirds of it left; with less than this share
+# left, its holder missed a renewal: it crashed or lost the head store.
+_STALE_SHARE = 0.6
+_HOLDER_ID = re.compile(r"[A-Za-z0-9_:.-]{1,96}\Z")
+_T = TypeVar("_T")
 
 _DESCRIPTION = """\
 Run Python code in a persistent session that belongs to this conversation. Variables, functions, classes and \
@@ -139,6 +166,16 @@ def _stub_signatures(stubs: str) -> list[str]:
     return lines
 
 
+def _replayed(turn: TurnRecord) -> str:
+    """The answer of a retried turn that was already committed: the kept answer, or a note that it ran."""
+    if turn.answer is not None:
+        return turn.answer
+    return (
+        f"[note] this turn (turn ID {turn.turn_id!r}) already ran and its result was saved; it was not run again, "
+        "and its answer is no longer kept"
+    )
+
+
 def _tool_signatures(tools: Mapping[str, Callable[..., Any]]) -> list[str]:
     lines = []
     for name, func in tools.items():
@@ -168,8 +205,15 @@ class CodeTool:
         limits: Limits of every run instead of the pool's.
         max_answer_chars: Longest answer; longer ones keep their end and say what was cut (default 8,000).
         lease_ttl_s: Seconds a turn's lease lasts; it is renewed every third of that while the turn runs, so only a
-            dead process's lease ever expires.
-        lease_wait_s: Seconds a turn waits for another turn of the same conversation before `Conflict`.
+            dead process's lease ever expires. Servers sharing a head store should use the same value.
+        lease_wait_s: Seconds a turn waits for another turn of the same conversation before `ConversationBusy`.
+        storage_timeout_s: Deadline of every head-store call of a turn (read, lease, write, read-back), default
+            10 s; a head store that does not answer fails the turn with `StorageUnavailable` naming the call.
+            None waits for ever. Store calls inside load and dump are bounded by the store's own settings.
+        holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A tool with
+            the same holder ID takes over such a lease at once, so a server that restarts with a stable ID (its
+            host name, a pod name) finds its conversations free; never give two live tools the same ID. Default: a
+            new ID per tool (host name, process ID, random).
 
     Raises:
         ConfigError: A setting is invalid, or the pool's store has no default head store.
@@ -188,12 +232,20 @@ class CodeTool:
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
         lease_wait_s: float = 30.0,
+        storage_timeout_s: float | None = 10.0,
+        holder_id: str | None = None,
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
         for label, value in (("lease_ttl_s", lease_ttl_s), ("lease_wait_s", lease_wait_s)):
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{label} must be a positive number of seconds, not {value!r}")
+        if storage_timeout_s is not None and (not isinstance(storage_timeout_s, int | float) or storage_timeout_s <= 0):
+            raise ConfigError(
+                f"storage_timeout_s must be a positive number of seconds or None, not {storage_timeout_s!r}"
+            )
+        if holder_id is not None and (not isinstance(holder_id, str) or not _HOLDER_ID.match(holder_id)):
+            raise ConfigError(f"holder_id must be 1 to 96 letters, digits, '_', ':', '.' or '-', not {holder_id!r}")
         if not isinstance(pool, AsyncPool):
             raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
         if heads is not None and not isinstance(heads, HeadStore):
@@ -212,6 +264,11 @@ class CodeTool:
         self.max_answer_chars = max_answer_chars
         self.lease_ttl_s = float(lease_ttl_s)
         self.lease_wait_s = float(lease_wait_s)
+        self.storage_timeout_s = None if storage_timeout_s is None else float(storage_timeout_s)
+        self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
+            self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
+        self._background: set[asyncio.Task[None]] = set()
         self._checkout: dict[str, Any] = {"limits": limits}
         if stubs is not None:
             self._checkout.update(type_check=True, type_check_stubs=stubs)
@@ -221,7 +278,6 @@ class CodeTool:
         )
         self._aheads = AsyncHeads(self.heads)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
 
     @property
     def json_schema(self) -> dict[str, Any]:
@@ -246,7 +302,9 @@ class CodeTool:
 
     # ------------------------------------------------------------------ turns
 
-    async def run_code(self, conversation_id: str, code: str, setup: bool = False) -> str:
+    async def run_code(
+        self, conversation_id: str, code: str, setup: bool = False, *, turn_id: str | None = None
+    ) -> str:
         """Run one turn of a conversation and return the text the model should read.
 
         Waits for any other turn of the conversation (in this process, then across processes through the lease),
@@ -254,24 +312,37 @@ class CodeTool:
         head to the new checkpoint, keeping the previous one in its history. The head moves after every turn whose
         code ran, also when the script failed or timed out: those are in the answer, for the model to fix.
 
-        If the head's checkpoint expired or was deleted, the code runs in an empty session, the head starts
-        afresh, and the answer says so in one line. If the worker process dies during the run or the dump
-        (`WorkerLost`: a crash, a signal, memory), the head does not move, the answer says that the session
-        restarted and this code's changes are lost, and the next turn continues from the head as it was.
+        Each turn has an ID, recorded in the head with the turn's answer when the head moves. Pass your own
+        ``turn_id`` (the model's tool-call ID, say) to make the call safe to retry: a turn whose ID is already
+        committed returns the committed answer and does not run again. A failed head write is read back before it
+        is reported, so `StorageError` and `Conflict` mean the head did not move; `TurnOutcomeUnknown` means that
+        could not be told, and a retry with the same ``turn_id`` settles it.
+
+        If the head's checkpoint expired or was deleted, the code runs on the newest checkpoint in the history that
+        still loads (or in an empty session if none does), the history is kept, and the answer says in one line
+        what was lost. If the worker process dies during the run or the dump (`WorkerLost`: a crash, a signal,
+        memory), the head does not move, the answer says that the session restarted and this code's changes are
+        lost, and the next turn continues from the head as it was.
 
         Args:
             conversation_id: The application's conversation ID (see `validate_conversation_id`).
             code: The model's script.
             setup: Mark the script as a setup cell (rerun after a restart).
+            turn_id: The turn's idempotency key (same rules as a conversation ID); default: a new random one.
 
         Returns:
-            The answer text, at most ``max_answer_chars`` long.
+            The answer text, at most ``max_answer_chars`` long (a replayed answer at most `KEPT_ANSWER_CHARS`).
 
         Raises:
-            InvalidKey: The conversation ID is malformed; nothing ran.
-            Conflict: Another turn of this conversation held it for ``lease_wait_s``, or moved its head while this
-                turn ran; this turn's changes were not saved and the conversation's head is the other turn's.
-            StorageError: The checkpoint or head store failed; the head did not move, the turn may be retried.
+            InvalidKey: The conversation ID or turn ID is malformed; nothing ran.
+            ConversationBusy: Another turn of this conversation held it for ``lease_wait_s`` (a `Conflict`); nothing
+                ran, the message says whether that turn is running or its lease went stale.
+            Conflict: Another turn moved the conversation's head while this turn ran; this turn's changes were not
+                saved and the conversation's head is the other turn's.
+            TurnOutcomeUnknown: The head write failed and the head could not be read back (a `StorageError`): the
+                turn may be saved or not; retry with the same ``turn_id``.
+            StorageError: The checkpoint or head store failed or did not answer within ``storage_timeout_s``; the
+                head did not move, the turn may be retried.
             CheckpointCorrupt: The head's checkpoint was altered or signed with another key (check the keys after a
                 rotation); the head did not move: fix the keys, or `rewind` / start a new conversation.
             CheckpointVersionError: The head's checkpoint was written by another Python minor version; the head did
@@ -279,24 +350,19 @@ class CodeTool:
             SessionError: No worker could be checked out; nothing ran.
         """
         validate_conversation_id(conversation_id)
+        turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
         async with self._turn_lease(conversation_id) as owner:
-            return await self._turn(conversation_id, code, setup, owner)
+            with conversation_context(conversation_id):
+                return await self._turn(conversation_id, code, setup, owner, turn_id)
 
-    async def _turn(self, conversation_id: str, code: str, setup: bool, owner: list[str]) -> str:
-        with conversation_context(conversation_id):
-            return await self._turn_in_context(conversation_id, code, setup, owner)
-
-    async def _turn_in_context(self, conversation_id: str, code: str, setup: bool, owner: list[str]) -> str:
-        head = await self._aheads.get(conversation_id)
+    async def _turn(self, conversation_id: str, code: str, setup: bool, owner: list[str], turn_id: str) -> str:
+        head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
+        done = head.turn(turn_id) if head is not None else None
+        if done is not None:
+            return _replayed(done)
         notes: list[str] = []
         async with self.pool.checkout(**self._checkout) as session:
-            fresh = False
-            if head is not None and head.checkpoint_id is not None:
-                try:
-                    await session.load_session(head.checkpoint_id)
-                except (CheckpointExpired, CheckpointNotFound):
-                    notes.append(STATE_GONE_NOTE)
-                    fresh = True
+            history = await self._load(session, head, notes)
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
                 new_id = await session.dump()
@@ -306,29 +372,137 @@ class CodeTool:
                     "and the variables are as they were before it ran; do not rerun it unchanged"
                 )
                 return render_answer(RunResult(), notes, max_chars=self.max_answer_chars)
-        history: tuple[bytes, ...] = ()
-        if head is not None and not fresh:
-            history = head.history if head.checkpoint_id is None else (head.checkpoint_id, *head.history)
+        answer = render_answer(result, notes, max_chars=self.max_answer_chars)
+        turn = TurnRecord(
+            turn_id, answer if len(answer) <= KEPT_ANSWER_CHARS else cut_answer(answer, KEPT_ANSWER_CHARS)
+        )
+        write = self._aheads.compare_and_set(
+            conversation_id,
+            head.version if head is not None else None,
+            new_id,
+            history=history,
+            owner=owner[0],
+            release_lease=True,
+            turn=turn,
+        )
         try:
-            await self._aheads.compare_and_set(
-                conversation_id,
-                head.version if head is not None else None,
-                new_id,
-                history=history,
-                owner=owner[0],
-                release_lease=True,
-            )
-        except (Conflict, StorageError):
-            # The update may have landed even though it reported a failure (a retried request on S3): checkpoint
-            # IDs are unique, so a head that names this turn's checkpoint means the turn was stored.
-            current = await self._aheads.get(conversation_id)
-            if current is None or current.checkpoint_id != new_id:
+            await self._bounded(write)
+        except (TimeoutError, Conflict, StorageError) as exc:
+            # The write may have landed although it reported a failure (a reply lost on the way back, a retried
+            # request on S3): read the head back before saying anything about it.
+            current = await self._read_back(conversation_id, turn_id, exc)
+            if current is None or (current.turn(turn_id) is None and current.checkpoint_id != new_id):
+                if isinstance(exc, TimeoutError):
+                    raise TurnOutcomeUnknown(
+                        f"saving turn {turn_id!r} of conversation {conversation_id!r} did not finish within "
+                        f"{self.storage_timeout_s:g} s (storage_timeout_s) and the head does not show it yet; it may "
+                        f"still land: run the turn again with turn_id={turn_id!r} (it will not run twice)",
+                        conversation_id=conversation_id,
+                        turn_id=turn_id,
+                    ) from exc
                 raise
             if current.lease_owner != owner[0]:
                 owner.clear()  # the head update released it
-        else:
-            owner.clear()  # released with the head
-        return render_answer(result, notes, max_chars=self.max_answer_chars)
+            committed = current.turn(turn_id)
+            return committed.answer if committed is not None and committed.answer is not None else answer
+        owner.clear()  # released with the head
+        return answer
+
+    async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
+        """Load the newest checkpoint of the head that still loads; return the history the next head keeps.
+
+        A checkpoint that expired or was deleted is skipped for the next one in the history, and the note says what
+        was lost; none is ever dropped from the history. A corrupt or foreign-version current checkpoint is raised
+        (the head must not move past a key or version problem) unless an older one loads.
+        """
+        if head is None:
+            return ()
+        if head.checkpoint_id is None:
+            return head.history
+        candidates = (head.checkpoint_id, *head.history)
+        lost: list[str] = []
+        unreadable: SnapcellError | None = None
+        for checkpoint_id in candidates:
+            try:
+                await session.load_session(checkpoint_id)
+            except CheckpointExpired:
+                lost.append("expired")
+            except CheckpointNotFound:
+                lost.append("deleted")
+            except (CheckpointCorrupt, CheckpointVersionError) as exc:
+                unreadable = unreadable or exc
+                lost.append("unreadable")
+            else:
+                if lost:
+                    notes.append(self._fallback_note(lost, checkpoint_id))
+                return candidates
+        if unreadable is not None:
+            raise unreadable
+        notes.append(STATE_GONE_NOTE)
+        return candidates
+
+    def _fallback_note(self, lost: list[str], loaded: bytes) -> str:
+        try:
+            saved = datetime.fromtimestamp(self.pool.keyring.parse_id(loaded).created_at, UTC)
+            when = f" (saved {saved:%Y-%m-%d %H:%M} UTC)"
+        except SnapcellError:
+            when = ""
+        turns = "turn" if len(lost) == 1 else f"{len(lost)} turns"
+        why = " / ".join(dict.fromkeys(lost))
+        return (
+            f"the state of the last {turns} of this conversation is gone (checkpoint {why}); this code ran on the "
+            f"state saved before {'it' if len(lost) == 1 else 'them'}{when}, so variables, functions and imports from "
+            f"the last {turns} must be recreated"
+        )
+
+    async def _read_back(self, conversation_id: str, turn_id: str, error: BaseException) -> Head | None:
+        """Read the head after a failed write, retrying within one storage deadline.
+
+        Raises:
+            TurnOutcomeUnknown: The head could not be read.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.storage_timeout_s or 10.0)
+        delay = 0.05
+        while True:
+            try:
+                return await self._bounded(self._aheads.get(conversation_id), max(deadline - loop.time(), 0.01))
+            except (TimeoutError, StorageError) as exc:
+                if loop.time() + delay >= deadline:
+                    why = str(error) or f"no answer within {self.storage_timeout_s:g} s"
+                    raise TurnOutcomeUnknown(
+                        f"saving turn {turn_id!r} of conversation {conversation_id!r} failed ({why}) and reading the "
+                        f"head back failed too ({exc or 'no answer'}): the turn may or may not be saved; run it again "
+                        f"with turn_id={turn_id!r}: if it was saved you get its answer and it does not run twice",
+                        conversation_id=conversation_id,
+                        turn_id=turn_id,
+                    ) from error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
+        """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``); TimeoutError after."""
+        limit = self.storage_timeout_s if timeout_s is None else timeout_s
+        if limit is None:
+            return await call
+        return await asyncio.wait_for(call, limit)
+
+    async def _storage(self, what: str, conversation_id: str) -> Head | None:
+        """Read the conversation's head under the storage deadline.
+
+        Raises:
+            StorageUnavailable: No answer within ``storage_timeout_s``; ``what`` names the call.
+        """
+        try:
+            return await self._bounded(self._aheads.get(conversation_id))
+        except TimeoutError as exc:
+            raise self._timed_out(what) from exc
+
+    def _timed_out(self, what: str) -> StorageUnavailable:
+        return StorageUnavailable(
+            f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not answer; "
+            "nothing was changed, the turn may be retried"
+        )
 
     @contextlib.asynccontextmanager
     async def _turn_lease(self, conversation_id: str) -> AsyncIterator[list[str]]:
@@ -340,13 +514,14 @@ class CodeTool:
         if lock is None:
             lock = self._locks[conversation_id] = asyncio.Lock()
         async with lock:
-            owner = f"{self._owner_prefix}:{secrets.token_hex(6)}"
+            owner = f"{self.holder_id}/{secrets.token_hex(6)}"
             try:
                 await self._acquire(conversation_id, owner)
+            except ConversationBusy:
+                raise
             except BaseException:
-                # Cancelled (or failed) while the store may already have granted the lease: give it back, or
-                # the conversation stays locked for the whole lease time. Releasing a lease not held does nothing.
-                await asyncio.shield(self._aheads.release_lease(conversation_id, owner))
+                # A store error may hide a lease that was granted after all: give it back (a no-op otherwise).
+                self._in_background(self._release(conversation_id, owner))
                 raise
             renewer = asyncio.create_task(self._renew(conversation_id, owner))
             held = [owner]
@@ -356,46 +531,124 @@ class CodeTool:
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)
                 if held:
-                    await asyncio.shield(self._aheads.release_lease(conversation_id, owner))
+                    # The turn failed, maybe because the store did: give the lease back with retries of its own,
+                    # waiting a little for it; if the store stays down, this holder's next turn takes it over at
+                    # once and everyone else's when it expires.
+                    release = self._in_background(self._release(conversation_id, owner))
+                    await asyncio.wait(
+                        {release}, timeout=min(_RELEASE_WAIT_S, self.storage_timeout_s or _RELEASE_WAIT_S)
+                    )
 
     async def _acquire(self, conversation_id: str, owner: str) -> None:
         deadline = time.monotonic() + self.lease_wait_s
         delay = _POLL_MIN_S
         while not await self._try_lease(conversation_id, owner):
             if time.monotonic() >= deadline:
-                raise Conflict(
-                    f"another turn of conversation {conversation_id!r} is running (it has held the conversation for "
-                    f"the last {self.lease_wait_s:g} s); wait for it to finish and try again"
-                )
+                raise await self._busy(conversation_id)
             await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, _POLL_MAX_S)
 
     async def _try_lease(self, conversation_id: str, owner: str) -> bool:
-        """One attempt at the lease; if the caller is cancelled meanwhile, wait for the store's answer first.
+        """One attempt at the lease, under the storage deadline.
 
-        The attempt runs in a thread that cannot be stopped: giving the lease back before it finished would
-        let it take the lease afterwards and keep the conversation locked for the whole lease time.
+        The attempt runs in a thread that cannot be stopped: if this turn is cancelled or gives up waiting, the
+        lease is given back once the attempt finishes, or it would keep the conversation locked for a whole ttl.
         """
         attempt = asyncio.ensure_future(self._aheads.acquire_lease(conversation_id, owner, self.lease_ttl_s))
         try:
-            return await asyncio.shield(attempt)
+            return await self._bounded(asyncio.shield(attempt))
+        except TimeoutError as exc:
+            self._in_background(self._release(conversation_id, owner, after=attempt))
+            raise self._timed_out(f"taking the lease of conversation {conversation_id!r}") from exc
         except asyncio.CancelledError:
-            await asyncio.gather(attempt, return_exceptions=True)
+            self._in_background(self._release(conversation_id, owner, after=attempt))
             raise
+
+    async def _busy(self, conversation_id: str) -> ConversationBusy:
+        """The error of a turn that waited ``lease_wait_s``: who holds the conversation, and is it still alive."""
+        record = None
+        if isinstance(self.heads, RecordHeads):
+            with contextlib.suppress(SnapcellError, TimeoutError):
+                record = await self._bounded(asyncio.to_thread(self.heads.record, conversation_id))
+        waited = f"this turn waited {self.lease_wait_s:g} s (lease_wait_s)"
+        if record is None or record.lease_owner is None or not isinstance(self.heads, RecordHeads):
+            return ConversationBusy(
+                f"another turn of conversation {conversation_id!r} is running; {waited}: wait for it to finish and "
+                "try again",
+                conversation_id=conversation_id,
+            )
+        now = self.heads.clock()
+        left = max(record.lease_expires_at - now, 0.0)
+        since = now - record.lease_renewed_at if 0 < record.lease_renewed_at <= now else None
+        renewed = f"{since:.0f} s ago" if since is not None else "at an unknown time"
+        stale = record.lease_stale(now)
+        if stale:
+            message = (
+                f"conversation {conversation_id!r} is held by a stale lease: its holder {record.lease_owner!r} stopped "
+                f"renewing it (last renewed {renewed}; it crashed, or lost the head store); {waited}; the "
+                f"conversation is free when the lease expires, in {left:.0f} s: try again then"
+            )
+        else:
+            message = (
+                f"another turn of conversation {conversation_id!r} is running (its holder {record.lease_owner!r} "
+                f"renewed its lease {renewed}); {waited}: wait for it to finish and try again"
+            )
+        return ConversationBusy(
+            message,
+            conversation_id=conversation_id,
+            holder=record.lease_owner,
+            stale=stale,
+            lease_expires_at=record.lease_expires_at,
+        )
 
     async def _renew(self, conversation_id: str, owner: str) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl_s / 3)
             try:
-                if not await self._aheads.renew_lease(conversation_id, owner, self.lease_ttl_s):
+                if not await self._bounded(self._aheads.renew_lease(conversation_id, owner, self.lease_ttl_s)):
                     return  # lost: the head update will be refused with Conflict
-            except SnapcellError as exc:
+            except (SnapcellError, TimeoutError) as exc:
                 # A failed renewal is not the turn's failure: try again next time; if the lease really lapses,
                 # the head update is refused with Conflict and nothing is overwritten.
-                log.warning("snapcell: renewing the lease of conversation %r failed: %s", conversation_id, exc)
+                log.warning(
+                    "snapcell: renewing the lease of conversation %r failed: %s", conversation_id, exc or "timeout"
+                )
+
+    async def _release(self, conversation_id: str, owner: str, *, after: asyncio.Future[bool] | None = None) -> None:
+        """Give a lease back, retrying until it would have expired anyway; first wait for ``after`` (an attempt)."""
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease_ttl_s
+        delay = 0.05
+        while True:
+            try:
+                await self._bounded(self._aheads.release_lease(conversation_id, owner))
+                return
+            except (SnapcellError, TimeoutError) as exc:
+                if loop.time() + delay >= deadline:
+                    log.warning(
+                        "snapcell: giving back the lease of conversation %r failed: %s; it expires by itself",
+                        conversation_id,
+                        exc or "timeout",
+                    )
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _in_background(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def aclose(self) -> None:
-        """Close the head store if the tool opened it (the default one); a head store passed in stays open."""
+        """Finish giving back leases (for up to ``storage_timeout_s``), then close the head store if the tool
+        opened it (the default one); a head store passed in stays open."""
+        if self._background:
+            _, pending = await asyncio.wait(set(self._background), timeout=self.storage_timeout_s or _RELEASE_WAIT_S)
+            for task in pending:
+                task.cancel()
         if self._owns_heads:
             await asyncio.to_thread(self.heads.close)
 
@@ -499,9 +752,9 @@ class SyncCodeTool:
         """See `CodeTool.json_schema`."""
         return self._inner.json_schema
 
-    def run_code(self, conversation_id: str, code: str, setup: bool = False) -> str:
+    def run_code(self, conversation_id: str, code: str, setup: bool = False, *, turn_id: str | None = None) -> str:
         """See `CodeTool.run_code`."""
-        answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup))
+        answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup, turn_id=turn_id))
         return answer
 
     def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:

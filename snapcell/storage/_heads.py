@@ -108,6 +108,7 @@ class Head:
         lease_owner: Who holds the lease of a turn in progress, if anyone (it may have expired).
         lease_expires_at: When that lease expires (seconds since the epoch); 0 without a lease.
         turns: The most recent committed turns, newest first, at most `MAX_TURN_IDS`.
+        lease_renewed_at: When the lease was last taken or renewed (seconds since the epoch); 0 when unknown.
     """
 
     checkpoint_id: bytes | None = None
@@ -117,10 +118,20 @@ class Head:
     lease_owner: str | None = None
     lease_expires_at: float = 0.0
     turns: tuple[TurnRecord, ...] = ()
+    lease_renewed_at: float = 0.0
 
     def lease_held(self, now: float) -> bool:
         """True when someone holds an unexpired lease at ``now``."""
         return self.lease_owner is not None and self.lease_expires_at > now
+
+    def lease_stale(self, now: float) -> bool:
+        """True when a held lease missed a renewal (renewals come every third of its ttl): its holder is gone."""
+        if not self.lease_held(now):
+            return False
+        ttl = self.lease_expires_at - self.lease_renewed_at
+        if not self.lease_renewed_at or ttl <= 0 or self.lease_renewed_at > now:
+            return True  # never renewed by a snapcell that records it, or a clock from the future
+        return now - self.lease_renewed_at > 0.4 * ttl
 
     def turn(self, turn_id: str) -> TurnRecord | None:
         """The committed turn with this ID, if the head still remembers it."""
@@ -256,7 +267,7 @@ def _cas(
         base = record or Head()
         if turn is not None and base.turn(turn.turn_id) is not None:
             raise Conflict(f"turn {turn.turn_id!r} was already committed; nothing was overwritten")
-        lease = (None, 0.0) if release_lease else (base.lease_owner, base.lease_expires_at)
+        lease = (None, 0.0, 0.0) if release_lease else (base.lease_owner, base.lease_expires_at, base.lease_renewed_at)
         return Head(
             checkpoint_id=None if checkpoint_id is None else bytes(checkpoint_id),
             history=tuple(bytes(h) for h in history)[:max_history],
@@ -265,6 +276,7 @@ def _cas(
             lease_owner=lease[0],
             lease_expires_at=lease[1],
             turns=base.turns if turn is None else _record_turn(turn, base.turns),
+            lease_renewed_at=lease[2],
         )
 
     return apply
@@ -324,7 +336,7 @@ def _acquire(owner: str, ttl_s: float, now: float, *, renew_only: bool) -> Trans
                 return replace(record, lease_expires_at=now + ttl_s)  # an absurd expiry: cut back, not taken
             else:
                 return None
-        return replace(record or Head(), lease_owner=owner, lease_expires_at=now + ttl_s)
+        return replace(record or Head(), lease_owner=owner, lease_expires_at=now + ttl_s, lease_renewed_at=now)
 
     return apply
 
@@ -335,7 +347,7 @@ def _release(owner: str) -> Transition:
             return None
         if not record.version:
             return DELETE  # a lease-only record: nothing else to keep
-        return replace(record, lease_owner=None, lease_expires_at=0.0)
+        return replace(record, lease_owner=None, lease_expires_at=0.0, lease_renewed_at=0.0)
 
     return apply
 

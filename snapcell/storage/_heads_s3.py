@@ -27,7 +27,9 @@ def _encode(head: Head) -> bytes:
         "history": [h.hex() for h in head.history],
         "version": head.version,
         "updated_at": head.updated_at,
-        "lease": None if head.lease_owner is None else {"owner": head.lease_owner, "expires_at": head.lease_expires_at},
+        "lease": None
+        if head.lease_owner is None
+        else {"owner": head.lease_owner, "expires_at": head.lease_expires_at, "renewed_at": head.lease_renewed_at},
         "turns": turns_to_json(head.turns),
         # Every write differs, so every write gets a new ETag even when nothing else changed: If-Match has no ABA.
         "write": secrets.token_hex(8),
@@ -47,6 +49,7 @@ def _decode(data: bytes, key: str) -> Head:
             lease_owner=lease.get("owner"),
             lease_expires_at=float(lease.get("expires_at", 0.0)),
             turns=turns_from_json(doc.get("turns", [])),
+            lease_renewed_at=float(lease.get("renewed_at", 0.0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StorageError(f"the head object {key!r} is not a snapcell head ({exc}); delete it or restore it") from exc

@@ -27,23 +27,30 @@ CREATE TABLE IF NOT EXISTS heads (
     updated_at REAL NOT NULL,
     lease_owner TEXT,
     lease_expires_at REAL NOT NULL,
-    turns TEXT NOT NULL DEFAULT '[]'
+    turns TEXT NOT NULL DEFAULT '[]',
+    lease_renewed_at REAL NOT NULL DEFAULT 0
 )
 """
-_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns"
+# Columns added after the first release, with their definitions, for tables an earlier snapcell made.
+_ADDED_COLUMNS = {"turns": "TEXT NOT NULL DEFAULT '[]'", "lease_renewed_at": "REAL NOT NULL DEFAULT 0"}
+_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at"
+_MARKS = ", ".join("?" * (1 + len(_COLUMNS.split(","))))
 _ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[StorageError]]] = [
     ((sqlite3.OperationalError, PermissionError), StorageUnavailable),
     ((sqlite3.Error, OSError), StorageError),
 ]
 
 
-def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | None, float, str], path: Path) -> Head:
+_Row = tuple[bytes | None, str, str, float, str | None, float, str, float]
+
+
+def _head(conversation_id: str, row: _Row, path: Path) -> Head:
     """Decode a row of the heads table.
 
     Raises:
         StorageError: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
     """
-    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns = row
+    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at = row
     try:
         ids = json.loads(history)
         if not isinstance(ids, list):
@@ -56,6 +63,7 @@ def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | 
             lease_owner=None if lease_owner is None else str(lease_owner),
             lease_expires_at=float(lease_expires_at),
             turns=turns_from_json(json.loads(turns)),
+            lease_renewed_at=float(lease_renewed_at),
         )
     except (ValueError, TypeError) as exc:
         raise StorageError(
@@ -64,15 +72,17 @@ def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | 
         ) from exc
 
 
-def _add_turns_column(db: sqlite3.Connection) -> None:
-    """Add the ``turns`` column to a table made by an earlier snapcell (another process may do it at once)."""
-    if any(row[1] == "turns" for row in db.execute("PRAGMA table_info(heads)")):
-        return
-    try:
-        db.execute("ALTER TABLE heads ADD COLUMN turns TEXT NOT NULL DEFAULT '[]'")
-    except sqlite3.OperationalError as exc:
-        if "duplicate column" not in str(exc):
-            raise
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Add the columns of `_ADDED_COLUMNS` to a table an earlier snapcell made (another process may at once)."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(heads)")}
+    for name, definition in _ADDED_COLUMNS.items():
+        if name in present:
+            continue
+        try:
+            db.execute(f"ALTER TABLE heads ADD COLUMN {name} {definition}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):
+                raise
 
 
 def _set_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
@@ -167,7 +177,7 @@ def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
                 _set_wal(db, busy_timeout_s)
                 db.execute("PRAGMA synchronous = NORMAL")
                 db.execute(_SCHEMA)
-                _add_turns_column(db)
+                _add_columns(db)
                 key = _identity(path)
                 if key is None:
                     raise FileNotFoundError(f"{path} vanished while it was being opened")
@@ -266,7 +276,7 @@ class SQLiteHeads(RecordHeads):
                     db.execute("DELETE FROM heads WHERE conversation_id = ?", (conversation_id,))
                 elif result is not None:
                     db.execute(
-                        f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES ({_MARKS})",
                         (
                             conversation_id,
                             result.checkpoint_id,
@@ -276,6 +286,7 @@ class SQLiteHeads(RecordHeads):
                             result.lease_owner,
                             result.lease_expires_at,
                             json.dumps(turns_to_json(result.turns)),
+                            result.lease_renewed_at,
                         ),
                     )
                 db.execute("COMMIT")
