@@ -345,7 +345,7 @@ def _release(owner: str) -> Transition:
     def apply(record: Head | None) -> Head | _Delete | None:
         if record is None or record.lease_owner != owner:
             return None
-        if not record.version:
+        if not record.version and not record.malformed:
             return DELETE  # a lease-only record: nothing else to keep
         return replace(record, lease_owner=None, lease_expires_at=0.0, lease_renewed_at=0.0)
 
