@@ -7,23 +7,25 @@ each run into the text a model should read. `SyncCodeTool` is its synchronous tw
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import contextlib
-import inspect
-import json
-import logging
 import os
-import random
 import re
 import secrets
 import socket
-import time
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from snapcell._answer import (
+    MIN_ANSWER_CHARS,
+    cut_answer,
+    render_answer,
+    replayed,
+    stub_signatures,
+    tool_call_arguments,
+    tool_signatures,
+)
+from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
 from snapcell.errors import (
     CheckpointCorrupt,
@@ -32,10 +34,8 @@ from snapcell.errors import (
     CheckpointVersionError,
     ConfigError,
     Conflict,
-    ConversationBusy,
     SnapcellError,
     StorageError,
-    StorageUnavailable,
     TurnOutcomeUnknown,
     WorkerLost,
 )
@@ -47,7 +47,6 @@ from snapcell.storage import (
     AsyncHeads,
     Head,
     HeadStore,
-    RecordHeads,
     TurnRecord,
     default_heads,
     validate_conversation_id,
@@ -69,17 +68,8 @@ STATE_GONE_NOTE = (
     "the earlier state of this conversation is gone (its checkpoint expired or was deleted); this code ran in a "
     "fresh, empty session, so variables, functions and imports from earlier turns must be recreated"
 )
-MIN_ANSWER_CHARS = 200
 # A committed turn's answer is kept in its head, for a retry, up to this long (cut from the start, like answers).
 KEPT_ANSWER_CHARS = 8000
-log = logging.getLogger("snapcell")
-_POLL_MIN_S = 0.01
-_POLL_MAX_S = 0.25
-# A failed turn waits this long for its lease to be given back before it reports; retries go on in the background.
-_RELEASE_WAIT_S = 2.0
-# A lease renewed every third of its ttl always has more than two thirds of it left; with less than this share
-# left, its holder missed a renewal: it crashed or lost the head store.
-_STALE_SHARE = 0.6
 _HOLDER_ID = re.compile(r"[A-Za-z0-9_:.-]{1,96}\Z")
 _T = TypeVar("_T")
 
@@ -91,105 +81,6 @@ expression (as in a notebook cell), then any error with its traceback, then note
 `await` works, so `await asyncio.gather(...)` runs host functions concurrently. Only safe standard-library \
 modules can be imported, and there is no file or network access. Long answers are cut from the start, so print \
 only what you need to see."""
-
-
-def cut_answer(text: str, max_chars: int) -> str:
-    """Cut ``text`` to at most ``max_chars`` characters, keeping the end and saying how much was cut.
-
-    Raises:
-        ConfigError: ``max_chars`` is below `MIN_ANSWER_CHARS`, too small to say what was cut.
-    """
-    if not isinstance(max_chars, int) or max_chars < MIN_ANSWER_CHARS:
-        raise ConfigError(f"max_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_chars!r}")
-    if len(text) <= max_chars:
-        return text
-    cut = len(text) - max_chars
-    while True:
-        marker = f"[... {cut} characters cut from the start of this answer ...]\n"
-        keep = max_chars - len(marker)
-        if len(text) - keep == cut:
-            return marker + text[len(text) - keep :]
-        cut = len(text) - keep
-
-
-def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: int = 8000) -> str:
-    """Render a run for a model: stdout, stderr, the value's repr, the error, then notes, cut to ``max_chars``.
-
-    Args:
-        result: What the run did.
-        notes: Notes of the tool (state expired, restart) shown before the run's own notes.
-        max_chars: Longest answer; longer ones keep their end (errors and notes) and say what was cut.
-    """
-    parts = []
-    if result.stdout:
-        parts.append(result.stdout.rstrip("\n"))
-    if result.stderr:
-        parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
-    if result.value_repr is not None and result.value_repr != "None":  # like Python's own prompt
-        parts.append(result.value_repr)
-    if result.error is not None:
-        parts.append(result.error.for_model())
-    parts.extend(f"[note] {note}" for note in (*notes, *result.notes))
-    memory = _memory_note(result)
-    if memory:
-        parts.append(f"[note] {memory}")
-    return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
-
-
-# Tell the model about memory once the namespace is big enough to matter, so it can free some before it runs out.
-_MEMORY_NOTE_BYTES = 256 * 1024 * 1024
-
-
-def _memory_note(result: RunResult) -> str:
-    big_namespace = "largest:" in result.namespace_summary
-    big_process = result.memory_bytes is not None and result.memory_bytes >= _MEMORY_NOTE_BYTES
-    if not (big_namespace or big_process):
-        return ""
-    used = f"the session uses {result.memory_bytes / 2**20:,.0f} MiB; " if result.memory_bytes else ""
-    return f"{used}{result.namespace_summary}"
-
-
-def _stub_signatures(stubs: str) -> list[str]:
-    """``def name(args) -> ret`` (and the docstring's first line) of every top-level function or class in stubs."""
-    try:
-        tree = ast.parse(stubs)
-    except SyntaxError as exc:
-        raise ConfigError(f"the stubs are not valid Python: {exc}") from exc
-    lines = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            doc = (ast.get_docstring(node) or "").strip().splitlines()
-            node.decorator_list = []
-            node.body = [ast.Expr(ast.Constant(...))]
-            signature = ast.unparse(node).splitlines()[0].removesuffix(":")
-            lines.append(signature + (f"\n    {doc[0]}" if doc else ""))
-    return lines
-
-
-def _replayed(turn: TurnRecord) -> str:
-    """The answer of a retried turn that was already committed: the kept answer, or a note that it ran."""
-    if turn.answer is not None:
-        return turn.answer
-    return (
-        f"[note] this turn (turn ID {turn.turn_id!r}) already ran and its result was saved; it was not run again, "
-        "and its answer is no longer kept"
-    )
-
-
-def _tool_signatures(tools: Mapping[str, Callable[..., Any]]) -> list[str]:
-    lines = []
-    for name, func in tools.items():
-        try:
-            signature = str(inspect.signature(func, eval_str=True))
-        except Exception:  # evaluating the host's own annotations may raise anything; fall back to their text
-            try:
-                signature = str(inspect.signature(func))
-            except (TypeError, ValueError):
-                signature = "(...)"
-        prefix = "async def" if inspect.iscoroutinefunction(func) else "def"
-        doc = (inspect.getdoc(func) or "").strip().splitlines()
-        lines.append(f"{prefix} {name}{signature}" + (f"\n    {doc[0]}" if doc else ""))
-    return lines
 
 
 class CodeTool:
@@ -268,16 +159,21 @@ class CodeTool:
         self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
             self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
-        self._background: set[asyncio.Task[None]] = set()
         self._checkout: dict[str, Any] = {"limits": limits}
         if stubs is not None:
             self._checkout.update(type_check=True, type_check_stubs=stubs)
-        host = _stub_signatures(stubs) if stubs is not None else _tool_signatures(self.tools)
+        host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
         self.description = _DESCRIPTION + (
             "\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else ""
         )
         self._aheads = AsyncHeads(self.heads)
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._leases = TurnLeases(
+            self.heads,
+            ttl_s=self.lease_ttl_s,
+            wait_s=self.lease_wait_s,
+            storage_timeout_s=self.storage_timeout_s,
+            holder_id=self.holder_id,
+        )
 
     @property
     def json_schema(self) -> dict[str, Any]:
@@ -351,7 +247,7 @@ class CodeTool:
         """
         validate_conversation_id(conversation_id)
         turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
-        async with self._turn_lease(conversation_id) as owner:
+        async with self._leases.hold(conversation_id) as owner:
             with conversation_context(conversation_id):
                 return await self._turn(conversation_id, code, setup, owner, turn_id)
 
@@ -359,7 +255,7 @@ class CodeTool:
         head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
         done = head.turn(turn_id) if head is not None else None
         if done is not None:
-            return _replayed(done)
+            return replayed(done)
         notes: list[str] = []
         async with self.pool.checkout(**self._checkout) as session:
             history = await self._load(session, head, notes)
@@ -480,13 +376,6 @@ class CodeTool:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def _bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
-        """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``); TimeoutError after."""
-        limit = self.storage_timeout_s if timeout_s is None else timeout_s
-        if limit is None:
-            return await call
-        return await asyncio.wait_for(call, limit)
-
     async def _storage(self, what: str, conversation_id: str) -> Head | None:
         """Read the conversation's head under the storage deadline.
 
@@ -496,159 +385,15 @@ class CodeTool:
         try:
             return await self._bounded(self._aheads.get(conversation_id))
         except TimeoutError as exc:
-            raise self._timed_out(what) from exc
+            raise self._leases.timed_out(what) from exc
 
-    def _timed_out(self, what: str) -> StorageUnavailable:
-        return StorageUnavailable(
-            f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not answer; "
-            "nothing was changed, the turn may be retried"
-        )
-
-    @contextlib.asynccontextmanager
-    async def _turn_lease(self, conversation_id: str) -> AsyncIterator[list[str]]:
-        """Hold the in-process lock and the head store's lease of a conversation; yield ``[owner]``.
-
-        The body may clear the list when it released the lease itself (with the head update).
-        """
-        lock = self._locks.get(conversation_id)
-        if lock is None:
-            lock = self._locks[conversation_id] = asyncio.Lock()
-        async with lock:
-            owner = f"{self.holder_id}/{secrets.token_hex(6)}"
-            try:
-                await self._acquire(conversation_id, owner)
-            except ConversationBusy:
-                raise
-            except BaseException:
-                # A store error may hide a lease that was granted after all: give it back (a no-op otherwise).
-                self._in_background(self._release(conversation_id, owner))
-                raise
-            renewer = asyncio.create_task(self._renew(conversation_id, owner))
-            held = [owner]
-            try:
-                yield held
-            finally:
-                renewer.cancel()
-                await asyncio.gather(renewer, return_exceptions=True)
-                if held:
-                    # The turn failed, maybe because the store did: give the lease back with retries of its own,
-                    # waiting a little for it; if the store stays down, this holder's next turn takes it over at
-                    # once and everyone else's when it expires.
-                    release = self._in_background(self._release(conversation_id, owner))
-                    await asyncio.wait(
-                        {release}, timeout=min(_RELEASE_WAIT_S, self.storage_timeout_s or _RELEASE_WAIT_S)
-                    )
-
-    async def _acquire(self, conversation_id: str, owner: str) -> None:
-        deadline = time.monotonic() + self.lease_wait_s
-        delay = _POLL_MIN_S
-        while not await self._try_lease(conversation_id, owner):
-            if time.monotonic() >= deadline:
-                raise await self._busy(conversation_id)
-            await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, _POLL_MAX_S)
-
-    async def _try_lease(self, conversation_id: str, owner: str) -> bool:
-        """One attempt at the lease, under the storage deadline.
-
-        The attempt runs in a thread that cannot be stopped: if this turn is cancelled or gives up waiting, the
-        lease is given back once the attempt finishes, or it would keep the conversation locked for a whole ttl.
-        """
-        attempt = asyncio.ensure_future(self._aheads.acquire_lease(conversation_id, owner, self.lease_ttl_s))
-        try:
-            return await self._bounded(asyncio.shield(attempt))
-        except TimeoutError as exc:
-            self._in_background(self._release(conversation_id, owner, after=attempt))
-            raise self._timed_out(f"taking the lease of conversation {conversation_id!r}") from exc
-        except asyncio.CancelledError:
-            self._in_background(self._release(conversation_id, owner, after=attempt))
-            raise
-
-    async def _busy(self, conversation_id: str) -> ConversationBusy:
-        """The error of a turn that waited ``lease_wait_s``: who holds the conversation, and is it still alive."""
-        record = None
-        if isinstance(self.heads, RecordHeads):
-            with contextlib.suppress(SnapcellError, TimeoutError):
-                record = await self._bounded(asyncio.to_thread(self.heads.record, conversation_id))
-        waited = f"this turn waited {self.lease_wait_s:g} s (lease_wait_s)"
-        if record is None or record.lease_owner is None or not isinstance(self.heads, RecordHeads):
-            return ConversationBusy(
-                f"another turn of conversation {conversation_id!r} is running; {waited}: wait for it to finish and "
-                "try again",
-                conversation_id=conversation_id,
-            )
-        now = self.heads.clock()
-        left = max(record.lease_expires_at - now, 0.0)
-        since = now - record.lease_renewed_at if 0 < record.lease_renewed_at <= now else None
-        renewed = f"{since:.0f} s ago" if since is not None else "at an unknown time"
-        stale = record.lease_stale(now)
-        if stale:
-            message = (
-                f"conversation {conversation_id!r} is held by a stale lease: its holder {record.lease_owner!r} stopped "
-                f"renewing it (last renewed {renewed}; it crashed, or lost the head store); {waited}; the "
-                f"conversation is free when the lease expires, in {left:.0f} s: try again then"
-            )
-        else:
-            message = (
-                f"another turn of conversation {conversation_id!r} is running (its holder {record.lease_owner!r} "
-                f"renewed its lease {renewed}); {waited}: wait for it to finish and try again"
-            )
-        return ConversationBusy(
-            message,
-            conversation_id=conversation_id,
-            holder=record.lease_owner,
-            stale=stale,
-            lease_expires_at=record.lease_expires_at,
-        )
-
-    async def _renew(self, conversation_id: str, owner: str) -> None:
-        while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
-            try:
-                if not await self._bounded(self._aheads.renew_lease(conversation_id, owner, self.lease_ttl_s)):
-                    return  # lost: the head update will be refused with Conflict
-            except (SnapcellError, TimeoutError) as exc:
-                # A failed renewal is not the turn's failure: try again next time; if the lease really lapses,
-                # the head update is refused with Conflict and nothing is overwritten.
-                log.warning(
-                    "snapcell: renewing the lease of conversation %r failed: %s", conversation_id, exc or "timeout"
-                )
-
-    async def _release(self, conversation_id: str, owner: str, *, after: asyncio.Future[bool] | None = None) -> None:
-        """Give a lease back, retrying until it would have expired anyway; first wait for ``after`` (an attempt)."""
-        if after is not None:
-            await asyncio.gather(after, return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.lease_ttl_s
-        delay = 0.05
-        while True:
-            try:
-                await self._bounded(self._aheads.release_lease(conversation_id, owner))
-                return
-            except (SnapcellError, TimeoutError) as exc:
-                if loop.time() + delay >= deadline:
-                    log.warning(
-                        "snapcell: giving back the lease of conversation %r failed: %s; it expires by itself",
-                        conversation_id,
-                        exc or "timeout",
-                    )
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
-    def _in_background(self, work: Awaitable[None]) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+    async def _bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
+        return await self._leases.bounded(call, timeout_s)
 
     async def aclose(self) -> None:
         """Finish giving back leases (for up to ``storage_timeout_s``), then close the head store if the tool
         opened it (the default one); a head store passed in stays open."""
-        if self._background:
-            _, pending = await asyncio.wait(set(self._background), timeout=self.storage_timeout_s or _RELEASE_WAIT_S)
-            for task in pending:
-                task.cancel()
+        await self._leases.aclose()
         if self._owns_heads:
             await asyncio.to_thread(self.heads.close)
 
@@ -667,7 +412,7 @@ class CodeTool:
         validate_conversation_id(conversation_id)
         if not isinstance(turns, int) or turns < 1:
             raise ConfigError(f"turns must be a positive integer, not {turns!r}")
-        async with self._turn_lease(conversation_id) as owner:
+        async with self._leases.hold(conversation_id) as owner:
             head = self._known(conversation_id, await self._aheads.get(conversation_id))
             if len(head.history) < turns:
                 raise ConfigError(
@@ -775,26 +520,3 @@ class SyncCodeTool:
     def close(self) -> None:
         """See `CodeTool.aclose`."""
         self._pool.call(self._inner.aclose())
-
-
-def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
-    """Parse a model's tool-call arguments (JSON text or a dict) into ``(code, setup)``.
-
-    ``setup`` may be a JSON boolean or the text ``"true"``/``"false"`` (some models quote booleans); it defaults
-    to false.
-
-    Raises:
-        ConfigError: The arguments are not an object with a string ``code``, or ``setup`` is not a boolean.
-    """
-    try:
-        data = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"run_code arguments are not valid JSON: {exc}") from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("code"), str):
-        raise ConfigError("run_code arguments must be a JSON object with a string 'code'")
-    setup = data.get("setup", False)
-    if isinstance(setup, str) and setup.strip().lower() in ("true", "false"):
-        setup = setup.strip().lower() == "true"
-    if not isinstance(setup, bool):
-        raise ConfigError(f"run_code argument 'setup' must be true or false, not {setup!r}")
-    return data["code"], setup
