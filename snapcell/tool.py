@@ -28,10 +28,8 @@ from snapcell._answer import (
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
 from snapcell.errors import (
-    CheckpointCorrupt,
     CheckpointExpired,
     CheckpointNotFound,
-    CheckpointVersionError,
     ConfigError,
     Conflict,
     SnapcellError,
@@ -305,11 +303,11 @@ class CodeTool:
         return answer
 
     async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
-        """Load the newest checkpoint of the head that still loads; return the history the next head keeps.
+        """Load the newest checkpoint of the head that still exists; return the history the next head keeps.
 
         A checkpoint that expired or was deleted is skipped for the next one in the history, and the note says what
-        was lost; none is ever dropped from the history. A corrupt or foreign-version current checkpoint is raised
-        (the head must not move past a key or version problem) unless an older one loads.
+        was lost; none is ever dropped from the history. A corrupt or foreign-version checkpoint is raised, and the
+        head does not move: that is a key or version problem to fix (or to `rewind` past), not lost state.
         """
         if head is None:
             return ()
@@ -317,7 +315,6 @@ class CodeTool:
             return head.history
         candidates = (head.checkpoint_id, *head.history)
         lost: list[str] = []
-        unreadable: SnapcellError | None = None
         for checkpoint_id in candidates:
             try:
                 await session.load_session(checkpoint_id)
@@ -325,15 +322,10 @@ class CodeTool:
                 lost.append("expired")
             except CheckpointNotFound:
                 lost.append("deleted")
-            except (CheckpointCorrupt, CheckpointVersionError) as exc:
-                unreadable = unreadable or exc
-                lost.append("unreadable")
             else:
                 if lost:
                     notes.append(self._fallback_note(lost, checkpoint_id))
                 return candidates
-        if unreadable is not None:
-            raise unreadable
         notes.append(STATE_GONE_NOTE)
         return candidates
 
