@@ -8,7 +8,6 @@ from ._cleanup import DEFAULT_TTL_S, CleanupReport, DayUsage, UsageReport, clean
 from ._commands import add_commands, parse_duration, parse_size
 from ._config import S3Config, open_store
 from ._heads import (
-    AsyncHeads,
     Head,
     HeadStore,
     MemoryHeads,
@@ -19,6 +18,7 @@ from ._heads import (
     validate_conversation_id,
     validate_turn_id,
 )
+from ._heads_async import AsyncHeads
 from ._heads_s3 import S3Heads
 from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
