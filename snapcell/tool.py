@@ -34,6 +34,7 @@ from snapcell.errors import (
     Conflict,
     SnapcellError,
     StorageError,
+    StorageUnavailable,
     TurnOutcomeUnknown,
     WorkerLost,
 )
@@ -405,21 +406,20 @@ class CodeTool:
         if not isinstance(turns, int) or turns < 1:
             raise ConfigError(f"turns must be a positive integer, not {turns!r}")
         async with self._leases.hold(conversation_id) as owner:
-            head = self._known(conversation_id, await self._aheads.get(conversation_id))
+            head = self._known(
+                conversation_id,
+                await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id),
+            )
             if len(head.history) < turns:
                 raise ConfigError(
                     f"conversation {conversation_id!r} has {len(head.history)} earlier checkpoints in its history; "
                     f"it cannot go back {turns} turns"
                 )
             target = head.history[turns - 1]
-            await self._aheads.compare_and_set(
-                conversation_id,
-                head.version,
-                target,
-                history=head.history[turns:],
-                owner=owner[0],
-                release_lease=True,
+            rewind = self._aheads.compare_and_set(
+                conversation_id, head.version, target, history=head.history[turns:], owner=owner[0], release_lease=True
             )
+            await self._write(f"rewinding conversation {conversation_id!r}", rewind)
             owner.clear()
             return target
 
@@ -436,13 +436,34 @@ class CodeTool:
             Conflict: ``new_conversation_id`` already exists; nothing changed.
         """
         validate_conversation_id(new_conversation_id)
-        head = self._known(conversation_id, await self._aheads.get(validate_conversation_id(conversation_id)))
-        await self._aheads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
+        what = f"reading the head of conversation {conversation_id!r}"
+        head = self._known(conversation_id, await self._storage(what, validate_conversation_id(conversation_id)))
+        fork = self._aheads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
+        await self._write(f"creating conversation {new_conversation_id!r}", fork)
         return head.checkpoint_id
 
     async def head(self, conversation_id: str) -> Head | None:
-        """Return the conversation's head (current checkpoint ID and history), or None before its first turn."""
-        return await self._aheads.get(validate_conversation_id(conversation_id))
+        """Return the conversation's head (current checkpoint ID and history), or None before its first turn.
+
+        Raises:
+            StorageError: The head store failed or did not answer within ``storage_timeout_s``.
+        """
+        what = f"reading the head of conversation {conversation_id!r}"
+        return await self._storage(what, validate_conversation_id(conversation_id))
+
+    async def _write(self, what: str, call: Awaitable[str]) -> str:
+        """Await a head write under the storage deadline.
+
+        Raises:
+            StorageUnavailable: No answer within ``storage_timeout_s``; the write may still land.
+        """
+        try:
+            return await self._bounded(call)
+        except TimeoutError as exc:
+            raise StorageUnavailable(
+                f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not "
+                "answer and the write may still land; read the head to see"
+            ) from exc
 
     @staticmethod
     def _known(conversation_id: str, head: Head | None) -> Head:
