@@ -61,6 +61,7 @@ class TurnLeases:
         return await asyncio.wait_for(call, limit)
 
     def timed_out(self, what: str) -> StorageUnavailable:
+        """The error for a head-store read or lease call that did not answer in time; ``what`` names the call."""
         return StorageUnavailable(
             f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not answer; "
             "nothing was changed, the turn may be retried"

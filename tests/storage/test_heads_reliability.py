@@ -272,7 +272,7 @@ def _hammer(kind: str, where: str, heads: object, processes: int, increments: in
 
 def test_sqlite_cas_hammer_from_many_processes_loses_no_increment(tmp_path: Path) -> None:
     heads = SQLiteHeads(tmp_path / "h.db")
-    _hammer("sqlite", str(tmp_path / "h.db"), heads, processes=4, increments=40)
+    _hammer("sqlite", str(tmp_path / "h.db"), heads, processes=4, increments=25)
     heads.close()
 
 
