@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointVersionError",
     "ConfigError",
     "Conflict",
+    "ConversationBusy",
     "InvalidKey",
     "LimitExceeded",
     "MemoryLimitExceeded",
@@ -34,6 +35,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "TimeLimitExceeded",
+    "TurnOutcomeUnknown",
     "TypingError",
     "UnpicklableValue",
     "WorkerLost",
@@ -261,6 +263,23 @@ class CheckpointExpired(StorageError):
         self.expired_at = expired_at
 
 
+class TurnOutcomeUnknown(StorageError):
+    """Raised when a turn's head write failed and reading the head back could not tell whether it landed.
+
+    The turn may or may not be committed; run it again with the same ``turn_id`` to get its committed answer (it
+    does not run twice) or, if it never landed, to run it.
+
+    Attributes:
+        conversation_id: The conversation.
+        turn_id: The turn's ID, to pass again.
+    """
+
+    def __init__(self, message: str, *, conversation_id: str, turn_id: str) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+
+
 class QuotaExceeded(StorageError):
     """Raised when cleanup cannot bring a store under its quota without deleting needed checkpoints.
 
@@ -284,6 +303,33 @@ class SessionError(SnapcellError):
 
 class Conflict(SessionError):
     """Raised when another turn of the same conversation holds it or won the race; nothing was overwritten."""
+
+
+class ConversationBusy(Conflict):
+    """Raised when a turn waited too long for the lease of its conversation; nothing ran, the turn may be retried.
+
+    Attributes:
+        conversation_id: The conversation.
+        holder: Who holds the lease (``"<holder>/<turn>"``), when known.
+        stale: True when the holder stopped renewing the lease (it crashed or lost the store), False when it is
+            renewing it (a turn is running), None when unknown.
+        lease_expires_at: When the lease expires (seconds since the epoch), 0 when unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        conversation_id: str,
+        holder: str | None = None,
+        stale: bool | None = None,
+        lease_expires_at: float = 0.0,
+    ) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+        self.holder = holder
+        self.stale = stale
+        self.lease_expires_at = lease_expires_at
 
 
 class WorkerLost(SessionError):

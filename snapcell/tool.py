@@ -7,21 +7,25 @@ each run into the text a model should read. `SyncCodeTool` is its synchronous tw
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import contextlib
-import inspect
-import json
-import logging
 import os
-import random
+import re
 import secrets
 import socket
-import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
+from snapcell._answer import (
+    MIN_ANSWER_CHARS,
+    cut_answer,
+    render_answer,
+    replayed,
+    stub_signatures,
+    tool_call_arguments,
+    tool_signatures,
+)
+from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
 from snapcell.errors import (
     CheckpointExpired,
@@ -30,14 +34,26 @@ from snapcell.errors import (
     Conflict,
     SnapcellError,
     StorageError,
+    StorageUnavailable,
+    TurnOutcomeUnknown,
     WorkerLost,
 )
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
 from snapcell.runner._host import validate_lookup
-from snapcell.storage import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id
+from snapcell.session import AsyncSession
+from snapcell.storage import (
+    AsyncHeads,
+    Head,
+    HeadStore,
+    TurnRecord,
+    default_heads,
+    validate_conversation_id,
+    validate_turn_id,
+)
 
 __all__ = [
+    "KEPT_ANSWER_CHARS",
     "MIN_ANSWER_CHARS",
     "STATE_GONE_NOTE",
     "CodeTool",
@@ -51,10 +67,10 @@ STATE_GONE_NOTE = (
     "the earlier state of this conversation is gone (its checkpoint expired or was deleted); this code ran in a "
     "fresh, empty session, so variables, functions and imports from earlier turns must be recreated"
 )
-MIN_ANSWER_CHARS = 200
-log = logging.getLogger("snapcell")
-_POLL_MIN_S = 0.01
-_POLL_MAX_S = 0.25
+# A committed turn's answer is kept in its head, for a retry, up to this long (cut from the start, like answers).
+KEPT_ANSWER_CHARS = 8000
+_HOLDER_ID = re.compile(r"[A-Za-z0-9_:.-]{1,96}\Z")
+_T = TypeVar("_T")
 
 _DESCRIPTION = """\
 Run Python code in a persistent session that belongs to this conversation. Variables, functions, classes and \
@@ -64,95 +80,6 @@ expression (as in a notebook cell), then any error with its traceback, then note
 `await` works, so `await asyncio.gather(...)` runs host functions concurrently. Only safe standard-library \
 modules can be imported, and there is no file or network access. Long answers are cut from the start, so print \
 only what you need to see."""
-
-
-def cut_answer(text: str, max_chars: int) -> str:
-    """Cut ``text`` to at most ``max_chars`` characters, keeping the end and saying how much was cut.
-
-    Raises:
-        ConfigError: ``max_chars`` is below `MIN_ANSWER_CHARS`, too small to say what was cut.
-    """
-    if not isinstance(max_chars, int) or max_chars < MIN_ANSWER_CHARS:
-        raise ConfigError(f"max_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_chars!r}")
-    if len(text) <= max_chars:
-        return text
-    cut = len(text) - max_chars
-    while True:
-        marker = f"[... {cut} characters cut from the start of this answer ...]\n"
-        keep = max_chars - len(marker)
-        if len(text) - keep == cut:
-            return marker + text[len(text) - keep :]
-        cut = len(text) - keep
-
-
-def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: int = 8000) -> str:
-    """Render a run for a model: stdout, stderr, the value's repr, the error, then notes, cut to ``max_chars``.
-
-    Args:
-        result: What the run did.
-        notes: Notes of the tool (state expired, restart) shown before the run's own notes.
-        max_chars: Longest answer; longer ones keep their end (errors and notes) and say what was cut.
-    """
-    parts = []
-    if result.stdout:
-        parts.append(result.stdout.rstrip("\n"))
-    if result.stderr:
-        parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
-    if result.value_repr is not None and result.value_repr != "None":  # like Python's own prompt
-        parts.append(result.value_repr)
-    if result.error is not None:
-        parts.append(result.error.for_model())
-    parts.extend(f"[note] {note}" for note in (*notes, *result.notes))
-    memory = _memory_note(result)
-    if memory:
-        parts.append(f"[note] {memory}")
-    return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
-
-
-# Tell the model about memory once the namespace is big enough to matter, so it can free some before it runs out.
-_MEMORY_NOTE_BYTES = 256 * 1024 * 1024
-
-
-def _memory_note(result: RunResult) -> str:
-    big_namespace = "largest:" in result.namespace_summary
-    big_process = result.memory_bytes is not None and result.memory_bytes >= _MEMORY_NOTE_BYTES
-    if not (big_namespace or big_process):
-        return ""
-    used = f"the session uses {result.memory_bytes / 2**20:,.0f} MiB; " if result.memory_bytes else ""
-    return f"{used}{result.namespace_summary}"
-
-
-def _stub_signatures(stubs: str) -> list[str]:
-    """``def name(args) -> ret`` (and the docstring's first line) of every top-level function or class in stubs."""
-    try:
-        tree = ast.parse(stubs)
-    except SyntaxError as exc:
-        raise ConfigError(f"the stubs are not valid Python: {exc}") from exc
-    lines = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            doc = (ast.get_docstring(node) or "").strip().splitlines()
-            node.decorator_list = []
-            node.body = [ast.Expr(ast.Constant(...))]
-            signature = ast.unparse(node).splitlines()[0].removesuffix(":")
-            lines.append(signature + (f"\n    {doc[0]}" if doc else ""))
-    return lines
-
-
-def _tool_signatures(tools: Mapping[str, Callable[..., Any]]) -> list[str]:
-    lines = []
-    for name, func in tools.items():
-        try:
-            signature = str(inspect.signature(func, eval_str=True))
-        except Exception:  # evaluating the host's own annotations may raise anything; fall back to their text
-            try:
-                signature = str(inspect.signature(func))
-            except (TypeError, ValueError):
-                signature = "(...)"
-        prefix = "async def" if inspect.iscoroutinefunction(func) else "def"
-        doc = (inspect.getdoc(func) or "").strip().splitlines()
-        lines.append(f"{prefix} {name}{signature}" + (f"\n    {doc[0]}" if doc else ""))
-    return lines
 
 
 class CodeTool:
@@ -168,8 +95,15 @@ class CodeTool:
         limits: Limits of every run instead of the pool's.
         max_answer_chars: Longest answer; longer ones keep their end and say what was cut (default 8,000).
         lease_ttl_s: Seconds a turn's lease lasts; it is renewed every third of that while the turn runs, so only a
-            dead process's lease ever expires.
-        lease_wait_s: Seconds a turn waits for another turn of the same conversation before `Conflict`.
+            dead process's lease ever expires. Servers sharing a head store should use the same value.
+        lease_wait_s: Seconds a turn waits for another turn of the same conversation before `ConversationBusy`.
+        storage_timeout_s: Deadline of every head-store call of a turn (read, lease, write, read-back), default
+            10 s; a head store that does not answer fails the turn with `StorageUnavailable` naming the call.
+            None waits for ever. Store calls inside load and dump are bounded by the store's own settings.
+        holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A tool with
+            the same holder ID takes over such a lease at once, so a server that restarts with a stable ID (its
+            host name, a pod name) finds its conversations free; never give two live tools the same ID. Default: a
+            new ID per tool (host name, process ID, random).
 
     Raises:
         ConfigError: A setting is invalid, or the pool's store has no default head store.
@@ -188,12 +122,20 @@ class CodeTool:
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
         lease_wait_s: float = 30.0,
+        storage_timeout_s: float | None = 10.0,
+        holder_id: str | None = None,
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
         for label, value in (("lease_ttl_s", lease_ttl_s), ("lease_wait_s", lease_wait_s)):
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{label} must be a positive number of seconds, not {value!r}")
+        if storage_timeout_s is not None and (not isinstance(storage_timeout_s, int | float) or storage_timeout_s <= 0):
+            raise ConfigError(
+                f"storage_timeout_s must be a positive number of seconds or None, not {storage_timeout_s!r}"
+            )
+        if holder_id is not None and (not isinstance(holder_id, str) or not _HOLDER_ID.match(holder_id)):
+            raise ConfigError(f"holder_id must be 1 to 96 letters, digits, '_', ':', '.' or '-', not {holder_id!r}")
         if not isinstance(pool, AsyncPool):
             raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
         if heads is not None and not isinstance(heads, HeadStore):
@@ -212,16 +154,25 @@ class CodeTool:
         self.max_answer_chars = max_answer_chars
         self.lease_ttl_s = float(lease_ttl_s)
         self.lease_wait_s = float(lease_wait_s)
+        self.storage_timeout_s = None if storage_timeout_s is None else float(storage_timeout_s)
+        self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
+            self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
         self._checkout: dict[str, Any] = {"limits": limits}
         if stubs is not None:
             self._checkout.update(type_check=True, type_check_stubs=stubs)
-        host = _stub_signatures(stubs) if stubs is not None else _tool_signatures(self.tools)
+        host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
         self.description = _DESCRIPTION + (
             "\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else ""
         )
         self._aheads = AsyncHeads(self.heads)
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
+        self._leases = TurnLeases(
+            self.heads,
+            ttl_s=self.lease_ttl_s,
+            wait_s=self.lease_wait_s,
+            storage_timeout_s=self.storage_timeout_s,
+            holder_id=self.holder_id,
+        )
 
     @property
     def json_schema(self) -> dict[str, Any]:
@@ -246,7 +197,9 @@ class CodeTool:
 
     # ------------------------------------------------------------------ turns
 
-    async def run_code(self, conversation_id: str, code: str, setup: bool = False) -> str:
+    async def run_code(
+        self, conversation_id: str, code: str, setup: bool = False, *, turn_id: str | None = None
+    ) -> str:
         """Run one turn of a conversation and return the text the model should read.
 
         Waits for any other turn of the conversation (in this process, then across processes through the lease),
@@ -254,24 +207,37 @@ class CodeTool:
         head to the new checkpoint, keeping the previous one in its history. The head moves after every turn whose
         code ran, also when the script failed or timed out: those are in the answer, for the model to fix.
 
-        If the head's checkpoint expired or was deleted, the code runs in an empty session, the head starts
-        afresh, and the answer says so in one line. If the worker process dies during the run or the dump
-        (`WorkerLost`: a crash, a signal, memory), the head does not move, the answer says that the session
-        restarted and this code's changes are lost, and the next turn continues from the head as it was.
+        Each turn has an ID, recorded in the head with the turn's answer when the head moves. Pass your own
+        ``turn_id`` (the model's tool-call ID, say) to make the call safe to retry: a turn whose ID is already
+        committed returns the committed answer and does not run again. A failed head write is read back before it
+        is reported, so `StorageError` and `Conflict` mean the head did not move; `TurnOutcomeUnknown` means that
+        could not be told, and a retry with the same ``turn_id`` settles it.
+
+        If the head's checkpoint expired or was deleted, the code runs on the newest checkpoint in the history that
+        still loads (or in an empty session if none does), the history is kept, and the answer says in one line
+        what was lost. If the worker process dies during the run or the dump (`WorkerLost`: a crash, a signal,
+        memory), the head does not move, the answer says that the session restarted and this code's changes are
+        lost, and the next turn continues from the head as it was.
 
         Args:
             conversation_id: The application's conversation ID (see `validate_conversation_id`).
             code: The model's script.
             setup: Mark the script as a setup cell (rerun after a restart).
+            turn_id: The turn's idempotency key (same rules as a conversation ID); default: a new random one.
 
         Returns:
-            The answer text, at most ``max_answer_chars`` long.
+            The answer text, at most ``max_answer_chars`` long (a replayed answer at most `KEPT_ANSWER_CHARS`).
 
         Raises:
-            InvalidKey: The conversation ID is malformed; nothing ran.
-            Conflict: Another turn of this conversation held it for ``lease_wait_s``, or moved its head while this
-                turn ran; this turn's changes were not saved and the conversation's head is the other turn's.
-            StorageError: The checkpoint or head store failed; the head did not move, the turn may be retried.
+            InvalidKey: The conversation ID or turn ID is malformed; nothing ran.
+            ConversationBusy: Another turn of this conversation held it for ``lease_wait_s`` (a `Conflict`); nothing
+                ran, the message says whether that turn is running or its lease went stale.
+            Conflict: Another turn moved the conversation's head while this turn ran; this turn's changes were not
+                saved and the conversation's head is the other turn's.
+            TurnOutcomeUnknown: The head write failed and the head could not be read back (a `StorageError`): the
+                turn may be saved or not; retry with the same ``turn_id``.
+            StorageError: The checkpoint or head store failed or did not answer within ``storage_timeout_s``; the
+                head did not move, the turn may be retried.
             CheckpointCorrupt: The head's checkpoint was altered or signed with another key (check the keys after a
                 rotation); the head did not move: fix the keys, or `rewind` / start a new conversation.
             CheckpointVersionError: The head's checkpoint was written by another Python minor version; the head did
@@ -279,24 +245,19 @@ class CodeTool:
             SessionError: No worker could be checked out; nothing ran.
         """
         validate_conversation_id(conversation_id)
-        async with self._turn_lease(conversation_id) as owner:
-            return await self._turn(conversation_id, code, setup, owner)
+        turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
+        async with self._leases.hold(conversation_id) as owner:
+            with conversation_context(conversation_id):
+                return await self._turn(conversation_id, code, setup, owner, turn_id)
 
-    async def _turn(self, conversation_id: str, code: str, setup: bool, owner: list[str]) -> str:
-        with conversation_context(conversation_id):
-            return await self._turn_in_context(conversation_id, code, setup, owner)
-
-    async def _turn_in_context(self, conversation_id: str, code: str, setup: bool, owner: list[str]) -> str:
-        head = await self._aheads.get(conversation_id)
+    async def _turn(self, conversation_id: str, code: str, setup: bool, owner: list[str], turn_id: str) -> str:
+        head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
+        done = head.turn(turn_id) if head is not None else None
+        if done is not None:
+            return replayed(done)
         notes: list[str] = []
         async with self.pool.checkout(**self._checkout) as session:
-            fresh = False
-            if head is not None and head.checkpoint_id is not None:
-                try:
-                    await session.load_session(head.checkpoint_id)
-                except (CheckpointExpired, CheckpointNotFound):
-                    notes.append(STATE_GONE_NOTE)
-                    fresh = True
+            history = await self._load(session, head, notes)
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
                 new_id = await session.dump()
@@ -306,96 +267,126 @@ class CodeTool:
                     "and the variables are as they were before it ran; do not rerun it unchanged"
                 )
                 return render_answer(RunResult(), notes, max_chars=self.max_answer_chars)
-        history: tuple[bytes, ...] = ()
-        if head is not None and not fresh:
-            history = head.history if head.checkpoint_id is None else (head.checkpoint_id, *head.history)
+        answer = render_answer(result, notes, max_chars=self.max_answer_chars)
+        turn = TurnRecord(
+            turn_id, answer if len(answer) <= KEPT_ANSWER_CHARS else cut_answer(answer, KEPT_ANSWER_CHARS)
+        )
+        write = self._aheads.compare_and_set(
+            conversation_id,
+            head.version if head is not None else None,
+            new_id,
+            history=history,
+            owner=owner[0],
+            release_lease=True,
+            turn=turn,
+        )
         try:
-            await self._aheads.compare_and_set(
-                conversation_id,
-                head.version if head is not None else None,
-                new_id,
-                history=history,
-                owner=owner[0],
-                release_lease=True,
-            )
-        except (Conflict, StorageError):
-            # The update may have landed even though it reported a failure (a retried request on S3): checkpoint
-            # IDs are unique, so a head that names this turn's checkpoint means the turn was stored.
-            current = await self._aheads.get(conversation_id)
-            if current is None or current.checkpoint_id != new_id:
+            await self._bounded(write)
+        except (TimeoutError, Conflict, StorageError) as exc:
+            # The write may have landed although it reported a failure (a reply lost on the way back, a retried
+            # request on S3): read the head back before saying anything about it.
+            current = await self._read_back(conversation_id, turn_id, exc)
+            if current is None or (current.turn(turn_id) is None and current.checkpoint_id != new_id):
+                if isinstance(exc, TimeoutError):
+                    raise TurnOutcomeUnknown(
+                        f"saving turn {turn_id!r} of conversation {conversation_id!r} did not finish within "
+                        f"{self.storage_timeout_s:g} s (storage_timeout_s) and the head does not show it yet; it may "
+                        f"still land: run the turn again with turn_id={turn_id!r} (it will not run twice)",
+                        conversation_id=conversation_id,
+                        turn_id=turn_id,
+                    ) from exc
                 raise
             if current.lease_owner != owner[0]:
                 owner.clear()  # the head update released it
-        else:
-            owner.clear()  # released with the head
-        return render_answer(result, notes, max_chars=self.max_answer_chars)
+            committed = current.turn(turn_id)
+            return committed.answer if committed is not None and committed.answer is not None else answer
+        owner.clear()  # released with the head
+        return answer
 
-    @contextlib.asynccontextmanager
-    async def _turn_lease(self, conversation_id: str) -> AsyncIterator[list[str]]:
-        """Hold the in-process lock and the head store's lease of a conversation; yield ``[owner]``.
+    async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
+        """Load the newest checkpoint of the head that still exists; return the history the next head keeps.
 
-        The body may clear the list when it released the lease itself (with the head update).
+        A checkpoint that expired or was deleted is skipped for the next one in the history, and the note says what
+        was lost; none is ever dropped from the history. A corrupt or foreign-version checkpoint is raised, and the
+        head does not move: that is a key or version problem to fix (or to `rewind` past), not lost state.
         """
-        lock = self._locks.get(conversation_id)
-        if lock is None:
-            lock = self._locks[conversation_id] = asyncio.Lock()
-        async with lock:
-            owner = f"{self._owner_prefix}:{secrets.token_hex(6)}"
+        if head is None:
+            return ()
+        if head.checkpoint_id is None:
+            return head.history
+        candidates = (head.checkpoint_id, *head.history)
+        lost: list[str] = []
+        for checkpoint_id in candidates:
             try:
-                await self._acquire(conversation_id, owner)
-            except BaseException:
-                # Cancelled (or failed) while the store may already have granted the lease: give it back, or
-                # the conversation stays locked for the whole lease time. Releasing a lease not held does nothing.
-                await asyncio.shield(self._aheads.release_lease(conversation_id, owner))
-                raise
-            renewer = asyncio.create_task(self._renew(conversation_id, owner))
-            held = [owner]
-            try:
-                yield held
-            finally:
-                renewer.cancel()
-                await asyncio.gather(renewer, return_exceptions=True)
-                if held:
-                    await asyncio.shield(self._aheads.release_lease(conversation_id, owner))
+                await session.load_session(checkpoint_id)
+            except CheckpointExpired:
+                lost.append("expired")
+            except CheckpointNotFound:
+                lost.append("deleted")
+            else:
+                if lost:
+                    notes.append(self._fallback_note(lost, checkpoint_id))
+                return candidates
+        notes.append(STATE_GONE_NOTE)
+        return candidates
 
-    async def _acquire(self, conversation_id: str, owner: str) -> None:
-        deadline = time.monotonic() + self.lease_wait_s
-        delay = _POLL_MIN_S
-        while not await self._try_lease(conversation_id, owner):
-            if time.monotonic() >= deadline:
-                raise Conflict(
-                    f"another turn of conversation {conversation_id!r} is running (it has held the conversation for "
-                    f"the last {self.lease_wait_s:g} s); wait for it to finish and try again"
-                )
-            await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, _POLL_MAX_S)
-
-    async def _try_lease(self, conversation_id: str, owner: str) -> bool:
-        """One attempt at the lease; if the caller is cancelled meanwhile, wait for the store's answer first.
-
-        The attempt runs in a thread that cannot be stopped: giving the lease back before it finished would
-        let it take the lease afterwards and keep the conversation locked for the whole lease time.
-        """
-        attempt = asyncio.ensure_future(self._aheads.acquire_lease(conversation_id, owner, self.lease_ttl_s))
+    def _fallback_note(self, lost: list[str], loaded: bytes) -> str:
         try:
-            return await asyncio.shield(attempt)
-        except asyncio.CancelledError:
-            await asyncio.gather(attempt, return_exceptions=True)
-            raise
+            saved = datetime.fromtimestamp(self.pool.keyring.parse_id(loaded).created_at, UTC)
+            when = f" (saved {saved:%Y-%m-%d %H:%M} UTC)"
+        except SnapcellError:
+            when = ""
+        turns = "turn" if len(lost) == 1 else f"{len(lost)} turns"
+        why = " / ".join(dict.fromkeys(lost))
+        return (
+            f"the state of the last {turns} of this conversation is gone (checkpoint {why}); this code ran on the "
+            f"state saved before {'it' if len(lost) == 1 else 'them'}{when}, so variables, functions and imports from "
+            f"the last {turns} must be recreated"
+        )
 
-    async def _renew(self, conversation_id: str, owner: str) -> None:
+    async def _read_back(self, conversation_id: str, turn_id: str, error: BaseException) -> Head | None:
+        """Read the head after a failed write, retrying within one storage deadline.
+
+        Raises:
+            TurnOutcomeUnknown: The head could not be read.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.storage_timeout_s or 10.0)
+        delay = 0.05
         while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
             try:
-                if not await self._aheads.renew_lease(conversation_id, owner, self.lease_ttl_s):
-                    return  # lost: the head update will be refused with Conflict
-            except SnapcellError as exc:
-                # A failed renewal is not the turn's failure: try again next time; if the lease really lapses,
-                # the head update is refused with Conflict and nothing is overwritten.
-                log.warning("snapcell: renewing the lease of conversation %r failed: %s", conversation_id, exc)
+                return await self._bounded(self._aheads.get(conversation_id), max(deadline - loop.time(), 0.01))
+            except (TimeoutError, StorageError) as exc:
+                if loop.time() + delay >= deadline:
+                    why = str(error) or f"no answer within {self.storage_timeout_s:g} s"
+                    raise TurnOutcomeUnknown(
+                        f"saving turn {turn_id!r} of conversation {conversation_id!r} failed ({why}) and reading the "
+                        f"head back failed too ({exc or 'no answer'}): the turn may or may not be saved; run it again "
+                        f"with turn_id={turn_id!r}: if it was saved you get its answer and it does not run twice",
+                        conversation_id=conversation_id,
+                        turn_id=turn_id,
+                    ) from error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _storage(self, what: str, conversation_id: str) -> Head | None:
+        """Read the conversation's head under the storage deadline.
+
+        Raises:
+            StorageUnavailable: No answer within ``storage_timeout_s``; ``what`` names the call.
+        """
+        try:
+            return await self._bounded(self._aheads.get(conversation_id))
+        except TimeoutError as exc:
+            raise self._leases.timed_out(what) from exc
+
+    async def _bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
+        return await self._leases.bounded(call, timeout_s)
 
     async def aclose(self) -> None:
-        """Close the head store if the tool opened it (the default one); a head store passed in stays open."""
+        """Finish giving back leases (for up to ``storage_timeout_s``), then close the head store if the tool
+        opened it (the default one); a head store passed in stays open."""
+        await self._leases.aclose()
         if self._owns_heads:
             await asyncio.to_thread(self.heads.close)
 
@@ -414,22 +405,21 @@ class CodeTool:
         validate_conversation_id(conversation_id)
         if not isinstance(turns, int) or turns < 1:
             raise ConfigError(f"turns must be a positive integer, not {turns!r}")
-        async with self._turn_lease(conversation_id) as owner:
-            head = self._known(conversation_id, await self._aheads.get(conversation_id))
+        async with self._leases.hold(conversation_id) as owner:
+            head = self._known(
+                conversation_id,
+                await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id),
+            )
             if len(head.history) < turns:
                 raise ConfigError(
                     f"conversation {conversation_id!r} has {len(head.history)} earlier checkpoints in its history; "
                     f"it cannot go back {turns} turns"
                 )
             target = head.history[turns - 1]
-            await self._aheads.compare_and_set(
-                conversation_id,
-                head.version,
-                target,
-                history=head.history[turns:],
-                owner=owner[0],
-                release_lease=True,
+            rewind = self._aheads.compare_and_set(
+                conversation_id, head.version, target, history=head.history[turns:], owner=owner[0], release_lease=True
             )
+            await self._write(f"rewinding conversation {conversation_id!r}", rewind)
             owner.clear()
             return target
 
@@ -446,13 +436,34 @@ class CodeTool:
             Conflict: ``new_conversation_id`` already exists; nothing changed.
         """
         validate_conversation_id(new_conversation_id)
-        head = self._known(conversation_id, await self._aheads.get(validate_conversation_id(conversation_id)))
-        await self._aheads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
+        what = f"reading the head of conversation {conversation_id!r}"
+        head = self._known(conversation_id, await self._storage(what, validate_conversation_id(conversation_id)))
+        fork = self._aheads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
+        await self._write(f"creating conversation {new_conversation_id!r}", fork)
         return head.checkpoint_id
 
     async def head(self, conversation_id: str) -> Head | None:
-        """Return the conversation's head (current checkpoint ID and history), or None before its first turn."""
-        return await self._aheads.get(validate_conversation_id(conversation_id))
+        """Return the conversation's head (current checkpoint ID and history), or None before its first turn.
+
+        Raises:
+            StorageError: The head store failed or did not answer within ``storage_timeout_s``.
+        """
+        what = f"reading the head of conversation {conversation_id!r}"
+        return await self._storage(what, validate_conversation_id(conversation_id))
+
+    async def _write(self, what: str, call: Awaitable[str]) -> str:
+        """Await a head write under the storage deadline.
+
+        Raises:
+            StorageUnavailable: No answer within ``storage_timeout_s``; the write may still land.
+        """
+        try:
+            return await self._bounded(call)
+        except TimeoutError as exc:
+            raise StorageUnavailable(
+                f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not "
+                "answer and the write may still land; read the head to see"
+            ) from exc
 
     @staticmethod
     def _known(conversation_id: str, head: Head | None) -> Head:
@@ -499,9 +510,9 @@ class SyncCodeTool:
         """See `CodeTool.json_schema`."""
         return self._inner.json_schema
 
-    def run_code(self, conversation_id: str, code: str, setup: bool = False) -> str:
+    def run_code(self, conversation_id: str, code: str, setup: bool = False, *, turn_id: str | None = None) -> str:
         """See `CodeTool.run_code`."""
-        answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup))
+        answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup, turn_id=turn_id))
         return answer
 
     def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:
@@ -522,26 +533,3 @@ class SyncCodeTool:
     def close(self) -> None:
         """See `CodeTool.aclose`."""
         self._pool.call(self._inner.aclose())
-
-
-def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
-    """Parse a model's tool-call arguments (JSON text or a dict) into ``(code, setup)``.
-
-    ``setup`` may be a JSON boolean or the text ``"true"``/``"false"`` (some models quote booleans); it defaults
-    to false.
-
-    Raises:
-        ConfigError: The arguments are not an object with a string ``code``, or ``setup`` is not a boolean.
-    """
-    try:
-        data = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"run_code arguments are not valid JSON: {exc}") from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("code"), str):
-        raise ConfigError("run_code arguments must be a JSON object with a string 'code'")
-    setup = data.get("setup", False)
-    if isinstance(setup, str) and setup.strip().lower() in ("true", "false"):
-        setup = setup.strip().lower() == "true"
-    if not isinstance(setup, bool):
-        raise ConfigError(f"run_code argument 'setup' must be true or false, not {setup!r}")
-    return data["code"], setup

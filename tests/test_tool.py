@@ -134,12 +134,13 @@ def test_rewind_and_fork(tool: SyncCodeTool) -> None:
 
 def test_an_expired_head_continues_with_a_fresh_session(tool: SyncCodeTool, clock: Clock) -> None:
     tool.run_code("c", "kept = 1")
+    expired = tool.head("c").checkpoint_id  # type: ignore[union-attr]
     clock.now += 8 * 86400
     answer = tool.run_code("c", "try:\n    kept\nexcept NameError:\n    kept = 'gone'\nkept")
     assert answer == f"'gone'\n[note] {STATE_GONE_NOTE}"
     assert answer.count("\n") == 1
     head = tool.head("c")
-    assert head is not None and head.history == ()  # a fresh head
+    assert head is not None and head.history == (expired,)  # a fresh session, but the history is kept
     assert tool.run_code("c", "kept") == "'gone'"
 
 

@@ -7,7 +7,18 @@ callers. Cleanup and usage are plain functions over any store; `add_commands` pu
 from ._cleanup import DEFAULT_TTL_S, CleanupReport, DayUsage, UsageReport, cleanup, usage
 from ._commands import add_commands, parse_duration, parse_size
 from ._config import S3Config, open_store
-from ._heads import AsyncHeads, Head, HeadStore, MemoryHeads, default_heads, open_heads, validate_conversation_id
+from ._heads import (
+    Head,
+    HeadStore,
+    MemoryHeads,
+    RecordHeads,
+    TurnRecord,
+    default_heads,
+    open_heads,
+    validate_conversation_id,
+    validate_turn_id,
+)
+from ._heads_async import AsyncHeads
 from ._heads_s3 import S3Heads
 from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
@@ -27,11 +38,13 @@ __all__ = [
     "MemoryHeads",
     "MemoryStore",
     "ObjectInfo",
+    "RecordHeads",
     "S3Config",
     "S3Heads",
     "S3Store",
     "SQLiteHeads",
     "Store",
+    "TurnRecord",
     "UsageReport",
     "add_commands",
     "cleanup",
@@ -44,4 +57,5 @@ __all__ = [
     "usage",
     "validate_conversation_id",
     "validate_key",
+    "validate_turn_id",
 ]

@@ -7,7 +7,6 @@ same small state machine over one record per conversation, applied atomically by
 
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
 import threading
@@ -16,21 +15,27 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from snapcell.errors import ConfigError, Conflict, InvalidKey
+from snapcell.errors import ConfigError, Conflict, InvalidKey, StorageError
 
 __all__ = [
     "DEFAULT_MAX_HISTORY",
-    "AsyncHeads",
+    "MAX_TURN_ANSWERS",
+    "MAX_TURN_IDS",
     "Head",
     "HeadStore",
     "MemoryHeads",
     "RecordHeads",
+    "TurnRecord",
     "default_heads",
+    "lease_holder",
     "open_heads",
     "validate_conversation_id",
+    "validate_turn_id",
 ]
 
 DEFAULT_MAX_HISTORY = 50
+MAX_TURN_IDS = 64
+MAX_TURN_ANSWERS = 8
 MAX_CONVERSATION_ID = 128
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}\Z")
 
@@ -55,6 +60,39 @@ def validate_conversation_id(conversation_id: str) -> str:
     return conversation_id
 
 
+def validate_turn_id(turn_id: str) -> str:
+    """Check a turn ID (an idempotency key) and return it unchanged; the rules are those of a conversation ID.
+
+    Raises:
+        InvalidKey: The ID is malformed; nothing was read or written.
+    """
+    try:
+        return validate_conversation_id(turn_id)
+    except InvalidKey as exc:
+        raise InvalidKey(str(exc).replace("conversation ID", "turn ID")) from None
+
+
+def lease_holder(owner: str | None) -> str | None:
+    """The holder part of a lease owner ``"<holder>/<turn>"``, or None when the owner has no holder part."""
+    if owner is None:
+        return None
+    holder, slash, _ = owner.rpartition("/")
+    return holder if slash and holder else None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """A committed turn as its conversation's head remembers it.
+
+    Attributes:
+        turn_id: The turn's ID (generated, or the caller's idempotency key).
+        answer: The answer the turn returned; kept only for the `MAX_TURN_ANSWERS` most recent turns, else None.
+    """
+
+    turn_id: str
+    answer: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """A conversation's head as a head store holds it.
@@ -67,6 +105,8 @@ class Head:
         updated_at: When the head last moved (seconds since the epoch).
         lease_owner: Who holds the lease of a turn in progress, if anyone (it may have expired).
         lease_expires_at: When that lease expires (seconds since the epoch); 0 without a lease.
+        turns: The most recent committed turns, newest first, at most `MAX_TURN_IDS`.
+        lease_renewed_at: When the lease was last taken or renewed (seconds since the epoch); 0 when unknown.
     """
 
     checkpoint_id: bytes | None = None
@@ -75,10 +115,30 @@ class Head:
     updated_at: float = 0.0
     lease_owner: str | None = None
     lease_expires_at: float = 0.0
+    turns: tuple[TurnRecord, ...] = ()
+    lease_renewed_at: float = 0.0
 
     def lease_held(self, now: float) -> bool:
         """True when someone holds an unexpired lease at ``now``."""
         return self.lease_owner is not None and self.lease_expires_at > now
+
+    def lease_stale(self, now: float) -> bool:
+        """True when a held lease missed a renewal (renewals come every third of its ttl): its holder is gone."""
+        if not self.lease_held(now):
+            return False
+        ttl = self.lease_expires_at - self.lease_renewed_at
+        if not self.lease_renewed_at or ttl <= 0 or self.lease_renewed_at > now:
+            return True  # never renewed by a snapcell that records it, or a clock from the future
+        return now - self.lease_renewed_at > 0.4 * ttl
+
+    def turn(self, turn_id: str) -> TurnRecord | None:
+        """The committed turn with this ID, if the head still remembers it."""
+        return next((turn for turn in self.turns if turn.turn_id == turn_id), None)
+
+    @property
+    def malformed(self) -> bool:
+        """True for a record that names checkpoints but has no version: not written by snapcell, or edited."""
+        return not self.version and (self.checkpoint_id is not None or bool(self.history) or bool(self.turns))
 
 
 @runtime_checkable
@@ -106,6 +166,7 @@ class HeadStore(Protocol):
         history: Sequence[bytes] = (),
         owner: str | None = None,
         release_lease: bool = False,
+        turn: TurnRecord | None = None,
     ) -> str:
         """Move the head if it is still at ``expected_version``; return the new version.
 
@@ -116,19 +177,25 @@ class HeadStore(Protocol):
             history: The new history, newest first; cut to the store's ``max_history``.
             owner: When given, the write also requires that ``owner`` holds the lease (expired or not).
             release_lease: Release ``owner``'s lease in the same write.
+            turn: The turn this write commits, recorded first in the head's ``turns`` (bounded); None keeps the
+                recorded turns as they are (a new head starts with none).
 
         Raises:
-            Conflict: The head moved, exists (create-only), was deleted, or the lease belongs to someone else;
-                nothing was written.
+            Conflict: The head moved, exists (create-only), was deleted, the lease belongs to someone else, or
+                ``turn`` was already committed; nothing was written.
             InvalidKey: The conversation ID is malformed.
-            StorageError: The backend failed; nothing or everything was written, the call may be retried.
+            StorageError: The backend failed, or the record is malformed; nothing or everything was written
+                (read the head back to tell which), the call may be retried.
         """
         ...
 
     def acquire_lease(self, conversation_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool:
         """Take the lease for ``ttl_s`` seconds unless another owner holds an unexpired one; True when taken.
 
-        The owner that holds it may take it again (this extends it).
+        The owner that holds it may take it again (this extends it). An owner ``"<holder>/<turn>"`` takes over at
+        once a lease of the same holder (its own earlier turn: before a restart, or one whose release failed). A
+        lease of another holder that expires more than ``ttl_s`` from now (a skewed clock, a bad row) is cut back
+        to ``now + ttl_s``, so a conversation is never locked for longer than one ttl after its holder is gone.
         """
         ...
 
@@ -177,8 +244,11 @@ def _cas(
     release_lease: bool,
     max_history: int,
     now: float,
+    turn: TurnRecord | None = None,
 ) -> Transition:
     def apply(record: Head | None) -> Head:
+        if record is not None and record.malformed:
+            raise StorageError(_malformed_message())
         current = record.version if record is not None else ""
         if expected_version is None and current:
             raise Conflict("the conversation already has a head; nothing was overwritten")
@@ -193,7 +263,9 @@ def _cas(
                 "this turn's lease on the conversation expired and another turn took it over; nothing was overwritten"
             )
         base = record or Head()
-        lease = (None, 0.0) if release_lease else (base.lease_owner, base.lease_expires_at)
+        if turn is not None and base.turn(turn.turn_id) is not None:
+            raise Conflict(f"turn {turn.turn_id!r} was already committed; nothing was overwritten")
+        lease = (None, 0.0, 0.0) if release_lease else (base.lease_owner, base.lease_expires_at, base.lease_renewed_at)
         return Head(
             checkpoint_id=None if checkpoint_id is None else bytes(checkpoint_id),
             history=tuple(bytes(h) for h in history)[:max_history],
@@ -201,19 +273,68 @@ def _cas(
             updated_at=now,
             lease_owner=lease[0],
             lease_expires_at=lease[1],
+            turns=base.turns if turn is None else _record_turn(turn, base.turns),
+            lease_renewed_at=lease[2],
         )
 
     return apply
 
 
+def _record_turn(turn: TurnRecord, turns: tuple[TurnRecord, ...]) -> tuple[TurnRecord, ...]:
+    """Put ``turn`` first; keep `MAX_TURN_IDS` IDs and the answers of the `MAX_TURN_ANSWERS` newest turns."""
+    kept = (turn, *turns)[:MAX_TURN_IDS]
+    return tuple(t if i < MAX_TURN_ANSWERS or t.answer is None else TurnRecord(t.turn_id) for i, t in enumerate(kept))
+
+
+def turns_to_json(turns: Sequence[TurnRecord]) -> list[list[str | None]]:
+    """The JSON form of a head's turns, as backends store it: ``[[turn_id, answer or null], ...]``."""
+    return [[t.turn_id, t.answer] for t in turns]
+
+
+def turns_from_json(value: object) -> tuple[TurnRecord, ...]:
+    """Decode `turns_to_json`'s form.
+
+    Raises:
+        TypeError: The value is not that form (the backend turns this into a `StorageError`).
+    """
+    if not isinstance(value, list):
+        raise TypeError(f"turns is a {type(value).__name__}, not a list")
+    turns = []
+    for item in value:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and (item[1] is None or isinstance(item[1], str))
+        ):
+            raise TypeError("a recorded turn is not [turn_id, answer]")
+        turns.append(TurnRecord(item[0], item[1]))
+    return tuple(turns)
+
+
+def _malformed_message(conversation_id: str = "") -> str:
+    named = f" of conversation {conversation_id!r}" if conversation_id else ""
+    return (
+        f"the head{named} names checkpoints but has no version: it was not written by snapcell, or was edited; "
+        "nothing was changed. Give it a version (any non-empty text) to continue it, or delete it to start afresh"
+    )
+
+
 def _acquire(owner: str, ttl_s: float, now: float, *, renew_only: bool) -> Transition:
+    holder = lease_holder(owner)
+
     def apply(record: Head | None) -> Head | None:
         mine = record is not None and record.lease_owner == owner and record.lease_expires_at > 0
         if renew_only and not mine:
             return None
         if record is not None and not mine and record.lease_held(now):
-            return None
-        return replace(record or Head(), lease_owner=owner, lease_expires_at=now + ttl_s)
+            if holder is not None and lease_holder(record.lease_owner) == holder:
+                pass  # this holder's own earlier turn, whose release never landed: take it over now
+            elif record.lease_expires_at > now + ttl_s:
+                return replace(record, lease_expires_at=now + ttl_s)  # an absurd expiry: cut back, not taken
+            else:
+                return None
+        return replace(record or Head(), lease_owner=owner, lease_expires_at=now + ttl_s, lease_renewed_at=now)
 
     return apply
 
@@ -222,9 +343,9 @@ def _release(owner: str) -> Transition:
     def apply(record: Head | None) -> Head | _Delete | None:
         if record is None or record.lease_owner != owner:
             return None
-        if not record.version:
+        if not record.version and not record.malformed:
             return DELETE  # a lease-only record: nothing else to keep
-        return replace(record, lease_owner=None, lease_expires_at=0.0)
+        return replace(record, lease_owner=None, lease_expires_at=0.0, lease_renewed_at=0.0)
 
     return apply
 
@@ -266,6 +387,9 @@ class RecordHeads:
             raise ConfigError(f"max_history must be a non-negative integer, not {max_history!r}")
         self.max_history = max_history
         self.clock = clock
+        # Test hook: called by `_update` with the record it read, before deciding and writing (still atomic with
+        # both), so a test can make another instance write in between and check the race is caught.
+        self._after_read: Callable[[str, Head | None], None] | None = None
 
     def _read(self, conversation_id: str) -> Head | None:
         raise NotImplementedError
@@ -274,9 +398,19 @@ class RecordHeads:
         raise NotImplementedError
 
     def get(self, conversation_id: str) -> Head | None:
-        """See `HeadStore.get`."""
+        """See `HeadStore.get`.
+
+        Raises:
+            StorageError: Also for a malformed record (checkpoints but no version); nothing is changed.
+        """
         record = self._read(validate_conversation_id(conversation_id))
+        if record is not None and record.malformed:
+            raise StorageError(_malformed_message(conversation_id))
         return record if record is not None and record.version else None
+
+    def record(self, conversation_id: str) -> Head | None:
+        """Return the conversation's record as stored, also when it holds only a lease (then its version is ``""``)."""
+        return self._read(validate_conversation_id(conversation_id))
 
     def compare_and_set(
         self,
@@ -287,13 +421,18 @@ class RecordHeads:
         history: Sequence[bytes] = (),
         owner: str | None = None,
         release_lease: bool = False,
+        turn: TurnRecord | None = None,
     ) -> str:
         """See `HeadStore.compare_and_set`."""
         validate_conversation_id(conversation_id)
         if expected_version == "":
             raise ConfigError("expected_version must be a version read from the store, or None to create")
+        if turn is not None:
+            validate_turn_id(turn.turn_id)
         release = release_lease and owner is not None
-        transition = _cas(expected_version, checkpoint_id, history, owner, release, self.max_history, self.clock())
+        transition = _cas(
+            expected_version, checkpoint_id, history, owner, release, self.max_history, self.clock(), turn
+        )
         written = self._update(conversation_id, transition)
         if written is None:  # pragma: no cover - a CAS transition always writes or raises
             raise Conflict("the head could not be written; nothing was overwritten")
@@ -304,14 +443,16 @@ class RecordHeads:
         validate_conversation_id(conversation_id)
         _check_lease_args(owner, ttl_s)
         now = self.clock() if now is None else now
-        return self._update(conversation_id, _acquire(owner, ttl_s, now, renew_only=False)) is not None
+        written = self._update(conversation_id, _acquire(owner, ttl_s, now, renew_only=False))
+        return written is not None and written.lease_owner == owner
 
     def renew_lease(self, conversation_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool:
         """See `HeadStore.renew_lease`."""
         validate_conversation_id(conversation_id)
         _check_lease_args(owner, ttl_s)
         now = self.clock() if now is None else now
-        return self._update(conversation_id, _acquire(owner, ttl_s, now, renew_only=True)) is not None
+        written = self._update(conversation_id, _acquire(owner, ttl_s, now, renew_only=True))
+        return written is not None and written.lease_owner == owner
 
     def release_lease(self, conversation_id: str, owner: str) -> None:
         """See `HeadStore.release_lease`."""
@@ -344,7 +485,10 @@ class MemoryHeads(RecordHeads):
 
     def _update(self, conversation_id: str, transition: Transition) -> Head | None:
         with self._lock:
-            result = transition(self._records.get(conversation_id))
+            record = self._records.get(conversation_id)
+            if self._after_read is not None:
+                self._after_read(conversation_id, record)
+            result = transition(record)
             if isinstance(result, _Delete):
                 self._records.pop(conversation_id, None)
                 return None
@@ -360,57 +504,6 @@ class MemoryHeads(RecordHeads):
 
     def __repr__(self) -> str:
         return f"MemoryHeads({len(self._records)} conversations)"
-
-
-class AsyncHeads:
-    """Async face of a `HeadStore`: the same methods as coroutines, each run in a worker thread.
-
-    Attributes:
-        sync: The wrapped head store.
-    """
-
-    __slots__ = ("sync",)
-
-    def __init__(self, heads: HeadStore) -> None:
-        self.sync = heads
-
-    async def get(self, conversation_id: str) -> Head | None:
-        """See `HeadStore.get`."""
-        return await asyncio.to_thread(self.sync.get, conversation_id)
-
-    async def compare_and_set(
-        self,
-        conversation_id: str,
-        expected_version: str | None,
-        checkpoint_id: bytes | None,
-        *,
-        history: Sequence[bytes] = (),
-        owner: str | None = None,
-        release_lease: bool = False,
-    ) -> str:
-        """See `HeadStore.compare_and_set`."""
-        return await asyncio.to_thread(
-            lambda: self.sync.compare_and_set(
-                conversation_id,
-                expected_version,
-                checkpoint_id,
-                history=history,
-                owner=owner,
-                release_lease=release_lease,
-            )
-        )
-
-    async def acquire_lease(self, conversation_id: str, owner: str, ttl_s: float) -> bool:
-        """See `HeadStore.acquire_lease`."""
-        return await asyncio.to_thread(self.sync.acquire_lease, conversation_id, owner, ttl_s)
-
-    async def renew_lease(self, conversation_id: str, owner: str, ttl_s: float) -> bool:
-        """See `HeadStore.renew_lease`."""
-        return await asyncio.to_thread(self.sync.renew_lease, conversation_id, owner, ttl_s)
-
-    async def release_lease(self, conversation_id: str, owner: str) -> None:
-        """See `HeadStore.release_lease`."""
-        await asyncio.to_thread(self.sync.release_lease, conversation_id, owner)
 
 
 def default_heads(store: object) -> HeadStore:

@@ -11,7 +11,7 @@ from typing import Any
 
 from snapcell.errors import CheckpointNotFound, ConfigError, Conflict, ObjectExists, StorageError
 
-from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete
+from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
 from ._s3 import S3Store
 
 __all__ = ["S3Heads"]
@@ -27,7 +27,10 @@ def _encode(head: Head) -> bytes:
         "history": [h.hex() for h in head.history],
         "version": head.version,
         "updated_at": head.updated_at,
-        "lease": None if head.lease_owner is None else {"owner": head.lease_owner, "expires_at": head.lease_expires_at},
+        "lease": None
+        if head.lease_owner is None
+        else {"owner": head.lease_owner, "expires_at": head.lease_expires_at, "renewed_at": head.lease_renewed_at},
+        "turns": turns_to_json(head.turns),
         # Every write differs, so every write gets a new ETag even when nothing else changed: If-Match has no ABA.
         "write": secrets.token_hex(8),
     }
@@ -45,6 +48,8 @@ def _decode(data: bytes, key: str) -> Head:
             updated_at=float(doc["updated_at"]),
             lease_owner=lease.get("owner"),
             lease_expires_at=float(lease.get("expires_at", 0.0)),
+            turns=turns_from_json(doc.get("turns", [])),
+            lease_renewed_at=float(lease.get("renewed_at", 0.0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StorageError(f"the head object {key!r} is not a snapcell head ({exc}); delete it or restore it") from exc
@@ -117,6 +122,8 @@ class S3Heads(RecordHeads):
         client = self._store.client
         for attempt in range(_MAX_ATTEMPTS):
             found = self._fetch(conversation_id)
+            if self._after_read is not None:
+                self._after_read(conversation_id, None if found is None else found[0])
             result = transition(None if found is None else found[0])
             if result is None or (found is None and isinstance(result, _Delete)):
                 return None

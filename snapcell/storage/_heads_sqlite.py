@@ -8,11 +8,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from snapcell.errors import ConfigError, StorageError, StorageUnavailable, map_exceptions
 
-from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete
+from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
 
 __all__ = ["SQLiteHeads"]
 
@@ -24,23 +26,31 @@ CREATE TABLE IF NOT EXISTS heads (
     version TEXT NOT NULL,
     updated_at REAL NOT NULL,
     lease_owner TEXT,
-    lease_expires_at REAL NOT NULL
+    lease_expires_at REAL NOT NULL,
+    turns TEXT NOT NULL DEFAULT '[]',
+    lease_renewed_at REAL NOT NULL DEFAULT 0
 )
 """
-_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at"
+# Columns added after the first release, with their definitions, for tables an earlier snapcell made.
+_ADDED_COLUMNS = {"turns": "TEXT NOT NULL DEFAULT '[]'", "lease_renewed_at": "REAL NOT NULL DEFAULT 0"}
+_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at"
+_MARKS = ", ".join("?" * (1 + len(_COLUMNS.split(","))))
 _ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[StorageError]]] = [
     ((sqlite3.OperationalError, PermissionError), StorageUnavailable),
     ((sqlite3.Error, OSError), StorageError),
 ]
 
 
-def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | None, float], path: Path) -> Head:
+_Row = tuple[bytes | None, str, str, float, str | None, float, str, float]
+
+
+def _head(conversation_id: str, row: _Row, path: Path) -> Head:
     """Decode a row of the heads table.
 
     Raises:
         StorageError: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
     """
-    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at = row
+    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at = row
     try:
         ids = json.loads(history)
         if not isinstance(ids, list):
@@ -52,12 +62,27 @@ def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | 
             updated_at=float(updated_at),
             lease_owner=None if lease_owner is None else str(lease_owner),
             lease_expires_at=float(lease_expires_at),
+            turns=turns_from_json(json.loads(turns)),
+            lease_renewed_at=float(lease_renewed_at),
         )
     except (ValueError, TypeError) as exc:
         raise StorageError(
             f"the head of conversation {conversation_id!r} in {path} is not a snapcell head ({exc}); "
             "delete its row or restore the file"
         ) from exc
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Add the columns of `_ADDED_COLUMNS` to a table an earlier snapcell made (another process may at once)."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(heads)")}
+    for name, definition in _ADDED_COLUMNS.items():
+        if name in present:
+            continue
+        try:
+            db.execute(f"ALTER TABLE heads ADD COLUMN {name} {definition}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):
+                raise
 
 
 def _set_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
@@ -76,19 +101,120 @@ def _set_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
             time.sleep(0.01)
 
 
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back after a failed statement, keeping the original error.
+
+    SQLite may already have rolled back by itself (a full disk, an I/O error); a ROLLBACK then fails with "no
+    transaction is active", which would hide the real cause, so it is only sent while a transaction is open.
+    """
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:  # the error being raised says what went wrong; this one would only hide it
+            pass
+
+
+@dataclass(eq=False, slots=True)
+class _SharedDB:
+    """One connection to a database file, shared by every `SQLiteHeads` on that file in this process."""
+
+    key: tuple[int, int, int]
+    db: sqlite3.Connection
+    busy_ms: int
+    refs: int = 1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# POSIX locks belong to a process and a file, not to a descriptor: closing *any* descriptor of the file drops every
+# lock the process holds on it, and another process may then delete the WAL under a live connection (committed
+# turns vanish). So the file is opened only through SQLite, once per process, and shared; keyed by process and
+# the file's identity, so a symlink or another spelling of the path finds the same connection, and a forked child
+# never uses its parent's.
+_SHARED: dict[tuple[int, int, int], _SharedDB] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (os.getpid(), info.st_dev, info.st_ino)
+
+
+def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
+    """Return this process's connection to ``path``, opening (and with ``create``, creating) it on first use.
+
+    Raises:
+        ConfigError: ``create`` is false and the file does not exist.
+        StorageUnavailable: The file cannot be opened or created.
+    """
+    with _SHARED_LOCK:
+        key = _identity(path)
+        shared = _SHARED.get(key) if key is not None else None
+        if shared is not None:
+            shared.refs += 1
+            return shared
+        if key is None and not create:
+            raise ConfigError(
+                f"no head store at {path}: the file does not exist; check the path (sqlite:///absolute/path)"
+            )
+        with map_exceptions(_ERRORS, f"cannot open the head store {path}"):
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # create: SQLite creates the file itself; otherwise never create it, even if it vanished just now.
+            # Autocommit mode: transactions are explicit, so BEGIN IMMEDIATE means what it says.
+            target = str(path) if create else path.as_uri() + "?mode=rw"
+            db = sqlite3.connect(
+                target, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=not create
+            )
+            try:
+                if key is None:
+                    # A new file: private before anything is written to it (the WAL and SHM files copy its mode).
+                    db.execute("PRAGMA schema_version").fetchone()
+                    os.chmod(path, 0o600)
+                db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+                _set_wal(db, busy_timeout_s)
+                db.execute("PRAGMA synchronous = NORMAL")
+                db.execute(_SCHEMA)
+                _add_columns(db)
+                key = _identity(path)
+                if key is None:
+                    raise FileNotFoundError(f"{path} vanished while it was being opened")
+            except BaseException:
+                db.close()
+                raise
+        shared = _SharedDB(key=key, db=db, busy_ms=int(busy_timeout_s * 1000))
+        _SHARED[key] = shared
+        return shared
+
+
+def _detach(shared: _SharedDB) -> None:
+    with _SHARED_LOCK:
+        shared.refs -= 1
+        if shared.refs > 0:
+            return
+        if _SHARED.get(shared.key) is shared:
+            del _SHARED[shared.key]
+    with shared.lock:
+        shared.db.close()
+
+
 class SQLiteHeads(RecordHeads):
     """Heads in a SQLite file: the embedded default, next to a local store (``<root>/.heads.sqlite3``).
 
     Every change runs in a ``BEGIN IMMEDIATE`` transaction (read, decide, write under SQLite's write lock), the
     journal is in WAL mode so readers never block, and a busy database is waited for up to ``busy_timeout_s``.
-    Several processes on one machine may share the file; do not put it on a network file system.
+    Several processes on one machine may share the file; do not put it on a network file system. Within a process,
+    every `SQLiteHeads` on one file shares one connection (SQLite's locks belong to the process, and opening and
+    closing the file a second time would drop them), used by one thread at a time.
 
     Args:
         path: The database file; created, with its directory, on first use (mode 0o600).
         create: False to open only an existing file (as cleanup does: a mistyped path must not look like a head
             store without heads).
         max_history: Earlier checkpoint IDs kept per conversation (default 50).
-        busy_timeout_s: Seconds to wait for another process's write lock before `StorageUnavailable`.
+        busy_timeout_s: Seconds to wait for another process's write lock before `StorageUnavailable` (default 10).
         clock: Returns the current time in seconds; injectable for tests.
 
     Raises:
@@ -107,27 +233,22 @@ class SQLiteHeads(RecordHeads):
     ) -> None:
         super().__init__(max_history=max_history, clock=clock)
         self.path = Path(path).expanduser().absolute()
-        self._lock = threading.Lock()
-        if not create and not self.path.is_file():
-            raise ConfigError(
-                f"no head store at {self.path}: the file does not exist; check the path (sqlite:///absolute/path)"
-            )
-        with map_exceptions(_ERRORS, f"cannot open the head store {self.path}"):
-            target: str | Path = self.path
-            if create:
-                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-                os.close(fd)
-            else:
-                target = self.path.as_uri() + "?mode=rw"  # never create it, even if it vanished just now
-            # autocommit mode: transactions are explicit, so BEGIN IMMEDIATE means what it says.
-            self._db = sqlite3.connect(
-                target, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=not create
-            )
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            _set_wal(self._db, busy_timeout_s)
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute(_SCHEMA)
+        if not isinstance(busy_timeout_s, int | float) or busy_timeout_s < 0:
+            raise ConfigError(f"busy_timeout_s must be a non-negative number of seconds, not {busy_timeout_s!r}")
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._shared: _SharedDB | None = _attach(self.path, create=create, busy_timeout_s=busy_timeout_s)
+
+    @contextmanager
+    def _connection(self, what: str) -> Iterator[sqlite3.Connection]:
+        """Hold the shared connection for one operation; translate SQLite errors, keeping their cause."""
+        shared = self._shared
+        if shared is None:
+            raise StorageError(f"cannot {what}: the head store {self.path} is closed")
+        with shared.lock, map_exceptions(_ERRORS, f"cannot {what} in {self.path}"):
+            if shared.busy_ms != self._busy_ms:  # head stores on one file may wait for different times
+                shared.db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+                shared.busy_ms = self._busy_ms
+            yield shared.db
 
     @property
     def url(self) -> str:
@@ -135,27 +256,27 @@ class SQLiteHeads(RecordHeads):
         return f"sqlite://{self.path}"
 
     def _read(self, conversation_id: str) -> Head | None:
-        with self._lock, map_exceptions(_ERRORS, f"cannot read head {conversation_id!r} from {self.path}"):
-            row = self._db.execute(
-                f"SELECT {_COLUMNS} FROM heads WHERE conversation_id = ?", (conversation_id,)
-            ).fetchone()
+        with self._connection(f"read head {conversation_id!r}") as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM heads WHERE conversation_id = ?", (conversation_id,)).fetchone()
         return None if row is None else _head(conversation_id, row, self.path)
 
     def _update(self, conversation_id: str, transition: Transition) -> Head | None:
-        with self._lock, map_exceptions(_ERRORS, f"cannot update head {conversation_id!r} in {self.path}"):
-            db = self._db
+        with self._connection(f"update head {conversation_id!r}") as db:
+            # The read happens inside the write transaction: nobody can move the row between read and write.
             db.execute("BEGIN IMMEDIATE")
-            committed = False
             try:
                 row = db.execute(
                     f"SELECT {_COLUMNS} FROM heads WHERE conversation_id = ?", (conversation_id,)
                 ).fetchone()
-                result = transition(None if row is None else _head(conversation_id, row, self.path))
+                record = None if row is None else _head(conversation_id, row, self.path)
+                if self._after_read is not None:
+                    self._after_read(conversation_id, record)
+                result = transition(record)
                 if isinstance(result, _Delete):
                     db.execute("DELETE FROM heads WHERE conversation_id = ?", (conversation_id,))
                 elif result is not None:
                     db.execute(
-                        f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES ({_MARKS})",
                         (
                             conversation_id,
                             result.checkpoint_id,
@@ -164,25 +285,27 @@ class SQLiteHeads(RecordHeads):
                             result.updated_at,
                             result.lease_owner,
                             result.lease_expires_at,
+                            json.dumps(turns_to_json(result.turns)),
+                            result.lease_renewed_at,
                         ),
                     )
                 db.execute("COMMIT")
-                committed = True
-            finally:
-                if not committed:
-                    db.execute("ROLLBACK")
+            except BaseException:
+                _rollback(db)
+                raise
         return None if isinstance(result, _Delete) else result
 
     def scan(self) -> Iterator[tuple[str, Head]]:
         """See `HeadStore.scan`."""
-        with self._lock, map_exceptions(_ERRORS, f"cannot list heads in {self.path}"):
-            rows = self._db.execute(f"SELECT conversation_id, {_COLUMNS} FROM heads WHERE version != ''").fetchall()
+        with self._connection("list heads") as db:
+            rows = db.execute(f"SELECT conversation_id, {_COLUMNS} FROM heads WHERE version != ''").fetchall()
         return iter([(row[0], _head(row[0], row[1:], self.path)) for row in rows])
 
     def close(self) -> None:
-        """Close the database connection."""
-        with self._lock:
-            self._db.close()
+        """Let go of the shared connection; the last head store on the file in this process closes it."""
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            _detach(shared)
 
     def __repr__(self) -> str:
         return f"SQLiteHeads({str(self.path)!r})"

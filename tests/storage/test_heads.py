@@ -237,7 +237,11 @@ def test_sqlite_corrupt_row_is_a_storage_error(tmp_path: Path, history: str) -> 
     heads.compare_and_set("good", None, A)
     db = sqlite3.connect(path)
     with db:
-        db.execute("INSERT INTO heads VALUES ('bad-one', ?, ?, 'v1', 0, NULL, 0)", (B, history))
+        db.execute(
+            "INSERT INTO heads (conversation_id, checkpoint_id, history, version, updated_at, lease_owner, "
+            "lease_expires_at) VALUES ('bad-one', ?, ?, 'v1', 0, NULL, 0)",
+            (B, history),
+        )
     db.close()
     try:
         with pytest.raises(StorageError, match="'bad-one'"):
@@ -250,3 +254,85 @@ def test_sqlite_corrupt_row_is_a_storage_error(tmp_path: Path, history: str) -> 
         heads.compare_and_set("other", None, C)  # the failed update left no transaction open
     finally:
         heads.close()
+
+
+# --------------------------------------------------------- turns and leases
+
+
+def test_committed_turns_are_recorded_and_bounded(heads: HeadStore) -> None:
+    from snapcell.storage import TurnRecord
+    from snapcell.storage._heads import MAX_TURN_ANSWERS, MAX_TURN_IDS
+
+    version = heads.compare_and_set("c", None, A, turn=TurnRecord("t0", "answer 0"))
+    for i in range(1, MAX_TURN_IDS + 5):
+        version = heads.compare_and_set("c", version, A, turn=TurnRecord(f"t{i}", f"answer {i}"))
+    head = heads.get("c")
+    assert head is not None and len(head.turns) == MAX_TURN_IDS
+    newest = MAX_TURN_IDS + 4
+    assert head.turns[0] == TurnRecord(f"t{newest}", f"answer {newest}")
+    assert [t.answer is not None for t in head.turns].count(True) == MAX_TURN_ANSWERS
+    assert head.turn("t0") is None and head.turn("t10") == TurnRecord("t10")  # remembered without its answer
+    with pytest.raises(Conflict, match="already committed"):
+        heads.compare_and_set("c", version, B, turn=TurnRecord(f"t{newest}", "again"))
+    version = heads.compare_and_set("c", version, B, history=[A])  # no turn (a rewind): the turns stay
+    assert heads.get("c").turns == head.turns  # type: ignore[union-attr]
+    heads.compare_and_set("fork", None, B)
+    assert heads.get("fork").turns == ()  # type: ignore[union-attr]
+    with pytest.raises(InvalidKey, match="turn ID"):
+        heads.compare_and_set("c", version, C, turn=TurnRecord("bad id", None))
+
+
+def test_a_holder_takes_over_its_own_lease_at_once(heads: HeadStore) -> None:
+    assert heads.acquire_lease("c", "server-1/turn-a", 60, now=NOW)
+    assert not heads.acquire_lease("c", "server-2/turn-b", 60, now=NOW + 1)
+    assert heads.acquire_lease("c", "server-1/turn-c", 60, now=NOW + 1)  # server-1 again, restarted: no wait
+    version = heads.compare_and_set("c", None, A, owner="server-1/turn-c")
+    with pytest.raises(Conflict, match="lease"):  # the earlier turn lost its lease: it cannot write
+        heads.compare_and_set("c", version, B, owner="server-1/turn-a")
+    heads.release_lease("c", "server-1/turn-a")  # a late release of the old turn changes nothing
+    assert not heads.acquire_lease("c", "server-2/turn-d", 60, now=NOW + 2)
+    assert not heads.acquire_lease("c", "plain-owner", 60, now=NOW + 2)  # no holder part: no take-over
+
+
+def test_an_absurd_lease_expiry_is_cut_back_to_one_ttl(heads: HeadStore) -> None:
+    year_3000 = 32_503_680_000.0
+    assert heads.acquire_lease("c", "gone/turn", 10, now=year_3000 - 10)
+    assert not heads.acquire_lease("c", "other/turn", 10, now=NOW)  # not taken, but cut back to NOW + 10
+    assert not heads.acquire_lease("c", "other/turn", 10, now=NOW + 9)
+    assert heads.acquire_lease("c", "other/turn", 10, now=NOW + 10.1)
+
+
+def test_a_head_without_a_version_is_an_error_not_a_fresh_start(heads: HeadStore) -> None:
+    from snapcell import StorageError
+    from snapcell.storage import Head, RecordHeads
+
+    assert isinstance(heads, RecordHeads)
+    heads._update("c", lambda record: Head(checkpoint_id=A, history=(B,), version=""))
+    with pytest.raises(StorageError, match="no version"):
+        heads.get("c")
+    with pytest.raises(StorageError, match="no version"):
+        heads.compare_and_set("c", None, C)  # not overwritten as if it were empty
+    record = heads.record("c")
+    assert record is not None and record.checkpoint_id == A and record.history == (B,)
+
+
+def test_sqlite_heads_of_an_earlier_schema_gain_turns(tmp_path: Path) -> None:
+    import sqlite3
+
+    from snapcell.storage import TurnRecord
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE heads (conversation_id TEXT PRIMARY KEY, checkpoint_id BLOB, history TEXT NOT NULL, "
+        "version TEXT NOT NULL, updated_at REAL NOT NULL, lease_owner TEXT, lease_expires_at REAL NOT NULL)"
+    )
+    db.execute("INSERT INTO heads VALUES ('c', ?, '[]', 'v1', 0, NULL, 0)", (A,))
+    db.commit()
+    db.close()
+    heads = SQLiteHeads(path)
+    head = heads.get("c")
+    assert head is not None and head.checkpoint_id == A and head.turns == ()
+    heads.compare_and_set("c", "v1", B, history=[A], turn=TurnRecord("t1", "ok"))
+    assert heads.get("c").turns == (TurnRecord("t1", "ok"),)  # type: ignore[union-attr]
+    heads.close()

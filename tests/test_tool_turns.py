@@ -1,0 +1,290 @@
+"""The run_code tool under faults: exactly-once turns, storage deadlines, leases that free themselves, history."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from snapcell import (
+    Conflict,
+    ConversationBusy,
+    InvalidKey,
+    MemoryHeads,
+    Pool,
+    StorageError,
+    StorageUnavailable,
+    SyncCodeTool,
+    TurnOutcomeUnknown,
+)
+from snapcell.storage import Head, MemoryStore
+
+KEY = "tool-turns-signing-key-0123456789"
+APPEND = "try:\n    entries\nexcept NameError:\n    entries = []\nentries.append(mark({tag!r}))\nentries"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def pool(clock: Clock) -> Iterator[Pool]:
+    with Pool(MemoryStore("turns", now=clock), isolation="inline", clock=clock, signing_keys=[KEY]) as pool:
+        yield pool
+
+
+class Ran:
+    """A host function that records every tag it is called with: what ran, how often."""
+
+    def __init__(self) -> None:
+        self.tags: list[str] = []
+
+    def __call__(self, tag: str) -> str:
+        self.tags.append(tag)
+        return tag
+
+
+# ------------------------------------------------------------- exactly once
+
+
+class LostReplies(MemoryHeads):
+    """Head writes land, but with ``lose`` set the reply is lost; with ``outage`` set too, reads fail after that."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lose = False
+        self.outage = False
+        self.down = False
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
+        version = super().compare_and_set(*args, **kwargs)
+        if self.lose:
+            self.down = self.outage
+            raise StorageUnavailable("connection reset by peer")
+        return version
+
+    def get(self, conversation_id: str) -> Head | None:
+        if self.down:
+            raise StorageUnavailable("connection refused")
+        return super().get(conversation_id)
+
+
+def test_a_lost_reply_to_a_head_write_never_runs_a_turn_twice(pool: Pool) -> None:
+    heads, ran = LostReplies(), Ran()
+    tool = SyncCodeTool(pool, heads=heads, tools={"mark": ran}, storage_timeout_s=0.3)
+    assert tool.run_code("c", APPEND.format(tag="t1"), turn_id="call-1") == "['t1']"
+    # The write of turn 2 lands, its reply is lost, and the head cannot be read back: the caller cannot be told.
+    heads.lose = heads.outage = True
+    with pytest.raises(TurnOutcomeUnknown, match="turn_id='call-2'") as info:
+        tool.run_code("c", APPEND.format(tag="t2"), turn_id="call-2")
+    assert info.value.turn_id == "call-2" and isinstance(info.value, StorageError)
+    heads.lose = heads.outage = heads.down = False
+    # The retry with the same turn ID gets the committed answer; the code does not run again.
+    assert tool.run_code("c", APPEND.format(tag="t2"), turn_id="call-2") == "['t1', 't2']"
+    # A lost reply that can be read back is a success at once.
+    heads.lose = True
+    assert tool.run_code("c", APPEND.format(tag="t3"), turn_id="call-3") == "['t1', 't2', 't3']"
+    heads.lose = False
+    assert ran.tags == ["t1", "t2", "t3"]
+    head = heads.get("c")
+    assert head is not None and len(head.history) == 2 and head.lease_owner is None
+
+
+def test_a_committed_turn_id_returns_its_answer_without_running(pool: Pool) -> None:
+    ran = Ran()
+    tool = SyncCodeTool(pool, heads=MemoryHeads(), tools={"mark": ran})
+    first = tool.run_code("c", APPEND.format(tag="a"), turn_id="toolu_01")
+    assert tool.run_code("c", APPEND.format(tag="a"), turn_id="toolu_01") == first == "['a']"
+    assert tool.run_code("other", APPEND.format(tag="b"), turn_id="toolu_01") == "['b']"  # IDs are per conversation
+    for i in range(10):
+        tool.run_code("c", "1", turn_id=f"later-{i}")
+    replay = tool.run_code("c", APPEND.format(tag="a"), turn_id="toolu_01")  # remembered, its answer no longer
+    assert "already ran" in replay and "not run again" in replay
+    assert ran.tags == ["a", "b"]
+    with pytest.raises(InvalidKey, match="turn ID"):
+        tool.run_code("c", "1", turn_id="no spaces")
+
+
+# ------------------------------------------------------------ deadlines
+
+
+class Hanging(MemoryHeads):
+    """Calls named in ``hang`` block until ``release`` is set (then go on as usual), like a silent endpoint."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hang: set[str] = set()
+        self.release = threading.Event()
+        self.late_writes: list[str] = []
+
+    def _maybe_hang(self, name: str) -> None:
+        if name in self.hang:
+            assert self.release.wait(60), "hang guard"
+
+    def get(self, conversation_id: str) -> Head | None:
+        self._maybe_hang("get")
+        return super().get(conversation_id)
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
+        if "compare_and_set" not in self.hang:
+            return super().compare_and_set(*args, **kwargs)
+        self._maybe_hang("compare_and_set")
+        try:
+            version = super().compare_and_set(*args, **kwargs)
+        except Conflict:
+            self.late_writes.append("refused")
+            raise
+        self.late_writes.append("landed")
+        return version
+
+    def acquire_lease(self, *args: Any, **kwargs: Any) -> bool:
+        self._maybe_hang("acquire_lease")
+        return super().acquire_lease(*args, **kwargs)
+
+
+def test_a_hanging_head_store_fails_the_turn_naming_the_call(pool: Pool) -> None:
+    heads, ran = Hanging(), Ran()
+    tool = SyncCodeTool(pool, heads=heads, tools={"mark": ran}, storage_timeout_s=0.2)
+    try:
+        tool.run_code("c", APPEND.format(tag="t1"))
+        heads.hang = {"acquire_lease"}
+        with pytest.raises(StorageUnavailable, match="taking the lease of conversation 'c' timed out"):
+            tool.run_code("c", APPEND.format(tag="never"))
+        heads.hang = {"get"}
+        with pytest.raises(StorageUnavailable, match="reading the head of conversation 'c' timed out"):
+            tool.run_code("c", APPEND.format(tag="never"))
+        assert ran.tags == ["t1"]
+        # The head write hangs: the turn cannot say whether it was saved, and says how to find out.
+        heads.hang = {"compare_and_set"}
+        with pytest.raises(TurnOutcomeUnknown, match="storage_timeout_s"):
+            tool.run_code("c", APPEND.format(tag="t2"), turn_id="slow-write")
+        heads.release.set()  # the endpoint answers at last
+        for _ in range(6000):  # hang guard only: wait until the late write has been decided
+            if heads.late_writes:
+                break
+            time.sleep(0.01)
+        heads.hang = set()
+        # The failed turn gave its lease back first, so its late write is refused and the outcome is settled: the
+        # retry runs the turn (its first run's host calls happened, but nothing of it was saved), once.
+        assert heads.late_writes == ["refused"]
+        assert tool.run_code("c", APPEND.format(tag="t2"), turn_id="slow-write") == "['t1', 't2']"
+        assert tool.run_code("c", APPEND.format(tag="t2"), turn_id="slow-write") == "['t1', 't2']"
+        assert tool.run_code("c", "entries") == "['t1', 't2']"
+        assert ran.tags == ["t1", "t2", "t2"]
+    finally:
+        heads.release.set()
+        tool.close()
+
+
+# ----------------------------------------------------------------- leases
+
+
+class FailingReleases(MemoryHeads):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failing = False
+
+    def release_lease(self, conversation_id: str, owner: str) -> None:
+        if self.failing:
+            raise StorageUnavailable("connection refused")
+        super().release_lease(conversation_id, owner)
+
+
+def test_a_storage_fault_does_not_lock_the_conversation(pool: Pool, clock: Clock, monkeypatch) -> None:
+    heads = FailingReleases(clock=clock)
+    tool = SyncCodeTool(pool, heads=heads, lease_wait_s=0.2, lease_ttl_s=60, storage_timeout_s=0.5)
+    tool.run_code("c", "v = 1")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise StorageUnavailable("connection refused")
+
+    # The store fails mid-turn, and so does giving the lease back.
+    heads.failing = True
+    monkeypatch.setattr(pool.store, "put", broken)
+    with pytest.raises(StorageError, match="connection refused"):
+        tool.run_code("c", "v = 2")
+    monkeypatch.undo()
+    record = heads.record("c")
+    assert record is not None and record.lease_held(clock.now)  # the lease is still there
+    # This tool's next turn takes its own lease over at once, instead of waiting for it to expire.
+    assert tool.run_code("c", "v") == "1"
+    heads.failing = False
+    tool.close()
+
+
+def test_a_dead_holders_lease_is_stale_then_free_after_one_ttl(pool: Pool, clock: Clock) -> None:
+    heads = MemoryHeads(clock=clock)
+    assert heads.acquire_lease("c", "server-1/turn-a", 60)  # server-1 is killed mid-turn
+    other = SyncCodeTool(pool, heads=heads, lease_wait_s=0.1, holder_id="server-2")
+    with pytest.raises(ConversationBusy, match="is running") as busy:
+        other.run_code("c", "1")
+    assert busy.value.stale is False and busy.value.holder == "server-1/turn-a"
+    clock.now += 30  # no renewal for half the ttl: its holder is gone
+    with pytest.raises(ConversationBusy, match="stale lease") as busy:
+        other.run_code("c", "1")
+    assert busy.value.stale is True and "in 30 s" in str(busy)
+    clock.now += 30.1
+    assert other.run_code("c", "2") == "2"  # free after one ttl
+
+
+def test_a_restarted_holder_takes_its_lease_back_at_once(pool: Pool) -> None:
+    heads = MemoryHeads()
+    assert heads.acquire_lease("c", "server-1/turn-a", 60)  # left by server-1 before it restarted
+    with pytest.raises(ConversationBusy):
+        SyncCodeTool(pool, heads=heads, lease_wait_s=0.1, holder_id="server-2").run_code("c", "1")
+    assert SyncCodeTool(pool, heads=heads, lease_wait_s=0.1, holder_id="server-1").run_code("c", "2") == "2"
+
+
+def test_a_lease_expiring_in_the_year_3000_is_cut_back_to_one_ttl(pool: Pool, clock: Clock) -> None:
+    heads = MemoryHeads(clock=clock)
+    assert heads.acquire_lease("c", "ghost/turn", 10, now=32_503_680_000.0 - 10)
+    tool = SyncCodeTool(pool, heads=heads, lease_wait_s=0.1, lease_ttl_s=60)
+    with pytest.raises(ConversationBusy, match="stale"):
+        tool.run_code("c", "1")
+    clock.now += 60.1
+    assert tool.run_code("c", "2") == "2"
+
+
+# ---------------------------------------------------------------- history
+
+
+def test_a_missing_checkpoint_falls_back_to_the_newest_that_loads(pool: Pool) -> None:
+    heads = MemoryHeads()
+    tool = SyncCodeTool(pool, heads=heads)
+    ids = []
+    for i in range(4):
+        tool.run_code("c", f"n = {i}")
+        ids.append(tool.head("c").checkpoint_id)  # type: ignore[union-attr]
+    for gone in ids[-2:]:  # the last two checkpoints vanish
+        pool.store.delete(pool._inner.keyring.parse_id(gone).storage_key)
+    answer = tool.run_code("c", "n")
+    assert answer.startswith(
+        "1\n[note] the state of the last 2 turns of this conversation is gone (checkpoint deleted)"
+    )
+    head = tool.head("c")
+    assert head is not None and head.history[:4] == tuple(reversed(ids))  # nothing was dropped from the history
+    assert tool.run_code("c", "n") == "1"
+
+
+def test_a_head_without_a_version_is_not_silently_restarted(pool: Pool) -> None:
+    heads = MemoryHeads()
+    tool = SyncCodeTool(pool, heads=heads)
+    tool.run_code("c", "n = 1")
+    head = heads.get("c")
+    assert head is not None
+    heads._update("c", lambda record: Head(checkpoint_id=head.checkpoint_id, version=""))
+    with pytest.raises(StorageError, match="no version"):
+        tool.run_code("c", "n")
+    assert heads.record("c").checkpoint_id == head.checkpoint_id  # type: ignore[union-attr]
