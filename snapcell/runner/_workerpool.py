@@ -7,7 +7,7 @@ import contextlib
 import shutil
 import tempfile
 
-from snapcell.errors import ConfigError, SessionError
+from snapcell.errors import ConfigError, SandboxError, SessionError
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._process import (
@@ -143,6 +143,9 @@ class WorkerPool:
         asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
         try:
             await worker.init(policy=policy, limits=limits)
+        except SandboxError:
+            await self.release(worker)
+            raise
         except (SessionError, _Died) as exc:
             await self.release(worker)
             raise SessionError(f"a worker process failed to start: {exc}") from exc
