@@ -20,7 +20,7 @@ A layer may be ``"unavailable: <why>"`` only when the kernel truly lacks it (ENO
 Landlock ABI, an architecture without a filter) or the host lacks the privilege it needs (not
 root). Any other set-up failure (EINVAL from a wrong structure size, bad flags, EFAULT) raises
 `SandboxError`: a broken layer never passes for a missing one. Layers named in ``require`` (from
-``SNAPCELL_REQUIRE_SANDBOX``) must be active, or `SandboxError` is raised too.
+``SNAPCELL_REQUIRE_SANDBOX``) must not be unavailable, or `SandboxError` is raised too.
 
 Seccomp and Landlock go through raw syscalls with ctypes. libseccomp's Python binding is built from
 the libseccomp sources and is not maintained on PyPI, and a classic BPF filter is easy to audit by
@@ -160,7 +160,8 @@ def apply_sandbox(
         gid: The gid to switch to, with ``uid``.
         quota_scratch: Mount a tmpfs of ``limits.max_scratch_bytes`` on ``scratch_dir`` (root only);
             the caller must unmount it when the process ends (`_privileges.release_scratch`).
-        require: Layers that must end up ``"active"`` (see `parse_required`).
+        require: Layers that must not end up ``"unavailable"`` (see `parse_required`); ``"off"`` (configured
+            off by the caller) is accepted.
 
     Returns:
         Which layers are active; unavailable ones carry the reason.
@@ -196,7 +197,8 @@ def apply_sandbox(
     layers["seccomp"] = _apply_seccomp(arch, deny_fork=limits.max_processes == 0, notes=notes)
     report = SandboxReport(layers={name: layers[name] for name in LAYERS}, notes=tuple(notes))
     for name in required:
-        if not report.active(name):
+        # "off" is the caller's own choice (no uid given, a limit set to None); "unavailable" is the machine's.
+        if report.layers[name].startswith("unavailable"):
             raise SandboxError(
                 f"sandbox layer {name} is required (SNAPCELL_REQUIRE_SANDBOX) but {report.layers[name]}; the worker"
                 " did not start",

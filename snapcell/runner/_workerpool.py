@@ -143,7 +143,7 @@ class WorkerPool:
         asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
         try:
             await worker.init(policy=policy, limits=limits)
-        except SandboxError:
+        except (SandboxError, ConfigError):  # a layer failed, or the host's sandbox settings are invalid
             await self.release(worker)
             raise
         except (SessionError, _Died) as exc:
