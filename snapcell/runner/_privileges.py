@@ -35,6 +35,7 @@ __all__ = [
     "mount_scratch",
     "pin_import_paths",
     "release_scratch",
+    "sweep_stale_scratch",
     "worker_identity",
 ]
 
@@ -56,6 +57,7 @@ _CAPGET = {"x86_64": 125, "aarch64": 90}
 _CAP_VERSION_3 = 0x20080522
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MNT_DETACH = 2
+_SCRATCH_DEVICE = "snapcell-scratch"
 # ENOSYS/EOPNOTSUPP: the kernel lacks the feature. ENODEV: no tmpfs. EPERM: no privilege to try (not root).
 _MISSING = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENODEV)
 
@@ -121,6 +123,45 @@ def release_scratch(path: str) -> None:
         _libc.umount2(os.fsencode(path), ctypes.c_int(_MNT_DETACH))
 
 
+def _worker_alive(pid: int, uid: int) -> bool:
+    """Whether process ``pid`` runs and has real uid ``uid`` (a zombie, or a reused pid, is not the worker)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            fields = dict(line.split(":", 1) for line in status.read().splitlines() if ":" in line)
+    except OSError:
+        return False
+    return not fields.get("State", "").strip().startswith(("Z", "X")) and fields.get("Uid", "").split()[:1] == [
+        str(uid)
+    ]
+
+
+def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:
+    """Unmount scratch tmpfs mounts left by workers that are gone (their host was killed before it could).
+
+    Only mounts this module made (device ``snapcell-scratch``) with an automatic worker uid are touched,
+    and only when the worker they name (``uid - WORKER_UID_BASE``) no longer exists.
+
+    Returns:
+        The mount points unmounted.
+    """
+    swept: list[str] = []
+    try:
+        with open(mounts_file) as mounts:
+            lines = mounts.read().splitlines()
+    except OSError:
+        return swept
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4 or fields[0] != _SCRATCH_DEVICE or fields[2] != "tmpfs":
+            continue
+        uid = next((int(o[4:]) for o in fields[3].split(",") if o.startswith("uid=") and o[4:].isdigit()), 0)
+        if uid > WORKER_UID_BASE and not _worker_alive(uid - WORKER_UID_BASE, uid):
+            point = fields[1].encode().decode("unicode_escape")  # mounts escapes spaces as \040
+            if _libc.umount2(os.fsencode(point), ctypes.c_int(_MNT_DETACH)) == 0:
+                swept.append(point)
+    return swept
+
+
 # ----------------------------------------------------------------- worker side
 
 
@@ -144,7 +185,7 @@ def mount_scratch(scratch: str, *, size_bytes: int, uid: int | None, gid: int | 
     if uid is not None and gid is not None:
         options += f",uid={uid},gid={gid}"
     flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    if _libc.mount(b"snapcell-scratch", os.fsencode(scratch), b"tmpfs", flags, options.encode()) == -1:
+    if _libc.mount(_SCRATCH_DEVICE.encode(), os.fsencode(scratch), b"tmpfs", flags, options.encode()) == -1:
         err = ctypes.get_errno()
         if err in _MISSING:
             return f"unavailable: mount(tmpfs): {os.strerror(err)}"

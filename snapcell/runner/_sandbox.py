@@ -51,6 +51,7 @@ from snapcell.runner._privileges import (
     mount_scratch,
     pin_import_paths,
     release_scratch,
+    sweep_stale_scratch,
     worker_identity,
 )
 
@@ -235,6 +236,7 @@ def worker_sandbox_settings(pid: int, scratch_root: str) -> dict[str, Any]:
     root = identity["uid"] is not None
     if root:
         os.chmod(scratch_root, 0o711)
+        sweep_stale_scratch()
     return {
         **identity,
         "quota_scratch": root,

@@ -952,3 +952,35 @@ def test_a_workers_sandbox_failure_becomes_a_sandbox_error():
     assert (error.layer, error.errno, str(error)) == ("seccomp", 22, "sandbox layer seccomp ...")
     hostile = sandbox_failure({"message": "x" * 10**6, "layer": ["not", "text"], "errno": True})
     assert len(str(hostile)) <= 2000 and hostile.layer == "unknown" and hostile.errno is None
+
+
+def test_a_scratch_tmpfs_left_by_a_killed_host_is_swept_by_the_next_pool():
+    if os.geteuid() != 0:
+        pytest.skip("scratch tmpfs needs a root host")
+    code = textwrap.dedent(
+        """
+        import json, time, snapcell
+        policy = snapcell.Policy.unrestricted()
+        with snapcell.Pool("memory://", isolation="process", policy=policy, min_warm_workers=0) as pool:
+            with pool.checkout() as session:
+                print(json.dumps(session.feed_run("import os\\nos.getpid(), os.getcwd()")), flush=True)
+                time.sleep(60)
+        """
+    )
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        pid, scratch = json.loads(host.stdout.readline())
+        assert os.path.ismount(scratch)
+        host.kill()
+        host.wait(10)
+        assert _wait_gone(pid, 10), "the worker outlived its host"
+        assert os.path.ismount(scratch)  # nobody was left to unmount it
+        with snapcell.Pool("memory://", isolation="process", min_warm_workers=0) as pool, pool.checkout() as session:
+            assert session.feed_run("1") == 1
+        assert not os.path.ismount(scratch)
+    finally:
+        host.kill()
+        host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
