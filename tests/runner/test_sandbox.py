@@ -138,6 +138,24 @@ def test_report_names_every_layer(probe):
         assert limit in report["rlimits"]
 
 
+def kernel_landlock_abi() -> int:
+    """The Landlock ABI as the kernel reports it to this (unsandboxed) test process; 0 without Landlock."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_..._VERSION
+    return max(int(abi), 0)
+
+
+def test_landlock_uses_the_kernels_full_abi(probe):
+    """A set-up bug that silently falls back to an older ABI (fewer rights handled) shows here."""
+    abi = kernel_landlock_abi()
+    if abi == 0:
+        assert "landlock" not in REQUIRED, "SNAPCELL_REQUIRE_SANDBOX requires landlock, but the kernel has none"
+        pytest.skip("kernel lacks Landlock")
+    assert probe["report"]["landlock"].startswith(f"active: ABI {abi}:"), probe["report"]["landlock"]
+
+
 def test_report_api():
     from snapcell.runner._sandbox import SandboxReport
 
