@@ -55,11 +55,13 @@ _SECUREBITS = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7)
 _CAPSET = {"x86_64": 126, "aarch64": 91}
 _CAPGET = {"x86_64": 125, "aarch64": 90}
 _CAP_VERSION_3 = 0x20080522
+_CAP_SETPCAP = 8
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MNT_DETACH = 2
 _SCRATCH_DEVICE = "snapcell-scratch"
-# ENOSYS/EOPNOTSUPP: the kernel lacks the feature. ENODEV: no tmpfs. EPERM: no privilege to try (not root).
-_MISSING = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENODEV)
+# ENOSYS/EOPNOTSUPP: the kernel lacks the feature. ENODEV: no tmpfs. EPERM: root without CAP_SYS_ADMIN (a
+# container), which may not mount: the host lacks the privilege, as a non-root host does.
+_MISSING = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENODEV, errno.EPERM)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -106,7 +108,9 @@ def worker_identity(pid: int, environ: Mapping[str, str] | None = None) -> dict[
     env = os.environ if environ is None else environ
     if os.geteuid() != 0:
         return {"uid": None, "gid": None}
-    ids = {"uid": WORKER_UID_BASE + pid, "gid": _DEFAULT_GID}
+    auto = WORKER_UID_BASE + pid
+    # In a user namespace (a container's root) only mapped uids exist; fall back to "nobody" there.
+    ids = {"uid": auto if _uid_mapped(auto) else _DEFAULT_GID, "gid": _DEFAULT_GID}
     for key in ("uid", "gid"):
         raw = env.get(f"SNAPCELL_WORKER_{key.upper()}", "").strip()
         if not raw:
@@ -115,6 +119,15 @@ def worker_identity(pid: int, environ: Mapping[str, str] | None = None) -> dict[
             raise ConfigError(f"SNAPCELL_WORKER_{key.upper()} must be a {key} other than 0, not {raw!r}")
         ids[key] = int(raw)
     return ids
+
+
+def _uid_mapped(uid: int, uid_map: str = "/proc/self/uid_map") -> bool:
+    try:
+        with open(uid_map) as ranges:
+            rows = [line.split() for line in ranges]
+    except OSError:
+        return True  # no user namespaces here: every uid exists
+    return any(len(r) == 3 and int(r[0]) <= uid < int(r[0]) + int(r[2]) for r in rows if all(f.isdigit() for f in r))
 
 
 def release_scratch(path: str) -> None:
@@ -230,27 +243,30 @@ def pin_import_paths() -> list[int]:
     return list(roots.values())
 
 
-def drop_privileges(*, uid: int | None, gid: int | None, arch: str | None, notes: list[str]) -> str:
+def drop_privileges(*, uid: int | None, gid: int | None, arch: str | None) -> str:
     """Leave no capability in any set and, when root, switch to ``uid``/``gid`` with no supplementary groups.
 
     Call after every path this process needs has been opened (Landlock rules, `pin_import_paths`).
 
     Returns:
-        ``"active"`` (uid and capabilities dropped, or no capabilities held by a non-root process),
+        ``"active: ..."`` (uid and capabilities dropped, or no capabilities held by a non-root process),
         ``"off"`` (root and no uid given: capabilities dropped, uid 0 kept).
 
     Raises:
         SandboxError: A step failed, or capabilities remain afterwards.
     """
     root = os.geteuid() == 0
-    if root:
+    # Shrinking the bounding set and locking securebits need CAP_SETPCAP, which a hardened container's root may
+    # lack; then the bounding set stays, unusable: permitted and effective are emptied, and exec is denied.
+    setpcap = arch is not None and bool(_capabilities(arch)[0] & (1 << _CAP_SETPCAP))
+    if setpcap:
         _check("privileges", "prctl(PR_SET_SECUREBITS)", _prctl(_PR_SET_SECUREBITS, _SECUREBITS))
         cap = 0
         while _prctl(_PR_CAPBSET_DROP, cap) == 0:  # EINVAL past the last capability this kernel knows
             cap += 1
         if ctypes.get_errno() != errno.EINVAL or cap == 0:
             raise layer_error("privileges", f"prctl(PR_CAPBSET_DROP, {cap})", ctypes.get_errno())
-    if _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL) == -1 and ctypes.get_errno() not in (errno.EINVAL,):
+    if _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL) == -1 and ctypes.get_errno() != errno.EINVAL:
         raise layer_error("privileges", "prctl(PR_CAP_AMBIENT_CLEAR_ALL)", ctypes.get_errno())
     if root and uid is not None and gid is not None:
         try:
@@ -258,21 +274,19 @@ def drop_privileges(*, uid: int | None, gid: int | None, arch: str | None, notes
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
         except OSError as exc:
-            raise layer_error("privileges", f"switching to uid {uid} gid {gid}", exc.errno) from None
+            what = f"switching to uid {uid} gid {gid} (mapped in this user namespace? see SNAPCELL_WORKER_UID)"
+            raise layer_error("privileges", what, exc.errno) from None
     if arch is not None:
         _set_capabilities_to_zero(arch)
     left = _capabilities(arch)
-    if any(left) or (root and _bounding_set()):
+    if any(left) or (setpcap and _bounding_set()):
         raise layer_error("privileges", f"capabilities left after the drop: {left}", None)
     if root and uid is None:
         return "off"
+    sets = "effective, permitted, inheritable, ambient" + (", bounding; securebits locked" if setpcap else "")
     if not root:
-        # The bounding set needs CAP_SETPCAP to shrink; no_new_privs and the exec ban keep it unusable.
-        return f"active: uid {os.getuid()} (the host's; it is not root), no capabilities"
-    return (
-        f"active: uid {os.getuid()} gid {os.getgid()}, no supplementary groups, no capabilities (effective,"
-        " permitted, inheritable, ambient, bounding), securebits locked"
-    )
+        return f"active: uid {os.getuid()} (the host's, which is not root), no capabilities ({sets})"
+    return f"active: uid {os.getuid()} gid {os.getgid()}, no supplementary groups, no capabilities ({sets})"
 
 
 class _CapHeader(ctypes.Structure):

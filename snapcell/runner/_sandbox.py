@@ -174,18 +174,22 @@ def apply_sandbox(
             layer is not active; the process is partly confined and must exit without running a script.
     """
     scratch, paths, keep = _check_args(scratch_dir, read_paths, allow_fds)
+    for name, value in (("uid", uid), ("gid", gid)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**32 - 1):
+            raise ConfigError(f"{name} must be a {name} other than 0 (and not -1), or None, not {value!r}")
     required = parse_required(",".join(require))
     notes: list[str] = []
     _close_other_fds(keep, notes)
     arch = _seccomp.machine()
-    switch = os.geteuid() == 0 and uid is not None and gid is not None
+    ids = (uid, gid) if os.geteuid() == 0 and uid is not None and gid is not None else None
+    switch = ids is not None
     layers: dict[str, str] = {}
     if not quota_scratch or limits.max_scratch_bytes is None:
         layers["scratch_quota"] = "off"
     else:
         layers["scratch_quota"] = mount_scratch(scratch, size_bytes=limits.max_scratch_bytes, uid=uid, gid=gid)
-    if switch and not is_active(layers["scratch_quota"]):
-        os.chown(scratch, uid, gid)  # type: ignore[arg-type]
+    if ids is not None and not is_active(layers["scratch_quota"]):
+        os.chown(scratch, *ids)
     layers["rlimits"] = _apply_rlimits(limits, notes, threads=switch)
     layers["no_new_privs"] = _apply_no_new_privs()
     if switch:
@@ -193,7 +197,7 @@ def apply_sandbox(
         notes.append(f"imports: {len(pinned)} import roots reached through /proc/self/fd")
     # Landlock needs no_new_privs (or CAP_SYS_ADMIN), and is set up while every path can still be opened.
     layers["landlock"] = _apply_landlock(scratch, paths, notes)
-    layers["privileges"] = drop_privileges(uid=uid, gid=gid, arch=arch, notes=notes)
+    layers["privileges"] = drop_privileges(uid=uid, gid=gid, arch=arch)
     layers["pdeathsig"] = _apply_pdeathsig(parent_pid)
     layers["seccomp"] = _apply_seccomp(arch, deny_fork=limits.max_processes == 0, notes=notes)
     report = SandboxReport(layers={name: layers[name] for name in LAYERS}, notes=tuple(notes))

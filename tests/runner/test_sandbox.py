@@ -186,6 +186,9 @@ def test_bad_arguments_raise_config_error_before_anything_applies(tmp_path):
     out["str_read_paths"] = bad(read_paths="/usr")
     out["relative_read_path"] = bad(read_paths=["usr"])
     out["closed_fd"] = bad(allow_fds=[1000])
+    out["uid_zero"] = bad(uid=0, gid=65534)
+    out["gid_text"] = bad(uid=65534, gid="65534")
+    out["unknown_layer"] = bad(require=["selinux"])
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
@@ -195,7 +198,8 @@ def test_bad_arguments_raise_config_error_before_anything_applies(tmp_path):
     """
     # The sandbox the prelude applied first is harmless to these checks.
     out = sandboxed(tmp_path, body)
-    for key in ("relative_scratch", "missing_scratch", "str_read_paths", "relative_read_path", "closed_fd"):
+    keys = ("relative_scratch", "missing_scratch", "str_read_paths", "relative_read_path", "closed_fd")
+    for key in (*keys, "uid_zero", "gid_text", "unknown_layer"):
         assert out[key] != "no error", key
     assert "before any other thread" in out["thread_running"]
 
@@ -1002,3 +1006,21 @@ def test_a_scratch_tmpfs_left_by_a_killed_host_is_swept_by_the_next_pool():
         host.wait()
         if host.stdout is not None:
             host.stdout.close()
+
+
+def test_worker_identity_follows_the_environment_and_the_uid_map(tmp_path):
+    from snapcell.runner import _privileges
+
+    if os.geteuid() != 0:
+        assert _privileges.worker_identity(123, {}) == {"uid": None, "gid": None}
+        return
+    assert _privileges.worker_identity(123, {}) == {"uid": _privileges.WORKER_UID_BASE + 123, "gid": 65534}
+    fixed = {"SNAPCELL_WORKER_UID": "4000", "SNAPCELL_WORKER_GID": "4001"}
+    assert _privileges.worker_identity(123, fixed) == {"uid": 4000, "gid": 4001}
+    for bad in ("0", "-5", "nobody", str(2**32 - 1)):
+        with pytest.raises(snapcell.ConfigError, match="SNAPCELL_WORKER_UID"):
+            _privileges.worker_identity(123, {"SNAPCELL_WORKER_UID": bad})
+    uid_map = tmp_path / "uid_map"
+    uid_map.write_text("         0     100000      65536\n")  # a container's root: 65536 ids mapped
+    assert not _privileges._uid_mapped(_privileges.WORKER_UID_BASE + 123, str(uid_map))
+    assert _privileges._uid_mapped(65534, str(uid_map))
