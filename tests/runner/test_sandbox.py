@@ -1024,3 +1024,12 @@ def test_worker_identity_follows_the_environment_and_the_uid_map(tmp_path):
     uid_map.write_text("         0     100000      65536\n")  # a container's root: 65536 ids mapped
     assert not _privileges._uid_mapped(_privileges.WORKER_UID_BASE + 123, str(uid_map))
     assert _privileges._uid_mapped(65534, str(uid_map))
+
+
+def test_new_limits_are_validated():
+    assert snapcell.Limits(max_threads=None, max_scratch_bytes=None).max_threads is None
+    for bad in ({"max_threads": 2}, {"max_threads": True}, {"max_scratch_bytes": -1}, {"max_scratch_bytes": 1.5e9}):
+        with pytest.raises(snapcell.ConfigError, match=next(iter(bad))):
+            snapcell.Limits(**bad)
+    with pytest.raises(snapcell.ConfigError, match="cpu_time_s"):
+        snapcell.Limits(cpu_time_s=0)
