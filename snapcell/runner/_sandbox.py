@@ -171,7 +171,7 @@ def apply_sandbox(
         ConfigError: An argument is invalid or other threads already run (they would
             escape Landlock); nothing was applied.
         SandboxError: A layer's set-up failed other than for a missing kernel feature, or a required
-            layer is not active; the process is partly confined and must exit without running a script.
+            layer is unavailable; the process is partly confined and must exit without running a script.
     """
     scratch, paths, keep = _check_args(scratch_dir, read_paths, allow_fds)
     for name, value in (("uid", uid), ("gid", gid)):
