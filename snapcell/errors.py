@@ -28,6 +28,7 @@ __all__ = [
     "OutputLimitExceeded",
     "PolicyError",
     "QuotaExceeded",
+    "SandboxError",
     "ScriptError",
     "ScriptSyntaxError",
     "SessionError",
@@ -330,6 +331,20 @@ class ConversationBusy(Conflict):
         self.holder = holder
         self.stale = stale
         self.lease_expires_at = lease_expires_at
+
+
+class SandboxError(SessionError):
+    """Raised when a worker cannot apply a sandbox layer it must have; no worker was started and no script ran.
+
+    Attributes:
+        layer: The layer that failed (``"seccomp"``, ``"landlock"``, ``"privileges"``, ...).
+        errno: The kernel's error number, or None when the layer is missing but required.
+    """
+
+    def __init__(self, message: str, *, layer: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.layer = layer
+        self.errno = errno
 
 
 class WorkerLost(SessionError):

@@ -170,7 +170,7 @@ class AsyncPool:
         return self._workers
 
     async def isolation_report(self) -> dict[str, str]:
-        """Which isolation layers a worker of this pool has: each layer is "active", "off" or "unavailable: why".
+        """Which isolation layers a worker of this pool has: "active: details", "off" or "unavailable: why".
 
         In inline mode every layer is reported as "off".
         """

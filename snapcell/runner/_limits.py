@@ -29,7 +29,8 @@ class Limits:
     Attributes:
         wall_time_s: Wall-clock seconds one run may take before it is interrupted; the session is kept.
         grace_s: Seconds a worker gets to stop after the interrupt before it is killed and replaced.
-        cpu_time_s: CPU seconds a worker may use over its life (process mode).
+        cpu_time_s: CPU seconds a worker may use over its life (process mode); past it the worker is killed
+            and replaced (`WorkerLost`, reason ``"timeout"``) and the session restored from its checkpoint.
         memory_bytes: Address space of the worker (process mode).
         max_output_bytes: stdout and stderr kept per stream and run; the tail is kept.
         max_value_repr_bytes: Size of the rendered value of a run; the tail is cut.
@@ -38,6 +39,10 @@ class Limits:
         max_processes: Processes the worker may own (process mode; 0 forbids forking).
         max_file_bytes: Largest file the worker may write (process mode).
         max_open_files: File descriptors the worker may hold (process mode).
+        max_threads: Threads (and processes) the worker may run at once, its main thread included (process
+            mode; RLIMIT_NPROC, enforced when the worker runs under a uid of its own, i.e. a root host).
+        max_scratch_bytes: Total bytes of all files in the worker's scratch directory (process mode; a tmpfs of
+            this size, when the host runs as root); a write past it fails with ``OSError`` (ENOSPC).
         max_script_bytes: Size of one script in UTF-8; a larger one does not run and its result says so.
         max_value_bytes: Size of a run's value, and of a host call's arguments, as sent from a worker (their
             JSON form; process mode). A larger value comes back as None with its capped repr and a note; larger
@@ -50,7 +55,7 @@ class Limits:
 
     wall_time_s: float | None = 30.0
     grace_s: float = 2.0
-    cpu_time_s: float | None = None
+    cpu_time_s: float | None = 600.0
     memory_bytes: int | None = 2048 * _MIB
     max_output_bytes: int | None = 64 * 1024
     max_value_repr_bytes: int | None = 16 * 1024
@@ -59,6 +64,8 @@ class Limits:
     max_processes: int | None = 0
     max_file_bytes: int | None = 256 * _MIB
     max_open_files: int | None = 256
+    max_threads: int | None = 128
+    max_scratch_bytes: int | None = 256 * _MIB
     max_script_bytes: int | None = _MIB
     max_value_bytes: int | None = _MIB
     dump_time_s: float | None = 60.0
@@ -84,6 +91,8 @@ class Limits:
             "max_processes": 0,
             "max_file_bytes": 0,
             "max_open_files": 16,
+            "max_threads": 8,
+            "max_scratch_bytes": _MIB,
             "max_script_bytes": 1,
             "max_value_bytes": 1024,
         }

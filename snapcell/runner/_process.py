@@ -37,6 +37,7 @@ from snapcell.errors import OutputLimitExceeded, SessionError
 from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
+from snapcell.runner._sandbox import release_scratch, sandbox_failure, worker_sandbox_settings
 from snapcell.runner._wire import (
     FRAME,
     Budget,
@@ -156,6 +157,7 @@ class WorkerProcess:
     async def init(self, *, policy: Policy, limits: Limits) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers."""
         self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
+        sandbox_settings = worker_sandbox_settings(self.pid or 0, self._scratch_root)
         memory = limits.memory_bytes
         self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
         self.limits = limits
@@ -165,6 +167,7 @@ class WorkerProcess:
                 "policy": policy_to_plain(policy),
                 "limits": to_plain(dataclasses.asdict(limits)),
                 "scratch_dir": self.scratch_dir,
+                **sandbox_settings,
             }
         )
         try:
@@ -174,6 +177,9 @@ class WorkerProcess:
             tail = self._stderr_tail(1500).strip()
             detail = f":\n{tail}" if tail else ""
             raise SessionError(f"a worker process failed to start ({exc.reason}){detail}") from exc
+        if message.get("op") == "sandbox_failed":
+            await self.kill()
+            raise sandbox_failure(message)
         sandbox = message.get("sandbox")
         if message.get("op") != "ready" or type(sandbox) is not dict:
             await self.kill()
@@ -448,6 +454,7 @@ class WorkerProcess:
             self._stderr.close()
             self._stderr = None
         if self.scratch_dir:
+            release_scratch(self.scratch_dir)
             shutil.rmtree(self.scratch_dir, ignore_errors=True)
             self.scratch_dir = ""
 

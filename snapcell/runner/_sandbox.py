@@ -1,23 +1,30 @@
 """Sandbox layers a worker process applies to itself before it runs any script.
 
-Called once, inside a freshly spawned worker, after its imports and before the
-first script. Each layer is independent: one the kernel refuses is reported as
-``"unavailable: <why>"`` and the others still apply, so the caller can start
-anyway, warn once and show the report.
+Called once, inside the process that will serve one session, after its imports and before the first
+script (a spawned worker today; a child forked from a zygote later: every layer is applied by the
+process to itself, and the seccomp filter names that process's own pid). Layers:
 
 - ``pdeathsig``: the worker gets SIGKILL when the host dies.
-- ``rlimits``: address space, CPU time, file size, open files; no core dumps.
-- ``no_new_privs``: no privilege gain through set-uid programs; needed by the next two.
-- ``landlock``: read-only access to the given paths (the Python installation),
-  read-write access to the scratch directory, nothing else; no TCP bind or
-  connect; no signals or abstract sockets out of the sandbox (by ABI).
-- ``seccomp``: no sockets, no exec, no fork (threads still work), no ptrace,
-  mounts, namespaces, kernel keyrings, BPF, perf, io_uring, module loading.
+- ``rlimits``: address space, CPU seconds, file size, open files, threads (RLIMIT_NPROC, when the
+  worker has a uid of its own); no core dumps.
+- ``no_new_privs``: no privilege gain through set-uid programs; needed by Landlock and seccomp.
+- ``landlock``: read-only access to the given paths (the Python installation), read-write access to
+  the scratch directory, nothing else; no TCP bind or connect; no signals or abstract sockets out of
+  the sandbox (by ABI).
+- ``privileges``: no capabilities in any set, securebits locked; when the host is root, an
+  unprivileged uid and gid with no supplementary groups (see `_privileges`).
+- ``scratch_quota``: the scratch directory is a tmpfs of ``Limits.max_scratch_bytes`` (root only).
+- ``seccomp``: an allowlist; everything else fails with EPERM (see `_seccomp`).
 
-Seccomp and Landlock go through raw syscalls with ctypes. libseccomp's Python
-binding is built from the libseccomp sources and is not maintained on PyPI,
-and a classic BPF filter this small is easier to audit by hand than to pull in
-a dependency; the same holds for the three Landlock syscalls.
+A layer may be ``"unavailable: <why>"`` only when the kernel truly lacks it (ENOSYS, EOPNOTSUPP, no
+Landlock ABI, an architecture without a filter) or the host lacks the privilege it needs (not
+root). Any other set-up failure (EINVAL from a wrong structure size, bad flags, EFAULT) raises
+`SandboxError`: a broken layer never passes for a missing one. Layers named in ``require`` (from
+``SNAPCELL_REQUIRE_SANDBOX``) must not be unavailable, or `SandboxError` is raised too.
+
+Seccomp and Landlock go through raw syscalls with ctypes. libseccomp's Python binding is built from
+the libseccomp sources and is not maintained on PyPI, and a classic BPF filter is easy to audit by
+hand; the same holds for the three Landlock syscalls.
 """
 
 from __future__ import annotations
@@ -33,13 +40,36 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from snapcell.errors import ConfigError
+from snapcell.errors import ConfigError, SandboxError
+from snapcell.runner import _seccomp
 from snapcell.runner._limits import Limits
+from snapcell.runner._privileges import (
+    drop_privileges,
+    layer_error,
+    mount_scratch,
+    pin_import_paths,
+    release_scratch,
+    sweep_stale_scratch,
+    worker_identity,
+)
 
-__all__ = ["LAYERS", "SandboxReport", "apply_sandbox", "seccomp_denied_syscalls"]
+__all__ = [
+    "LAYERS",
+    "SandboxReport",
+    "apply_sandbox",
+    "is_active",
+    "parse_required",
+    "release_scratch",
+    "sandbox_failure",
+    "seccomp_denied_syscalls",
+    "worker_sandbox_settings",
+]
 
-LAYERS = ("pdeathsig", "rlimits", "no_new_privs", "landlock", "seccomp")
+LAYERS = ("pdeathsig", "rlimits", "no_new_privs", "landlock", "privileges", "scratch_quota", "seccomp")
+# errno values that mean "this kernel does not have the feature"; anything else is a broken set-up.
+_MISSING_FEATURE = (errno.ENOSYS, errno.EOPNOTSUPP)
 
 # Read-only paths every worker needs besides the Python installation: the dynamic
 # loader's cache and library directories (C extensions such as _sqlite3 or _ssl
@@ -73,9 +103,10 @@ class SandboxReport:
     """Which sandbox layers a worker runs under.
 
     Attributes:
-        layers: Layer name (one of `LAYERS`) to ``"active"``, ``"off"`` (configured off)
+        layers: Layer name (one of `LAYERS`) to ``"active"`` or ``"active: <what exactly>"``
+            (``"active: uid 1000000879 gid 65534, no capabilities ..."``), ``"off"`` (configured off)
             or ``"unavailable: <why>"``.
-        notes: Details worth logging once (Landlock ABI, skipped paths, closed descriptors).
+        notes: Details worth logging once (skipped paths, closed descriptors).
     """
 
     layers: dict[str, str]
@@ -83,11 +114,16 @@ class SandboxReport:
 
     def active(self, name: str) -> bool:
         """Return whether layer ``name`` is in force."""
-        return self.layers.get(name) == "active"
+        return is_active(self.layers.get(name, ""))
 
     def to_dict(self) -> dict[str, str]:
         """Return a copy of the layer states, for `Pool.isolation_report()` and logs."""
         return dict(self.layers)
+
+
+def is_active(state: str) -> bool:
+    """Return whether a layer state (as in `SandboxReport.layers` or `Pool.isolation_report()`) is in force."""
+    return state == "active" or state.startswith("active:")
 
 
 def apply_sandbox(
@@ -97,17 +133,22 @@ def apply_sandbox(
     read_paths: Sequence[str],
     allow_fds: Sequence[int] = (),
     parent_pid: int | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    quota_scratch: bool = False,
+    require: Sequence[str] = (),
 ) -> SandboxReport:
     """Confine the calling process for good; call once, before any other thread exists.
 
-    Every descriptor above 2 that is not in ``allow_fds`` is closed first. Then
-    pdeathsig, rlimits, no_new_privs, Landlock and seccomp are applied in that
-    order. None of this can be undone by the process or its children.
+    Every descriptor above 2 that is not in ``allow_fds`` is closed first. Then the scratch tmpfs,
+    rlimits, no_new_privs, Landlock, privileges, pdeathsig and seccomp are applied in that order
+    (pdeathsig after the uid switch, which clears it). None of this can be undone by the process or
+    its children.
 
     Args:
-        limits: The session's limits; ``memory_bytes``, ``cpu_time_s``, ``max_file_bytes``
-            and ``max_open_files`` become rlimits, and ``max_processes == 0`` makes seccomp
-            deny fork (``None`` or more allow it; exec is always denied).
+        limits: The session's limits; ``memory_bytes``, ``cpu_time_s``, ``max_file_bytes``,
+            ``max_open_files`` and ``max_threads`` become rlimits, ``max_scratch_bytes`` sizes the
+            scratch tmpfs, and ``max_processes == 0`` makes seccomp deny fork (exec is always denied).
         scratch_dir: Absolute path of an existing directory; the only writable place.
         read_paths: Absolute paths readable (not writable) afterwards, beside `SYSTEM_READ_PATHS`;
             missing ones are skipped. A sibling of a path here stays unreadable.
@@ -115,26 +156,106 @@ def apply_sandbox(
         parent_pid: The host's pid; if the worker's parent is already another process when
             pdeathsig is set (the host died during start-up), the worker kills itself. Defaults
             to the parent seen when this module was imported.
+        uid: When this process is root, the uid to switch to (with ``gid``); None keeps uid 0 and
+            reports ``privileges`` as ``"off"``. Ignored for a process that is not root.
+        gid: The gid to switch to, with ``uid``.
+        quota_scratch: Mount a tmpfs of ``limits.max_scratch_bytes`` on ``scratch_dir`` (root only);
+            the caller must unmount it when the process ends (`_privileges.release_scratch`).
+        require: Layers that must not end up ``"unavailable"`` (see `parse_required`); ``"off"`` (configured
+            off by the caller) is accepted.
 
     Returns:
-        Which layers are active; unavailable ones carry the kernel's reason.
+        Which layers are active; unavailable ones carry the reason.
 
     Raises:
         ConfigError: An argument is invalid or other threads already run (they would
             escape Landlock); nothing was applied.
+        SandboxError: A layer's set-up failed other than for a missing kernel feature, or a required
+            layer is unavailable; the process is partly confined and must exit without running a script.
     """
     scratch, paths, keep = _check_args(scratch_dir, read_paths, allow_fds)
+    for name, value in (("uid", uid), ("gid", gid)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**32 - 1):
+            raise ConfigError(f"{name} must be a {name} other than 0 (and not -1), or None, not {value!r}")
+    required = parse_required(",".join(require))
     notes: list[str] = []
     _close_other_fds(keep, notes)
-    layers = {
-        "pdeathsig": _apply_pdeathsig(parent_pid),
-        "rlimits": _apply_rlimits(limits, notes),
-        "no_new_privs": _apply_no_new_privs(),
-    }
-    # Both need no_new_privs (or CAP_SYS_ADMIN); without it the kernel says why.
+    arch = _seccomp.machine()
+    ids = (uid, gid) if os.geteuid() == 0 and uid is not None and gid is not None else None
+    switch = ids is not None
+    layers: dict[str, str] = {}
+    if not quota_scratch or limits.max_scratch_bytes is None:
+        layers["scratch_quota"] = "off"
+    else:
+        layers["scratch_quota"] = mount_scratch(scratch, size_bytes=limits.max_scratch_bytes, uid=uid, gid=gid)
+    if ids is not None and not is_active(layers["scratch_quota"]):
+        os.chown(scratch, *ids)
+    layers["rlimits"] = _apply_rlimits(limits, notes, threads=switch)
+    layers["no_new_privs"] = _apply_no_new_privs()
+    if switch:
+        pinned = pin_import_paths()
+        notes.append(f"imports: {len(pinned)} import roots reached through /proc/self/fd")
+    # Landlock needs no_new_privs (or CAP_SYS_ADMIN), and is set up while every path can still be opened.
     layers["landlock"] = _apply_landlock(scratch, paths, notes)
-    layers["seccomp"] = _apply_seccomp(deny_fork=limits.max_processes == 0, notes=notes)
-    return SandboxReport(layers=layers, notes=tuple(notes))
+    layers["privileges"] = drop_privileges(uid=uid, gid=gid, arch=arch)
+    layers["pdeathsig"] = _apply_pdeathsig(parent_pid)
+    layers["seccomp"] = _apply_seccomp(arch, deny_fork=limits.max_processes == 0, notes=notes)
+    report = SandboxReport(layers={name: layers[name] for name in LAYERS}, notes=tuple(notes))
+    for name in required:
+        # "off" is the caller's own choice (no uid given, a limit set to None); "unavailable" is the machine's.
+        if report.layers[name].startswith("unavailable"):
+            raise SandboxError(
+                f"sandbox layer {name} is required (SNAPCELL_REQUIRE_SANDBOX) but {report.layers[name]}; the worker"
+                " did not start",
+                layer=name,
+            )
+    return report
+
+
+def parse_required(spec: str) -> tuple[str, ...]:
+    """Parse a ``SNAPCELL_REQUIRE_SANDBOX`` value: comma-separated layer names, ``all``, or empty.
+
+    Raises:
+        ConfigError: A name is not one of `LAYERS`.
+    """
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if "all" in names:
+        return LAYERS
+    unknown = [name for name in names if name not in LAYERS]
+    if unknown:
+        raise ConfigError(f"SNAPCELL_REQUIRE_SANDBOX names unknown layers {unknown}; known: all, {', '.join(LAYERS)}")
+    return tuple(dict.fromkeys(names))
+
+
+def worker_sandbox_settings(pid: int, scratch_root: str) -> dict[str, Any]:
+    """Host side: the sandbox part of a worker's init settings (identity, scratch quota, required layers).
+
+    When the host is root, ``scratch_root`` becomes traversable (mode 0711, not listable) so that the worker's
+    uid can reach its own scratch directory by absolute path.
+
+    Raises:
+        ConfigError: ``SNAPCELL_WORKER_UID``/``GID`` or ``SNAPCELL_REQUIRE_SANDBOX`` is invalid.
+    """
+    identity = worker_identity(pid)
+    root = identity["uid"] is not None
+    if root:
+        os.chmod(scratch_root, 0o711)
+        sweep_stale_scratch()
+    return {
+        **identity,
+        "quota_scratch": root,
+        "require": list(parse_required(os.environ.get("SNAPCELL_REQUIRE_SANDBOX", ""))),
+    }
+
+
+def sandbox_failure(message: dict[str, Any]) -> SandboxError:
+    """Host side: the `SandboxError` a worker's ``sandbox_failed`` message describes (checked, never trusted)."""
+    layer, err, text = message.get("layer"), message.get("errno"), message.get("message")
+    return SandboxError(
+        str(text)[:2000] if isinstance(text, str) else "a worker could not apply its sandbox",
+        layer=layer[:100] if isinstance(layer, str) else "unknown",
+        errno=err if type(err) is int else None,
+    )
 
 
 # ------------------------------------------------------------------ arguments
@@ -203,27 +324,30 @@ def _prctl(option: int, arg2: int, arg3: int = 0) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _unavailable(what: str, exc: OSError) -> str:
-    return f"unavailable: {what}: {os.strerror(exc.errno) if exc.errno else exc}"
+def _unavailable_or_raise(layer: str, what: str, exc: OSError) -> str:
+    """``"unavailable: ..."`` when the kernel lacks the feature; otherwise raise `SandboxError`."""
+    if exc.errno in _MISSING_FEATURE:
+        return f"unavailable: {what}: {os.strerror(exc.errno)}"
+    raise layer_error(layer, what, exc.errno) from None
 
 
 def _apply_pdeathsig(parent_pid: int | None) -> str:
     try:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError as exc:
-        return _unavailable("prctl(PR_SET_PDEATHSIG)", exc)
+        return _unavailable_or_raise("pdeathsig", "prctl(PR_SET_PDEATHSIG)", exc)
     expected = parent_pid if parent_pid is not None else _PPID_AT_IMPORT
     if (parent_pid is not None or os.getpid() == _PID_AT_IMPORT) and os.getppid() != expected:
         # The host died before the signal was armed: die as if it had died a moment later.
         os.kill(os.getpid(), signal.SIGKILL)
-    return "active"
+    return f"active: SIGKILL when the host (pid {os.getppid()}) dies"
 
 
 def _apply_no_new_privs() -> str:
     try:
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     except OSError as exc:
-        return _unavailable("prctl(PR_SET_NO_NEW_PRIVS)", exc)
+        return _unavailable_or_raise("no_new_privs", "prctl(PR_SET_NO_NEW_PRIVS)", exc)
     return "active"
 
 
@@ -235,7 +359,7 @@ def _lowered(current: int, wanted: int) -> int:
     return min(current, wanted)
 
 
-def _apply_rlimits(limits: Limits, notes: list[str]) -> str:
+def _apply_rlimits(limits: Limits, notes: list[str], *, threads: bool) -> str:
     wanted: dict[str, tuple[int, int]] = {"RLIMIT_CORE": (0, 0)}
     if limits.memory_bytes is not None:
         wanted["RLIMIT_AS"] = (limits.memory_bytes, limits.memory_bytes)
@@ -247,25 +371,29 @@ def _apply_rlimits(limits: Limits, notes: list[str]) -> str:
         wanted["RLIMIT_FSIZE"] = (limits.max_file_bytes, limits.max_file_bytes)
     if limits.max_open_files is not None:
         wanted["RLIMIT_NOFILE"] = (limits.max_open_files, limits.max_open_files)
-    # RLIMIT_NPROC is left alone: it counts every task of the real uid system-wide (other
-    # workers' threads included), so a per-worker value breaks thread creation, and root
-    # ignores it. Seccomp's clone rule is the fork block.
-    failures = []
+    # RLIMIT_NPROC counts every task of the real uid system-wide, and root ignores it: it bounds this
+    # worker's threads only once the worker runs under a uid of its own (``threads``). Sharing the
+    # host's uid, it would count the host's threads and every other worker's.
+    if limits.max_threads is not None and threads:
+        wanted["RLIMIT_NPROC"] = (limits.max_threads, limits.max_threads)
+    elif limits.max_threads is not None:
+        notes.append("rlimits: max_threads is not enforced (the worker shares the host's uid)")
     for name, (soft, hard) in wanted.items():
         res = getattr(resource, name)
         try:
-            cur_soft, cur_hard = resource.getrlimit(res)
+            _cur_soft, cur_hard = resource.getrlimit(res)
             new_hard = _lowered(cur_hard, hard)
             resource.setrlimit(res, (_lowered(new_hard, soft), new_hard))
-        except (OSError, ValueError) as exc:
-            failures.append(f"{name}: {exc}")
-    if failures:
-        notes.append(f"rlimits not applied: {'; '.join(failures)}")
-        return f"unavailable: {failures[0]}"
+        except OSError as exc:
+            # Lowering a limit cannot be refused; a failure here is a bug, not a missing feature.
+            raise layer_error("rlimits", f"setrlimit({name}, {soft})", exc.errno) from None
+        except ValueError as exc:
+            raise layer_error("rlimits", f"setrlimit({name}, {soft}): {exc}", None) from None
     if len(wanted) == 1:
         notes.append("rlimits: only core dumps are disabled (every limit is None)")
         return "off"
-    return "active"
+    shown = ", ".join(f"{name[7:]}={resource.getrlimit(getattr(resource, name))[1]}" for name in wanted)
+    return f"active: {shown} (hard limits)"
 
 
 def _syscall(nr: int, *args: int) -> int:
@@ -318,7 +446,8 @@ def _apply_landlock(scratch: str, read_paths: list[str], notes: list[str]) -> st
     try:
         abi = _syscall(_LANDLOCK_CREATE_RULESET, 0, 0, _LANDLOCK_CREATE_RULESET_VERSION)
     except OSError as exc:
-        return _unavailable("landlock_create_ruleset", exc)
+        # ENOSYS: not built in; EOPNOTSUPP: built in but not enabled at boot.
+        return _unavailable_or_raise("landlock", "landlock_create_ruleset(VERSION)", exc)
     handled = _FS_V1 | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0)
     handled |= _FS_IOCTL_DEV if abi >= 5 else 0
     # No rule ever grants a port, so handling TCP means no bind and no connect.
@@ -336,7 +465,8 @@ def _apply_landlock(scratch: str, read_paths: list[str], notes: list[str]) -> st
     try:
         ruleset_fd = _syscall(_LANDLOCK_CREATE_RULESET, ctypes.addressof(attr), size, 0)
     except OSError as exc:
-        return _unavailable("landlock_create_ruleset", exc)
+        # The kernel has just reported its ABI: any failure now is ours (a wrong size or flags).
+        raise layer_error("landlock", f"landlock_create_ruleset(size={size})", exc.errno) from None
     skipped = []
     try:
         for path, access in rules:
@@ -344,14 +474,14 @@ def _apply_landlock(scratch: str, read_paths: list[str], notes: list[str]) -> st
                 skipped.append(path)
         _syscall(_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0)
     except OSError as exc:
-        return _unavailable(f"landlock ({exc.filename or 'restrict_self'})", exc)
+        what = f"landlock_add_rule({exc.filename})" if exc.filename else "landlock_restrict_self"
+        raise layer_error("landlock", what, exc.errno) from None
     finally:
         os.close(ruleset_fd)
     scope = ", signal and abstract-socket scoping" if abi >= 6 else ""
-    notes.append(f"landlock ABI {abi}: filesystem{', TCP bind/connect' if abi >= 4 else ''}{scope}")
     if skipped:
         notes.append(f"landlock: missing paths skipped: {skipped}")
-    return "active"
+    return f"active: ABI {abi}: filesystem{', TCP bind/connect' if abi >= 4 else ''}{scope}"
 
 
 def _add_path_rule(ruleset_fd: int, path: str, access: int) -> bool:
@@ -374,135 +504,15 @@ def _add_path_rule(ruleset_fd: int, path: str, access: int) -> bool:
 
 # ------------------------------------------------------------------- seccomp
 
-_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _SECCOMP_SYSCALL = {"x86_64": 317, "aarch64": 277}
-_X32_SYSCALL_BIT = 0x40000000
-
-# Syscalls denied with EPERM, by architecture. Fork-like ones are listed apart
-# because max_processes > 0 (or None) allows them.
-_DENY = {
-    "x86_64": {
-        "socket": 41, "connect": 42, "accept": 43, "bind": 49, "listen": 50, "accept4": 288,
-        "execve": 59, "execveat": 322, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-        "kexec_load": 246, "kexec_file_load": 320, "mount": 165, "umount2": 166, "pivot_root": 155,
-        "chroot": 161, "setns": 308, "unshare": 272, "bpf": 321, "perf_event_open": 298, "keyctl": 250,
-        "add_key": 248, "request_key": 249, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
-        "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "mount_setattr": 442, "init_module": 175, "finit_module": 313,
-        "delete_module": 176, "reboot": 169, "swapon": 167, "swapoff": 168, "iopl": 172, "ioperm": 173,
-        "open_by_handle_at": 304, "pidfd_getfd": 438,
-    },
-    "aarch64": {
-        "socket": 198, "connect": 203, "accept": 202, "bind": 200, "listen": 201, "accept4": 242,
-        "execve": 221, "execveat": 281, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
-        "kexec_load": 104, "kexec_file_load": 294, "mount": 40, "umount2": 39, "pivot_root": 41,
-        "chroot": 51, "setns": 268, "unshare": 97, "bpf": 280, "perf_event_open": 241, "keyctl": 219,
-        "add_key": 217, "request_key": 218, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
-        "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "mount_setattr": 442, "init_module": 105, "finit_module": 273,
-        "delete_module": 106, "reboot": 142, "swapon": 224, "swapoff": 225,
-        "open_by_handle_at": 265, "pidfd_getfd": 438,
-    },
-}  # fmt: skip
-_DENY_FORK = {"x86_64": {"fork": 57, "vfork": 58}, "aarch64": {}}
-_CLONE = {"x86_64": 56, "aarch64": 220}
-_SOCKETPAIR = {"x86_64": 53, "aarch64": 199}
-_CLONE3 = 435  # ENOSYS, so glibc falls back to clone, whose flags a filter can read
-
-_CLONE_THREAD = 0x00010000
-# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
-_CLONE_NAMESPACES = 0x7E020000
-_AF_UNIX = 1
-
-_BPF_LD_W_ABS = 0x20
-_BPF_JEQ_K = 0x15
-_BPF_JGE_K = 0x35
-_BPF_JSET_K = 0x45
-_BPF_RET_K = 0x06
-_RET_KILL_PROCESS = 0x80000000
-_RET_ERRNO = 0x00050000
-_RET_ALLOW = 0x7FFF0000
-# Offsets in struct seccomp_data; args[0] low 32 bits come first on little-endian.
-_OFF_NR = 0
-_OFF_ARCH = 4
-_OFF_ARG0_LOW = 16
-
-
-def _machine() -> str | None:
-    machine = os.uname().machine
-    machine = "aarch64" if machine == "arm64" else machine
-    if machine not in _AUDIT_ARCH or sys.maxsize < 2**32 or sys.byteorder != "little":
-        return None
-    return machine
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+_SECCOMP_MODE_FILTER = 2
 
 
 def seccomp_denied_syscalls(*, deny_fork: bool = True) -> dict[str, str]:
-    """Return what the seccomp filter does to each syscall it does not simply allow, on this machine.
-
-    Args:
-        deny_fork: Whether fork-like calls are denied (``Limits.max_processes == 0``).
-
-    Returns:
-        Syscall name to its fate (``"EPERM"``, ``"ENOSYS"`` or a condition); empty on an
-        unsupported architecture.
-    """
-    machine = _machine()
-    if machine is None:
-        return {}
-    fates = dict.fromkeys(_DENY[machine], "EPERM")
-    if deny_fork:
-        fates.update(dict.fromkeys(_DENY_FORK[machine], "EPERM"))
-        fates["clone"] = "EPERM unless CLONE_THREAD without namespace flags"
-    else:
-        fates["clone"] = "EPERM with namespace flags"
-    fates["clone3"] = "ENOSYS"
-    fates["socketpair"] = "EPERM unless AF_UNIX"
-    return fates
-
-
-def _build_filter(machine: str, *, deny_fork: bool) -> list[tuple[int, int, int, int]]:
-    eperm = (_BPF_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)
-    allow = (_BPF_RET_K, 0, 0, _RET_ALLOW)
-    prog = [
-        (_BPF_LD_W_ABS, 0, 0, _OFF_ARCH),
-        (_BPF_JEQ_K, 1, 0, _AUDIT_ARCH[machine]),
-        (_BPF_RET_K, 0, 0, _RET_KILL_PROCESS),  # another ABI (i386, x32 via int 0x80) has other numbers
-        (_BPF_LD_W_ABS, 0, 0, _OFF_NR),
-    ]
-    if machine == "x86_64":
-        prog += [(_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT), eperm]
-    denied = dict(_DENY[machine])
-    if deny_fork:
-        denied.update(_DENY_FORK[machine])
-    for nr in sorted(denied.values()):
-        prog += [(_BPF_JEQ_K, 0, 1, nr), eperm]
-    prog += [(_BPF_JEQ_K, 0, 1, _CLONE3), (_BPF_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
-    prog += [
-        (_BPF_JEQ_K, 0, 4, _SOCKETPAIR[machine]),
-        (_BPF_LD_W_ABS, 0, 0, _OFF_ARG0_LOW),
-        (_BPF_JEQ_K, 0, 1, _AF_UNIX),  # asyncio's self-pipe; harmless, reaches nothing outside
-        allow,
-        eperm,
-    ]
-    if deny_fork:
-        prog += [
-            (_BPF_JEQ_K, 0, 5, _CLONE[machine]),
-            (_BPF_LD_W_ABS, 0, 0, _OFF_ARG0_LOW),
-            (_BPF_JSET_K, 2, 0, _CLONE_NAMESPACES),
-            (_BPF_JSET_K, 0, 1, _CLONE_THREAD),
-            allow,
-            eperm,
-        ]
-    else:
-        prog += [
-            (_BPF_JEQ_K, 0, 4, _CLONE[machine]),
-            (_BPF_LD_W_ABS, 0, 0, _OFF_ARG0_LOW),
-            (_BPF_JSET_K, 0, 1, _CLONE_NAMESPACES),
-            eperm,
-            allow,
-        ]
-    prog.append(allow)
-    return prog
+    """Return what the seccomp filter does to the calls it does not simply allow; see `_seccomp.denied_syscalls`."""
+    return _seccomp.denied_syscalls(deny_fork=deny_fork)
 
 
 class _SockFilter(ctypes.Structure):
@@ -513,22 +523,26 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def _apply_seccomp(*, deny_fork: bool, notes: list[str]) -> str:
-    machine = _machine()
-    if machine is None:
+def _apply_seccomp(arch: str | None, *, deny_fork: bool, notes: list[str]) -> str:
+    if arch is None:
         return f"unavailable: no filter for architecture {os.uname().machine} ({sys.maxsize.bit_length() + 1}-bit)"
-    insns = _build_filter(machine, deny_fork=deny_fork)
+    pid = os.getpid()
+    insns = _seccomp.build_filter(arch, pid=pid, deny_fork=deny_fork)
     array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
     prog = _SockFprog(len(insns), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
     try:
         # TSYNC: threads that exist anyway (none should) get the filter too.
-        _syscall(_SECCOMP_SYSCALL[machine], 1, 1, ctypes.addressof(prog))
+        _syscall(_SECCOMP_SYSCALL[arch], _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.addressof(prog))
     except OSError as exc:
         if exc.errno != errno.ENOSYS:
-            return _unavailable("seccomp(SECCOMP_SET_MODE_FILTER)", exc)
-        try:
-            _prctl(_PR_SET_SECCOMP, 2, ctypes.addressof(prog))
+            raise layer_error("seccomp", "seccomp(SECCOMP_SET_MODE_FILTER)", exc.errno) from None
+        try:  # kernels before 3.17 have only the prctl
+            _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog))
         except OSError as exc2:
-            return _unavailable("prctl(PR_SET_SECCOMP)", exc2)
-    notes.append(f"seccomp: {machine} filter of {len(insns)} instructions; fork {'denied' if deny_fork else 'allowed'}")
-    return "active"
+            if exc2.errno == errno.EINVAL:  # built without CONFIG_SECCOMP_FILTER
+                return "unavailable: prctl(PR_SET_SECCOMP): no seccomp filter support"
+            raise layer_error("seccomp", "prctl(PR_SET_SECCOMP)", exc2.errno) from None
+    return (
+        f"active: allowlist (default EPERM), {arch}, {len(insns)} instructions, signals and rlimits only for pid"
+        f" {pid}, fork {'denied' if deny_fork else 'allowed'}"
+    )

@@ -20,7 +20,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapcell.checkpoint import BlobRef
-from snapcell.errors import CheckpointError, ConfigError, OutputLimitExceeded, SnapcellError, TimeLimitExceeded
+from snapcell.errors import (
+    CheckpointError,
+    ConfigError,
+    OutputLimitExceeded,
+    SandboxError,
+    SnapcellError,
+    TimeLimitExceeded,
+)
 from snapcell.runner._host import CallBudget
 from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
@@ -425,16 +432,19 @@ def _read_paths(policy: Policy) -> list[str]:
 def _apply_sandbox(
     settings: dict[str, Any], limits: Limits, policy: Policy, keep_fds: tuple[int, ...], parent_pid: int | None
 ) -> dict[str, str]:
-    try:
-        from snapcell.runner._sandbox import apply_sandbox  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return {"sandbox": "unavailable: snapcell.runner._sandbox is missing"}
+    from snapcell.runner._sandbox import apply_sandbox
+
+    uid, gid = settings.get("uid"), settings.get("gid")
     report = apply_sandbox(
         limits=limits,
         scratch_dir=str(settings["scratch_dir"]),
         read_paths=_read_paths(policy),
         allow_fds=keep_fds,
         parent_pid=parent_pid,
+        uid=uid if isinstance(uid, int) else None,
+        gid=gid if isinstance(gid, int) else None,
+        quota_scratch=bool(settings.get("quota_scratch")),
+        require=[str(name) for name in settings.get("require", ())],
     )
     layers: dict[str, str] = report.to_dict()
     return layers
@@ -486,7 +496,13 @@ def main(argv: list[str] | None = None) -> int:
         _statm_fd = None
     keep = (sock.fileno(),) if _statm_fd is None else (sock.fileno(), _statm_fd)
     parent_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
-    report = _apply_sandbox(settings, limits, policy, keep, parent_pid)
+    try:
+        report = _apply_sandbox(settings, limits, policy, keep, parent_pid)
+    except (SandboxError, ConfigError) as exc:
+        # No script may run half-confined: say why, and stop.
+        failure = {"layer": getattr(exc, "layer", None), "errno": getattr(exc, "errno", None)}
+        channel.send({"op": "sandbox_failed", "message": str(exc), **failure})
+        return 4
     runner = Runner(policy=policy, limits=limits)
     worker = Worker(channel, runner)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
-from snapcell.errors import ConfigError, SessionError
+from snapcell.errors import ConfigError, SandboxError, SessionError
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._process import (
@@ -155,6 +155,9 @@ class WorkerPool:
         asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
         try:
             await worker.init(policy=policy, limits=limits)
+        except (SandboxError, ConfigError):  # a layer failed, or the host's sandbox settings are invalid
+            await self.release(worker)
+            raise
         except (SessionError, _Died) as exc:
             await self.release(worker)
             raise SessionError(f"a worker process failed to start: {exc}") from exc

@@ -1,0 +1,327 @@
+"""Privilege layers of the worker sandbox: no capabilities, an unprivileged uid, a bounded scratch directory.
+
+Used by `_sandbox.apply_sandbox` inside the worker, and by the host for the worker's identity and scratch.
+
+When the host runs as root, each worker switches to an unprivileged uid (by default one of its own,
+``WORKER_UID_BASE + pid``, so that ``RLIMIT_NPROC``, which counts every task of a real uid, bounds
+this worker's threads alone; ``SNAPCELL_WORKER_UID`` fixes one uid for all workers instead) and the
+gid ``SNAPCELL_WORKER_GID`` (default 65534, "nogroup"), with no supplementary groups. Every
+capability set is emptied (effective, permitted, inheritable, ambient, bounding) and the securebits
+are locked so none can come back.
+
+An unprivileged uid cannot walk into the Python installation when it lies under a directory only
+root may enter (``/root/.pyenv``, mode 0700), and the stdlib is imported lazily. So before the
+switch, every import root (each ``sys.path`` directory and the directory of each imported top-level
+package) is opened, and ``sys.path`` and packages' ``__path__`` are pointed at
+``/proc/self/fd/N/...``: the kernel resolves that magic link to the open directory without walking
+its ancestors again, and Landlock then judges the real file as usual.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from snapcell.errors import ConfigError, SandboxError
+
+__all__ = [
+    "WORKER_UID_BASE",
+    "drop_privileges",
+    "layer_error",
+    "mount_scratch",
+    "pin_import_paths",
+    "release_scratch",
+    "sweep_stale_scratch",
+    "worker_identity",
+]
+
+# Base of the automatic per-worker uids (``WORKER_UID_BASE + pid``): inside the range systemd leaves to
+# container user namespaces, far from regular and system users, below 2**31.
+WORKER_UID_BASE = 1_000_000_000
+_DEFAULT_GID = 65534
+
+_PR_CAPBSET_READ = 23
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECUREBITS = 28
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+# NOROOT and NO_CAP_AMBIENT_RAISE set, and locked with NO_SETUID_FIXUP and KEEP_CAPS (both off): uid 0 never
+# regains capabilities, a uid change always clears them, and no ambient capability can be raised.
+_SECUREBITS = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7)
+_CAPSET = {"x86_64": 126, "aarch64": 91}
+_CAPGET = {"x86_64": 125, "aarch64": 90}
+_CAP_VERSION_3 = 0x20080522
+_CAP_SETPCAP = 8
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_MNT_DETACH = 2
+_SCRATCH_DEVICE = "snapcell-scratch"
+# ENOSYS/EOPNOTSUPP: the kernel lacks the feature. ENODEV: no tmpfs. EPERM: root without CAP_SYS_ADMIN (a
+# container), which may not mount: the host lacks the privilege, as a non-root host does.
+_MISSING = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENODEV, errno.EPERM)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def layer_error(layer: str, what: str, err: int | None) -> SandboxError:
+    """The error for a layer whose set-up failed for a reason other than a missing kernel feature."""
+    reason = f"{os.strerror(err)} (errno {err})" if err else "failed"
+    return SandboxError(
+        f"sandbox layer {layer} could not be applied: {what}: {reason}; the worker did not start. This is a bug"
+        " or an unusual kernel configuration, not a missing feature; report it with `uname -a`.",
+        layer=layer,
+        errno=err,
+    )
+
+
+def _check(layer: str, what: str, result: int) -> int:
+    if result == -1:
+        raise layer_error(layer, what, ctypes.get_errno())
+    return result
+
+
+def _prctl(option: int, arg2: int, arg3: int = 0) -> int:
+    args = (ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    return int(_libc.prctl(ctypes.c_int(option), *args))
+
+
+# ------------------------------------------------------------------ host side
+
+
+def worker_identity(pid: int, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Return the uid and gid the worker ``pid`` should switch to, from the host's environment.
+
+    Args:
+        pid: The worker's process id (the automatic uid is ``WORKER_UID_BASE + pid``).
+        environ: Where ``SNAPCELL_WORKER_UID`` / ``SNAPCELL_WORKER_GID`` are read; `os.environ` by default.
+
+    Returns:
+        ``{"uid": int, "gid": int}`` when this process is root, else ``{"uid": None, "gid": None}`` (a worker
+        of an unprivileged host keeps the host's uid and only sheds its capabilities).
+
+    Raises:
+        ConfigError: A variable is not a whole number, or names uid or gid 0.
+    """
+    env = os.environ if environ is None else environ
+    if os.geteuid() != 0:
+        return {"uid": None, "gid": None}
+    auto = WORKER_UID_BASE + pid
+    # In a user namespace (a container's root) only mapped uids exist; fall back to "nobody" there.
+    ids = {"uid": auto if _uid_mapped(auto) else _DEFAULT_GID, "gid": _DEFAULT_GID}
+    for key in ("uid", "gid"):
+        raw = env.get(f"SNAPCELL_WORKER_{key.upper()}", "").strip()
+        if not raw:
+            continue
+        if not raw.isdigit() or not 0 < int(raw) < 2**32 - 1:
+            raise ConfigError(f"SNAPCELL_WORKER_{key.upper()} must be a {key} other than 0, not {raw!r}")
+        ids[key] = int(raw)
+    return ids
+
+
+def _uid_mapped(uid: int, uid_map: str = "/proc/self/uid_map") -> bool:
+    try:
+        with open(uid_map) as ranges:
+            rows = [line.split() for line in ranges]
+    except OSError:
+        return True  # no user namespaces here: every uid exists
+    return any(len(r) == 3 and int(r[0]) <= uid < int(r[0]) + int(r[2]) for r in rows if all(f.isdigit() for f in r))
+
+
+def release_scratch(path: str) -> None:
+    """Unmount the scratch tmpfs a worker mounted on ``path``, if any; the directory itself stays."""
+    if path and os.path.ismount(path):
+        _libc.umount2(os.fsencode(path), ctypes.c_int(_MNT_DETACH))
+
+
+def _worker_alive(pid: int, uid: int) -> bool:
+    """Whether process ``pid`` runs and has real uid ``uid`` (a zombie, or a reused pid, is not the worker)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            fields = dict(line.split(":", 1) for line in status.read().splitlines() if ":" in line)
+    except OSError:
+        return False
+    return not fields.get("State", "").strip().startswith(("Z", "X")) and fields.get("Uid", "").split()[:1] == [
+        str(uid)
+    ]
+
+
+def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:
+    """Unmount scratch tmpfs mounts left by workers that are gone (their host was killed before it could).
+
+    Only mounts this module made (device ``snapcell-scratch``) with an automatic worker uid are touched,
+    and only when the worker they name (``uid - WORKER_UID_BASE``) no longer exists.
+
+    Returns:
+        The mount points unmounted.
+    """
+    swept: list[str] = []
+    try:
+        with open(mounts_file) as mounts:
+            lines = mounts.read().splitlines()
+    except OSError:
+        return swept
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4 or fields[0] != _SCRATCH_DEVICE or fields[2] != "tmpfs":
+            continue
+        uid = next((int(o[4:]) for o in fields[3].split(",") if o.startswith("uid=") and o[4:].isdigit()), 0)
+        if uid > WORKER_UID_BASE and not _worker_alive(uid - WORKER_UID_BASE, uid):
+            point = fields[1].encode().decode("unicode_escape")  # mounts escapes spaces as \040
+            if _libc.umount2(os.fsencode(point), ctypes.c_int(_MNT_DETACH)) == 0:
+                swept.append(point)
+    return swept
+
+
+# ----------------------------------------------------------------- worker side
+
+
+def mount_scratch(scratch: str, *, size_bytes: int, uid: int | None, gid: int | None) -> str:
+    """Mount a tmpfs of ``size_bytes`` on ``scratch`` (the current directory moves onto it).
+
+    The mount lives in the host's mount namespace, so the host sees the files as before; the host
+    unmounts it when the worker ends (`release_scratch`).
+
+    Returns:
+        ``"active"``, or ``"unavailable: ..."`` when this process may not mount (not root) or the kernel
+        has no tmpfs.
+
+    Raises:
+        SandboxError: The mount failed for another reason.
+    """
+    if os.geteuid() != 0:
+        return "unavailable: mounting a tmpfs needs root (the host is not root); scratch is bounded per file only"
+    inodes = max(1024, min(size_bytes // 16384, 1 << 20))
+    options = f"size={size_bytes},nr_inodes={inodes},mode=0700"
+    if uid is not None and gid is not None:
+        options += f",uid={uid},gid={gid}"
+    flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    if _libc.mount(_SCRATCH_DEVICE.encode(), os.fsencode(scratch), b"tmpfs", flags, options.encode()) == -1:
+        err = ctypes.get_errno()
+        if err in _MISSING:
+            return f"unavailable: mount(tmpfs): {os.strerror(err)}"
+        raise layer_error("scratch_quota", "mount(tmpfs)", err)
+    os.chdir(scratch)
+    return f"active: tmpfs of {size_bytes} bytes, {inodes} inodes"
+
+
+def pin_import_paths() -> list[int]:
+    """Point ``sys.path`` and packages' ``__path__`` at ``/proc/self/fd/N`` links to open directories.
+
+    Returns:
+        The descriptors opened; they must stay open.
+    """
+    roots: dict[str, int] = {}
+
+    def pinned(path: str) -> str | None:
+        real = os.path.realpath(path)
+        for root, fd in roots.items():
+            if real == root or real.startswith(root + os.sep):
+                return f"/proc/self/fd/{fd}{real[len(root) :]}"
+        return None
+
+    def add_root(path: str) -> None:
+        real = os.path.realpath(path)
+        if real in roots or pinned(real) is not None or not os.path.isdir(real):
+            return
+        roots[real] = os.open(real, os.O_PATH | os.O_DIRECTORY)
+
+    for entry in sys.path:
+        if entry:
+            add_root(entry)
+    packages = [m for m in list(sys.modules.values()) if isinstance(getattr(m, "__path__", None), list)]
+    for module in packages:
+        for entry in module.__path__:
+            if isinstance(entry, str) and pinned(entry) is None:
+                add_root(entry)
+    sys.path[:] = [pinned(e) or e for e in sys.path if e]
+    for module in packages:
+        module.__path__[:] = [pinned(e) or e if isinstance(e, str) else e for e in module.__path__]
+    sys.path_importer_cache.clear()
+    return list(roots.values())
+
+
+def drop_privileges(*, uid: int | None, gid: int | None, arch: str | None) -> str:
+    """Leave no capability in any set and, when root, switch to ``uid``/``gid`` with no supplementary groups.
+
+    Call after every path this process needs has been opened (Landlock rules, `pin_import_paths`).
+
+    Returns:
+        ``"active: ..."`` (uid and capabilities dropped, or no capabilities held by a non-root process),
+        ``"off"`` (root and no uid given: capabilities dropped, uid 0 kept).
+
+    Raises:
+        SandboxError: A step failed, or capabilities remain afterwards.
+    """
+    root = os.geteuid() == 0
+    # Shrinking the bounding set and locking securebits need CAP_SETPCAP, which a hardened container's root may
+    # lack; then the bounding set stays, unusable: permitted and effective are emptied, and exec is denied.
+    setpcap = arch is not None and bool(_capabilities(arch)[0] & (1 << _CAP_SETPCAP))
+    if setpcap:
+        _check("privileges", "prctl(PR_SET_SECUREBITS)", _prctl(_PR_SET_SECUREBITS, _SECUREBITS))
+        cap = 0
+        while _prctl(_PR_CAPBSET_DROP, cap) == 0:  # EINVAL past the last capability this kernel knows
+            cap += 1
+        if ctypes.get_errno() != errno.EINVAL or cap == 0:
+            raise layer_error("privileges", f"prctl(PR_CAPBSET_DROP, {cap})", ctypes.get_errno())
+    if _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL) == -1 and ctypes.get_errno() != errno.EINVAL:
+        raise layer_error("privileges", "prctl(PR_CAP_AMBIENT_CLEAR_ALL)", ctypes.get_errno())
+    if root and uid is not None and gid is not None:
+        try:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        except OSError as exc:
+            what = f"switching to uid {uid} gid {gid} (mapped in this user namespace? see SNAPCELL_WORKER_UID)"
+            raise layer_error("privileges", what, exc.errno) from None
+    if arch is not None:
+        _set_capabilities_to_zero(arch)
+    left = _capabilities(arch)
+    if any(left) or (setpcap and _bounding_set()):
+        raise layer_error("privileges", f"capabilities left after the drop: {left}", None)
+    if root and uid is None:
+        return "off"
+    sets = "effective, permitted, inheritable, ambient" + (", bounding; securebits locked" if setpcap else "")
+    if not root:
+        return f"active: uid {os.getuid()} (the host's, which is not root), no capabilities ({sets})"
+    return f"active: uid {os.getuid()} gid {os.getgid()}, no supplementary groups, no capabilities ({sets})"
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _set_capabilities_to_zero(arch: str) -> None:
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    result = _libc.syscall(ctypes.c_long(_CAPSET[arch]), ctypes.byref(header), ctypes.byref(data))
+    _check("privileges", "capset", int(result))
+
+
+def _capabilities(arch: str | None) -> tuple[int, int, int]:
+    """Effective, permitted and inheritable sets of this thread (zeros where capget is unknown)."""
+    if arch is None:
+        return (0, 0, 0)
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check("privileges", "capget", int(_libc.syscall(ctypes.c_long(_CAPGET[arch]), ctypes.byref(header), data)))
+    low, high = data[0], data[1]
+    return (
+        low.effective | high.effective << 32,
+        low.permitted | high.permitted << 32,
+        low.inheritable | high.inheritable << 32,
+    )
+
+
+def _bounding_set() -> int:
+    caps, cap = 0, 0
+    while (held := _prctl(_PR_CAPBSET_READ, cap)) >= 0:
+        caps |= held << cap
+        cap += 1
+    return caps
