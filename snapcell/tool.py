@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import re
 import secrets
 import socket
 import time
@@ -28,12 +29,14 @@ from snapcell.errors import (
     CheckpointNotFound,
     ConfigError,
     Conflict,
+    ScriptError,
     SnapcellError,
     StorageError,
+    TimeLimitExceeded,
     WorkerLost,
 )
 from snapcell.pool import AsyncPool, Pool
-from snapcell.runner import Limits, RunResult
+from snapcell.runner import DEFAULT_MODULES, HostCall, Limits, Policy, RunResult
 from snapcell.runner._host import validate_lookup
 from snapcell.storage import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id
 
@@ -61,9 +64,8 @@ Run Python code in a persistent session that belongs to this conversation. Varia
 imports defined in one call are still there in later calls (even days later), so keep intermediate data in \
 variables rather than printing all of it. The answer shows what the code printed, then the value of its last \
 expression (as in a notebook cell), then any error with its traceback, then notes about the session. Top-level \
-`await` works, so `await asyncio.gather(...)` runs host functions concurrently. Only safe standard-library \
-modules can be imported, and there is no file or network access. Long answers are cut from the start, so print \
-only what you need to see."""
+`await` works, so `await asyncio.gather(...)` runs host functions concurrently. Long answers are cut from the \
+start, so print only what you need to see."""
 
 
 def cut_answer(text: str, max_chars: int) -> str:
@@ -78,11 +80,28 @@ def cut_answer(text: str, max_chars: int) -> str:
         return text
     cut = len(text) - max_chars
     while True:
-        marker = f"[... {cut} characters cut from the start of this answer ...]\n"
+        # The part cut here may hold the markers of earlier cuts (output kept by its tail, a long value cut in
+        # the middle): the count covers what they dropped too, so it says how much of the original is missing.
+        dropped = cut + _earlier_cuts(text[:cut])
+        marker = f"[... {dropped} characters cut from the start of this answer ...]\n"
         keep = max_chars - len(marker)
         if len(text) - keep == cut:
             return marker + text[len(text) - keep :]
         cut = len(text) - keep
+
+
+# Markers of the cuts made before the answer is put together: the output's (`TailBuffer`), a value's (`_render`).
+_EARLIER_CUT = re.compile(
+    r"\[\.\.\. (\d+) earlier characters of output were dropped \.\.\.\]\n|\.\.\.\[(\d+) characters cut\]\.\.\."
+)
+
+
+def _earlier_cuts(text: str) -> int:
+    """Characters that cuts marked in ``text`` dropped, less the markers' own length (counted as cut already)."""
+    extra = 0
+    for match in _EARLIER_CUT.finditer(text):
+        extra += int(match.group(1) or match.group(2)) - len(match.group(0))
+    return extra
 
 
 def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: int = 8000) -> str:
@@ -100,13 +119,38 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
         parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
     if result.value_repr is not None and result.value_repr != "None":  # like Python's own prompt
         parts.append(result.value_repr)
+    run_notes = result.notes
     if result.error is not None:
+        failed = _failed_host_call(result)
+        if failed is not None:
+            parts.append(f"the host function {failed.name} failed: {failed.error}")
         parts.append(result.error.for_model())
-    parts.extend(f"[note] {note}" for note in (*notes, *result.notes))
+        if failed is not None:
+            parts.append(
+                "This error came from the application's host function, not from a mistake in the code; retry once "
+                "if it looks temporary, otherwise tell the user what failed."
+            )
+        if isinstance(result.error, TimeLimitExceeded):  # the error says it already
+            run_notes = tuple(note for note in run_notes if not note.startswith("stopped after "))
+    parts.extend(f"[note] {note}" for note in (*notes, *run_notes))
     memory = _memory_note(result)
     if memory:
         parts.append(f"[note] {memory}")
     return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
+
+
+def _failed_host_call(result: RunResult) -> HostCall | None:
+    """The host-function call whose exception ended the run, if the error is that exception passed through."""
+    error = result.error
+    if not isinstance(error, ScriptError) or not error.exc_type:
+        return None
+    texts = (f"{error.exc_type}: {error.exc_message}", error.exc_message)
+    for call in reversed(result.external_calls):
+        if call.error is None or "is not available in this run" in call.error:
+            continue  # a name the run does not have is the script's mistake
+        if any(text and call.error.startswith(text) for text in texts):
+            return call
+    return None
 
 
 # Tell the model about memory once the namespace is big enough to matter, so it can free some before it runs out.
@@ -120,6 +164,40 @@ def _memory_note(result: RunResult) -> str:
         return ""
     used = f"the session uses {result.memory_bytes / 2**20:,.0f} MiB; " if result.memory_bytes else ""
     return f"{used}{result.namespace_summary}"
+
+
+def _modules_text(policy: Policy) -> str:
+    """What the policy lets scripts import, in a sentence for the model."""
+    if not policy.restricted:
+        return "Any installed module can be imported."
+    standard = policy.allowed_modules & DEFAULT_MODULES - {"__future__"}
+    others = sorted(policy.modules - standard - {"__future__"})
+    listed = ", ".join(others)
+    if standard:
+        listed += ("; and " if others else "") + "from the standard library: " + ", ".join(sorted(standard))
+    # Only the standard-library modules of the default list are known to hold no way onto the network.
+    offline = "" if policy.modules - DEFAULT_MODULES else " and there is no network access"
+    return (
+        f"Modules that can be imported (with their submodules): {listed}. Other imports fail; open() is not "
+        f"available{offline}."
+    )
+
+
+_LOST_REASONS = {
+    "timeout": "it ran past the time limit and could not be stopped",
+    "memory": "it ran out of memory",
+    "signal": "it was killed",
+    "crash": "it crashed",
+}
+
+
+def _lost_note(exc: WorkerLost) -> str:
+    """The model's note for a lost worker: short, and without the application's configuration names."""
+    why = _LOST_REASONS.get(exc.reason, "it stopped")
+    return (
+        f"the Python session restarted because {why}; this code's changes are lost and the variables are as they "
+        "were before it ran; do not rerun it unchanged"
+    )
 
 
 def _stub_signatures(stubs: str) -> list[str]:
@@ -216,7 +294,7 @@ class CodeTool:
         if stubs is not None:
             self._checkout.update(type_check=True, type_check_stubs=stubs)
         host = _stub_signatures(stubs) if stubs is not None else _tool_signatures(self.tools)
-        self.description = _DESCRIPTION + (
+        self.description = f"{_DESCRIPTION} {_modules_text(pool.policy)}" + (
             "\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else ""
         )
         self._aheads = AsyncHeads(self.heads)
@@ -301,10 +379,7 @@ class CodeTool:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
                 new_id = await session.dump()
             except WorkerLost as exc:
-                notes.append(
-                    f"the Python session crashed and restarted ({exc.reason}: {exc}); this code's changes are lost "
-                    "and the variables are as they were before it ran; do not rerun it unchanged"
-                )
+                notes.append(_lost_note(exc))
                 return render_answer(RunResult(), notes, max_chars=self.max_answer_chars)
         history: tuple[bytes, ...] = ()
         if head is not None and not fresh:
@@ -472,12 +547,32 @@ class SyncCodeTool:
 
     name = CodeTool.name
 
-    def __init__(self, pool: Pool, **options: Any) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        heads: HeadStore | None = None,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
+        stubs: str | None = None,
+        limits: Limits | None = None,
+        max_answer_chars: int = 8000,
+        lease_ttl_s: float = 60.0,
+        lease_wait_s: float = 30.0,
+    ) -> None:
         if not isinstance(pool, Pool):
             raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
         self._pool = pool
         # The sessions must run on the loop that owns the pool's workers, so reuse the pool's runner.
-        self._inner = CodeTool(pool.aio, **options)
+        self._inner = CodeTool(
+            pool.aio,
+            heads=heads,
+            tools=tools,
+            stubs=stubs,
+            limits=limits,
+            max_answer_chars=max_answer_chars,
+            lease_ttl_s=lease_ttl_s,
+            lease_wait_s=lease_wait_s,
+        )
 
     @property
     def inner(self) -> CodeTool:
