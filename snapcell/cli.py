@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from snapcell.storage import add_commands
 __all__ = ["main"]
 
 DEFAULT_DEMO_STORE = "file://.snapcell"
+_EXIT_BROKEN_PIPE = 141  # what a shell reports for a command ended by SIGPIPE
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -24,8 +26,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    import os
-
     from snapcell._inspect import inspect_checkpoint
 
     is_file = os.path.exists(args.target) and not os.path.isdir(args.target)
@@ -47,7 +47,62 @@ def _inspect(args: argparse.Namespace) -> int:
 def _repl(args: argparse.Namespace) -> int:
     from snapcell._repl import run_repl
 
-    return run_repl(store=args.store, conversation=args.conversation, isolation=args.isolation)
+    allow = [m.strip() for m in (args.allow or "").split(",") if m.strip()]
+    return run_repl(store=args.store, conversation=args.conversation, isolation=args.isolation, allow=allow)
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from snapcell._mcp import serve, settings_from_args
+
+    asyncio.run(serve(settings_from_args(args)))
+    return 0
+
+
+def _head(args: argparse.Namespace) -> int:
+    import json
+
+    from snapcell.storage import default_heads, open_store, validate_conversation_id
+
+    validate_conversation_id(args.conversation)
+    store = open_store(args.store)
+    try:
+        heads = default_heads(store)
+        try:
+            head = heads.get(args.conversation)
+        finally:
+            heads.close()
+    finally:
+        store.close()
+    if args.json:
+        record = {
+            "conversation": args.conversation,
+            "checkpoint_id": head.checkpoint_id.hex() if head is not None and head.checkpoint_id else None,
+            "history": [h.hex() for h in head.history] if head is not None else [],
+        }
+        print(json.dumps(record, indent=2))
+        return 0 if head is not None else 1
+    if head is None:
+        print(f"snapcell head: conversation {args.conversation!r} has no turns in {store.url}", file=sys.stderr)
+        return 1
+    print(
+        head.checkpoint_id.hex()
+        if head.checkpoint_id is not None
+        else "(empty: the conversation was rewound to before its first turn)"
+    )
+    if args.history:
+        for earlier in head.history:
+            print(earlier.hex())
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    import secrets
+
+    # URL-safe base64 of 32 random bytes: 43 characters, no comma (the separator of several keys), no space.
+    print(secrets.token_urlsafe(32))
+    return 0
 
 
 def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,7 +139,7 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
         "repl",
         help="an interactive Python prompt whose variables persist across runs",
         description="Every input is a turn of a persistent conversation: quit and start again later (with the same "
-        "--conversation and --store) and the variables are still there. %%help lists the commands.",
+        "--conversation and --store) and the variables are still there. Inside, %help lists the commands.",
     )
     repl.add_argument("--conversation", default="repl", help="conversation ID (default repl)")
     repl.add_argument(
@@ -96,7 +151,32 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
         default="process",
         help="process (default): a sandboxed worker; inline: this process, no protection",
     )
+    repl.add_argument(
+        "--allow", metavar="MODULES", help="modules to allow besides the safe standard library: numpy,pandas"
+    )
     repl.set_defaults(func=_repl)
+
+    head = commands.add_parser(
+        "head",
+        help="print a conversation's current checkpoint ID",
+        description="Print the current checkpoint ID (hex) of a run_code conversation, as kept in the store's head "
+        "store; exits 1 when the conversation has no turns. Feed it to `snapcell inspect`.",
+    )
+    head.add_argument("conversation", metavar="CONVERSATION", help="the conversation ID")
+    head.add_argument(
+        "--store", default=DEFAULT_DEMO_STORE, help=f"store URL or directory (default {DEFAULT_DEMO_STORE})"
+    )
+    head.add_argument("--history", action="store_true", help="also print the earlier checkpoint IDs, newest first")
+    head.add_argument("--json", action="store_true", help="print the head and its history as JSON")
+    head.set_defaults(func=_head)
+
+    keygen = commands.add_parser(
+        "keygen",
+        help="print a new signing key for SNAPCELL_SIGNING_KEY",
+        description="Print a new random signing key (32 random bytes as 43 URL-safe characters) to put in "
+        "SNAPCELL_SIGNING_KEY. To rotate, put the new key first and keep the old one after a comma.",
+    )
+    keygen.set_defaults(func=_keygen)
 
 
 def _duration(parse: Any) -> Any:
@@ -111,7 +191,11 @@ def _duration(parse: Any) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``snapcell`` command."""
+    from snapcell import __version__
+    from snapcell._mcp import add_command as add_mcp_command
+
     parser = argparse.ArgumentParser(prog="snapcell", description="A snapshotting Python interpreter for AI agents.")
+    parser.add_argument("--version", action="version", version=f"snapcell {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser("demo", help="run the two-turn churn example across two processes")
     demo.add_argument(
@@ -121,17 +205,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     _add_inspect_and_repl(commands)
     add_commands(commands)
+    add_mcp_command(commands, _mcp)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    args = build_parser().parse_args(argv)
     try:
-        code: int = args.func(args)
-    except SnapcellError as exc:
-        print(f"snapcell: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        args = build_parser().parse_args(argv)
+        try:
+            code: int = args.func(args)
+        except SnapcellError as exc:
+            print(f"snapcell: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`snapcell inspect ... | head`): stop quietly, like other command-line tools. Point
+        # stdout at /dev/null so the interpreter's own flush at exit does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return _EXIT_BROKEN_PIPE
     return code
 
 
