@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import json
 import os
 import subprocess
@@ -106,20 +107,26 @@ def test_cleanup_heads_without_a_key_says_how_to_pass_one(
     assert "signing_keys=" not in err and "to the pool" not in err
 
 
-def test_repl_help_and_allow() -> None:
-    help_text = build_parser().format_help()
-    assert "--version" in help_text
-    done = _cli("repl", "--help")
-    assert "%%" not in done.stdout and "%help" in done.stdout and "--allow MODULES" in done.stdout
+def test_repl_help_and_allow(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--version" in build_parser().format_help()
+    with pytest.raises(SystemExit):
+        main(["repl", "--help"])
+    help_text = capsys.readouterr().out
+    assert "%%" not in help_text and "%help" in help_text and "--allow MODULES" in help_text
 
 
-def test_repl_allow_lets_scripts_import_the_modules(tmp_path: Path) -> None:
+def test_repl_allow_lets_scripts_import_the_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     script = "import numpy\nint(numpy.arange(4).sum())\n"
     base = ["repl", "--store", f"file://{tmp_path / 's'}", "--isolation", "inline"]
-    refused = _cli(*base, "--conversation", "a", input=script)
-    assert "PolicyError" in refused.stdout
-    allowed = _cli(*base, "--conversation", "b", "--allow", "numpy, pandas", input=script)
-    assert "PolicyError" not in allowed.stdout and "\n6\n" in allowed.stdout.replace(">>> ", "\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(script))
+    assert main([*base, "--conversation", "a"]) == 0
+    assert "PolicyError" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.StringIO(script))
+    assert main([*base, "--conversation", "b", "--allow", "numpy, pandas"]) == 0
+    out = capsys.readouterr().out
+    assert "PolicyError" not in out and "\n6\n" in out.replace(">>> ", "\n")
 
 
 def test_plurals_in_the_repl() -> None:

@@ -15,7 +15,8 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from snapcell._mcp import ENV, load_tools, settings_from_args
+from snapcell import AsyncPool, CodeTool
+from snapcell._mcp import ENV, build_server, load_tools, settings_from_args
 from snapcell.cli import build_parser
 from snapcell.errors import ConfigError
 
@@ -54,45 +55,50 @@ async def _call(params: StdioServerParameters, *codes: str) -> list[str]:
     return answers
 
 
-def test_two_turns_in_two_server_processes_share_state(tmp_path: Path) -> None:
+def test_stdio_turns_share_state_per_conversation_and_across_server_processes(tmp_path: Path) -> None:
     (tmp_path / "hosttools.py").write_text(HOST_MODULE)
-    env = {ENV["tools"]: "hosttools:TOOLS", ENV["allow"]: "numpy"}
-    first = _server(tmp_path, "--conversation", "desktop", env=env)
-    assert anyio.run(_call, first, "receipt = charge_card(12)\nreceipt") == ["'charged 12'"]
+    env = {ENV["tools"]: "hosttools:TOOLS", ENV["allow"]: "colorsys"}
+    first = _server(tmp_path, "--conversation", "desktop", env=env)  # the default isolation: worker processes
+
+    async def first_turns() -> tuple[str, list[str]]:
+        with anyio.fail_after(120):  # a hang guard, not a timing assertion
+            async with Client(first) as client:
+                (tool,) = (await client.list_tools()).tools
+                assert tool.name == "run_code" and tool.input_schema["required"] == ["code"]
+                answers = []
+                for code in ("receipt = charge_card(12)\nreceipt", "charge_card(500)"):
+                    result = await client.call_tool("run_code", {"code": code})
+                    assert not result.is_error, result
+                    answers.append(result.content[0].text)
+                return tool.description or "", answers
+
+    description, answers = anyio.run(first_turns)
+    assert "colorsys; and from the standard library: " in description
+    assert "Only safe standard-library modules" not in description
+    assert "def charge_card(amount: int) -> str" in description
+    assert answers[0] == "'charged 12'"
+    assert "the host function charge_card failed: ConnectionError: the payment gateway refused" in answers[1]
+
     # A new server process, as after a restart of the desktop client: the pinned conversation continues.
-    second = _server(tmp_path, "--conversation", "desktop", env=env)
+    second = _server(tmp_path, "--conversation", "desktop", "--isolation", "inline", env=env)
     assert anyio.run(_call, second, "receipt.upper()") == ["'CHARGED 12'"]
 
 
-def test_the_tool_description_lists_modules_and_host_functions(tmp_path: Path) -> None:
-    (tmp_path / "hosttools.py").write_text(HOST_MODULE)
-    params = _server(tmp_path, "--isolation", "inline", "--allow", "numpy,pandas", "--tools", "hosttools:charge_card")
-
-    async def describe() -> str:
+def test_without_a_pinned_conversation_each_server_is_its_own_conversation() -> None:
+    async def calls(server: object, *codes: str) -> list[str]:
         with anyio.fail_after(120):
-            async with Client(params) as client:
-                (tool,) = (await client.list_tools()).tools
-                assert tool.name == "run_code" and tool.input_schema["required"] == ["code"]
-                return tool.description or ""
+            async with Client(server) as client:  # type: ignore[arg-type]  # in-process, as over stdio: no headers
+                return [(await client.call_tool("run_code", {"code": c})).content[0].text for c in codes]
 
-    description = anyio.run(describe)
-    assert "numpy, pandas" in description and "from the standard library: " in description
-    assert "Only safe standard-library modules" not in description
-    assert "def charge_card(amount: int) -> str" in description
+    async def main() -> tuple[list[str], list[str]]:
+        async with AsyncPool("memory://", isolation="inline") as pool:
+            tool = CodeTool(pool)
+            first = await calls(build_server(tool), "x = 41", "x + 1")
+            second = await calls(build_server(tool), "x")  # another server: another MCP session
+            return first, second
 
-
-def test_each_stdio_server_is_its_own_conversation_by_default(tmp_path: Path) -> None:
-    params = _server(tmp_path, "--isolation", "inline")
-    assert anyio.run(_call, params, "x = 41", "x + 1") == ["(no output)", "42"]
-    (answer,) = anyio.run(_call, params, "x")  # another server process: another MCP session
-    assert "NameError: name 'x' is not defined" in answer
-
-
-def test_a_failing_host_function_is_labelled_for_the_model(tmp_path: Path) -> None:
-    (tmp_path / "hosttools.py").write_text(HOST_MODULE)
-    params = _server(tmp_path, "--isolation", "inline", "--tools", "hosttools:TOOLS")
-    (answer,) = anyio.run(_call, params, "charge_card(500)")
-    assert "the host function charge_card failed: ConnectionError: the payment gateway refused" in answer
+    first, second = anyio.run(main)
+    assert first == ["(no output)", "42"] and "NameError: name 'x' is not defined" in second[0]
 
 
 def _free_port() -> int:
