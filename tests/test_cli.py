@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from snapcell import MemoryHeads, Policy, Pool, SyncCodeTool
-from snapcell._repl import Repl, describe_variables
 from snapcell.checkpoint import Keyring
 from snapcell.cli import build_parser, main
+from snapcell.cli._repl import Repl, describe_variables
 
 
 def _cli(*argv: str, cwd: Path | None = None, **kwargs: object) -> subprocess.CompletedProcess[str]:

@@ -16,8 +16,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from snapcell import AsyncPool, CodeTool
-from snapcell._mcp import ENV, build_server, load_tools, settings_from_args
 from snapcell.cli import build_parser
+from snapcell.cli._mcp import ENV, build_server, load_tools, settings_from_args
 from snapcell.errors import ConfigError
 
 HOST_MODULE = '''

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snapcell import Pool
-from snapcell._repl import Repl
+from snapcell.cli._repl import Repl
 from snapcell.tool import SyncCodeTool
 
 

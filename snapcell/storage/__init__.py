@@ -1,11 +1,10 @@
 """Where checkpoint bytes live: the `Store` protocol, its backends, and the expiry and quota cleanup job.
 
 Pick a backend by URL with `open_store` (``file://``, ``s3://``, ``memory://``); wrap it in `AsyncStore` for async
-callers. Cleanup and usage are plain functions over any store; `add_commands` puts them on the CLI.
+callers. Cleanup and usage are plain functions over any store; the ``snapcell`` command (`snapcell.cli`) runs them.
 """
 
 from ._cleanup import DEFAULT_TTL_S, CleanupReport, DayUsage, UsageReport, cleanup, usage
-from ._commands import add_commands, parse_duration, parse_size
 from ._config import S3Config, open_store
 from ._heads import AsyncHeads, Head, HeadStore, MemoryHeads, default_heads, open_heads, validate_conversation_id
 from ._heads_s3 import S3Heads
@@ -33,14 +32,11 @@ __all__ = [
     "SQLiteHeads",
     "Store",
     "UsageReport",
-    "add_commands",
     "cleanup",
     "default_heads",
     "install_lifecycle",
     "open_heads",
     "open_store",
-    "parse_duration",
-    "parse_size",
     "usage",
     "validate_conversation_id",
     "validate_key",

@@ -223,7 +223,7 @@ def settings_from_args(args: argparse.Namespace) -> McpSettings:
     Raises:
         ConfigError: A value is malformed.
     """
-    from snapcell.storage import parse_duration, parse_size
+    from snapcell.cli._storage import parse_duration, parse_size
 
     def pick(name: str) -> str | None:
         value: str | None = getattr(args, name)

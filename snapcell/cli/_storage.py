@@ -13,12 +13,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from snapcell.errors import ConfigError, StorageError
-
-from ._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, DEFAULT_TTL_S, cleanup, usage
-from ._config import open_store
-from ._heads import HeadStore, open_heads
-from ._local import LocalStore
-from ._protocol import Store
+from snapcell.storage import HeadStore, LocalStore, Store, cleanup, open_heads, open_store, usage
+from snapcell.storage._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, DEFAULT_TTL_S
 
 __all__ = [
     "EXIT_CONFIG",
@@ -290,7 +286,7 @@ def _run_usage(args: argparse.Namespace) -> int:
 
 
 def _run_s3_setup(args: argparse.Namespace) -> int:
-    from ._s3 import S3Store, install_lifecycle
+    from snapcell.storage import S3Store, install_lifecycle
 
     try:
         if not args.store_url.startswith("s3://"):

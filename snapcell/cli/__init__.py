@@ -1,4 +1,8 @@
-"""The ``snapcell`` command: the demo, the REPL, checkpoint inspection, and the storage tools (cleanup, usage, S3)."""
+"""The ``snapcell`` command: the demo, the REPL, checkpoint inspection, and the storage tools (cleanup, usage, S3).
+
+The handlers are named ``_run_*``: the package's submodules (``_demo``, ``_inspect``, ``_repl``, ``_mcp``) become
+attributes of this module when imported, and would replace same-named functions.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from snapcell.cli._storage import add_commands
 from snapcell.errors import SnapcellError
-from snapcell.storage import add_commands
 
 __all__ = ["main"]
 
@@ -17,16 +21,16 @@ DEFAULT_DEMO_STORE = "file://.snapcell"
 _EXIT_BROKEN_PIPE = 141  # what a shell reports for a command ended by SIGPIPE
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from snapcell._demo import run_demo, run_second_turn
+def _run_demo(args: argparse.Namespace) -> int:
+    from snapcell.cli._demo import run_demo, run_second_turn
 
     if args.turn_2:
         return run_second_turn(args.store, args.turn_2)
     return run_demo(args.store)
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from snapcell._inspect import inspect_checkpoint
+def _run_inspect(args: argparse.Namespace) -> int:
+    from snapcell.cli._inspect import inspect_checkpoint
 
     is_file = os.path.exists(args.target) and not os.path.isdir(args.target)
     if not is_file and args.id:
@@ -44,17 +48,17 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0 if report.problem is None else 1
 
 
-def _repl(args: argparse.Namespace) -> int:
-    from snapcell._repl import run_repl
+def _run_repl(args: argparse.Namespace) -> int:
+    from snapcell.cli._repl import run_repl
 
     allow = [m.strip() for m in (args.allow or "").split(",") if m.strip()]
     return run_repl(store=args.store, conversation=args.conversation, isolation=args.isolation, allow=allow)
 
 
-def _mcp(args: argparse.Namespace) -> int:
+def _run_mcp(args: argparse.Namespace) -> int:
     import asyncio
 
-    from snapcell._mcp import serve, settings_from_args
+    from snapcell.cli._mcp import serve, settings_from_args
 
     asyncio.run(serve(settings_from_args(args)))
     return 0
@@ -106,7 +110,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from snapcell.storage import parse_duration
+    from snapcell.cli._storage import parse_duration
 
     inspect = commands.add_parser(
         "inspect",
@@ -133,7 +137,7 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
     inspect.add_argument(
         "--no-verify", action="store_true", help="read the bytes without checking signatures (nothing is unpickled)"
     )
-    inspect.set_defaults(func=_inspect)
+    inspect.set_defaults(func=_run_inspect)
 
     repl = commands.add_parser(
         "repl",
@@ -154,7 +158,7 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
     repl.add_argument(
         "--allow", metavar="MODULES", help="modules to allow besides the safe standard library: numpy,pandas"
     )
-    repl.set_defaults(func=_repl)
+    repl.set_defaults(func=_run_repl)
 
     head = commands.add_parser(
         "head",
@@ -192,7 +196,7 @@ def _duration(parse: Any) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``snapcell`` command."""
     from snapcell import __version__
-    from snapcell._mcp import add_command as add_mcp_command
+    from snapcell.cli._mcp import add_command as add_mcp_command
 
     parser = argparse.ArgumentParser(prog="snapcell", description="A snapshotting Python interpreter for AI agents.")
     parser.add_argument("--version", action="version", version=f"snapcell {__version__}")
@@ -202,10 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", default=DEFAULT_DEMO_STORE, help=f"store URL or directory (default {DEFAULT_DEMO_STORE})"
     )
     demo.add_argument("--turn-2", metavar="CHECKPOINT_HEX", help=argparse.SUPPRESS)
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=_run_demo)
     _add_inspect_and_repl(commands)
     add_commands(commands)
-    add_mcp_command(commands, _mcp)
+    add_mcp_command(commands, _run_mcp)
     return parser
 
 
