@@ -5,12 +5,13 @@ callers. Cleanup and usage are plain functions over any store; the ``snapcell`` 
 """
 
 from ._cleanup import DEFAULT_TTL_S, CleanupReport, DayUsage, UsageReport, cleanup, usage
-from ._config import S3Config, open_store
-from ._heads import AsyncHeads, Head, HeadStore, MemoryHeads, default_heads, open_heads, validate_conversation_id
+from ._config import S3Config
+from ._heads import AsyncHeads, Head, HeadStore, MemoryHeads, validate_conversation_id
 from ._heads_s3 import S3Heads
 from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
 from ._memory import MemoryStore
+from ._open import default_heads, open_heads, open_store
 from ._protocol import AsyncStore, ObjectInfo, Store, validate_key
 from ._s3 import S3Store, install_lifecycle
 
