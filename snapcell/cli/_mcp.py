@@ -264,7 +264,11 @@ def add_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]",
         "option can also come from the environment variable named in its help. Needs pip install 'snapcell[mcp]'.",
     )
     p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="stdio (default) or streamable HTTP")
-    p.add_argument("--host", default="127.0.0.1", help="address the HTTP transport listens on (127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the HTTP transport listens on (127.0.0.1); it has no authentication, so keep it private",
+    )
     p.add_argument("--port", type=int, default=8000, help="port of the HTTP transport (8000)")
     p.add_argument("--path", default="/mcp", help="URL path of the HTTP endpoint (/mcp)")
     p.add_argument("--store", default=None, help=f"store URL or directory (${ENV['store']}, default {DEFAULT_STORE})")
