@@ -5,15 +5,18 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from snapcell.errors import ConfigError
-from snapcell.runner import RunResult
+from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
+from snapcell.runner import DEFAULT_MODULES, HostCall, Policy, RunResult
 from snapcell.storage import TurnRecord
 
 __all__ = [
     "MIN_ANSWER_CHARS",
+    "lost_note",
+    "modules_text",
     "cut_answer",
     "render_answer",
     "replayed",
@@ -37,11 +40,28 @@ def cut_answer(text: str, max_chars: int) -> str:
         return text
     cut = len(text) - max_chars
     while True:
-        marker = f"[... {cut} characters cut from the start of this answer ...]\n"
+        # The part cut here may hold the markers of earlier cuts (output kept by its tail, a long value cut in
+        # the middle): the count covers what they dropped too, so it says how much of the original is missing.
+        dropped = cut + _earlier_cuts(text[:cut])
+        marker = f"[... {dropped} characters cut from the start of this answer ...]\n"
         keep = max_chars - len(marker)
         if len(text) - keep == cut:
             return marker + text[len(text) - keep :]
         cut = len(text) - keep
+
+
+# Markers of the cuts made before the answer is put together: the output's (`TailBuffer`), a value's (`_render`).
+_EARLIER_CUT = re.compile(
+    r"\[\.\.\. (\d+) earlier characters of output were dropped \.\.\.\]\n|\.\.\.\[(\d+) characters cut\]\.\.\."
+)
+
+
+def _earlier_cuts(text: str) -> int:
+    """Characters that cuts marked in ``text`` dropped, less the markers' own length (counted as cut already)."""
+    extra = 0
+    for match in _EARLIER_CUT.finditer(text):
+        extra += int(match.group(1) or match.group(2)) - len(match.group(0))
+    return extra
 
 
 def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: int = 8000) -> str:
@@ -59,13 +79,38 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
         parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
     if result.value_repr is not None and result.value_repr != "None":  # like Python's own prompt
         parts.append(result.value_repr)
+    run_notes = result.notes
     if result.error is not None:
+        failed = _failed_host_call(result)
+        if failed is not None:
+            parts.append(f"the host function {failed.name} failed: {failed.error}")
         parts.append(result.error.for_model())
-    parts.extend(f"[note] {note}" for note in (*notes, *result.notes))
+        if failed is not None:
+            parts.append(
+                "This error came from the application's host function, not from a mistake in the code; retry once "
+                "if it looks temporary, otherwise tell the user what failed."
+            )
+        if isinstance(result.error, TimeLimitExceeded):  # the error says it already
+            run_notes = tuple(note for note in run_notes if not note.startswith("stopped after "))
+    parts.extend(f"[note] {note}" for note in (*notes, *run_notes))
     memory = _memory_note(result)
     if memory:
         parts.append(f"[note] {memory}")
     return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
+
+
+def _failed_host_call(result: RunResult) -> HostCall | None:
+    """The host-function call whose exception ended the run, if the error is that exception passed through."""
+    error = result.error
+    if not isinstance(error, ScriptError) or not error.exc_type:
+        return None
+    texts = (f"{error.exc_type}: {error.exc_message}", error.exc_message)
+    for call in reversed(result.external_calls):
+        if call.error is None or "is not available in this run" in call.error:
+            continue  # a name the run does not have is the script's mistake
+        if any(text and call.error.startswith(text) for text in texts):
+            return call
+    return None
 
 
 # Tell the model about memory once the namespace is big enough to matter, so it can free some before it runs out.
@@ -145,3 +190,37 @@ def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
     if not isinstance(setup, bool):
         raise ConfigError(f"run_code argument 'setup' must be true or false, not {setup!r}")
     return data["code"], setup
+
+
+def modules_text(policy: Policy) -> str:
+    """What the policy lets scripts import, in a sentence for the model."""
+    if not policy.restricted:
+        return "Any installed module can be imported."
+    standard = policy.allowed_modules & DEFAULT_MODULES - {"__future__"}
+    others = sorted(policy.modules - standard - {"__future__"})
+    listed = ", ".join(others)
+    if standard:
+        listed += ("; and " if others else "") + "from the standard library: " + ", ".join(sorted(standard))
+    # Only the standard-library modules of the default list are known to hold no way onto the network.
+    offline = "" if policy.modules - DEFAULT_MODULES else " and there is no network access"
+    return (
+        f"Modules that can be imported (with their submodules): {listed}. Other imports fail; open() is not "
+        f"available{offline}."
+    )
+
+
+_LOST_REASONS = {
+    "timeout": "it ran past the time limit and could not be stopped",
+    "memory": "it ran out of memory",
+    "signal": "it was killed",
+    "crash": "it crashed",
+}
+
+
+def lost_note(exc: WorkerLost) -> str:
+    """The model's note for a lost worker: short, and without the application's configuration names."""
+    why = _LOST_REASONS.get(exc.reason, "it stopped")
+    return (
+        f"the Python session restarted because {why}; this code's changes are lost and the variables are as they "
+        "were before it ran; do not rerun it unchanged"
+    )

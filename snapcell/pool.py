@@ -270,8 +270,36 @@ class Pool:
     Takes the same arguments as `AsyncPool`. Do not use it inside a running event loop; use `AsyncPool` there.
     """
 
-    def __init__(self, store: Store | str = "memory://", **options: Any) -> None:
-        self._inner = AsyncPool(store, **options)
+    def __init__(
+        self,
+        store: Store | str = "memory://",
+        *,
+        signing_keys: Sequence[bytes | str] | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        policy: Policy | None = None,
+        limits: Limits | None = None,
+        isolation: Isolation = "process",
+        min_warm_workers: int = 1,
+        max_workers: int | None = None,
+        checkout_timeout_s: float = 30.0,
+        recycle_after: int = 1,
+        compression_level: int = 1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._inner = AsyncPool(
+            store,
+            signing_keys=signing_keys,
+            ttl_s=ttl_s,
+            policy=policy,
+            limits=limits,
+            isolation=isolation,
+            min_warm_workers=min_warm_workers,
+            max_workers=max_workers,
+            checkout_timeout_s=checkout_timeout_s,
+            recycle_after=recycle_after,
+            compression_level=compression_level,
+            clock=clock,
+        )
         self._loop = asyncio.Runner()
         self._closed = False
 
@@ -320,11 +348,20 @@ class Pool:
         return report
 
     @contextmanager
-    def checkout(self, **options: Any) -> Iterator[Session]:
+    def checkout(
+        self,
+        *,
+        type_check: bool = False,
+        type_check_stubs: str = "",
+        limits: Limits | None = None,
+        policy: Policy | None = None,
+    ) -> Iterator[Session]:
         """See `AsyncPool.checkout`."""
         if self._closed:
             raise SessionError("the pool is closed; create a new pool")
-        manager = self._inner.checkout(**options)
+        manager = self._inner.checkout(
+            type_check=type_check, type_check_stubs=type_check_stubs, limits=limits, policy=policy
+        )
         inner = self._call(manager.__aenter__())
         try:
             yield Session(inner, self._call)

@@ -333,14 +333,38 @@ class Session:
         """See `AsyncSession.load_session`."""
         self._call(self._inner.load_session(checkpoint_id))
 
-    def run(self, code: str, **options: Any) -> RunResult:
+    def run(
+        self,
+        code: str,
+        *,
+        external_lookup: HostFunctions | None = None,
+        setup: bool = False,
+        skip_type_check: bool = False,
+        limits: Limits | None = None,
+    ) -> RunResult:
         """See `AsyncSession.run`."""
-        result: RunResult = self._call(self._inner.run(code, **options))
+        result: RunResult = self._call(
+            self._inner.run(
+                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
+            )
+        )
         return result
 
-    def feed_run(self, code: str, **options: Any) -> Any:
+    def feed_run(
+        self,
+        code: str,
+        *,
+        external_lookup: HostFunctions | None = None,
+        setup: bool = False,
+        skip_type_check: bool = False,
+        limits: Limits | None = None,
+    ) -> Any:
         """See `AsyncSession.feed_run`."""
-        return self._call(self._inner.feed_run(code, **options))
+        return self._call(
+            self._inner.feed_run(
+                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
+            )
+        )
 
     def dump(self, *, on_unpicklable: Literal["skip", "fail"] = "skip") -> bytes:
         """See `AsyncSession.dump`."""

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 from snapcell._answer import (
     MIN_ANSWER_CHARS,
     cut_answer,
+    lost_note,
+    modules_text,
     render_answer,
     replayed,
     stub_signatures,
@@ -77,9 +79,8 @@ Run Python code in a persistent session that belongs to this conversation. Varia
 imports defined in one call are still there in later calls (even days later), so keep intermediate data in \
 variables rather than printing all of it. The answer shows what the code printed, then the value of its last \
 expression (as in a notebook cell), then any error with its traceback, then notes about the session. Top-level \
-`await` works, so `await asyncio.gather(...)` runs host functions concurrently. Only safe standard-library \
-modules can be imported, and there is no file or network access. Long answers are cut from the start, so print \
-only what you need to see."""
+`await` works, so `await asyncio.gather(...)` runs host functions concurrently. Long answers are cut from the \
+start, so print only what you need to see."""
 
 
 class CodeTool:
@@ -162,7 +163,7 @@ class CodeTool:
         if stubs is not None:
             self._checkout.update(type_check=True, type_check_stubs=stubs)
         host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
-        self.description = _DESCRIPTION + (
+        self.description = f"{_DESCRIPTION} {modules_text(pool.policy)}" + (
             "\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else ""
         )
         self._aheads = AsyncHeads(self.heads)
@@ -262,10 +263,7 @@ class CodeTool:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
                 new_id = await session.dump()
             except WorkerLost as exc:
-                notes.append(
-                    f"the Python session crashed and restarted ({exc.reason}: {exc}); this code's changes are lost "
-                    "and the variables are as they were before it ran; do not rerun it unchanged"
-                )
+                notes.append(lost_note(exc))
                 return render_answer(RunResult(), notes, max_chars=self.max_answer_chars)
         answer = render_answer(result, notes, max_chars=self.max_answer_chars)
         turn = TurnRecord(
@@ -483,12 +481,36 @@ class SyncCodeTool:
 
     name = CodeTool.name
 
-    def __init__(self, pool: Pool, **options: Any) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        heads: HeadStore | None = None,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
+        stubs: str | None = None,
+        limits: Limits | None = None,
+        max_answer_chars: int = 8000,
+        lease_ttl_s: float = 60.0,
+        lease_wait_s: float = 30.0,
+        storage_timeout_s: float | None = 10.0,
+        holder_id: str | None = None,
+    ) -> None:
         if not isinstance(pool, Pool):
             raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
         self._pool = pool
         # The sessions must run on the loop that owns the pool's workers, so reuse the pool's runner.
-        self._inner = CodeTool(pool.aio, **options)
+        self._inner = CodeTool(
+            pool.aio,
+            heads=heads,
+            tools=tools,
+            stubs=stubs,
+            limits=limits,
+            max_answer_chars=max_answer_chars,
+            lease_ttl_s=lease_ttl_s,
+            lease_wait_s=lease_wait_s,
+            storage_timeout_s=storage_timeout_s,
+            holder_id=holder_id,
+        )
 
     @property
     def inner(self) -> CodeTool:

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from snapcell import Pool
-from snapcell._demo import TOOLS, TURN_1, TURN_2
+from snapcell.cli._demo import TOOLS, TURN_1, TURN_2
 
 TURN_2_CHILD = """
 import json, os, sys
-from snapcell._demo import TURN_2, run_turn
+from snapcell.cli._demo import TURN_2, run_turn
 value, new_hex, size = run_turn(sys.argv[1], TURN_2, sys.argv[2])
 print(json.dumps([value, new_hex, size, os.getpid()]))
 """
@@ -60,7 +60,7 @@ def test_turn_two_runs_in_another_process_sharing_the_store(tmp_path: Path) -> N
     value, new_hex, new_size, pid = json.loads(child.stdout.strip().splitlines()[-1])
     assert value == ["Initech"]
     assert pid != os.getpid()
-    assert new_hex != checkpoint_hex and new_size > 0  # the child ran snapcell._demo.run_turn
+    assert new_hex != checkpoint_hex and new_size > 0  # the child ran snapcell.cli._demo.run_turn
     # And back: this process continues from the child's checkpoint.
     with Pool(store, isolation="inline") as pool, pool.checkout() as session:
         session.load_session(bytes.fromhex(new_hex))

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from snapcell import CheckpointNotFound, ConfigError, Pool
-from snapcell._inspect import inspect_checkpoint
 from snapcell.cli import main
+from snapcell.cli._inspect import inspect_checkpoint
 
 
 def _write_canary(path: str) -> None:

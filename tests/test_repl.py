@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snapcell import Pool
-from snapcell._repl import Repl
+from snapcell.cli._repl import Repl
 from snapcell.tool import SyncCodeTool
 
 
@@ -128,7 +128,7 @@ def test_exit_and_eof(tmp_path: Path) -> None:
     text = _repl(tmp_path / "s", "v = 5\nexit\nv = 6\n", "--isolation", "inline")
     assert text.count(">>> ") == 2
     assert "v = 5" not in text
-    assert "restored after turn 1: 1 variables (v)" in _repl(tmp_path / "s", "", "--isolation", "inline")
+    assert "restored after turn 1: 1 variable (v)" in _repl(tmp_path / "s", "", "--isolation", "inline")
 
 
 def _head_file(store: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -13,6 +14,8 @@ from snapcell._telemetry import trace_host_function
 from snapcell.errors import ConfigError, OutputLimitExceeded
 
 __all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
+
+log = logging.getLogger("snapcell")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,7 @@ class LocalBridge:
             result = func(*args, **kwargs)
         except Exception as exc:
             self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+            _log_failure(name, exc)
             raise
         if inspect.isawaitable(result):
             return self._call_async(name, result, start)
@@ -162,9 +166,15 @@ class LocalBridge:
             result = await awaitable
         except Exception as exc:
             self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+            _log_failure(name, exc)
             raise
         self.calls.append(HostCall(name, time.perf_counter() - start))
         return result
+
+
+def _log_failure(name: str, exc: Exception) -> None:
+    """Give the developer the host function's traceback (the script only sees the exception)."""
+    log.warning("snapcell: the host function %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc)
 
 
 def bind_bridge(bridge: HostBridge | None) -> Any:

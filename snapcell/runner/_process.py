@@ -373,10 +373,21 @@ class WorkerProcess:
             if calls is not None:
                 calls.append(HostCall(name, time.perf_counter() - start))
         except NotPlainData as exc:
-            reply["error"] = {"type": "TypeError", "message": f"{name}() returned data that cannot be sent: {exc}"}
+            log.error(
+                "snapcell: the host function %s returned data that cannot be sent to the script (%s); this is a bug "
+                "in the application: return plain data (numbers, strings, bytes, lists, dicts, dates, Decimals)",
+                name,
+                exc,
+            )
+            text = f"{name}() returned data that cannot be sent: {exc}"
+            reply["error"] = {"type": "TypeError", "message": text}
             if calls is not None:
-                calls.append(HostCall(name, time.perf_counter() - start, f"TypeError: {exc}"))
+                calls.append(HostCall(name, time.perf_counter() - start, f"TypeError: {text}"))
         except Exception as exc:  # a host function's failure goes to the script, which may catch it
+            if func is not None:  # no function of that name is the script's mistake, not the application's
+                log.warning(
+                    "snapcell: the host function %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc
+                )
             reply["error"] = {"type": type(exc).__name__, "message": str(exc)[:10_000]}
             if calls is not None:
                 calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))

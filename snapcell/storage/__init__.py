@@ -1,20 +1,17 @@
 """Where checkpoint bytes live: the `Store` protocol, its backends, and the expiry and quota cleanup job.
 
 Pick a backend by URL with `open_store` (``file://``, ``s3://``, ``memory://``); wrap it in `AsyncStore` for async
-callers. Cleanup and usage are plain functions over any store; `add_commands` puts them on the CLI.
+callers. Cleanup and usage are plain functions over any store; the ``snapcell`` command (`snapcell.cli`) runs them.
 """
 
 from ._cleanup import DEFAULT_TTL_S, CleanupReport, DayUsage, UsageReport, cleanup, usage
-from ._commands import add_commands, parse_duration, parse_size
-from ._config import S3Config, open_store
+from ._config import S3Config
 from ._heads import (
     Head,
     HeadStore,
     MemoryHeads,
     RecordHeads,
     TurnRecord,
-    default_heads,
-    open_heads,
     validate_conversation_id,
     validate_turn_id,
 )
@@ -23,6 +20,7 @@ from ._heads_s3 import S3Heads
 from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
 from ._memory import MemoryStore
+from ._open import default_heads, open_heads, open_store
 from ._protocol import AsyncStore, ObjectInfo, Store, validate_key
 from ._s3 import S3Store, install_lifecycle
 
@@ -46,14 +44,11 @@ __all__ = [
     "Store",
     "TurnRecord",
     "UsageReport",
-    "add_commands",
     "cleanup",
     "default_heads",
     "install_lifecycle",
     "open_heads",
     "open_store",
-    "parse_duration",
-    "parse_size",
     "usage",
     "validate_conversation_id",
     "validate_key",

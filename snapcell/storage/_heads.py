@@ -26,9 +26,7 @@ __all__ = [
     "MemoryHeads",
     "RecordHeads",
     "TurnRecord",
-    "default_heads",
     "lease_holder",
-    "open_heads",
     "validate_conversation_id",
     "validate_turn_id",
 ]
@@ -504,58 +502,3 @@ class MemoryHeads(RecordHeads):
 
     def __repr__(self) -> str:
         return f"MemoryHeads({len(self._records)} conversations)"
-
-
-def default_heads(store: object) -> HeadStore:
-    """The head store that goes with a checkpoint store.
-
-    A `LocalStore` gets `SQLiteHeads` in ``<root>/.heads.sqlite3`` (a dot-file, so store scans, usage and quota
-    ignore it), an `S3Store` gets `S3Heads` under its prefix, a `MemoryStore` gets `MemoryHeads`.
-
-    Raises:
-        ConfigError: The store is of another kind; pass ``heads=`` explicitly.
-    """
-    from ._heads_s3 import S3Heads
-    from ._heads_sqlite import SQLiteHeads
-    from ._local import LocalStore
-    from ._memory import MemoryStore
-    from ._s3 import S3Store
-
-    if isinstance(store, LocalStore):
-        return SQLiteHeads(store.root / ".heads.sqlite3")
-    if isinstance(store, S3Store):
-        return S3Heads(store)
-    if isinstance(store, MemoryStore):
-        return MemoryHeads()
-    raise ConfigError(f"no default head store for {store!r}; pass heads=SQLiteHeads(path) or heads=S3Heads(store)")
-
-
-def open_heads(url: str, *, must_exist: bool = False, **options: object) -> HeadStore:
-    """Open the head store a URL names: ``sqlite:///abs/path``, ``sqlite://rel/path``, ``s3://bucket/prefix``
-    (heads under ``prefix/heads/``; ``options`` go to `open_store`) or ``memory://``.
-
-    With ``must_exist`` (cleanup's mode, where a head store that is wrongly empty would let heads be deleted), a
-    SQLite file is never created and ``memory://``, always empty, is refused.
-
-    Raises:
-        ConfigError: Unknown scheme or malformed URL; with ``must_exist``, no such SQLite file, or ``memory://``.
-    """
-    from ._config import open_store
-    from ._heads_s3 import S3Heads
-    from ._heads_sqlite import SQLiteHeads
-    from ._s3 import S3Store
-
-    scheme, sep, rest = url.partition("://") if isinstance(url, str) else ("", "", "")
-    if scheme == "sqlite" and rest and not options:
-        return SQLiteHeads(rest, create=not must_exist)
-    if scheme == "memory" and not options:
-        if must_exist:
-            raise ConfigError("a memory:// head store is always empty here; give the head store the sessions use")
-        return MemoryHeads()
-    if scheme == "s3":
-        store = open_store(url, **options)  # type: ignore[arg-type]
-        if isinstance(store, S3Store):
-            heads = S3Heads(store)
-            heads._owns_store = True
-            return heads
-    raise ConfigError(f"invalid head store URL {url!r}; use sqlite:///path, s3://bucket/prefix or memory://")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from snapcell.cli._storage import _Progress, add_commands, parse_duration, parse_size
 from snapcell.errors import ConfigError
-from snapcell.storage import LocalStore, S3Config, S3Store, add_commands, parse_duration, parse_size
-from snapcell.storage._commands import _Progress
+from snapcell.storage import LocalStore, S3Config, S3Store
 
 DAY = 86400.0
 

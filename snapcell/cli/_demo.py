@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from snapcell.pool import Pool
@@ -29,7 +30,7 @@ async def list_open_tickets(customer_id: str) -> list[dict[str, str]]:
     return [{"id": "T-101", "subject": "Export fails"}] if customer_id == "c-3" else []
 
 
-TOOLS = {"list_customers": list_customers, "list_open_tickets": list_open_tickets}
+TOOLS: dict[str, Callable[..., Any]] = {"list_customers": list_customers, "list_open_tickets": list_open_tickets}
 
 TURN_1 = """\
 churned = [c for c in list_customers() if c["churned_at"] and c["churned_at"] >= "2026-07-01"]

@@ -15,13 +15,15 @@ from __future__ import annotations
 import ast
 import code
 import sys
+from collections.abc import Sequence
 from typing import IO, Any
 
-from snapcell._inspect import inspect_checkpoint
 from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
+from snapcell.cli._inspect import inspect_checkpoint
 from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, Conflict, SnapcellError
 from snapcell.pool import Pool
+from snapcell.runner import Policy
 from snapcell.storage import MemoryStore
 from snapcell.storage._cleanup import format_bytes
 from snapcell.tool import SyncCodeTool
@@ -60,6 +62,7 @@ class Repl(code.InteractiveConsole):
         self.pool = pool
         self.conversation = conversation
         self.out = out or sys.stdout
+        self.unrestored = ""  # what the banner found could not be restored; turns are refused while it is set
 
     # ------------------------------------------------------------------ input
 
@@ -75,6 +78,11 @@ class Repl(code.InteractiveConsole):
 
     def turn(self, source: str) -> None:
         """Run one input as a turn of the conversation and print the answer; errors are printed, never raised."""
+        if self.unrestored:
+            # A turn would save a namespace without the variables that failed to load, over the checkpoint that has
+            # them: refuse until the user restarts with the right --allow or rewinds on purpose.
+            self.say(f"not run: {_REFUSED}")
+            return
         before: str | None | object = _NOT_STARTED
         try:
             before = self._head_version()
@@ -211,17 +219,30 @@ class Repl(code.InteractiveConsole):
         """``%rewind [N]``: move the conversation back N turns."""
         turns = self._count(argument, 1, "rewind")
         target = self.tool.rewind(self.conversation, turns)
+        self.unrestored = self._unrestored(target) if target is not None else ""
         if target is None:
-            self.say(f"rewound {turns} turn{'s' if turns != 1 else ''}: the namespace is empty")
+            self.say(f"rewound {_plural(turns, 'turn')}: the namespace is empty")
             return
         manifest = self._manifest(target)
         names = ", ".join(v.name for v in manifest.variables) or "none"
-        self.say(f"rewound {turns} turn{'s' if turns != 1 else ''} to turn {manifest.cell_count}; variables: {names}")
+        self.say(f"rewound {_plural(turns, 'turn')} to turn {manifest.cell_count}; variables: {names}")
+        if self.unrestored:
+            self.say(f"NOT restored: {self.unrestored}\n{_REFUSED}")
 
     def show_id(self, argument: str = "") -> None:
         """``%id``: the current checkpoint ID in hex."""
         current = self._current()
         self.say(current.hex() if current is not None else "no checkpoint yet")
+
+    def _unrestored(self, checkpoint_id: bytes) -> str:
+        """Load the checkpoint as a turn would; what could not be restored (empty when everything was)."""
+        try:
+            with self.pool.checkout() as session:
+                session.load_session(checkpoint_id)
+                notes = session.run("None").notes
+        except SnapcellError:
+            return ""  # the turn itself reports it (an expired state starts afresh; a bad checkpoint moves nothing)
+        return "; ".join(note for note in notes if note.startswith("could not be restored"))
 
     def banner(self) -> str:
         """The first lines: where the conversation lives and what it holds."""
@@ -239,11 +260,16 @@ class Repl(code.InteractiveConsole):
                 lines.append(f"current checkpoint unreadable: {_one_line(exc)}; %rewind or start over")
                 lines.append("%help lists the commands, Ctrl-D leaves")
                 return "\n".join(lines)
+            self.unrestored = self._unrestored(current)
+            if self.unrestored:
+                lines.append(f"NOT restored: {self.unrestored}")
+                lines.append(_REFUSED)
+                return "\n".join(lines)
             names = ", ".join(v.name for v in manifest.variables[:12]) + (
                 ", ..." if len(manifest.variables) > 12 else ""
             )
             lines.append(
-                f"restored after turn {manifest.cell_count}: {len(manifest.variables)} variables"
+                f"restored after turn {manifest.cell_count}: {_plural(len(manifest.variables), 'variable')}"
                 + (f" ({names})" if names else "")
             )
             if manifest.dropped:
@@ -251,6 +277,17 @@ class Repl(code.InteractiveConsole):
                 lines.append(f"not saved, so not restored: {dropped}")
             lines.append("%help lists the commands, Ctrl-D leaves")
         return "\n".join(lines)
+
+
+_REFUSED = (
+    "inputs are not run, so the saved variables are not overwritten: start the REPL again with the modules it "
+    "needs (--allow numpy,pandas), or %rewind to an earlier turn"
+)
+
+
+def _plural(count: int, word: str) -> str:
+    """``1 variable``, ``2 variables``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -272,7 +309,7 @@ def describe_variables(manifest: Manifest) -> list[str]:
         for v in variables:
             size = format_bytes(v.size_bytes)
             lines.append(f"{v.name[:32]:<{width}}  {v.type_name[:28]:<{type_width}}  {size:>10}")
-        lines.append(f"{len(variables)} variables, {format_bytes(total)} pickled")
+        lines.append(f"{_plural(len(variables), 'variable')}, {format_bytes(total)} pickled")
     for d in manifest.dropped:
         lines.append(f"{d.name}  {d.type_name}  not saved: {d.reason}")
     return lines
@@ -284,6 +321,7 @@ def run_repl(
     conversation: str = DEFAULT_CONVERSATION,
     isolation: Any = "process",
     stdin_is_tty: bool | None = None,
+    allow: Sequence[str] = (),
 ) -> int:
     """Run the REPL until the user leaves; returns the exit code.
 
@@ -292,6 +330,7 @@ def run_repl(
         conversation: The conversation ID.
         isolation: The pool's isolation (``"process"`` by default, as for `Pool`).
         stdin_is_tty: Whether to set up line editing (default: when standard input is a terminal).
+        allow: Modules scripts may import besides the safe standard library (``numpy``, ``pandas``).
 
     Raises:
         ConfigError: A bad store URL, conversation ID or isolation; nothing ran.
@@ -305,7 +344,8 @@ def run_repl(
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:  # pragma: no cover - not on every platform
             pass
-    with Pool(store, isolation=isolation) as pool:
+    policy = Policy().with_modules(allow) if allow else None
+    with Pool(store, isolation=isolation, policy=policy) as pool:
         tool = SyncCodeTool(pool)
         try:
             Repl(tool, pool, conversation).interact()

@@ -13,12 +13,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from snapcell.errors import ConfigError, StorageError
-
-from ._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, DEFAULT_TTL_S, cleanup, usage
-from ._config import open_store
-from ._heads import HeadStore, open_heads
-from ._local import LocalStore
-from ._protocol import Store
+from snapcell.storage import HeadStore, LocalStore, Store, cleanup, open_heads, open_store, usage
+from snapcell.storage._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, DEFAULT_TTL_S
 
 __all__ = [
     "EXIT_CONFIG",
@@ -34,6 +30,7 @@ EXIT_OK = 0
 EXIT_OVER_QUOTA = 1
 EXIT_CONFIG = 2
 EXIT_STORAGE = 3
+DEFAULT_STORE_URL = "file://.snapcell"  # the other commands' default store
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*\Z", re.IGNORECASE)
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -148,7 +145,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(func=_run_cleanup)
 
     p = subparsers.add_parser("usage", help="objects and bytes per day, and what expires soon")
-    _store_args(p)
+    _store_args(p, default=DEFAULT_STORE_URL)
     p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_run_usage)
@@ -162,8 +159,17 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(func=_run_s3_setup)
 
 
-def _store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store_url", metavar="STORE_URL", help="file:///path, s3://bucket/prefix or a directory")
+def _store_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    if default is None:
+        p.add_argument("store_url", metavar="STORE_URL", help="file:///path, s3://bucket/prefix or a directory")
+    else:
+        p.add_argument(
+            "store_url",
+            metavar="STORE_URL",
+            nargs="?",
+            default=default,
+            help=f"file:///path, s3://bucket/prefix or a directory (default {default})",
+        )
     p.add_argument("--prefix", default="checkpoints/", help="prefix of the checkpoints (checkpoints/)")
     p.add_argument("--endpoint-url", default=None, help="S3 API endpoint (default $SNAPCELL_S3_ENDPOINT_URL)")
 
@@ -252,7 +258,13 @@ def _open_heads(args: argparse.Namespace, store: Store) -> tuple[HeadStore | Non
             raise ConfigError(
                 f"--heads needs the signing key the sessions used, and {store.url} has none; set {ENV_SIGNING_KEY}"
             )
-    keyring = resolve_keyring(store, None)
+    try:
+        keyring = resolve_keyring(store, None)
+    except ConfigError as exc:  # its text speaks to a program creating a pool, not to a command-line user
+        raise ConfigError(
+            f"--heads needs the signing key the sessions used, and none is set for {store.url}: run it as "
+            f"{ENV_SIGNING_KEY}=KEY snapcell cleanup ... (comma-separate several keys after a rotation)"
+        ) from exc
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url and args.heads.startswith("s3://") else {}
     # must_exist: a mistyped path would otherwise be a new, empty head store that protects nothing from --quota.
     return open_heads(
@@ -274,7 +286,7 @@ def _run_usage(args: argparse.Namespace) -> int:
 
 
 def _run_s3_setup(args: argparse.Namespace) -> int:
-    from ._s3 import S3Store, install_lifecycle
+    from snapcell.storage import S3Store, install_lifecycle
 
     try:
         if not args.store_url.startswith("s3://"):

@@ -1,0 +1,154 @@
+"""Opening stores and head stores by URL: the one module that knows every backend.
+
+`open_store` and the head-store factories live here, above the backends, so no backend module imports the
+module that imports it (``_config`` and ``_s3``, ``_heads`` and its backends, used to import each other).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
+
+from snapcell.errors import ConfigError
+
+from ._config import S3Config
+from ._heads import HeadStore, MemoryHeads
+
+if TYPE_CHECKING:
+    from ._protocol import Store
+
+__all__ = ["default_heads", "open_heads", "open_store"]
+
+_SCHEMES = "file:///absolute/path, file://relative/path, s3://bucket/prefix, memory:// or a plain directory path"
+
+
+def open_store(
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    region_name: str | None = None,
+    s3: S3Config | None = None,
+    client: object | None = None,
+    now: Callable[[], float] | None = None,
+) -> Store:
+    """Open the store a URL names.
+
+    ``file:///abs/path`` and ``file://rel/path`` (relative to the working directory) and plain paths open a
+    `LocalStore`; ``s3://bucket/prefix`` an `S3Store`; ``memory://`` or ``memory://name`` a new, empty
+    `MemoryStore`.
+
+    Args:
+        url: Where the store lives.
+        endpoint_url: S3 only: the S3 API endpoint (default ``$SNAPCELL_S3_ENDPOINT_URL``, then AWS).
+        region_name: S3 only: the bucket's region.
+        s3: S3 only: full connection settings.
+        client: S3 only: a ready boto3 S3 client.
+        now: Memory only: the clock stamping ``created_at``.
+
+    Returns:
+        The store; close it with ``close()`` when done.
+
+    Raises:
+        ConfigError: Unknown scheme, malformed URL, an option the backend does not take, or boto3 missing for S3.
+    """
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"store URL must be a non-empty string; valid forms: {_SCHEMES}")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        if url.startswith(("s3:", "file:", "memory:")):
+            raise ConfigError(f"malformed store URL {url!r}; valid forms: {_SCHEMES}")
+        scheme, rest = "file", url
+    scheme = scheme.lower()
+    s3_options = endpoint_url is not None or region_name is not None or s3 is not None or client is not None
+    if scheme == "s3":
+        _refuse(url, now=now is not None)
+        from ._s3 import S3Store
+
+        parts = urlsplit(url)
+        if parts.query or parts.fragment or not parts.netloc:
+            raise ConfigError(f"malformed S3 URL {url!r}; expected s3://bucket/prefix")
+        return S3Store(
+            parts.netloc,
+            unquote(parts.path).strip("/"),
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            client=client,
+            config=s3,
+        )
+    if scheme == "file":
+        _refuse(url, s3_options=s3_options, now=now is not None)
+        from ._local import LocalStore
+
+        if not rest:
+            raise ConfigError(f"file store URL {url!r} has no path")
+        return LocalStore(Path(unquote(rest)))
+    if scheme == "memory":
+        _refuse(url, s3_options=s3_options)
+        from ._memory import MemoryStore
+
+        return MemoryStore(rest, now=now or time.time)
+    raise ConfigError(f"unknown store scheme {scheme!r} in {url!r}; valid forms: {_SCHEMES}")
+
+
+def _refuse(url: str, **given: bool) -> None:
+    names = {"s3_options": "endpoint_url/region_name/s3/client", "now": "now"}
+    for option, present in given.items():
+        if present:
+            raise ConfigError(f"option {names[option]} does not apply to the store {url!r}")
+
+
+def default_heads(store: object) -> HeadStore:
+    """The head store that goes with a checkpoint store.
+
+    A `LocalStore` gets `SQLiteHeads` in ``<root>/.heads.sqlite3`` (a dot-file, so store scans, usage and quota
+    ignore it), an `S3Store` gets `S3Heads` under its prefix, a `MemoryStore` gets `MemoryHeads`.
+
+    Raises:
+        ConfigError: The store is of another kind; pass ``heads=`` explicitly.
+    """
+    from ._heads_s3 import S3Heads
+    from ._heads_sqlite import SQLiteHeads
+    from ._local import LocalStore
+    from ._memory import MemoryStore
+    from ._s3 import S3Store
+
+    if isinstance(store, LocalStore):
+        return SQLiteHeads(store.root / ".heads.sqlite3")
+    if isinstance(store, S3Store):
+        return S3Heads(store)
+    if isinstance(store, MemoryStore):
+        return MemoryHeads()
+    raise ConfigError(f"no default head store for {store!r}; pass heads=SQLiteHeads(path) or heads=S3Heads(store)")
+
+
+def open_heads(url: str, *, must_exist: bool = False, **options: object) -> HeadStore:
+    """Open the head store a URL names: ``sqlite:///abs/path``, ``sqlite://rel/path``, ``s3://bucket/prefix``
+    (heads under ``prefix/heads/``; ``options`` go to `open_store`) or ``memory://``.
+
+    With ``must_exist`` (cleanup's mode, where a head store that is wrongly empty would let heads be deleted), a
+    SQLite file is never created and ``memory://``, always empty, is refused.
+
+    Raises:
+        ConfigError: Unknown scheme or malformed URL; with ``must_exist``, no such SQLite file, or ``memory://``.
+    """
+    from ._heads_s3 import S3Heads
+    from ._heads_sqlite import SQLiteHeads
+    from ._s3 import S3Store
+
+    scheme, sep, rest = url.partition("://") if isinstance(url, str) else ("", "", "")
+    if scheme == "sqlite" and rest and not options:
+        return SQLiteHeads(rest, create=not must_exist)
+    if scheme == "memory" and not options:
+        if must_exist:
+            raise ConfigError("a memory:// head store is always empty here; give the head store the sessions use")
+        return MemoryHeads()
+    if scheme == "s3":
+        store = open_store(url, **options)  # type: ignore[arg-type]
+        if isinstance(store, S3Store):
+            heads = S3Heads(store)
+            heads._owns_store = True
+            return heads
+    raise ConfigError(f"invalid head store URL {url!r}; use sqlite:///path, s3://bucket/prefix or memory://")

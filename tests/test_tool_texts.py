@@ -1,0 +1,135 @@
+"""What the run_code tool tells the model is true: modules, host-function failures, cut counts, restarts."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from snapcell import Limits, MemoryHeads, Policy, Pool, SyncCodeTool, WorkerLost
+from snapcell.runner._procbackend import _Died, _lost
+from snapcell.session import AsyncSession
+
+
+class Receipt:
+    """A host return value that is not plain data (the application's bug)."""
+
+
+def charge_card(amount: int) -> str:
+    """Charge the customer's card."""
+    if amount > 100:
+        raise ConnectionError("the payment gateway refused the connection")
+    return f"charged {amount}"
+
+
+async def refund(amount: int) -> str:
+    raise TimeoutError(f"refund of {amount} timed out upstream")
+
+
+def receipt() -> Receipt:
+    return Receipt()
+
+
+TOOLS = {"charge_card": charge_card, "refund": refund, "receipt": receipt}
+
+
+@pytest.fixture(scope="module", params=["inline", "process"])
+def pool(request: pytest.FixtureRequest) -> Iterator[Pool]:
+    with Pool("memory://", isolation=request.param, limits=Limits(wall_time_s=0.5, grace_s=1.0)) as pool:
+        yield pool
+
+
+@pytest.fixture
+def tool(pool: Pool) -> SyncCodeTool:
+    return SyncCodeTool(pool, heads=MemoryHeads(), tools=TOOLS)
+
+
+def test_the_description_lists_what_the_policy_allows_and_the_host_functions() -> None:
+    with Pool("memory://", isolation="inline", policy=Policy().with_modules(["numpy", "pandas"])) as pool:
+        text = SyncCodeTool(pool, heads=MemoryHeads(), tools=TOOLS).description
+    assert "Only safe standard-library modules" not in text
+    assert re.search(r"can be imported \(with their submodules\): numpy, pandas; and from the standard library: ", text)
+    assert "statistics" in text and "no network access" not in text  # pandas and numpy are not known to be offline
+    assert "def charge_card(amount: int) -> str\n    Charge the customer's card." in text
+    assert "async def refund(amount: int) -> str" in text
+    with Pool("memory://", isolation="inline") as pool:
+        plain = SyncCodeTool(pool, heads=MemoryHeads()).description
+    assert "numpy" not in plain and "from the standard library: abc, asyncio" in plain
+    assert "no network access" in plain and "Host functions" not in plain
+    with Pool("memory://", isolation="inline", policy=Policy.unrestricted()) as pool:
+        assert "Any installed module can be imported" in SyncCodeTool(pool, heads=MemoryHeads()).description
+
+
+@pytest.mark.parametrize(
+    ("code", "label"),
+    [
+        ("charge_card(500)", "the host function charge_card failed: ConnectionError: the payment gateway refused"),
+        ("await refund(7)", "the host function refund failed: TimeoutError: refund of 7 timed out upstream"),
+    ],
+)
+def test_a_host_function_failure_is_labelled_and_logged(
+    tool: SyncCodeTool, caplog: pytest.LogCaptureFixture, code: str, label: str
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="snapcell"):
+        answer = tool.run_code("c-host", code)
+    assert label in answer
+    assert "not from a mistake in the code" in answer
+    name = label.split()[3]
+    records = [r for r in caplog.records if r.name == "snapcell" and f"host function {name} failed" in r.getMessage()]
+    assert len(records) == 1 and records[0].exc_info is not None  # the developer gets the traceback
+    assert records[0].exc_info[1] is not None and "line" in logging.Formatter().formatException(records[0].exc_info)
+
+
+def test_a_script_error_is_not_blamed_on_a_host_function(tool: SyncCodeTool) -> None:
+    answer = tool.run_code("c-own", "charge_card(5)\n1 / 0")
+    assert "ZeroDivisionError" in answer and "host function" not in answer
+    caught = tool.run_code(
+        "c-own", "try:\n    charge_card(500)\nexcept ConnectionError:\n    pass\nraise KeyError('k')"
+    )
+    assert "KeyError" in caught and "host function" not in caught
+
+
+def test_a_non_plain_host_value_is_logged_as_the_applications_bug(caplog: pytest.LogCaptureFixture) -> None:
+    # Only process mode sends host values across a boundary; inline mode hands the object over as it is.
+    with Pool("memory://", isolation="process") as pool, caplog.at_level(logging.ERROR, logger="snapcell"):
+        answer = SyncCodeTool(pool, heads=MemoryHeads(), tools=TOOLS).run_code("c-bug", "receipt()")
+    assert "the host function receipt failed: TypeError" in answer
+    messages = [r.getMessage() for r in caplog.records if r.name == "snapcell" and r.levelno >= logging.ERROR]
+    assert any("receipt" in m and "bug in the application" in m for m in messages), messages
+
+
+def test_cut_counts_include_what_earlier_cuts_dropped(tool: SyncCodeTool) -> None:
+    answer = tool.run_code("c-cut", "print('x' * 1_000_000)")
+    count = int(re.match(r"\[\.\.\. (\d+) characters cut from the start of this answer", answer).group(1))
+    shown = answer.count("x")
+    assert 1_000_000 - shown <= count <= 1_000_000 - shown + 200  # markers are a few dozen characters
+    value = tool.run_code("c-cut", "'y' * 2_000_000")
+    count = int(re.match(r"\[\.\.\. (\d+) characters cut", value).group(1))
+    assert 2_000_000 - value.count("y") <= count <= 2_000_000 - value.count("y") + 200
+
+
+def test_the_timeout_is_said_once(tool: SyncCodeTool) -> None:
+    answer = tool.run_code("c-slow", "x = 1\nwhile True:\n    pass")
+    assert answer.count("stopped after") == 1, answer
+    assert "TimeLimitExceeded" in answer or "stopped after 0.5 s" in answer
+
+
+def test_the_lost_worker_note_is_short_and_names_no_setting(
+    tool: SyncCodeTool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def lose(*args: object, **kwargs: object) -> None:
+        raise _lost(_Died("timeout", ""), "run", 3.5, "wall_time_s")  # the message the application gets
+
+    assert "grace_s" in str(_lost(_Died("timeout", ""), "run", 3.5, "wall_time_s"))
+    monkeypatch.setattr(AsyncSession, "run", lose)
+    answer = tool.run_code("c-lost", "10**10**8")
+    assert "grace_s" not in answer and "wall-time" not in answer
+    assert "restarted" in answer and "changes are lost" in answer
+    assert len(answer) < 220 and answer.count("\n") == 0
+    assert isinstance(_lost(_Died("crash", ""), "run", None, "wall_time_s"), WorkerLost)
+
+
+def test_plain_host_values_still_arrive(tool: SyncCodeTool) -> None:
+    assert tool.run_code("c-ok", "charge_card(12)") == "'charged 12'"
