@@ -1,4 +1,8 @@
-"""A pool of warm worker processes: started ahead of time, handed to sessions, recycled or killed."""
+"""A pool of warm worker processes: started ahead of time, handed to sessions, recycled or killed.
+
+Checkouts are admitted through a fair queue: at most ``max_workers`` at once, the next ones wait in
+FIFO order, at most ``max_queued`` of them, and one more is refused at once with `Overloaded`.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,9 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
+from collections import deque
 
-from snapcell.errors import ConfigError, SessionError
+from snapcell.errors import ConfigError, Overloaded, SessionError
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._process import (
@@ -18,7 +23,84 @@ from snapcell.runner._process import (
     log,
 )
 
-__all__ = ["WorkerPool"]
+__all__ = ["CheckoutQueue", "WorkerPool"]
+
+# Checkouts that may wait per worker when the pool is not told otherwise.
+QUEUED_PER_WORKER = 4
+
+
+class CheckoutQueue:
+    """Admits ``slots`` checkouts at once; the next ones wait in FIFO order, at most ``max_queued`` of them.
+
+    Args:
+        slots: Checkouts served at once.
+        max_queued: Checkouts that may wait; one more is refused at once with `Overloaded`.
+    """
+
+    def __init__(self, *, slots: int, max_queued: int) -> None:
+        self.slots = slots
+        self.max_queued = max_queued
+        self.active = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def queued(self) -> int:
+        """Checkouts waiting now."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    async def admit(self, timeout_s: float) -> None:
+        """Take a slot, waiting behind earlier checkouts for at most ``timeout_s``; pair with `leave`.
+
+        Raises:
+            Overloaded: The queue is full (at once), or no slot came free within ``timeout_s``; no slot is held.
+        """
+        if self.active < self.slots and not self._waiters:
+            self.active += 1
+            return
+        if self.queued >= self.max_queued:
+            raise Overloaded(
+                f"the pool is overloaded: {self.slots} sessions are checked out and {self.queued} more are "
+                f"waiting (max_queued_checkouts={self.max_queued}); retry the turn later, or raise max_workers",
+                max_workers=self.slots,
+                max_queued=self.max_queued,
+                timed_out=False,
+            )
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.leave()  # the slot was handed over just as the wait ended: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    f"the pool is overloaded: a checkout waited {timeout_s:g} s in the queue without a free worker "
+                    f"({self.slots} sessions are checked out); retry the turn later, or raise max_workers",
+                    max_workers=self.slots,
+                    max_queued=self.max_queued,
+                    timed_out=True,
+                ) from None
+            raise
+
+    def leave(self) -> None:
+        """Give a slot back: to the longest-waiting checkout, or free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot moves to this checkout; `active` stays the same
+                return
+        self.active -= 1
+
+    def close(self) -> None:
+        """Refuse every waiting checkout with `SessionError` (the pool is closing)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(SessionError("the pool was closed while this checkout waited for a worker"))
 
 
 class WorkerPool:
@@ -27,18 +109,32 @@ class WorkerPool:
     Args:
         min_warm: Workers kept started ahead of time.
         max_workers: Workers alive at once (checked out plus warm).
-        checkout_timeout_s: Seconds `acquire` waits for a free slot before `SessionError`.
+        checkout_timeout_s: Seconds `admit` waits in the queue before `Overloaded`, and `acquire` waits for a
+            free slot before `SessionError`.
         recycle_after: Checkouts a worker serves before it is replaced. 1 (the default) gives every session a
             fresh interpreter. More reuses a worker for later sessions with the same policy and limits: its
             namespace, scratch directory and decimal context are reset, but it is the same interpreter, so
             use it only where the sessions trust each other (one tenant).
+        max_queued: Checkouts that may wait in `admit` for a free worker (default: 4 per worker).
     """
 
-    def __init__(self, *, min_warm: int, max_workers: int, checkout_timeout_s: float, recycle_after: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        min_warm: int,
+        max_workers: int,
+        checkout_timeout_s: float,
+        recycle_after: int = 1,
+        max_queued: int | None = None,
+    ) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
         if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
             raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
+        max_queued = QUEUED_PER_WORKER * max_workers if max_queued is None else max_queued
+        if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 0:
+            raise ConfigError(f"max_queued_checkouts must be a whole number >= 0, not {max_queued!r}")
+        self.queue = CheckoutQueue(slots=max_workers, max_queued=max_queued)
         self.recycle_after = recycle_after
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
@@ -75,6 +171,8 @@ class WorkerPool:
         while not self._closed and len(self._warm) + self._starting < self.min_warm and self._live() < self.max_workers:
             worker = await self._spawn()
             if worker is None:
+                async with self._changed:
+                    self._changed.notify_all()  # a checkout waiting for this start-up must not wait out its timeout
                 return
             async with self._changed:
                 if self._closed:
@@ -98,6 +196,21 @@ class WorkerPool:
             raise
         finally:
             self._starting -= 1
+
+    async def admit(self) -> None:
+        """Wait in the fair checkout queue for one of ``max_workers`` slots; pair with `leave`.
+
+        Raises:
+            Overloaded: The queue is full (at once), or no slot came free within ``checkout_timeout_s``.
+            SessionError: The pool is closed.
+        """
+        if self._closed:
+            raise SessionError("the pool is closed")
+        await self.queue.admit(self.checkout_timeout_s)
+
+    def leave(self) -> None:
+        """Give back the slot `admit` took, to the next checkout in the queue."""
+        self.queue.leave()
 
     async def acquire(self, *, policy: Policy, limits: Limits) -> WorkerProcess:
         """Take a warm worker (or start one), give it its settings, and mark it busy.
@@ -175,6 +288,7 @@ class WorkerPool:
     async def close(self) -> None:
         """Kill every worker; none outlives the pool."""
         self._closed = True
+        self.queue.close()
         if self._fill_task is not None:
             self._fill_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
