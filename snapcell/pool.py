@@ -17,11 +17,11 @@ from snapcell.errors import ConfigError, SessionError
 from snapcell.runner import Backend, InlineBackend, Limits, Policy
 from snapcell.runner._procbackend import ProcessBackend
 from snapcell.runner._typecheck import TypeChecker
-from snapcell.runner._workerpool import WorkerPool
+from snapcell.runner._workerpool import WorkerPool, reclaim_scratch_dirs
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
 
-__all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool"]
+__all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool", "reclaim_scratch_dirs"]
 
 T = TypeVar("T")
 
