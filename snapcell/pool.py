@@ -16,8 +16,9 @@ from snapcell.checkpoint import Keyring
 from snapcell.errors import ConfigError, SessionError
 from snapcell.runner import Backend, InlineBackend, Limits, Policy
 from snapcell.runner._procbackend import ProcessBackend
+from snapcell.runner._scratch import reclaim_scratch_dirs
 from snapcell.runner._typecheck import TypeChecker
-from snapcell.runner._workerpool import WorkerPool, reclaim_scratch_dirs
+from snapcell.runner._workerpool import WorkerPool
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
 

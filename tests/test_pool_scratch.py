@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snapcell import Pool
-from snapcell.runner._workerpool import _process_start, reclaim_scratch_dirs
+from snapcell.runner._scratch import _process_start, reclaim_scratch_dirs
 
 HOST = """
 import sys

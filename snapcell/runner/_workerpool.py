@@ -3,21 +3,14 @@
 Checkouts are admitted through a fair queue: at most ``max_workers`` at once, the next ones wait in
 FIFO order, at most ``max_queued`` of them, and one more is refused at once with `Overloaded`.
 
-Each pool has a scratch directory (``snapcell-workers-<pid>-<start>-*`` in the temp directory) named after
-its host process and holding a lock for the host's lifetime; `reclaim_scratch_dirs` removes those whose host
-is gone (a crashed host cannot remove its own), and every new pool calls it.
+Every new pool first reclaims the scratch directories of hosts that died without closing theirs (see `_scratch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
-import re
-import shutil
-import stat
-import tempfile
 import weakref
 from collections import deque
 
@@ -31,14 +24,12 @@ from snapcell.runner._process import (
     _Died,
     log,
 )
+from snapcell.runner._scratch import make_scratch_root, reclaim_scratch_dirs, remove_scratch_root
 
-__all__ = ["CheckoutQueue", "WorkerPool", "reclaim_scratch_dirs"]
+__all__ = ["CheckoutQueue", "WorkerPool"]
 
 # Checkouts that may wait per worker when the pool is not told otherwise.
 QUEUED_PER_WORKER = 4
-_SCRATCH_PREFIX = "snapcell-workers-"
-_SCRATCH_NAME = re.compile(re.escape(_SCRATCH_PREFIX) + r"(\d{1,10})-(\d{1,20})-[a-z0-9_]+")
-_LOCK_NAME = "host.lock"
 
 
 class CheckoutQueue:
@@ -115,111 +106,6 @@ class CheckoutQueue:
                 waiter.set_exception(SessionError("the pool was closed while this checkout waited for a worker"))
 
 
-def _process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (Linux), or None when that is unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            text = file.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses; field 3 on follow its last ")".
-    fields = text.rpartition(b")")[2].split()
-    try:
-        return int(fields[19])  # field 22, starttime
-    except (IndexError, ValueError):
-        return None
-
-
-def _host_alive(pid: int, start: int) -> bool:
-    """Whether the process that was ``pid`` when it started at ``start`` (0: unknown) still runs."""
-    current = _process_start(pid)
-    if current is not None:
-        return start in (0, current)  # another start time: the pid was reused
-    if os.path.isdir("/proc/self"):
-        return False  # /proc is there and has no such process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists, and belongs to someone else
-    return True
-
-
-def _lock_held(path: str) -> bool:
-    """Whether some live process holds the host lock in scratch directory ``path``."""
-    try:
-        fd = os.open(os.path.join(path, _LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def reclaim_scratch_dirs(temp_dir: str | None = None) -> list[str]:
-    """Remove the worker scratch directories of hosts that are gone (killed or crashed before closing their pool).
-
-    A directory is removed only when it is this user's, its name says which host made it, that host no longer
-    runs (its pid is gone or was reused, by start time) and no process holds its lock. Directories of live hosts,
-    of other users, and of snapcell versions that did not name them are left alone. Never raises for a
-    directory it cannot read or remove.
-
-    Args:
-        temp_dir: Where to look; default the temp directory new pools use (``tempfile.gettempdir()``).
-
-    Returns:
-        The paths removed.
-    """
-    root = temp_dir if temp_dir is not None else tempfile.gettempdir()
-    removed: list[str] = []
-    try:
-        entries = list(os.scandir(root))
-    except OSError as exc:
-        log.warning("snapcell: cannot list %s for stale worker directories: %s", root, exc)
-        return removed
-    uid = os.getuid()
-    for entry in entries:
-        match = _SCRATCH_NAME.fullmatch(entry.name)
-        if match is None:
-            continue
-        try:
-            info = os.lstat(entry.path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
-            continue
-        if _host_alive(int(match.group(1)), int(match.group(2))) or _lock_held(entry.path):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        if not os.path.lexists(entry.path):
-            removed.append(entry.path)
-    if removed:
-        log.info("snapcell: removed %d worker directories of hosts that are gone", len(removed))
-    return removed
-
-
-def _make_scratch_root() -> tuple[str, int]:
-    """Create this pool's scratch directory, named after this process, and hold its host lock."""
-    pid = os.getpid()
-    root = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{pid}-{_process_start(pid) or 0}-")
-    fd = os.open(os.path.join(root, _LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return root, fd
-
-
-def _remove_scratch_root(root: str, lock_fd: int, owner_pid: int) -> None:
-    if os.getpid() != owner_pid:
-        return  # a forked child exiting: the directory is still its parent's
-    shutil.rmtree(root, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.close(lock_fd)
-
-
 class WorkerPool:
     """Keeps warm worker processes so a checkout does not pay for an interpreter start-up.
 
@@ -259,9 +145,9 @@ class WorkerPool:
         self.max_workers = max_workers
         self.checkout_timeout_s = checkout_timeout_s
         reclaim_scratch_dirs()
-        self.scratch_root, lock_fd = _make_scratch_root()
+        self.scratch_root, lock_fd = make_scratch_root()
         # A pool that is never closed still removes its directory when it is collected or the interpreter exits.
-        self._remove_scratch = weakref.finalize(self, _remove_scratch_root, self.scratch_root, lock_fd, os.getpid())
+        self._remove_scratch = weakref.finalize(self, remove_scratch_root, self.scratch_root, lock_fd, os.getpid())
         self._warm: list[WorkerProcess] = []
         self._busy: set[WorkerProcess] = set()
         self._starting = 0
