@@ -139,11 +139,10 @@ TURNS = 3
 
 
 def test_overload_completes_or_refuses_every_turn_and_loses_none() -> None:
-    """60 conversations x 3 turns at once on two workers: each turn completes, or is refused at once."""
+    """60 conversations x 3 turns at once on two workers and a queue of four: each turn completes, or is refused."""
 
-    async def conversation(pool: AsyncPool, outcomes: list[str]) -> tuple[int, int]:
+    async def conversation(pool: AsyncPool, outcomes: list[str]) -> int:
         checkpoint: bytes | None = None
-        completed = 0
         for _ in range(TURNS):
             try:
                 async with pool.checkout() as session:
@@ -155,25 +154,28 @@ def test_overload_completes_or_refuses_every_turn_and_loses_none() -> None:
                 assert not exc.timed_out  # refused at once: nothing waited out checkout_timeout_s
                 outcomes.append("overloaded")
                 continue
-            completed += 1
             outcomes.append("completed")
         if checkpoint is None:
-            return completed, 0
-        async with pool.checkout() as session:  # the queue is empty by now
+            return 0
+        async with pool.checkout() as session:
             await session.load_session(checkpoint)
-            return completed, await session.feed_run("n")
+            value: int = await session.feed_run("n")
+            return value
 
-    async def scenario() -> tuple[list[str], list[tuple[int, int]]]:
-        outcomes: list[str] = []
+    async def scenario() -> tuple[list[list[str]], list[int]]:
+        outcomes: list[list[str]] = [[] for _ in range(CONVERSATIONS)]
         # A generous checkout timeout: a turn that was queued must be served, never timed out.
         async with AsyncPool("memory://", max_workers=2, max_queued_checkouts=4, checkout_timeout_s=300) as pool:
-            results = await asyncio.gather(*(conversation(pool, outcomes) for _ in range(CONVERSATIONS)))
-        return outcomes, list(results)
+            counters = await asyncio.gather(*(conversation(pool, outcomes[i]) for i in range(CONVERSATIONS)))
+        return outcomes, list(counters)
 
-    outcomes, results = asyncio.run(scenario())
-    assert len(outcomes) == CONVERSATIONS * TURNS
-    completed = outcomes.count("completed")
-    assert completed + outcomes.count("overloaded") == CONVERSATIONS * TURNS
-    assert completed >= 6  # at least the first wave (two running, four queued) went through
-    # No turn that was admitted was lost: each conversation's counter equals the turns it completed.
-    assert all(value == done for done, value in results), results
+    outcomes, counters = asyncio.run(scenario())
+    flat = [outcome for turns in outcomes for outcome in turns]
+    assert len(flat) == CONVERSATIONS * TURNS
+    assert flat.count("completed") + flat.count("overloaded") == CONVERSATIONS * TURNS  # nothing else happened
+    # First come, first served: the first two conversations got the workers and the next four the queue; each
+    # came back to the queue's end for its next turn and was served. Every later one was refused at once.
+    assert outcomes[:6] == [["completed"] * TURNS] * 6
+    assert outcomes[6:] == [["overloaded"] * TURNS] * (CONVERSATIONS - 6)
+    # No admitted turn was lost: each conversation's counter is the number of turns it completed.
+    assert counters == [TURNS] * 6 + [0] * (CONVERSATIONS - 6)
