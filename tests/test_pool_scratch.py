@@ -91,6 +91,8 @@ def test_reclaim_judges_by_host_start_time_ownership_and_lock(temp_dir: Path) ->
     link = temp_dir / "snapcell-workers-999999997-1-abc"
     link.symlink_to(elsewhere)
 
+    assert sorted(reclaim_scratch_dirs(dry_run=True)) == sorted([str(reused), str(gone)])
+    assert reused.exists() and gone.exists()  # a dry run removes nothing
     removed = reclaim_scratch_dirs()
 
     assert sorted(removed) == sorted([str(reused), str(gone)])

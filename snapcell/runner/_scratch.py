@@ -72,7 +72,7 @@ def _lock_held(path: str) -> bool:
     return False
 
 
-def reclaim_scratch_dirs(temp_dir: str | None = None) -> list[str]:
+def reclaim_scratch_dirs(temp_dir: str | None = None, *, dry_run: bool = False) -> list[str]:
     """Remove the worker scratch directories of hosts that are gone (killed or crashed before closing their pool).
 
     A directory is removed only when it is this user's, its name says which host made it, that host no longer
@@ -82,9 +82,10 @@ def reclaim_scratch_dirs(temp_dir: str | None = None) -> list[str]:
 
     Args:
         temp_dir: Where to look; default the temp directory new pools use (``tempfile.gettempdir()``).
+        dry_run: Only list what would be removed (for ``snapcell cleanup --dry-run``).
 
     Returns:
-        The paths removed.
+        The paths removed (or, with ``dry_run``, that would be).
     """
     root = temp_dir if temp_dir is not None else tempfile.gettempdir()
     removed: list[str] = []
@@ -106,10 +107,13 @@ def reclaim_scratch_dirs(temp_dir: str | None = None) -> list[str]:
             continue
         if _host_alive(int(match.group(1)), int(match.group(2))) or _lock_held(entry.path):
             continue
+        if dry_run:
+            removed.append(entry.path)
+            continue
         shutil.rmtree(entry.path, ignore_errors=True)
         if not os.path.lexists(entry.path):
             removed.append(entry.path)
-    if removed:
+    if removed and not dry_run:
         log.info("snapcell: removed %d worker directories of hosts that are gone", len(removed))
     return removed
 
