@@ -26,6 +26,7 @@ __all__ = [
     "MemoryLimitExceeded",
     "ObjectExists",
     "OutputLimitExceeded",
+    "Overloaded",
     "PolicyError",
     "QuotaExceeded",
     "SandboxError",
@@ -345,6 +346,26 @@ class SandboxError(SessionError):
         super().__init__(message)
         self.layer = layer
         self.errno = errno
+
+
+class Overloaded(SessionError):
+    """Raised when a pool's checkout queue is full, or a queued checkout waited too long; nothing was checked out.
+
+    Retry the turn later, or give the pool more workers (``max_workers``) or a longer queue
+    (``max_queued_checkouts``). No session was used, so nothing of the conversation changed.
+
+    Attributes:
+        max_workers: Checkouts the pool serves at once.
+        max_queued: Checkouts that may wait for a free worker.
+        timed_out: False when the queue was full (refused at once); True when the checkout waited
+            ``checkout_timeout_s`` in the queue without being served.
+    """
+
+    def __init__(self, message: str, *, max_workers: int, max_queued: int, timed_out: bool) -> None:
+        super().__init__(message)
+        self.max_workers = max_workers
+        self.max_queued = max_queued
+        self.timed_out = timed_out
 
 
 class WorkerLost(SessionError):

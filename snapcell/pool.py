@@ -16,12 +16,13 @@ from snapcell.checkpoint import Keyring
 from snapcell.errors import ConfigError, SessionError
 from snapcell.runner import Backend, InlineBackend, Limits, Policy
 from snapcell.runner._procbackend import ProcessBackend
+from snapcell.runner._scratch import reclaim_scratch_dirs
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._workerpool import WorkerPool
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
 
-__all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool"]
+__all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool", "reclaim_scratch_dirs"]
 
 T = TypeVar("T")
 
@@ -85,7 +86,10 @@ class AsyncPool:
             (trusted code and tests only).
         min_warm_workers: Worker processes kept started ahead of time, so a checkout skips the start-up.
         max_workers: Worker processes alive at once (default: the CPU count); a checkout waits for a free one.
-        checkout_timeout_s: Seconds a checkout waits for a free worker before `SessionError`.
+        max_queued_checkouts: Checkouts that may wait for a free worker, served first come, first served
+            (default: 4 per worker). One more is refused at once with `Overloaded`, so an overloaded
+            application can back off instead of piling up turns that would time out (process mode).
+        checkout_timeout_s: Seconds a checkout waits in the queue for a free worker before `Overloaded`.
         recycle_after: Checkouts a worker serves before it is replaced (default 1: a fresh interpreter per
             session). Higher values skip the start-up of a new worker for later sessions with the same policy
             and limits, which share the interpreter: use them only for sessions that trust each other.
@@ -107,6 +111,7 @@ class AsyncPool:
         isolation: Isolation = "process",
         min_warm_workers: int = 1,
         max_workers: int | None = None,
+        max_queued_checkouts: int | None = None,
         checkout_timeout_s: float = 30.0,
         recycle_after: int = 1,
         compression_level: int = 1,
@@ -121,6 +126,12 @@ class AsyncPool:
             raise ConfigError(f"min_warm_workers must be an integer from 0 to max_workers, not {min_warm_workers!r}")
         if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
             raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
+        if max_queued_checkouts is not None and (
+            not isinstance(max_queued_checkouts, int)
+            or isinstance(max_queued_checkouts, bool)
+            or max_queued_checkouts < 0
+        ):
+            raise ConfigError(f"max_queued_checkouts must be a whole number >= 0 or None, not {max_queued_checkouts!r}")
         if not _positive_number(checkout_timeout_s):
             raise ConfigError(f"checkout_timeout_s must be a positive, finite number, not {checkout_timeout_s!r}")
         if not _positive_number(ttl_s):
@@ -147,6 +158,7 @@ class AsyncPool:
         self.clock = clock
         self.min_warm_workers = min_warm_workers
         self.max_workers = max_workers
+        self.max_queued_checkouts = max_queued_checkouts
         self.checkout_timeout_s = float(checkout_timeout_s)
         self.recycle_after = recycle_after
         self._workers: WorkerPool | None = None
@@ -166,6 +178,7 @@ class AsyncPool:
                 max_workers=self.max_workers,
                 checkout_timeout_s=self.checkout_timeout_s,
                 recycle_after=self.recycle_after,
+                max_queued=self.max_queued_checkouts,
             )
         return self._workers
 
@@ -176,12 +189,17 @@ class AsyncPool:
         """
         if self.isolation == "inline":
             return {"process": "off (inline mode)"}
-        backend = ProcessBackend(self._worker_pool(), policy=self.policy, limits=self.limits)
-        await backend.start()
+        workers = self._worker_pool()
+        await workers.admit()
         try:
-            return {"process": "active", **backend.sandbox}
+            backend = ProcessBackend(workers, policy=self.policy, limits=self.limits)
+            await backend.start()
+            try:
+                return {"process": "active", **backend.sandbox}
+            finally:
+                await backend.close()
         finally:
-            await backend.close()
+            workers.leave()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -213,6 +231,8 @@ class AsyncPool:
         Raises:
             ConfigError: An argument has the wrong type, or ``type_check=True`` but ty is not installed; nothing
                 was checked out.
+            Overloaded: Every worker is busy and the checkout queue is full (raised at once), or the checkout
+                waited ``checkout_timeout_s`` in the queue; nothing was checked out, retry later.
             SessionError: The pool is closed.
         """
         if self._closed:
@@ -225,13 +245,34 @@ class AsyncPool:
             )
         _check_options(limits=limits, policy=policy)
         limits = limits or self.limits
-        checker = TypeChecker(type_check_stubs) if type_check else None
+        async with self._admitted():
+            checker = TypeChecker(type_check_stubs) if type_check else None
+            try:
+                backend = await self._backend(policy or self.policy, limits)
+            except BaseException:
+                if checker is not None:
+                    checker.close()
+                raise
+            async with self._checked_out(backend, limits, checker) as session:
+                yield session
+
+    @asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        """Hold one of the worker pool's checkout slots (process mode) for the length of a checkout."""
+        if self.isolation == "inline":
+            yield
+            return
+        workers = self._worker_pool()
+        await workers.admit()
         try:
-            backend = await self._backend(policy or self.policy, limits)
-        except BaseException:
-            if checker is not None:
-                checker.close()
-            raise
+            yield
+        finally:
+            workers.leave()
+
+    @asynccontextmanager
+    async def _checked_out(
+        self, backend: Backend, limits: Limits, checker: TypeChecker | None
+    ) -> AsyncIterator[AsyncSession]:
         session = AsyncSession(
             backend=backend,
             store=self._async_store,
@@ -282,6 +323,7 @@ class Pool:
         min_warm_workers: int = 1,
         max_workers: int | None = None,
         checkout_timeout_s: float = 30.0,
+        max_queued_checkouts: int | None = None,
         recycle_after: int = 1,
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
@@ -296,6 +338,7 @@ class Pool:
             min_warm_workers=min_warm_workers,
             max_workers=max_workers,
             checkout_timeout_s=checkout_timeout_s,
+            max_queued_checkouts=max_queued_checkouts,
             recycle_after=recycle_after,
             compression_level=compression_level,
             clock=clock,

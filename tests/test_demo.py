@@ -9,13 +9,26 @@ import sys
 from pathlib import Path
 
 from snapcell import Pool
-from snapcell.cli._demo import TOOLS, TURN_1, TURN_2
+from snapcell.cli._demo import TOOLS, TURN_1
 
 TURN_2_CHILD = """
 import json, os, sys
+from snapcell.cli import _demo
 from snapcell.cli._demo import TURN_2, run_turn
+
+# Record when each ticket lookup starts and ends, to see whether turn 2 ran them concurrently.
+events = []
+lookup = _demo.TOOLS["list_open_tickets"]
+async def list_open_tickets(customer_id):
+    events.append(["start", customer_id])
+    try:
+        return await lookup(customer_id)
+    finally:
+        events.append(["end", customer_id])
+_demo.TOOLS["list_open_tickets"] = list_open_tickets
+
 value, new_hex, size = run_turn(sys.argv[1], TURN_2, sys.argv[2])
-print(json.dumps([value, new_hex, size, os.getpid()]))
+print(json.dumps([value, new_hex, size, os.getpid(), events]))
 """
 
 
@@ -57,7 +70,7 @@ def test_turn_two_runs_in_another_process_sharing_the_store(tmp_path: Path) -> N
         env=_child_env(),
     )
     assert child.returncode == 0, child.stderr
-    value, new_hex, new_size, pid = json.loads(child.stdout.strip().splitlines()[-1])
+    value, new_hex, new_size, pid, events = json.loads(child.stdout.strip().splitlines()[-1])
     assert value == ["Initech"]
     assert pid != os.getpid()
     assert new_hex != checkpoint_hex and new_size > 0  # the child ran snapcell.cli._demo.run_turn
@@ -66,4 +79,7 @@ def test_turn_two_runs_in_another_process_sharing_the_store(tmp_path: Path) -> N
         session.load_session(bytes.fromhex(new_hex))
         names = session.feed_run("[c['name'] for c in churned], len(tickets)", external_lookup=TOOLS)
     assert names == (["Acme", "Initech"], 2)
-    assert "asyncio.gather" in TURN_2
+    # Turn 2 looked up both churned customers' tickets in the host, concurrently (asyncio.gather in the
+    # script): both lookups started before either ended.
+    assert sorted(customer for kind, customer in events if kind == "start") == ["c-1", "c-3"]
+    assert [kind for kind, _ in events] == ["start", "start", "end", "end"], events

@@ -14,19 +14,25 @@ from typing import TextIO
 __all__ = ["TailBuffer", "capture_output"]
 
 _SLACK = 64 * 1024
+# Small writes are joined into strings of about this many characters, so a flood of tiny writes (a print per
+# character) is kept in a few large strings instead of a million small objects of ~50 bytes each.
+_BLOCK = 8 * 1024
 
 
 class TailBuffer(io.TextIOBase):
     """A text sink that keeps the last ``limit`` characters and counts what it dropped.
 
-    Memory stays under ``2 * limit`` plus 64 KiB however much is written.
+    However much is written, and in however small pieces, it holds at most ``2 * limit`` plus 64 KiB of text in
+    strings of about 8 KiB or more: small writes are joined, and a write longer than ``limit`` keeps its tail only.
     """
 
     def __init__(self, limit: int | None) -> None:
         super().__init__()
         self._limit = limit
         self._chunks: deque[str] = deque()
-        self._size = 0
+        self._pending: list[str] = []  # small writes not yet joined into a chunk
+        self._pending_size = 0
+        self._size = 0  # characters held, in chunks and pending
         self.dropped_bytes = 0
 
     def writable(self) -> bool:
@@ -35,16 +41,41 @@ class TailBuffer(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        if not text:
+        size = len(text)
+        if not size:
             return 0
-        self._chunks.append(text)
-        self._size += len(text)
+        limit = self._limit
+        if limit is not None and size >= limit:
+            # Only this write's tail can be kept: what came before goes now, and so does its head.
+            self.dropped_bytes += self._size + size - limit
+            self._pending.clear()
+            self._pending_size = 0
+            self._chunks.clear()
+            self._chunks.append(text[size - limit :] if size > limit else text)
+            self._size = limit
+            return size
+        if size >= _BLOCK:
+            self._join_pending()
+            self._chunks.append(text)
+        else:
+            self._pending.append(text)
+            self._pending_size += size
+            if self._pending_size >= _BLOCK:
+                self._join_pending()
+        self._size += size
         # Trimming is amortized: a flood of small writes trims once per `limit` characters, not per write.
-        if self._limit is not None and self._size > 2 * self._limit + _SLACK:
+        if limit is not None and self._size > 2 * limit + _SLACK:
             self._trim()
-        return len(text)
+        return size
+
+    def _join_pending(self) -> None:
+        if self._pending:
+            self._chunks.append("".join(self._pending))
+            self._pending.clear()
+            self._pending_size = 0
 
     def _trim(self) -> None:
+        self._join_pending()
         if self._limit is None:
             return
         while self._size > self._limit and self._chunks:

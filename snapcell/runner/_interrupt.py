@@ -124,8 +124,33 @@ def instrument(tree: ast.Module) -> ast.Module:
     return tree
 
 
-def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
+# Looked up once: the lookup runs Python code in ctypes, where an interrupt in flight could land.
+_SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException]) -> None:
+    _SET_ASYNC_EXC(ctypes.c_ulong(thread_id), ctypes.py_object(exc))
+
+
+class _Drain(BaseException):
+    """Replaces an interrupt still in flight when a run ends, and is caught at once by `_drain_interrupt`."""
+
+
+def _drain_interrupt() -> None:
+    """Take back an interrupt that was sent to this thread but has not landed yet, and clear its signal.
+
+    ``PyThreadState_SetAsyncExc(id, NULL)`` would drop the exception but leave the interpreter's "async
+    exception pending" signal raised (CPython clears it only when it delivers one). With a trace or profile
+    function installed (coverage, a debugger, a profiler), Python 3.11 then re-checks that signal at the
+    start of every function call without ever getting past it: the host hangs at its next call. So the
+    pending interrupt is replaced by `_Drain` and delivered here, in this thread, which clears the signal.
+    """
+    try:
+        _set_async_exc(threading.get_ident(), _Drain)
+        for _ in range(1_000_000):  # delivered at the first backward jump, in practice the first iteration
+            pass
+    except _Drain:
+        return
 
 
 class _Monitor:
@@ -288,7 +313,7 @@ class Watchdog:
                     if self._flags is not None:
                         self._flags[EXPIRED_NAME] = False
                 if self.fired:
-                    _set_async_exc(self._thread_id, None)
+                    _drain_interrupt()
                 elif self.timeout_s is not None:
                     _monitor.discard()
                 return

@@ -1,14 +1,21 @@
-"""A pool of warm worker processes: started ahead of time, handed to sessions, recycled or killed."""
+"""A pool of warm worker processes: started ahead of time, handed to sessions, recycled or killed.
+
+Checkouts are admitted through a fair queue: at most ``max_workers`` at once, the next ones wait in
+FIFO order, at most ``max_queued`` of them, and one more is refused at once with `Overloaded`.
+
+Every new pool first reclaims the scratch directories of hosts that died without closing theirs (see `_scratch`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
+import os
+import weakref
+from collections import deque
 from collections.abc import Sequence
 
-from snapcell.errors import ConfigError, SandboxError, SessionError
+from snapcell.errors import ConfigError, Overloaded, SandboxError, SessionError
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._process import (
@@ -18,8 +25,86 @@ from snapcell.runner._process import (
     _Died,
     log,
 )
+from snapcell.runner._scratch import make_scratch_root, reclaim_scratch_dirs, remove_scratch_root
 
-__all__ = ["WorkerPool"]
+__all__ = ["CheckoutQueue", "WorkerPool"]
+
+# Checkouts that may wait per worker when the pool is not told otherwise.
+QUEUED_PER_WORKER = 4
+
+
+class CheckoutQueue:
+    """Admits ``slots`` checkouts at once; the next ones wait in FIFO order, at most ``max_queued`` of them.
+
+    Args:
+        slots: Checkouts served at once.
+        max_queued: Checkouts that may wait; one more is refused at once with `Overloaded`.
+    """
+
+    def __init__(self, *, slots: int, max_queued: int) -> None:
+        self.slots = slots
+        self.max_queued = max_queued
+        self.active = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def queued(self) -> int:
+        """Checkouts waiting now."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    async def admit(self, timeout_s: float) -> None:
+        """Take a slot, waiting behind earlier checkouts for at most ``timeout_s``; pair with `leave`.
+
+        Raises:
+            Overloaded: The queue is full (at once), or no slot came free within ``timeout_s``; no slot is held.
+        """
+        if self.active < self.slots and not self._waiters:
+            self.active += 1
+            return
+        if self.queued >= self.max_queued:
+            raise Overloaded(
+                f"the pool is overloaded: {self.slots} sessions are checked out and {self.queued} more are "
+                f"waiting (max_queued_checkouts={self.max_queued}); retry the turn later, or raise max_workers",
+                max_workers=self.slots,
+                max_queued=self.max_queued,
+                timed_out=False,
+            )
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.leave()  # the slot was handed over just as the wait ended: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    f"the pool is overloaded: a checkout waited {timeout_s:g} s in the queue without a free worker "
+                    f"({self.slots} sessions are checked out); retry the turn later, or raise max_workers",
+                    max_workers=self.slots,
+                    max_queued=self.max_queued,
+                    timed_out=True,
+                ) from None
+            raise
+
+    def leave(self) -> None:
+        """Give a slot back: to the longest-waiting checkout, or free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot moves to this checkout; `active` stays the same
+                return
+        self.active -= 1
+
+    def close(self) -> None:
+        """Refuse every waiting checkout with `SessionError` (the pool is closing)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(SessionError("the pool was closed while this checkout waited for a worker"))
 
 
 class WorkerPool:
@@ -28,13 +113,15 @@ class WorkerPool:
     Args:
         min_warm: Workers kept started ahead of time.
         max_workers: Workers alive at once (checked out plus warm).
-        checkout_timeout_s: Seconds `acquire` waits for a free slot before `SessionError`.
+        checkout_timeout_s: Seconds `admit` waits in the queue before `Overloaded`, and `acquire` waits for a
+            free slot before `SessionError`.
         recycle_after: Checkouts a worker serves before it is replaced. 1 (the default) gives every session a
             fresh interpreter. More reuses a worker for later sessions with the same policy and limits: its
             namespace, scratch directory and decimal context are reset, but it is the same interpreter, so
             use it only where the sessions trust each other (one tenant).
         worker_command: The interpreter and module a worker is started as (tests start stand-ins); the default
             is ``python -I -m snapcell.runner._worker``.
+        max_queued: Checkouts that may wait in `admit` for a free worker (default: 4 per worker).
     """
 
     def __init__(
@@ -45,11 +132,16 @@ class WorkerPool:
         checkout_timeout_s: float,
         recycle_after: int = 1,
         worker_command: Sequence[str] | None = None,
+        max_queued: int | None = None,
     ) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
         if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
             raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
+        max_queued = QUEUED_PER_WORKER * max_workers if max_queued is None else max_queued
+        if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 0:
+            raise ConfigError(f"max_queued_checkouts must be a whole number >= 0, not {max_queued!r}")
+        self.queue = CheckoutQueue(slots=max_workers, max_queued=max_queued)
         self.recycle_after = recycle_after
         self._worker_command = worker_command
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
@@ -57,7 +149,10 @@ class WorkerPool:
         self.min_warm = min_warm
         self.max_workers = max_workers
         self.checkout_timeout_s = checkout_timeout_s
-        self.scratch_root = tempfile.mkdtemp(prefix="snapcell-workers-")
+        reclaim_scratch_dirs()
+        self.scratch_root, lock_fd = make_scratch_root()
+        # A pool that is never closed still removes its directory when it is collected or the interpreter exits.
+        self._remove_scratch = weakref.finalize(self, remove_scratch_root, self.scratch_root, lock_fd, os.getpid())
         self._warm: list[WorkerProcess] = []
         self._busy: set[WorkerProcess] = set()
         self._starting = 0
@@ -87,6 +182,8 @@ class WorkerPool:
         while not self._closed and len(self._warm) + self._starting < self.min_warm and self._live() < self.max_workers:
             worker = await self._spawn()
             if worker is None:
+                async with self._changed:
+                    self._changed.notify_all()  # a checkout waiting for this start-up must not wait out its timeout
                 return
             async with self._changed:
                 if self._closed:
@@ -110,6 +207,21 @@ class WorkerPool:
             raise
         finally:
             self._starting -= 1
+
+    async def admit(self) -> None:
+        """Wait in the fair checkout queue for one of ``max_workers`` slots; pair with `leave`.
+
+        Raises:
+            Overloaded: The queue is full (at once), or no slot came free within ``checkout_timeout_s``.
+            SessionError: The pool is closed.
+        """
+        if self._closed:
+            raise SessionError("the pool is closed")
+        await self.queue.admit(self.checkout_timeout_s)
+
+    def leave(self) -> None:
+        """Give back the slot `admit` took, to the next checkout in the queue."""
+        self.queue.leave()
 
     async def acquire(self, *, policy: Policy, limits: Limits) -> WorkerProcess:
         """Take a warm worker (or start one), give it its settings, and mark it busy.
@@ -190,6 +302,7 @@ class WorkerPool:
     async def close(self) -> None:
         """Kill every worker; none outlives the pool."""
         self._closed = True
+        self.queue.close()
         if self._fill_task is not None:
             self._fill_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -199,4 +312,4 @@ class WorkerPool:
         self._busy.clear()
         self._idle.clear()
         await asyncio.gather(*(w.kill() for w in workers))
-        shutil.rmtree(self.scratch_root, ignore_errors=True)
+        self._remove_scratch()

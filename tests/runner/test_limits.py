@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from snapcell import Limits
+from snapcell import Limits, Policy, Pool
 from snapcell.errors import ConfigError, LimitExceeded, ScriptError, TimeLimitExceeded
 
 FAST = Limits(wall_time_s=0.3)
@@ -127,6 +127,12 @@ def test_limits_are_validated(kwargs):
         Limits(**kwargs)
 
 
-def test_limits_document_what_inline_mode_cannot_enforce():
-    doc = Limits.__doc__ or ""
-    assert "C-level" in doc and "memory" in doc
+def test_inline_c_level_work_runs_to_completion_and_the_interrupt_lands_right_after():
+    """What `Limits` documents for inline mode: C-level work is not cut short, and the script stops after it."""
+    with Pool("memory://", isolation="inline", policy=Policy(restricted=False)) as pool, pool.checkout() as session:
+        # One C-level call (list.extend over map) that sleeps 3 x 0.2 s with the real time.sleep, well past the
+        # 0.1 s limit, with no bytecode in between where an interrupt could land.
+        code = "import time\nslept = []\nslept.extend(map(time.sleep, [0.2, 0.2, 0.2]))\nafter = 1"
+        result = session.run(code, limits=Limits(wall_time_s=0.1, grace_s=0))
+        assert isinstance(result.error, TimeLimitExceeded)
+        assert session.run("len(slept), 'after' in dir()").value == (3, False)
