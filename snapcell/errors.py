@@ -32,6 +32,7 @@ __all__ = [
     "SessionError",
     "SnapcellError",
     "StorageError",
+    "StorageTimeout",
     "StorageUnavailable",
     "TimeLimitExceeded",
     "TypingError",
@@ -217,6 +218,26 @@ class StorageError(SnapcellError, OSError):
 
 class StorageUnavailable(StorageError):
     """Raised when the store cannot be reached or refuses access (endpoint, credentials, bucket)."""
+
+
+class StorageTimeout(StorageUnavailable, TimeoutError):
+    """Raised when a store call does not finish within its deadline; the session is unchanged, retry later.
+
+    Attributes:
+        operation: What was being done (``"get"``, ``"put"``, ``"scan"``, ...).
+        key: The key involved, when there is one.
+        timeout_s: The deadline the call had, in seconds.
+        attempts: Requests made before giving up (0 when the deadline passed before the first).
+    """
+
+    def __init__(
+        self, message: str, *, operation: str, key: str | None = None, timeout_s: float, attempts: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.key = key
+        self.timeout_s = timeout_s
+        self.attempts = attempts
 
 
 class InvalidKey(StorageError, ValueError):

@@ -12,7 +12,7 @@ from ._heads_s3 import S3Heads
 from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
 from ._memory import MemoryStore
-from ._protocol import AsyncStore, ObjectInfo, Store, validate_key
+from ._protocol import AsyncStore, ObjectInfo, Store, storage_deadline, validate_key
 from ._s3 import S3Store, install_lifecycle
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "open_store",
     "parse_duration",
     "parse_size",
+    "storage_deadline",
     "usage",
     "validate_conversation_id",
     "validate_key",

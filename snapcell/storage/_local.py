@@ -20,7 +20,7 @@ from snapcell.errors import (
     map_exceptions,
 )
 
-from ._protocol import SEGMENT, ObjectInfo, validate_key, validate_prefix
+from ._protocol import SEGMENT, ObjectInfo, check_timeout_s, validate_key, validate_prefix
 
 __all__ = ["LocalStore"]
 
@@ -43,14 +43,19 @@ class LocalStore:
 
     Args:
         root: The directory holding the store; created on the first write.
+        timeout_s: Deadline of each call in seconds for async callers (`AsyncStore` stops waiting and raises
+            `StorageTimeout`, e.g. on a hung network file system); None (the default) for none. Sync calls are
+            not interrupted.
 
     Raises:
         ConfigError: ``root`` is not a usable path (not text, empty, contains a NUL byte, or names an unknown
-            user's home directory).
+            user's home directory), or ``timeout_s`` is not a positive number.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, timeout_s: float | None = None) -> None:
+        check_timeout_s(timeout_s)
         self._root = _root_path(root)
+        self.timeout_s = timeout_s
 
     @property
     def root(self) -> Path:
