@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointVersionError",
     "ConfigError",
     "Conflict",
+    "HeadCorrupt",
     "InvalidKey",
     "LimitExceeded",
     "MemoryLimitExceeded",
@@ -246,6 +247,18 @@ class InvalidKey(StorageError, ValueError):
 
 class ObjectExists(StorageError, FileExistsError):
     """Raised when a create-only write finds the key already taken; the existing object is untouched."""
+
+
+class HeadCorrupt(StorageError):
+    """Raised when a conversation's head record was not written by snapcell; other conversations are unaffected.
+
+    Attributes:
+        conversation_id: The conversation whose head cannot be read.
+    """
+
+    def __init__(self, message: str, *, conversation_id: str) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
 
 
 class CheckpointNotFound(StorageError, KeyError):

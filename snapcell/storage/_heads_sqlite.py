@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from snapcell.errors import ConfigError, StorageError, StorageUnavailable, map_exceptions
+from snapcell.errors import ConfigError, HeadCorrupt, StorageError, StorageUnavailable, map_exceptions
 
 from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete
 
@@ -38,7 +38,7 @@ def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | 
     """Decode a row of the heads table.
 
     Raises:
-        StorageError: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
+        HeadCorrupt: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
     """
     checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at = row
     try:
@@ -54,9 +54,10 @@ def _head(conversation_id: str, row: tuple[bytes | None, str, str, float, str | 
             lease_expires_at=float(lease_expires_at),
         )
     except (ValueError, TypeError) as exc:
-        raise StorageError(
+        raise HeadCorrupt(
             f"the head of conversation {conversation_id!r} in {path} is not a snapcell head ({exc}); "
-            "delete its row or restore the file"
+            "delete its row or restore the file",
+            conversation_id=conversation_id,
         ) from exc
 
 
@@ -173,11 +174,19 @@ class SQLiteHeads(RecordHeads):
                     db.execute("ROLLBACK")
         return None if isinstance(result, _Delete) else result
 
-    def scan(self) -> Iterator[tuple[str, Head]]:
+    def scan(self, *, corrupt: list[HeadCorrupt] | None = None) -> Iterator[tuple[str, Head]]:
         """See `HeadStore.scan`."""
         with self._lock, map_exceptions(_ERRORS, f"cannot list heads in {self.path}"):
             rows = self._db.execute(f"SELECT conversation_id, {_COLUMNS} FROM heads WHERE version != ''").fetchall()
-        return iter([(row[0], _head(row[0], row[1:], self.path)) for row in rows])
+        heads = []
+        for row in rows:
+            try:
+                heads.append((row[0], _head(row[0], row[1:], self.path)))
+            except HeadCorrupt as exc:
+                if corrupt is None:
+                    raise
+                corrupt.append(exc)
+        return iter(heads)
 
     def close(self) -> None:
         """Close the database connection."""
