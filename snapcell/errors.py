@@ -352,5 +352,8 @@ def map_exceptions(
     except Exception as exc:
         for caught, target in mapping:
             if isinstance(exc, caught):
-                raise target(f"{message}: {exc}") from exc
+                error = target(f"{message}: {exc}")
+                if isinstance(exc, OSError) and isinstance(error, OSError):
+                    error.errno = exc.errno  # so callers can still test for ENOSPC, EROFS...
+                raise error from exc
         raise

@@ -42,7 +42,9 @@ class S3Config:
             and dropped connections.
         storage_timeout_s: Deadline of each store call in seconds, connection, reads, retries and backoff included
             (default 10); a call that cannot finish by then fails with `StorageTimeout`. Each attempt's connect and
-            read timeouts are cut so that ``max_attempts`` attempts fit in it. ``None`` means no deadline.
+            read timeouts are cut to a third and two thirds of ``storage_timeout_s / max_attempts``, so that every
+            attempt fits, and a retry starts only if the deadline leaves room for its backoff and a whole attempt.
+            ``None`` means no deadline.
         multipart_threshold_bytes: Objects larger than this go up as multipart uploads.
         multipart_part_bytes: Size of each part of a multipart upload (S3 requires at least 5 MiB).
         addressing_style: ``"auto"``, ``"path"`` or ``"virtual"`` bucket addressing.

@@ -279,7 +279,8 @@ class AsyncStore:
             )
         token = _DEADLINE.set(deadline)  # to_thread copies this context, so the store sees the deadline too
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn), remaining + _BACKSTOP_S)
+            # A little past the deadline, so a store that enforces it itself (S3) reports its own, richer error.
+            return await asyncio.wait_for(asyncio.to_thread(fn), remaining + min(_BACKSTOP_S, remaining / 10))
         except TimeoutError as exc:
             if isinstance(exc, StorageTimeout):
                 raise

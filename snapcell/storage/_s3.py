@@ -85,7 +85,7 @@ def _attempt_timeouts(cfg: S3Config) -> tuple[float, float]:
     if cfg.storage_timeout_s is None:
         return cfg.connect_timeout_s, cfg.read_timeout_s
     share = cfg.storage_timeout_s / cfg.max_attempts
-    return min(cfg.connect_timeout_s, share / 2), min(cfg.read_timeout_s, share)
+    return min(cfg.connect_timeout_s, share / 3), min(cfg.read_timeout_s, share * 2 / 3)
 
 
 def _backoff_s(attempts: int, throttled: bool) -> float:
@@ -111,7 +111,8 @@ class S3Store:
             to AWS.
         region_name: Region; defaults to boto3's usual chain.
         client: A ready boto3 S3 client to use instead of building one (the other connection settings are then
-            ignored, except the deadline and the number of attempts, which this store enforces on the client).
+            ignored, except the deadline and the number of attempts, which this store enforces on the client while
+            it is open). The caller keeps owning it: `close` leaves it open.
         max_attempts: Attempts per call, first try included; overrides ``config``.
         config: Connection settings; see `S3Config`.
         storage_timeout_s: Deadline of each call in seconds; overrides ``config``.
@@ -153,6 +154,7 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix
         self._exceptions: Any = _import("botocore.exceptions")
+        self._owns_client = client is None
         self._client: Any = client if client is not None else self._make_client()
         self._transport_errors: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[StorageError]]]
         exc = self._exceptions
@@ -270,6 +272,15 @@ class S3Store:
                     yield
                 except self._exceptions.ClientError as exc:
                     raise self._client_error(exc, action, key) from exc
+                except (self._exceptions.ConnectTimeoutError, self._exceptions.ReadTimeoutError) as exc:
+                    # Timeouts are always retried: this one ended the last attempt the store allows.
+                    raise StorageTimeout(
+                        f"{what} timed out on each of its {self.config.max_attempts} attempt(s): {exc}; {self._hint}",
+                        operation=action,
+                        key=key,
+                        timeout_s=limit if limit is not None else 0.0,
+                        attempts=self.config.max_attempts,
+                    ) from exc
                 except _GiveUp as exc:
                     timeout_s = limit if limit is not None else 0.0
                     raise StorageTimeout(
@@ -462,9 +473,12 @@ class S3Store:
                     yield ObjectInfo(key=key, size=int(item["Size"]), created_at=item["LastModified"].timestamp())
 
     def close(self) -> None:
-        """Close the client's connection pool."""
+        """Close the client's connection pool if this store made the client; a client passed in stays open."""
+        events: Any = self.client.meta.events
+        events.unregister("before-call.s3", unique_id=f"snapcell-deadline-{id(self)}")
+        events.unregister("needs-retry.s3", unique_id=f"snapcell-retry-{id(self)}")
         close = getattr(self._client, "close", None)
-        if callable(close):
+        if self._owns_client and callable(close):
             close()
 
     def __repr__(self) -> str:
