@@ -231,16 +231,19 @@ class AsyncStore:
     The event loop is never blocked by storage I/O. Each method's behaviour and errors are those of its sync twin
     on the wrapped store; ``close``/``aclose`` close the wrapped store.
 
-    Every call has a deadline: the smallest of the method's ``timeout_s=``, the wrapper's ``timeout_s`` (by
-    default the wrapped store's own ``timeout_s``, e.g. `S3Config.storage_timeout_s`) and any enclosing
-    `storage_deadline`. The deadline reaches the worker thread, so `S3Store` gives up by then with its own
-    `StorageTimeout`; for any other backend the wrapper stops waiting shortly after it and raises `StorageTimeout`
-    itself (the abandoned call still finishes in its thread; a put that finishes late is complete, never partial).
+    A call's deadline is the earliest of the method's ``timeout_s=``, the wrapper's ``timeout_s`` and any enclosing
+    `storage_deadline`. It reaches the worker thread, so `S3Store` gives up by then with its own `StorageTimeout`;
+    the wrapper also stops waiting shortly after it and raises `StorageTimeout` itself, whatever the backend (the
+    abandoned call still finishes in its thread; a put that finishes late is complete, never partial).
+
+    A store that enforces its own per-request deadline (``enforces_deadline``, like `S3Store` with
+    `S3Config.storage_timeout_s`) needs nothing more, and a large upload or download made of many requests is
+    not cut short by default. For any other store the wrapper's default is the store's ``timeout_s`` attribute
+    (e.g. `LocalStore(timeout_s=...)` on a network file system), enforced by the wrapper.
 
     Args:
         store: The synchronous store to wrap.
-        timeout_s: Default deadline of every call, in seconds; ``None`` takes the store's ``timeout_s`` attribute
-            when it has one, else no deadline.
+        timeout_s: Default deadline of every call, in seconds; ``None`` for the default described above.
 
     Attributes:
         sync: The wrapped synchronous store.
@@ -252,7 +255,8 @@ class AsyncStore:
     def __init__(self, store: Store, *, timeout_s: float | None = None) -> None:
         check_timeout_s(timeout_s)
         own = getattr(store, "timeout_s", None)
-        if timeout_s is None and isinstance(own, int | float) and not isinstance(own, bool):
+        enforced = getattr(store, "enforces_deadline", False) is True
+        if timeout_s is None and not enforced and isinstance(own, int | float) and not isinstance(own, bool):
             timeout_s = float(own)
         self.sync = store
         self.timeout_s: float | None = timeout_s

@@ -238,9 +238,12 @@ class S3Store:
             raise _GiveUp(attempts, cause)
         return delay
 
+    #: This store enforces `timeout_s` itself, per request; `AsyncStore` adds no deadline of its own by default.
+    enforces_deadline = True
+
     @property
     def timeout_s(self) -> float | None:
-        """The deadline of each call in seconds (`S3Config.storage_timeout_s`); `AsyncStore` uses it too."""
+        """The deadline of each call in seconds (`S3Config.storage_timeout_s`)."""
         return self.config.storage_timeout_s
 
     @property
@@ -459,18 +462,24 @@ class S3Store:
                 )
 
     def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """See `Store.scan`; pages through ``list_objects_v2`` (1,000 keys a page) lazily."""
+        """See `Store.scan`; pages through ``list_objects_v2`` (1,000 keys a page) lazily, one deadline per page."""
         validate_prefix(prefix)
         return self._scan(prefix)
 
     def _scan(self, prefix: str) -> Iterator[ObjectInfo]:
         base = f"{self.prefix}/" if self.prefix else ""
-        paginator = self._client.get_paginator("list_objects_v2")
-        with self._errors("list"):
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
-                for item in page.get("Contents", ()):
-                    key = item["Key"][len(base) :]
-                    yield ObjectInfo(key=key, size=int(item["Size"]), created_at=item["LastModified"].timestamp())
+        request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base + prefix}
+        while True:
+            # Never yield inside _errors: its deadline must not leak into the caller's context between pages.
+            with self._errors("scan", prefix or None):
+                page = self._client.list_objects_v2(**request)
+            for item in page.get("Contents", ()):
+                key = item["Key"][len(base) :]
+                yield ObjectInfo(key=key, size=int(item["Size"]), created_at=item["LastModified"].timestamp())
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            request["ContinuationToken"] = token
 
     def close(self) -> None:
         """Close the client's connection pool if this store made the client; a client passed in stays open."""
