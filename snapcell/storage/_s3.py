@@ -215,21 +215,24 @@ class S3Store:
     ) -> float | bool | None:
         """botocore ``needs-retry`` hook, run before botocore's own: seconds to sleep before retrying, or False.
 
+        Errors this store does not retry return None, so botocore's other handlers (its S3 region redirector)
+        still see them; botocore's own retries are off on a client this store made.
+
         Raises:
             _GiveUp: The error is worth retrying, but the deadline leaves no room for a backoff and a whole attempt.
         """
         if caught_exception is not None:
             if not isinstance(caught_exception, self._retryable):
-                return False
+                return None
             cause, throttled = f"{type(caught_exception).__name__}: {caught_exception}", False
         elif response is not None:
             status = int(response[0].status_code)
             code = str(response[1].get("Error", {}).get("Code", ""))
             if status < 500 and status != 429 and code not in _RETRIED_CODES:
-                return None if status < 300 else False
+                return None
             cause, throttled = f"HTTP {status} {code}".rstrip(), status in (429, 503) or "Throttl" in code
         else:  # pragma: no cover - botocore always passes one of them
-            return False
+            return None
         if attempts >= self.config.max_attempts:
             return False
         delay = _backoff_s(attempts, throttled)
