@@ -249,3 +249,23 @@ def test_every_fault_is_a_storage_error_never_a_botocore_one(
                 guarded(call)
             assert info.value.__cause__ is not None  # raised from the real error
     works_again(faulty_store, proxy)
+
+
+def test_a_dump_to_a_hanging_store_fails_in_bounded_requests_and_the_session_survives(
+    faulty_store: S3Store, quick_store: S3Store, proxy: FaultProxy, attempts: Attempts
+) -> None:
+    from snapcell import Pool
+
+    with Pool(quick_store, isolation="inline", signing_keys=["faults-test-signing-key-0123456789"]) as pool:
+        with pool.checkout() as session:
+            session.feed_run("x = 41")
+            proxy.set_mode("hang")
+            attempts.clear()
+            with pytest.raises(StorageTimeout) as info:
+                guarded(session.dump)
+            assert info.value.operation == "put" and 1 <= len(attempts.sent) <= MAX_ATTEMPTS
+            proxy.set_mode("pass")
+            checkpoint_id = session.dump()  # the session is unchanged and dumps once the store answers
+        with pool.checkout() as session:
+            session.load_session(checkpoint_id)
+            assert session.feed_run("x + 1") == 42
