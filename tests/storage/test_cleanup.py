@@ -367,3 +367,25 @@ def test_cleanup_racing_turns_loses_nothing_at_the_grace_floor(clock, at_floor: 
         assert lost == []
     else:
         assert lost  # what the floor prevents: the checkpoint a head was about to point to is gone
+
+
+@pytest.mark.integration
+def test_a_corrupt_s3_head_is_skipped_and_a_good_one_still_protects(s3_store) -> None:
+    from snapcell.storage import S3Heads
+
+    heads = S3Heads(s3_store)
+    heads.compare_and_set("good", None, b"keep")
+    s3_store.put("heads/bad-one.json", b"{not json")
+    s3_store.put("checkpoints/keep", b"k" * 10)
+    s3_store.put("checkpoints/other", b"o" * 10)
+    later = s3_store.scan("checkpoints/")
+    now = max(o.created_at for o in later) + DAY
+    report = cleanup(
+        s3_store,
+        now=now,
+        quota_bytes=0,
+        heads=heads,
+        key_of=lambda checkpoint_id: f"checkpoints/{checkpoint_id.decode()}",
+    )
+    assert len(report.skipped_heads) == 1 and "bad-one" in report.skipped_heads[0]
+    assert [o.key for o in s3_store.scan("checkpoints/")] == ["checkpoints/keep"]
