@@ -21,6 +21,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "ConversationBusy",
+    "HeadCorrupt",
     "InvalidKey",
     "LimitExceeded",
     "MemoryLimitExceeded",
@@ -35,6 +36,7 @@ __all__ = [
     "SessionError",
     "SnapcellError",
     "StorageError",
+    "StorageTimeout",
     "StorageUnavailable",
     "TimeLimitExceeded",
     "TurnOutcomeUnknown",
@@ -223,12 +225,44 @@ class StorageUnavailable(StorageError):
     """Raised when the store cannot be reached or refuses access (endpoint, credentials, bucket)."""
 
 
+class StorageTimeout(StorageUnavailable, TimeoutError):
+    """Raised when a store call does not finish within its deadline; the session is unchanged, retry later.
+
+    Attributes:
+        operation: What was being done (``"get"``, ``"put"``, ``"scan"``, ...).
+        key: The key involved, when there is one.
+        timeout_s: The deadline the call had, in seconds.
+        attempts: Requests made before giving up (0 when the deadline passed before the first).
+    """
+
+    def __init__(
+        self, message: str, *, operation: str, key: str | None = None, timeout_s: float, attempts: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.key = key
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+
+
 class InvalidKey(StorageError, ValueError):
     """Raised when a storage key or conversation ID is malformed; nothing was read or written."""
 
 
 class ObjectExists(StorageError, FileExistsError):
     """Raised when a create-only write finds the key already taken; the existing object is untouched."""
+
+
+class HeadCorrupt(StorageError):
+    """Raised when a conversation's head record was not written by snapcell; other conversations are unaffected.
+
+    Attributes:
+        conversation_id: The conversation whose head cannot be read.
+    """
+
+    def __init__(self, message: str, *, conversation_id: str) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
 
 
 class CheckpointNotFound(StorageError, KeyError):
@@ -400,5 +434,8 @@ def map_exceptions(
     except Exception as exc:
         for caught, target in mapping:
             if isinstance(exc, caught):
-                raise target(f"{message}: {exc}") from exc
+                error = target(f"{message}: {exc}")
+                if isinstance(exc, OSError) and isinstance(error, OSError):
+                    error.errno = exc.errno  # so callers can still test for ENOSPC, EROFS...
+                raise error from exc
         raise

@@ -13,11 +13,19 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from snapcell.errors import ConfigError, StorageError
+from snapcell.runner._scratch import reclaim_scratch_dirs
 from snapcell.storage import HeadStore, LocalStore, Store, cleanup, open_heads, open_store, usage
-from snapcell.storage._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, DEFAULT_TTL_S
+from snapcell.storage._cleanup import (
+    DEFAULT_BLOB_GRACE_S,
+    DEFAULT_GRACE_S,
+    DEFAULT_TTL_S,
+    MIN_BLOB_GRACE_S,
+    MIN_GRACE_S,
+)
 
 __all__ = [
     "EXIT_CONFIG",
+    "EXIT_HEADS_SKIPPED",
     "EXIT_OK",
     "EXIT_OVER_QUOTA",
     "EXIT_STORAGE",
@@ -31,6 +39,7 @@ EXIT_OVER_QUOTA = 1
 EXIT_CONFIG = 2
 EXIT_STORAGE = 3
 DEFAULT_STORE_URL = "file://.snapcell"  # the other commands' default store
+EXIT_HEADS_SKIPPED = 4
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*\Z", re.IGNORECASE)
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -113,7 +122,8 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     """Register ``cleanup``, ``usage`` and ``s3 setup`` on a CLI's subparsers.
 
     Each parser sets ``func``, which takes the parsed arguments and returns the exit code: 0 on success, 1 when
-    cleanup leaves the store over its quota, 2 for a bad URL or option, 3 when the store fails.
+    cleanup leaves the store over its quota, 2 for a bad URL or option, 3 when the store fails, 4 when cleanup
+    finished but skipped conversation heads it could not read.
 
     Args:
         subparsers: What ``ArgumentParser.add_subparsers()`` returned.
@@ -135,6 +145,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="minimum age of an unreferenced blob to delete (1d)",
     )
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help=f"accept --grace below {MIN_GRACE_S / 60:g}m and --blob-grace below {MIN_BLOB_GRACE_S / 3600:g}h "
+        "(only when no turn can be running: a running turn's checkpoint or blobs could be deleted)",
+    )
     p.add_argument(
         "--heads",
         default=None,
@@ -218,6 +234,7 @@ def _run_cleanup(args: argparse.Namespace) -> int:
                 key_of=key_of,
                 blob_refs=_blob_refs(),
                 blob_grace_s=args.blob_grace,
+                force=args.force,
             )
         finally:
             progress.finish()
@@ -227,6 +244,17 @@ def _run_cleanup(args: argparse.Namespace) -> int:
     except (ConfigError, StorageError) as exc:
         return _fail("cleanup", exc)
     print(report.to_json() if args.json else report.summary())
+    # Worker scratch directories of snapcell hosts on this machine that were killed before closing their pool.
+    reclaimed = reclaim_scratch_dirs(dry_run=args.dry_run)
+    if reclaimed and not args.json:
+        verb = "would remove" if args.dry_run else "removed"
+        print(
+            f"{verb:<8} {len(reclaimed)} worker scratch director{'y' if len(reclaimed) == 1 else 'ies'} of dead hosts"
+        )
+    if report.skipped_heads:
+        for problem in report.skipped_heads:
+            print(f"snapcell cleanup: skipped a head: {problem}", file=sys.stderr)
+        return EXIT_HEADS_SKIPPED
     return EXIT_OVER_QUOTA if report.over_quota else EXIT_OK
 
 

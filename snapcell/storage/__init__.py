@@ -21,7 +21,7 @@ from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
 from ._memory import MemoryStore
 from ._open import default_heads, open_heads, open_store
-from ._protocol import AsyncStore, ObjectInfo, Store, validate_key
+from ._protocol import AsyncStore, ObjectInfo, Store, storage_deadline, validate_key
 from ._s3 import S3Store, install_lifecycle
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "install_lifecycle",
     "open_heads",
     "open_store",
+    "storage_deadline",
     "usage",
     "validate_conversation_id",
     "validate_key",

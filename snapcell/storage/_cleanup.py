@@ -9,7 +9,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from snapcell._telemetry import trace_cleanup
-from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, CheckpointVersionError, ConfigError, SnapcellError
+from snapcell.errors import (
+    CheckpointCorrupt,
+    CheckpointNotFound,
+    CheckpointVersionError,
+    ConfigError,
+    HeadCorrupt,
+    SnapcellError,
+)
 
 from ._heads import HeadStore
 from ._local import LocalStore
@@ -19,6 +26,8 @@ __all__ = [
     "DEFAULT_BLOB_GRACE_S",
     "DEFAULT_GRACE_S",
     "DEFAULT_TTL_S",
+    "MIN_BLOB_GRACE_S",
+    "MIN_GRACE_S",
     "CleanupReport",
     "DayUsage",
     "UsageReport",
@@ -30,6 +39,14 @@ __all__ = [
 DEFAULT_TTL_S = 7 * 86400.0
 DEFAULT_GRACE_S = 3600.0
 DEFAULT_BLOB_GRACE_S = 86400.0
+# A checkpoint is written before its conversation's head moves to it, and a turn's blobs before its checkpoint:
+# anything younger than the longest turn may be needed by a turn still running. Turns are bounded by the run's
+# wall time (30 s by default), the dump, a few storage calls (10 s deadline each) and the lease wait (30 s); ten
+# minutes leaves a wide margin.
+MIN_GRACE_S = 600.0
+# A dump reuses a stored blob without refreshing it while the blob is younger than snapcell.checkpoint's
+# REFRESH_AFTER_S (6 h), so an unreferenced-looking blob that young may be about to be referenced again.
+MIN_BLOB_GRACE_S = 6 * 3600.0 + MIN_GRACE_S
 # A local write removes its temporary file within moments; one a day old was left by a crash.
 _TEMP_FILE_AGE_S = 86400.0
 _DAY_S = 86400.0
@@ -71,6 +88,8 @@ class CleanupReport:
         deleted_keys: Every key deleted (or to delete), expired ones first.
         deleted_heads: Conversation heads deleted (or to delete) because their checkpoint expired.
         deleted_temp_files: Temporary files of interrupted writes deleted (or to delete); local stores only.
+        skipped_heads: One line per conversation head that could not be read and was skipped (its checkpoints were
+            not protected from the quota pass, and it was not deleted); the CLI then exits non-zero.
     """
 
     store_url: str
@@ -92,6 +111,7 @@ class CleanupReport:
     deleted_blob_objects: int = 0
     deleted_blob_bytes: int = 0
     deleted_temp_files: int = 0
+    skipped_heads: tuple[str, ...] = ()
 
     def to_json(self, *, include_keys: bool = False) -> str:
         """Return the report as one JSON object; the deleted keys only with ``include_keys``."""
@@ -118,6 +138,12 @@ class CleanupReport:
             lines.append(f"{verb:<8} {self.deleted_heads} conversation heads whose checkpoints expired")
         if self.deleted_temp_files:
             lines.append(f"{verb:<8} {self.deleted_temp_files} temporary files left by interrupted writes")
+        if self.skipped_heads:
+            lines.append(
+                f"SKIPPED  {len(self.skipped_heads)} unreadable conversation heads (their checkpoints were not "
+                "protected from the quota); repair or delete them:"
+            )
+            lines += [f"  {problem}" for problem in self.skipped_heads]
         if self.over_quota:
             lines.append(
                 f"OVER QUOTA: {self.protected_objects} objects under {self.prefix!r} are still needed (kept heads) "
@@ -143,6 +169,7 @@ def cleanup(
     blob_refs: Callable[[bytes], Collection[str]] | None = None,
     blob_prefix: str = "blobs/",
     blob_grace_s: float = DEFAULT_BLOB_GRACE_S,
+    force: bool = False,
 ) -> CleanupReport:
     """Delete expired objects, then the oldest unneeded ones while the store is over its quota.
 
@@ -151,6 +178,10 @@ def cleanup(
     ``quota_bytes``, objects under ``prefix`` go oldest first, skipping those in ``keep``. Nothing younger than
     ``grace_s`` is ever deleted, so a dump in progress is never raced. A key already gone is not an error, so two
     runs at once are safe. The whole plan is made from one listing before anything is deleted.
+
+    A conversation head that cannot be decoded (`HeadCorrupt`) is skipped and named in the report's
+    ``skipped_heads``; everything else still runs. Any other failure of the head store stops the cleanup before
+    anything is deleted: without the heads, the quota pass could delete what conversations need.
 
     Args:
         store: The store to clean.
@@ -174,27 +205,36 @@ def cleanup(
             dump refreshed it meanwhile.
         blob_prefix: Where blobs live.
         blob_grace_s: Unreferenced blobs younger than this are kept (a dump writes its blobs before its
-            checkpoint, and refreshes the blobs it reuses once a day).
+            checkpoint, and refreshes the blobs it reuses only every few hours).
+        force: Accept ``grace_s`` below `MIN_GRACE_S` (10 min) and ``blob_grace_s`` below `MIN_BLOB_GRACE_S`
+            (6 h 10 min); without it they are refused, since turns still running would lose their checkpoints or
+            blobs. Use it only when no turn can be running. A dry run needs no ``force``.
 
     Returns:
         The report; ``over_quota`` tells whether the quota still is exceeded.
 
     Raises:
-        ConfigError: A negative ttl, grace or quota, or ``heads`` without ``key_of``.
+        ConfigError: A negative ttl, grace or quota, a grace below the floor without ``force``, or ``heads``
+            without ``key_of``; nothing was deleted.
         InvalidKey: The prefix is malformed.
         StorageError: The store failed; the cleanup may be run again, it resumes where it stopped.
     """
-    if ttl_s < 0 or grace_s < 0 or (quota_bytes is not None and quota_bytes < 0):
-        raise ConfigError("ttl_s, grace_s and quota_bytes must not be negative")
+    if ttl_s < 0 or grace_s < 0 or blob_grace_s < 0 or (quota_bytes is not None and quota_bytes < 0):
+        raise ConfigError("ttl_s, grace_s, blob_grace_s and quota_bytes must not be negative")
+    if not force and not dry_run:
+        _check_grace(grace_s, blob_grace_s if blob_refs is not None else None)
     validate_prefix(prefix)
     now = time.time() if now is None else now
     objects = list(store.scan())
     keep_set = set(keep)
     stale_heads: list[tuple[str, str]] = []
+    corrupt: list[HeadCorrupt] = []
     if heads is not None:
         if key_of is None:
             raise ConfigError("cleanup(heads=...) needs key_of=, which maps a checkpoint ID to its storage key")
-        stale_heads = _collect_heads(heads, key_of, {o.key: o for o in objects}, keep_set, now=now, ttl_s=ttl_s)
+        stale_heads = _collect_heads(
+            heads, key_of, {o.key: o for o in objects}, keep_set, now=now, ttl_s=ttl_s, corrupt=corrupt
+        )
     scanned_bytes = sum(o.size for o in objects)
     eligible = [o for o in objects if o.key.startswith(prefix) and now - o.created_at >= grace_s]
     expired = [o for o in eligible if now - o.created_at > ttl_s]
@@ -256,7 +296,28 @@ def cleanup(
         deleted_blob_objects=len(orphans),
         deleted_blob_bytes=sum(o.size for o in orphans),
         deleted_temp_files=temp_files,
+        skipped_heads=tuple(str(exc) for exc in corrupt),
     )
+
+
+def _check_grace(grace_s: float, blob_grace_s: float | None) -> None:
+    """Refuse graces short enough to race turns still running (unless forced).
+
+    Raises:
+        ConfigError: Say which grace, its floor and why.
+    """
+    if grace_s < MIN_GRACE_S:
+        raise ConfigError(
+            f"a grace of {grace_s:g} s is below the {MIN_GRACE_S:g} s floor: a turn still running writes its "
+            "checkpoint before its conversation's head points to it, so a shorter grace can delete it and lose the "
+            "turn; use force (--force) only when no turn can be running"
+        )
+    if blob_grace_s is not None and blob_grace_s < MIN_BLOB_GRACE_S:
+        raise ConfigError(
+            f"a blob grace of {blob_grace_s:g} s is below the {MIN_BLOB_GRACE_S:g} s floor: a dump reuses stored blobs "
+            "for hours without refreshing them and writes its new ones before its checkpoint, so a shorter grace "
+            "can delete blobs a running or recent turn needs; use force (--force) only when no turn can be running"
+        )
 
 
 def _collect_heads(
@@ -267,8 +328,12 @@ def _collect_heads(
     *,
     now: float,
     ttl_s: float,
+    corrupt: list[HeadCorrupt],
 ) -> list[tuple[str, str]]:
-    """Add every head's checkpoints to ``keep``; return (conversation, version) of the heads that expired."""
+    """Add every head's checkpoints to ``keep``; return (conversation, version) of the heads that expired.
+
+    Heads that cannot be decoded are appended to ``corrupt`` and skipped.
+    """
 
     def key(checkpoint_id: bytes) -> str | None:
         try:
@@ -277,7 +342,7 @@ def _collect_heads(
             return None
 
     stale = []
-    for conversation_id, head in heads.scan():
+    for conversation_id, head in heads.scan(corrupt=corrupt):
         current = key(head.checkpoint_id) if head.checkpoint_id is not None else None
         info = objects.get(current) if current is not None else None
         gone = current is not None and (info is None or now - info.created_at > ttl_s)

@@ -7,10 +7,14 @@ from typing import TYPE_CHECKING
 
 from snapcell.errors import ConfigError
 
+from ._protocol import check_timeout_s
+
 if TYPE_CHECKING:
     pass
 
-__all__ = ["ENDPOINT_ENV", "S3Config"]
+__all__ = ["DEFAULT_STORAGE_TIMEOUT_S", "ENDPOINT_ENV", "S3Config"]
+
+DEFAULT_STORAGE_TIMEOUT_S = 10.0
 
 ENDPOINT_ENV = "SNAPCELL_S3_ENDPOINT_URL"
 _MiB = 1024 * 1024
@@ -27,10 +31,15 @@ class S3Config:
         aws_access_key_id: Explicit access key id, instead of the credential chain.
         aws_secret_access_key: Explicit secret key, with ``aws_access_key_id``.
         aws_session_token: Session token for temporary credentials.
-        connect_timeout_s: Seconds to wait for a TCP connection.
-        read_timeout_s: Seconds to wait for data on an open connection.
-        max_attempts: Attempts per call, first try included; retries back off and cover throttling, 5xx and dropped
-            connections.
+        connect_timeout_s: Most seconds one attempt waits for a TCP connection.
+        read_timeout_s: Most seconds one attempt waits for data on an open connection.
+        max_attempts: Attempts per call, first try included; retries back off and cover throttling, 5xx, timeouts
+            and dropped connections.
+        storage_timeout_s: Deadline of each store call in seconds, connection, reads, retries and backoff included
+            (default 10); a call that cannot finish by then fails with `StorageTimeout`. Each attempt's connect and
+            read timeouts are cut to a third and two thirds of ``storage_timeout_s / max_attempts``, so that every
+            attempt fits, and a retry starts only if the deadline leaves room for its backoff and a whole attempt.
+            ``None`` means no deadline.
         multipart_threshold_bytes: Objects larger than this go up as multipart uploads.
         multipart_part_bytes: Size of each part of a multipart upload (S3 requires at least 5 MiB).
         addressing_style: ``"auto"``, ``"path"`` or ``"virtual"`` bucket addressing.
@@ -44,6 +53,7 @@ class S3Config:
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 10.0
     max_attempts: int = 3
+    storage_timeout_s: float | None = DEFAULT_STORAGE_TIMEOUT_S
     multipart_threshold_bytes: int = 8 * _MiB
     multipart_part_bytes: int = 8 * _MiB
     addressing_style: str = "auto"
@@ -51,6 +61,7 @@ class S3Config:
     def __post_init__(self) -> None:
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ConfigError("S3 timeouts must be positive numbers of seconds")
+        check_timeout_s(self.storage_timeout_s)
         if not 1 <= self.max_attempts <= 10:
             raise ConfigError(f"max_attempts must be between 1 and 10, not {self.max_attempts}")
         if self.multipart_part_bytes < 5 * _MiB:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from snapcell.errors import ConfigError, Conflict, InvalidKey, StorageError
+from snapcell.errors import ConfigError, Conflict, HeadCorrupt, InvalidKey, StorageError
 
 __all__ = [
     "DEFAULT_MAX_HISTORY",
@@ -209,8 +209,16 @@ class HeadStore(Protocol):
         """Forget the conversation; with ``expected_version``, only if the head is still there. True if deleted."""
         ...
 
-    def scan(self) -> Iterator[tuple[str, Head]]:
-        """Yield every conversation that has a head, with the head, in no particular order."""
+    def scan(self, *, corrupt: list[HeadCorrupt] | None = None) -> Iterator[tuple[str, Head]]:
+        """Yield every conversation that has a head, with the head, in no particular order.
+
+        Args:
+            corrupt: When given, a head that cannot be decoded is appended here and skipped instead of raised.
+
+        Raises:
+            HeadCorrupt: A head cannot be decoded and ``corrupt`` is None.
+            StorageError: The backend failed.
+        """
         ...
 
     def close(self) -> None:
@@ -494,8 +502,8 @@ class MemoryHeads(RecordHeads):
                 self._records[conversation_id] = result
             return result
 
-    def scan(self) -> Iterator[tuple[str, Head]]:
-        """See `HeadStore.scan`."""
+    def scan(self, *, corrupt: list[HeadCorrupt] | None = None) -> Iterator[tuple[str, Head]]:
+        """See `HeadStore.scan`; memory heads are never corrupt."""
         with self._lock:
             items = [(cid, head) for cid, head in self._records.items() if head.version]
         return iter(items)

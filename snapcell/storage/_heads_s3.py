@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from snapcell.errors import CheckpointNotFound, ConfigError, Conflict, ObjectExists, StorageError
+from snapcell.errors import CheckpointNotFound, ConfigError, Conflict, HeadCorrupt, ObjectExists
 
 from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
 from ._s3 import S3Store
@@ -37,7 +37,7 @@ def _encode(head: Head) -> bytes:
     return json.dumps(doc, sort_keys=True).encode()
 
 
-def _decode(data: bytes, key: str) -> Head:
+def _decode(data: bytes, key: str, conversation_id: str) -> Head:
     try:
         doc = json.loads(data)
         lease = doc.get("lease") or {}
@@ -52,7 +52,10 @@ def _decode(data: bytes, key: str) -> Head:
             lease_renewed_at=float(lease.get("renewed_at", 0.0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise StorageError(f"the head object {key!r} is not a snapcell head ({exc}); delete it or restore it") from exc
+        raise HeadCorrupt(
+            f"the head object {key!r} is not a snapcell head ({exc}); delete it or restore it",
+            conversation_id=conversation_id,
+        ) from exc
 
 
 class S3Heads(RecordHeads):
@@ -111,7 +114,7 @@ class S3Heads(RecordHeads):
                     body.close()
         except CheckpointNotFound:
             return None
-        return _decode(data, key), str(response["ETag"])
+        return _decode(data, key, conversation_id), str(response["ETag"])
 
     def _read(self, conversation_id: str) -> Head | None:
         found = self._fetch(conversation_id)
@@ -149,14 +152,20 @@ class S3Heads(RecordHeads):
             "it; nothing was written, retry"
         )
 
-    def scan(self) -> Iterator[tuple[str, Head]]:
+    def scan(self, *, corrupt: list[HeadCorrupt] | None = None) -> Iterator[tuple[str, Head]]:
         """See `HeadStore.scan`; lists ``heads/`` and reads each object."""
         for info in self._store.scan("heads/"):
             name = info.key.removeprefix("heads/")
             if not name.endswith(".json") or "/" in name:
                 continue
             conversation_id = name.removesuffix(".json")
-            head = self._read(conversation_id)
+            try:
+                head = self._read(conversation_id)
+            except HeadCorrupt as exc:
+                if corrupt is None:
+                    raise
+                corrupt.append(exc)
+                continue
             if head is not None and head.version:
                 yield conversation_id, head
 

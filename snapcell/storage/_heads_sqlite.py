@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snapcell.errors import ConfigError, StorageError, StorageUnavailable, map_exceptions
+from snapcell.errors import ConfigError, HeadCorrupt, StorageError, StorageUnavailable, map_exceptions
 
 from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
 
@@ -48,7 +48,7 @@ def _head(conversation_id: str, row: _Row, path: Path) -> Head:
     """Decode a row of the heads table.
 
     Raises:
-        StorageError: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
+        HeadCorrupt: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
     """
     checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at = row
     try:
@@ -66,9 +66,10 @@ def _head(conversation_id: str, row: _Row, path: Path) -> Head:
             lease_renewed_at=float(lease_renewed_at),
         )
     except (ValueError, TypeError) as exc:
-        raise StorageError(
+        raise HeadCorrupt(
             f"the head of conversation {conversation_id!r} in {path} is not a snapcell head ({exc}); "
-            "delete its row or restore the file"
+            "delete its row or restore the file",
+            conversation_id=conversation_id,
         ) from exc
 
 
@@ -295,11 +296,19 @@ class SQLiteHeads(RecordHeads):
                 raise
         return None if isinstance(result, _Delete) else result
 
-    def scan(self) -> Iterator[tuple[str, Head]]:
+    def scan(self, *, corrupt: list[HeadCorrupt] | None = None) -> Iterator[tuple[str, Head]]:
         """See `HeadStore.scan`."""
         with self._connection("list heads") as db:
             rows = db.execute(f"SELECT conversation_id, {_COLUMNS} FROM heads WHERE version != ''").fetchall()
-        return iter([(row[0], _head(row[0], row[1:], self.path)) for row in rows])
+        heads = []
+        for row in rows:
+            try:
+                heads.append((row[0], _head(row[0], row[1:], self.path)))
+            except HeadCorrupt as exc:
+                if corrupt is None:
+                    raise
+                corrupt.append(exc)
+        return iter(heads)
 
     def close(self) -> None:
         """Let go of the shared connection; the last head store on the file in this process closes it."""

@@ -9,18 +9,20 @@ import secrets
 import stat
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from snapcell.errors import (
     CheckpointNotFound,
     ConfigError,
     ObjectExists,
+    SnapcellError,
     StorageError,
     StorageUnavailable,
     map_exceptions,
 )
 
-from ._protocol import SEGMENT, ObjectInfo, validate_key, validate_prefix
+from ._protocol import SEGMENT, ObjectInfo, check_timeout_s, validate_key, validate_prefix
 
 __all__ = ["LocalStore"]
 
@@ -32,6 +34,27 @@ _OS_ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], ty
     (PermissionError, StorageUnavailable),
     (OSError, StorageError),
 ]
+# OS errors whose cause a person should be told in plain words, with the error class that fits.
+_EXPLAINED: dict[int, tuple[type[StorageError], str]] = {
+    errno.ENOSPC: (StorageError, "the disk is full: free space (snapcell cleanup, a --quota) and retry"),
+    errno.EDQUOT: (StorageError, "the disk quota is exhausted: free space (snapcell cleanup, a --quota) and retry"),
+    errno.EROFS: (StorageUnavailable, "the store's file system is mounted read-only"),
+}
+
+
+@contextmanager
+def _os_errors(message: str) -> Iterator[None]:
+    """`map_exceptions` for file operations, saying in plain words when the disk is full or read-only."""
+    with map_exceptions(_OS_ERRORS, message):
+        try:
+            yield
+        except OSError as exc:
+            if isinstance(exc, SnapcellError) or exc.errno not in _EXPLAINED:
+                raise
+            target, advice = _EXPLAINED[exc.errno]
+            error = target(f"{message}: {exc}; {advice}")
+            error.errno = exc.errno
+            raise error from exc
 
 
 class LocalStore:
@@ -43,14 +66,19 @@ class LocalStore:
 
     Args:
         root: The directory holding the store; created on the first write.
+        timeout_s: Deadline of each call in seconds for async callers (`AsyncStore` stops waiting and raises
+            `StorageTimeout`, e.g. on a hung network file system); None (the default) for none. Sync calls are
+            not interrupted.
 
     Raises:
         ConfigError: ``root`` is not a usable path (not text, empty, contains a NUL byte, or names an unknown
-            user's home directory).
+            user's home directory), or ``timeout_s`` is not a positive number.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, timeout_s: float | None = None) -> None:
+        check_timeout_s(timeout_s)
         self._root = _root_path(root)
+        self.timeout_s = timeout_s
 
     @property
     def root(self) -> Path:
@@ -68,7 +96,7 @@ class LocalStore:
         validate_key(key)
         path = self._root.joinpath(*key.split("/"))
         # validate_key already rules out "..", so only a symlinked directory could lead outside the root.
-        with map_exceptions(_OS_ERRORS, f"cannot resolve key {key!r} under {self._root}"):
+        with _os_errors(f"cannot resolve key {key!r} under {self._root}"):
             resolved_root = self._root.resolve()
             resolved = path.resolve()
         if not resolved.is_relative_to(resolved_root):
@@ -82,13 +110,13 @@ class LocalStore:
     ) -> None:
         """See `Store.put`; ``expires_at`` is not recorded (cleanup goes by file modification time)."""
         path = self._path(key)
-        with map_exceptions(_OS_ERRORS, f"cannot write {key!r} to {self.url}"):
+        with _os_errors(f"cannot write {key!r} to {self.url}"):
             _write_atomic(path, data, overwrite=overwrite, what=f"object {key!r} in {self.url}")
 
     def get(self, key: str) -> bytes:
         """See `Store.get`."""
         path = self._path(key)
-        with map_exceptions(_OS_ERRORS, f"cannot read {key!r} from {self.url}"):
+        with _os_errors(f"cannot read {key!r} from {self.url}"):
             try:
                 return path.read_bytes()
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
@@ -97,7 +125,7 @@ class LocalStore:
     def touch(self, key: str) -> None:
         """See `Store.touch`: set the file's modification time to now."""
         path = self._path(key)
-        with map_exceptions(_OS_ERRORS, f"cannot touch {key!r} in {self.url}"):
+        with _os_errors(f"cannot touch {key!r} in {self.url}"):
             try:
                 os.utime(path)
             except (FileNotFoundError, NotADirectoryError) as exc:
@@ -106,7 +134,7 @@ class LocalStore:
     def delete(self, key: str) -> None:
         """See `Store.delete`; empty directories left behind are removed too."""
         path = self._path(key)
-        with map_exceptions(_OS_ERRORS, f"cannot delete {key!r} from {self.url}"):
+        with _os_errors(f"cannot delete {key!r} from {self.url}"):
             try:
                 path.unlink()
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -130,7 +158,7 @@ class LocalStore:
         return self._walk(directory, f"{start}/" if start else "", prefix)
 
     def _walk(self, directory: Path, base: str, prefix: str) -> Iterator[ObjectInfo]:
-        with map_exceptions(_OS_ERRORS, f"cannot list {directory} in {self.url}"):
+        with _os_errors(f"cannot list {directory} in {self.url}"):
             try:
                 with os.scandir(directory) as it:
                     # Dot-files (temporary files, secrets) and names no key could have are not objects.
@@ -145,7 +173,7 @@ class LocalStore:
                 if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
                     yield from self._walk(Path(entry.path), key + "/", prefix)
             elif key.startswith(prefix) and entry.is_file(follow_symlinks=False):
-                with map_exceptions(_OS_ERRORS, f"cannot stat {key!r} in {self.url}"):
+                with _os_errors(f"cannot stat {key!r} in {self.url}"):
                     try:
                         st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:
@@ -168,7 +196,7 @@ class LocalStore:
         """
         cutoff = (time.time() if now is None else now) - older_than_s
         found = 0
-        with map_exceptions(_OS_ERRORS, f"cannot reclaim temporary files in {self.url}"):
+        with _os_errors(f"cannot reclaim temporary files in {self.url}"):
             for directory, _dirs, files in os.walk(self._root):
                 for name in files:
                     if not name.startswith(_TEMP_PREFIX):

@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from snapcell.errors import ConfigError
 
 from ._config import S3Config
 from ._heads import HeadStore, MemoryHeads
+from ._protocol import check_timeout_s
 
 if TYPE_CHECKING:
     from ._protocol import Store
@@ -33,12 +34,13 @@ def open_store(
     s3: S3Config | None = None,
     client: object | None = None,
     now: Callable[[], float] | None = None,
+    storage_timeout_s: float | None = None,
 ) -> Store:
     """Open the store a URL names.
 
     ``file:///abs/path`` and ``file://rel/path`` (relative to the working directory) and plain paths open a
     `LocalStore`; ``s3://bucket/prefix`` an `S3Store`; ``memory://`` or ``memory://name`` a new, empty
-    `MemoryStore`.
+    `MemoryStore`. An S3 URL may carry the deadline as a query: ``s3://bucket/prefix?storage_timeout_s=5``.
 
     Args:
         url: Where the store lives.
@@ -47,13 +49,17 @@ def open_store(
         s3: S3 only: full connection settings.
         client: S3 only: a ready boto3 S3 client.
         now: Memory only: the clock stamping ``created_at``.
+        storage_timeout_s: Deadline of each store call in seconds (S3: default 10, enforced by the store itself;
+            local: none by default, enforced for async callers by `AsyncStore`). Overrides the URL's and ``s3``'s.
 
     Returns:
         The store; close it with ``close()`` when done.
 
     Raises:
-        ConfigError: Unknown scheme, malformed URL, an option the backend does not take, or boto3 missing for S3.
+        ConfigError: Unknown scheme, malformed URL, an option the backend does not take, an invalid timeout, or
+            boto3 missing for S3.
     """
+    check_timeout_s(storage_timeout_s)
     if not isinstance(url, str) or not url:
         raise ConfigError(f"store URL must be a non-empty string; valid forms: {_SCHEMES}")
     scheme, sep, rest = url.partition("://")
@@ -68,8 +74,10 @@ def open_store(
         from ._s3 import S3Store
 
         parts = urlsplit(url)
-        if parts.query or parts.fragment or not parts.netloc:
+        if parts.fragment or not parts.netloc:
             raise ConfigError(f"malformed S3 URL {url!r}; expected s3://bucket/prefix")
+        if storage_timeout_s is None and parts.query:
+            storage_timeout_s = _query_timeout(url, parts.query)
         return S3Store(
             parts.netloc,
             unquote(parts.path).strip("/"),
@@ -77,6 +85,7 @@ def open_store(
             region_name=region_name,
             client=client,
             config=s3,
+            storage_timeout_s=storage_timeout_s,
         )
     if scheme == "file":
         _refuse(url, s3_options=s3_options, now=now is not None)
@@ -84,17 +93,32 @@ def open_store(
 
         if not rest:
             raise ConfigError(f"file store URL {url!r} has no path")
-        return LocalStore(Path(unquote(rest)))
+        return LocalStore(Path(unquote(rest)), timeout_s=storage_timeout_s)
     if scheme == "memory":
-        _refuse(url, s3_options=s3_options)
+        _refuse(url, s3_options=s3_options, storage_timeout_s=storage_timeout_s is not None)
         from ._memory import MemoryStore
 
         return MemoryStore(rest, now=now or time.time)
     raise ConfigError(f"unknown store scheme {scheme!r} in {url!r}; valid forms: {_SCHEMES}")
 
 
+def _query_timeout(url: str, query: str) -> float:
+    """The ``storage_timeout_s`` of an S3 URL's query, the only parameter it may have."""
+    try:
+        params = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=True))
+        if set(params) != {"storage_timeout_s"}:
+            raise ValueError(f"unknown parameters {sorted(set(params) - {'storage_timeout_s'})}")
+        seconds = float(params["storage_timeout_s"])
+        check_timeout_s(seconds)
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(
+            f"malformed S3 URL {url!r}: the only query parameter is storage_timeout_s=<seconds> ({exc})"
+        ) from exc
+    return seconds
+
+
 def _refuse(url: str, **given: bool) -> None:
-    names = {"s3_options": "endpoint_url/region_name/s3/client", "now": "now"}
+    names = {"s3_options": "endpoint_url/region_name/s3/client", "now": "now", "storage_timeout_s": "storage_timeout_s"}
     for option, present in given.items():
         if present:
             raise ConfigError(f"option {names[option]} does not apply to the store {url!r}")

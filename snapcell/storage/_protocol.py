@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import math
 import re
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-from snapcell.errors import InvalidKey
+from snapcell.errors import ConfigError, InvalidKey, StorageTimeout
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -18,9 +22,17 @@ __all__ = [
     "BulkDelete",
     "ObjectInfo",
     "Store",
+    "call_deadline",
+    "storage_deadline",
     "validate_key",
     "validate_prefix",
 ]
+
+_T = TypeVar("_T")
+# The monotonic time by which every store call made in this context must give up; see `storage_deadline`.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("snapcell_storage_deadline", default=None)
+# How long the async wrapper waits past a deadline for the store's own, more precise, error before giving up.
+_BACKSTOP_S = 1.0
 
 MAX_KEY_LENGTH = 512
 SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*\Z")
@@ -162,47 +174,159 @@ def validate_prefix(prefix: str) -> str:
     return validate_key(prefix)
 
 
+@contextmanager
+def storage_deadline(seconds: float | None) -> Iterator[None]:
+    """Make every store call inside the block give up ``seconds`` from now, with `StorageTimeout`.
+
+    Deadlines nest: the earliest one wins. The deadline lives in a context variable, so it follows the calls
+    `AsyncStore` runs in worker threads; `S3Store` stops retrying and fails when it passes, and `AsyncStore` stops
+    waiting for any backend. ``None`` adds no deadline.
+
+    Args:
+        seconds: Time from now, in seconds; must be positive.
+
+    Raises:
+        ConfigError: ``seconds`` is not a positive number.
+    """
+    if seconds is None:
+        yield
+        return
+    check_timeout_s(seconds)
+    deadline = time.monotonic() + seconds
+    current = _DEADLINE.get()
+    token = _DEADLINE.set(deadline if current is None else min(current, deadline))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def call_deadline(timeout_s: float | None = None) -> float | None:
+    """Return the monotonic time by which a store call starting now must finish, or None for no deadline.
+
+    It is the earliest of ``now + timeout_s`` and the deadline of any enclosing `storage_deadline` block.
+    """
+    current = _DEADLINE.get()
+    own = None if timeout_s is None else time.monotonic() + timeout_s
+    if current is None or own is None:
+        return own if current is None else current
+    return min(current, own)
+
+
+def check_timeout_s(seconds: float | None) -> None:
+    """Check a storage timeout: ``None`` or a positive, finite number of seconds.
+
+    Raises:
+        ConfigError: It is anything else.
+    """
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0
+    ):
+        raise ConfigError(f"a storage timeout must be a positive number of seconds, not {seconds!r}")
+
+
 class AsyncStore:
     """Async face of a `Store`: the same methods as coroutines, each run in a worker thread.
 
     The event loop is never blocked by storage I/O. Each method's behaviour and errors are those of its sync twin
     on the wrapped store; ``close``/``aclose`` close the wrapped store.
 
+    A call's deadline is the earliest of the method's ``timeout_s=``, the wrapper's ``timeout_s`` and any enclosing
+    `storage_deadline`. It reaches the worker thread, so `S3Store` gives up by then with its own `StorageTimeout`;
+    the wrapper also stops waiting shortly after it and raises `StorageTimeout` itself, whatever the backend (the
+    abandoned call still finishes in its thread; a put that finishes late is complete, never partial).
+
+    A store that enforces its own per-request deadline (``enforces_deadline``, like `S3Store` with
+    `S3Config.storage_timeout_s`) needs nothing more, and a large upload or download made of many requests is
+    not cut short by default. For any other store the wrapper's default is the store's ``timeout_s`` attribute
+    (e.g. `LocalStore(timeout_s=...)` on a network file system), enforced by the wrapper.
+
+    Args:
+        store: The synchronous store to wrap.
+        timeout_s: Default deadline of every call, in seconds; ``None`` for the default described above.
+
     Attributes:
         sync: The wrapped synchronous store.
+        timeout_s: The default deadline of every call, or None.
     """
 
-    __slots__ = ("sync",)
+    __slots__ = ("sync", "timeout_s")
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, timeout_s: float | None = None) -> None:
+        check_timeout_s(timeout_s)
+        own = getattr(store, "timeout_s", None)
+        enforced = getattr(store, "enforces_deadline", False) is True
+        if timeout_s is None and not enforced and isinstance(own, int | float) and not isinstance(own, bool):
+            timeout_s = float(own)
         self.sync = store
+        self.timeout_s: float | None = timeout_s
 
     @property
     def url(self) -> str:
         """The wrapped store's URL."""
         return self.sync.url
 
+    async def _call(self, operation: str, key: str | None, timeout_s: float | None, fn: Callable[[], _T]) -> _T:
+        check_timeout_s(timeout_s)
+        limits = [t for t in (timeout_s, self.timeout_s) if t is not None]
+        deadline = call_deadline(min(limits) if limits else None)
+        if deadline is None:
+            return await asyncio.to_thread(fn)
+        remaining = deadline - time.monotonic()
+        what = f"{operation} of {key!r}" if key is not None else operation
+        if remaining <= 0:
+            raise StorageTimeout(
+                f"storage {what} on {self.url} not started: its deadline had already passed; retry later",
+                operation=operation,
+                key=key,
+                timeout_s=0.0,
+            )
+        token = _DEADLINE.set(deadline)  # to_thread copies this context, so the store sees the deadline too
+        try:
+            # A little past the deadline, so a store that enforces it itself (S3) reports its own, richer error.
+            return await asyncio.wait_for(asyncio.to_thread(fn), remaining + min(_BACKSTOP_S, remaining / 10))
+        except TimeoutError as exc:
+            if isinstance(exc, StorageTimeout):
+                raise
+            raise StorageTimeout(
+                f"storage {what} on {self.url} did not finish within {remaining:.3g} s; "
+                "the store is slow or unreachable, retry later",
+                operation=operation,
+                key=key,
+                timeout_s=remaining,
+            ) from exc
+        finally:
+            _DEADLINE.reset(token)
+
     async def put(
-        self, key: str, data: bytes | bytearray, *, expires_at: float | None = None, overwrite: bool = False
+        self,
+        key: str,
+        data: bytes | bytearray,
+        *,
+        expires_at: float | None = None,
+        overwrite: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
-        """See `Store.put`."""
-        await asyncio.to_thread(self.sync.put, key, data, expires_at=expires_at, overwrite=overwrite)
+        """See `Store.put`; ``timeout_s`` bounds this call (see the class)."""
+        await self._call(
+            "put", key, timeout_s, lambda: self.sync.put(key, data, expires_at=expires_at, overwrite=overwrite)
+        )
 
-    async def get(self, key: str) -> bytes:
-        """See `Store.get`."""
-        return await asyncio.to_thread(self.sync.get, key)
+    async def get(self, key: str, *, timeout_s: float | None = None) -> bytes:
+        """See `Store.get`; ``timeout_s`` bounds this call (see the class)."""
+        return await self._call("get", key, timeout_s, lambda: self.sync.get(key))
 
-    async def touch(self, key: str) -> None:
-        """See `Store.touch`."""
-        await asyncio.to_thread(self.sync.touch, key)
+    async def touch(self, key: str, *, timeout_s: float | None = None) -> None:
+        """See `Store.touch`; ``timeout_s`` bounds this call (see the class)."""
+        await self._call("touch", key, timeout_s, lambda: self.sync.touch(key))
 
-    async def delete(self, key: str) -> None:
-        """See `Store.delete`."""
-        await asyncio.to_thread(self.sync.delete, key)
+    async def delete(self, key: str, *, timeout_s: float | None = None) -> None:
+        """See `Store.delete`; ``timeout_s`` bounds this call (see the class)."""
+        await self._call("delete", key, timeout_s, lambda: self.sync.delete(key))
 
-    async def scan(self, prefix: str = "") -> list[ObjectInfo]:
-        """See `Store.scan`; returns the whole listing as a list."""
-        return await asyncio.to_thread(lambda: list(self.sync.scan(prefix)))
+    async def scan(self, prefix: str = "", *, timeout_s: float | None = None) -> list[ObjectInfo]:
+        """See `Store.scan`; returns the whole listing as a list; ``timeout_s`` bounds the whole listing."""
+        return await self._call("scan", prefix or None, timeout_s, lambda: list(self.sync.scan(prefix)))
 
     async def close(self) -> None:
         """See `Store.close`."""

@@ -275,7 +275,7 @@ def test_cleanup_racing_a_dump_that_writes_new_blobs(store: CountingStore, clock
         session.feed_run("import numpy as np\na = np.arange(100_000)")
         dumped: list[bytes] = []
         racing = InterleavingStore(store, lambda: dumped.append(session.dump()))
-        cleanup(racing, now=clock.now, blob_refs=blob_keys_of, blob_grace_s=0)
+        cleanup(racing, now=clock.now, blob_refs=blob_keys_of, blob_grace_s=0, force=True)
         session.load_session(dumped[0])
         assert session.feed_run("int(a[-1])") == 99_999
 

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from snapcell.errors import ConfigError
-from snapcell.storage import CleanupReport, LocalStore, MemoryStore, cleanup, usage
+from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, ConfigError, StorageUnavailable
+from snapcell.storage import CleanupReport, LocalStore, MemoryHeads, MemoryStore, SQLiteHeads, cleanup, usage
+from snapcell.storage._cleanup import MIN_BLOB_GRACE_S, MIN_GRACE_S
 
 DAY = 86400.0
 HOUR = 3600.0
 TTL = 7.5 * DAY  # at day 9 + 2 h: d0 and d1 are expired, d2 (7 days + 2 h old) is not
+SIGNING_KEY = "cleanup-test-signing-key-0123456789"
 
 
 @pytest.fixture
@@ -196,3 +200,196 @@ def test_usage(clock) -> None:
     assert json.loads(report.to_json())["days"][0] == {"date": "2023-11-15", "objects": 2, "bytes": 30}
     text = report.summary()
     assert "2023-11-17" in text and "expiring in the next 24 h: 1 objects" in text
+
+
+# ----------------------------------------------------------------- grace floor
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"grace_s": 0}, {"grace_s": MIN_GRACE_S - 1}, {"blob_grace_s": 0, "blob_refs": lambda data: []}],
+    ids=["grace-0", "grace-below-floor", "blob-grace-0"],
+)
+def test_a_grace_below_the_floor_is_refused_without_force(populated: MemoryStore, options: dict) -> None:
+    now = 1_700_000_000.0 + 100 * DAY
+    with pytest.raises(ConfigError, match="floor") as info:
+        cleanup(populated, now=now, quota_bytes=0, **options)
+    assert "force" in str(info.value) and "turn" in str(info.value)
+    assert len(keys(populated)) == 11  # nothing deleted
+    assert cleanup(populated, now=now, quota_bytes=0, dry_run=True, **options).deleted_expired_objects == 10
+    report = cleanup(populated, now=now, quota_bytes=0, force=True, **options)
+    assert report.deleted_expired_objects == 10 and keys(populated) == ["heads/conv"]
+
+
+def test_the_floor_itself_is_accepted(populated: MemoryStore) -> None:
+    report = cleanup(populated, now=1_700_000_000.0 + 100 * DAY, grace_s=MIN_GRACE_S, blob_grace_s=MIN_BLOB_GRACE_S)
+    assert report.deleted_expired_objects == 10
+
+
+# ----------------------------------------------------------------- corrupt heads
+
+
+def _heads_with_a_corrupt_row(path: Path) -> SQLiteHeads:
+    """Heads of conversations good-1 (d8) and good-2 (d9), and a row another program wrote for 'bad-one'."""
+    heads = SQLiteHeads(path)
+    heads.compare_and_set("good-1", None, b"d8")
+    heads.compare_and_set("good-2", None, b"d9")
+    db = sqlite3.connect(path)
+    with db:
+        db.execute(
+            "INSERT INTO heads (conversation_id, checkpoint_id, history, version, updated_at, lease_owner,"
+            " lease_expires_at) VALUES ('bad-one', ?, 'not json', 'v1', 0, NULL, 0)",
+            (b"d7",),
+        )
+    db.close()
+    return heads
+
+
+def test_a_corrupt_head_is_skipped_and_reported_and_the_rest_still_runs(populated: MemoryStore, tmp_path: Path) -> None:
+    heads = _heads_with_a_corrupt_row(tmp_path / "heads.sqlite3")
+    now = 1_700_000_000.0 + 9 * DAY + 2 * HOUR
+    try:
+        report = cleanup(
+            populated,
+            now=now,
+            ttl_s=TTL,
+            quota_bytes=0,
+            heads=heads,
+            key_of=lambda checkpoint_id: f"checkpoints/{checkpoint_id.decode()}",
+        )
+    finally:
+        heads.close()
+    assert len(report.skipped_heads) == 1 and "'bad-one'" in report.skipped_heads[0]
+    assert "SKIPPED  1 unreadable conversation heads" in report.summary() and "'bad-one'" in report.summary()
+    assert json.loads(report.to_json())["skipped_heads"] == list(report.skipped_heads)
+    assert report.deleted_expired_objects == 2  # expiry ran
+    assert report.deleted_quota_objects == 6  # and the quota pass, keeping the good heads' checkpoints
+    assert keys(populated) == ["checkpoints/d8", "checkpoints/d9", "heads/conv"]
+
+
+def test_a_head_store_that_fails_stops_cleanup_before_anything_is_deleted(populated: MemoryStore) -> None:
+    class Unreachable(MemoryHeads):
+        def scan(self, *, corrupt: list | None = None) -> Iterator:
+            raise StorageUnavailable("the head store is unreachable")
+
+    with pytest.raises(StorageUnavailable):
+        cleanup(populated, now=1_700_000_000.0 + 100 * DAY, quota_bytes=0, heads=Unreachable(), key_of=str)
+    assert len(keys(populated)) == 11  # without the heads, the quota pass could delete what conversations need
+
+
+# ----------------------------------------------------------------- the ttl boundary, load and cleanup agree
+
+
+def test_at_exactly_the_ttl_a_checkpoint_loads_and_cleanup_keeps_it(clock) -> None:
+    from snapcell import CheckpointExpired, Pool
+
+    store = MemoryStore(now=clock)
+    with Pool(store, isolation="inline", ttl_s=HOUR, clock=clock, signing_keys=[SIGNING_KEY]) as pool:
+        with pool.checkout() as session:
+            session.feed_run("x = 41")
+            checkpoint_id = session.dump()
+        created = clock.now
+        clock.now = created + HOUR  # exactly the ttl: not expired yet, for loading and for cleanup alike
+        with pool.checkout() as session:
+            session.load_session(checkpoint_id)
+            assert session.feed_run("x + 1") == 42
+        assert cleanup(store, now=clock.now, ttl_s=HOUR).deleted_expired_objects == 0
+        assert usage(store, now=clock.now, ttl_s=HOUR).expired_objects == 0
+        clock.now = created + HOUR + 0.001  # just past it: refused by both
+        with pool.checkout() as session, pytest.raises(CheckpointExpired):
+            session.load_session(checkpoint_id)
+        assert usage(store, now=clock.now, ttl_s=HOUR).expired_objects == 1
+        assert cleanup(store, now=clock.now, ttl_s=HOUR).deleted_expired_objects == 1
+
+
+# ----------------------------------------------------------------- racing turns
+
+
+class RacingStore(MemoryStore):
+    """Runs a cleanup right after every checkpoint write, before the conversation's head moves to it.
+
+    That is the worst moment for a turn: its new checkpoint is referenced by no head yet. ``turn_s`` is how much
+    of the turn's (simulated) time is left at that moment.
+    """
+
+    def __init__(self, clock, *, turn_s: float, **cleanup_options: object) -> None:
+        super().__init__(now=clock)
+        self.clock = clock
+        self.turn_s = turn_s
+        self.options = cleanup_options
+        self.deleted: list[str] = []
+
+    def put(self, key: str, data: bytes | bytearray, *, expires_at: float | None = None, overwrite: bool = False):
+        super().put(key, data, expires_at=expires_at, overwrite=overwrite)
+        if key.startswith("checkpoints/"):
+            self.clock.now += self.turn_s
+            report = cleanup(self, now=self.clock.now, quota_bytes=0, **self.options)  # type: ignore[arg-type]
+            self.deleted += report.deleted_keys
+
+
+@pytest.mark.parametrize("at_floor", [True, False], ids=["grace-at-floor", "grace-0-forced"])
+def test_cleanup_racing_turns_loses_nothing_at_the_grace_floor(clock, at_floor: bool) -> None:
+    pytest.importorskip("numpy")
+    from snapcell import Policy, Pool, SyncCodeTool
+    from snapcell.checkpoint import Keyring, blob_keys_of
+
+    heads = MemoryHeads(clock=clock, max_history=1)  # so superseded checkpoints become deletable
+    grace = {"grace_s": MIN_GRACE_S, "blob_grace_s": MIN_BLOB_GRACE_S} if at_floor else {"grace_s": 0, "force": True}
+    keyring = Keyring([SIGNING_KEY])
+    store = RacingStore(
+        clock,
+        turn_s=MIN_GRACE_S / 2,  # a slow turn, yet within the floor
+        heads=heads,
+        key_of=lambda checkpoint_id: keyring.parse_id(checkpoint_id).storage_key,
+        blob_refs=blob_keys_of,
+        **grace,
+    )
+    policy = Policy().with_modules(["numpy"])
+    pool = Pool(store, isolation="inline", clock=clock, signing_keys=[SIGNING_KEY], policy=policy)
+    conversations = [f"c{i}" for i in range(3)]
+    with pool:
+        tool = SyncCodeTool(pool, heads=heads)
+        try:
+            for round_ in range(8):
+                for conversation in conversations:
+                    setup = "import numpy as np\nn = 0\na = np.arange(50_000)" if round_ == 0 else ""
+                    tool.run_code(conversation, f"{setup}\nn += 1\nn")
+        finally:
+            tool.close()
+        lost = []
+        for conversation in conversations:
+            head = heads.get(conversation)
+            assert head is not None and head.checkpoint_id is not None
+            with pool.checkout() as session:
+                try:
+                    session.load_session(head.checkpoint_id)
+                    assert session.feed_run("n, int(a[-1])") == (8, 49_999)
+                except (CheckpointNotFound, CheckpointCorrupt):
+                    lost.append(conversation)
+    assert store.deleted  # the cleanups did delete (superseded checkpoints), so they really raced the turns
+    if at_floor:
+        assert lost == []
+    else:
+        assert lost  # what the floor prevents: the checkpoint a head was about to point to is gone
+
+
+@pytest.mark.integration
+def test_a_corrupt_s3_head_is_skipped_and_a_good_one_still_protects(s3_store) -> None:
+    from snapcell.storage import S3Heads
+
+    heads = S3Heads(s3_store)
+    heads.compare_and_set("good", None, b"keep")
+    s3_store.put("heads/bad-one.json", b"{not json")
+    s3_store.put("checkpoints/keep", b"k" * 10)
+    s3_store.put("checkpoints/other", b"o" * 10)
+    later = s3_store.scan("checkpoints/")
+    now = max(o.created_at for o in later) + DAY
+    report = cleanup(
+        s3_store,
+        now=now,
+        quota_bytes=0,
+        heads=heads,
+        key_of=lambda checkpoint_id: f"checkpoints/{checkpoint_id.decode()}",
+    )
+    assert len(report.skipped_heads) == 1 and "bad-one" in report.skipped_heads[0]
+    assert [o.key for o in s3_store.scan("checkpoints/")] == ["checkpoints/keep"]

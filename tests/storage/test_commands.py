@@ -77,7 +77,9 @@ def test_cleanup_over_quota_exits_non_zero(local: tuple[Path, LocalStore], capsy
 
 def test_cleanup_quota_and_grace(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
     root, store = local
-    assert run("cleanup", str(root), "--quota", "0.1KB", "--grace", "30s", "--json") == 0
+    assert run("cleanup", str(root), "--quota", "0.1KB", "--grace", "30s", "--json") == 2  # below the floor
+    assert "below the 600 s floor" in capsys.readouterr().err and len(list(store.scan())) == 5
+    assert run("cleanup", str(root), "--quota", "0.1KB", "--grace", "30s", "--json", "--force") == 0
     report = json.loads(capsys.readouterr().out)
     assert report["deleted_quota_objects"] == 2
     assert [o.key for o in store.scan()] == ["checkpoints/k4"]
@@ -214,7 +216,7 @@ def test_cleanup_cli_on_s3(s3_bucket: str, s3_config: S3Config, s3_server: str, 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("SNAPCELL_S3_ENDPOINT_URL", s3_server)
-    assert run("cleanup", f"s3://{s3_bucket}/p", "--json", "--ttl", "0s", "--grace", "0s") == 0
+    assert run("cleanup", f"s3://{s3_bucket}/p", "--json", "--ttl", "0s", "--grace", "0s", "--force") == 0
     assert json.loads(capsys.readouterr().out)["deleted_expired_objects"] == 1
     assert list(store.scan()) == []
 
@@ -245,7 +247,9 @@ def test_cleanup_refuses_a_heads_database_that_does_not_exist(
     monkeypatch.setenv("SNAPCELL_SIGNING_KEY", "commands-test-signing-key-0123")
     before = [o.key for o in store.scan()]
     typo = tmp_path / "typo" / "heads.db"
-    assert run("cleanup", f"file://{root}", "--quota", "0", "--grace", "0", "--heads", f"sqlite://{typo}") == 2
+    assert (
+        run("cleanup", f"file://{root}", "--quota", "0", "--grace", "0", "--force", "--heads", f"sqlite://{typo}") == 2
+    )
     err = capsys.readouterr().err
     assert f"no head store at {typo}" in err
     assert not typo.parent.exists()  # neither the database nor its directory was created
@@ -341,7 +345,56 @@ def test_cleanup_keeps_the_heads_next_to_a_local_store_without_being_told(
         tool = snapcell.SyncCodeTool(pool)
         tool.run_code("c", "x = [1] * 1000")
         tool.close()
-    assert run("cleanup", f"file://{root}", "--quota", "1B", "--grace", "0s", "--json") == 1  # over quota: kept
+    assert run("cleanup", f"file://{root}", "--quota", "1B", "--grace", "0s", "--force", "--json") == 1  # over quota
     captured = capsys.readouterr()
     assert "keeping conversation heads" in captured.err
     assert json.loads(captured.out)["deleted_quota_objects"] == 0
+
+
+def test_cleanup_skips_a_corrupt_head_does_the_rest_and_exits_4(
+    local: tuple[Path, LocalStore], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from snapcell.storage import SQLiteHeads
+
+    root, store = local
+    monkeypatch.setenv("SNAPCELL_SIGNING_KEY", "commands-test-signing-key-0123456789")
+    path = tmp_path / "heads.db"
+    SQLiteHeads(path).close()
+    db = sqlite3.connect(path)
+    with db:
+        db.execute(
+            "INSERT INTO heads (conversation_id, checkpoint_id, history, version, updated_at, lease_owner,"
+            " lease_expires_at) VALUES ('bad-one', NULL, '[\"zz\"]', 'v1', 0, NULL, 0)"
+        )
+    db.close()
+    code = run("cleanup", f"file://{root}", "--heads", f"sqlite://{path}", "--quota", "150", "--json")
+    captured = capsys.readouterr()
+    assert code == 4
+    report = json.loads(captured.out)
+    assert report["deleted_expired_objects"] == 2 and report["deleted_quota_objects"] == 2  # expiry and quota ran
+    assert len(report["skipped_heads"]) == 1 and "'bad-one'" in report["skipped_heads"][0]
+    assert "skipped a head" in captured.err and "'bad-one'" in captured.err
+    assert [o.key for o in store.scan()] == ["checkpoints/k4"]  # younger than the grace
+
+
+def test_cleanup_removes_scratch_directories_of_dead_hosts(
+    local: tuple[Path, LocalStore], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    root, _store = local
+    temp_dir = tmp_path / "tmp"
+    temp_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp_dir))
+    dead = temp_dir / "snapcell-workers-999999999-1-abc"  # no such pid: its host is gone
+    (dead / "session-x").mkdir(parents=True)
+    live = temp_dir / f"snapcell-workers-{os.getpid()}-0-abc"  # named after this live process: kept
+    live.mkdir()
+    assert run("cleanup", f"file://{root}", "--dry-run") == 0
+    assert "would remove 1 worker scratch directory of dead hosts" in capsys.readouterr().out
+    assert dead.exists()
+    assert run("cleanup", f"file://{root}") == 0
+    assert "removed  1 worker scratch directory of dead hosts" in capsys.readouterr().out
+    assert not dead.exists() and live.exists()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import multiprocessing
 import os
 import stat
+import subprocess
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from snapcell.errors import ConfigError, InvalidKey, ObjectExists, StorageError, StorageUnavailable
+from snapcell.errors import CheckpointNotFound, ConfigError, InvalidKey, ObjectExists, StorageError, StorageUnavailable
 from snapcell.storage import LocalStore, open_store
 
 
@@ -97,13 +102,108 @@ def test_symlinked_directory_out_of_root_is_refused(tmp_path: Path) -> None:
     assert list(outside.iterdir()) == []
 
 
+def _put_as_nobody(root: Path) -> str:
+    """In a forked child running as uid/gid 65534, put a key into ``root``; return what happened."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter(
+            "ignore", DeprecationWarning
+        )  # 3.12+ warns about forking with threads; the child execs nothing
+        pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        outcome = "nothing raised"
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            LocalStore(root).put("k", b"x")
+        except StorageUnavailable as exc:
+            outcome = f"unavailable: {exc}"
+        except BaseException as exc:
+            outcome = f"other: {type(exc).__name__}: {exc}"
+        finally:
+            os.write(write_end, outcome.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        outcome = reader.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
 def test_permission_denied_is_unavailable(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root ignores file permissions")
-    root = tmp_path / "ro"
-    root.mkdir(mode=0o500)
-    with pytest.raises(StorageUnavailable):
-        LocalStore(root).put("k", b"x")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    root = shared / "ro"
+    root.mkdir(mode=0o555)
+    if os.geteuid() != 0:
+        with pytest.raises(StorageUnavailable):
+            LocalStore(root).put("k", b"x")
+        return
+    # Root ignores file permissions: try as another user, who may enter the directory but not write to it.
+    for directory in (tmp_path.parent, tmp_path, shared):
+        directory.chmod(directory.stat().st_mode | 0o005)
+    outcome = _put_as_nobody(root)
+    if outcome.startswith("other: PermissionError: [Errno 1]"):  # pragma: no cover - setuid forbidden here
+        pytest.skip(f"cannot switch to another user here: {outcome}")
+    assert outcome.startswith("unavailable:") and "Permission denied" in outcome, outcome
+    assert list(root.iterdir()) == []
+
+
+@contextlib.contextmanager
+def _mounted(*args: str) -> Iterator[None]:
+    """Run ``mount *args`` and unmount afterwards; skip when this machine does not allow mounting."""
+    target = args[-1]
+    result = subprocess.run(["mount", *args], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        pytest.skip(f"mount is not permitted here ({result.stderr.strip() or result.returncode})")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", target], capture_output=True, timeout=60)
+
+
+def _everything(root: Path) -> list[str]:
+    """Every file under ``root``, dot-files (temporary files) included."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_a_full_disk_fails_the_put_cleanly_and_keeps_earlier_objects(tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    with _mounted("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)):
+        store = LocalStore(small / "store")
+        first, second = os.urandom(600_000), os.urandom(600_000)
+        store.put("checkpoints/a", first)
+        store.put("checkpoints/b", second)
+        with pytest.raises(StorageError) as info:
+            store.put("checkpoints/c", os.urandom(1_500_000))
+        error = info.value
+        assert (
+            error.errno == errno.ENOSPC and "No space left on device" in str(error) and "'checkpoints/c'" in str(error)
+        )
+        assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.ENOSPC
+        assert _everything(store.root) == ["checkpoints/a", "checkpoints/b"]  # no partial or temporary file
+        assert store.get("checkpoints/a") == first and store.get("checkpoints/b") == second
+        with pytest.raises(CheckpointNotFound):
+            store.get("checkpoints/c")
+        store.delete("checkpoints/a")  # room again: writes work
+        store.put("checkpoints/c", b"c" * 1000)
+        assert store.get("checkpoints/c") == b"c" * 1000
+
+
+def test_a_read_only_store_reads_but_refuses_writes_clearly(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    LocalStore(root).put("checkpoints/a", b"kept")
+    with _mounted("--bind", str(root), str(root)):
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(root)], check=True, capture_output=True, timeout=60)
+        store = LocalStore(root)
+        assert store.get("checkpoints/a") == b"kept" and [o.key for o in store.scan()] == ["checkpoints/a"]
+        for write in (lambda: store.put("checkpoints/b", b"new"), lambda: store.delete("checkpoints/a")):
+            with pytest.raises(StorageUnavailable, match="read-only") as info:
+                write()
+            assert info.value.errno == errno.EROFS and isinstance(info.value.__cause__, OSError)
+        assert _everything(root) == ["checkpoints/a"]
 
 
 def test_open_store_local_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
