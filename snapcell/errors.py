@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointExpired",
     "CheckpointNotFound",
+    "CheckpointRefused",
     "CheckpointVersionError",
     "ConfigError",
     "Conflict",
@@ -202,6 +203,28 @@ class CheckpointCorrupt(CheckpointError, ValueError):
     def __init__(self, message: str, *, checkpoint_id: bytes | None = None) -> None:
         super().__init__(message)
         self.checkpoint_id = checkpoint_id
+
+
+class CheckpointRefused(CheckpointError):
+    """Raised by ``dump()`` when a pickle stream names a global the loader would refuse; nothing was signed or stored.
+
+    The session is unchanged and usable; delete or recreate the named variable and dump again.
+
+    Attributes:
+        module: Module of the first refused global.
+        name: Its qualified name (or the refused argument of a helper).
+        reason: Why it was refused.
+        variable_names: Variables whose pickle holds it, when known.
+    """
+
+    def __init__(
+        self, message: str, *, module: str, name: str, reason: str, variable_names: Sequence[str] = ()
+    ) -> None:
+        super().__init__(message)
+        self.module = module
+        self.name = name
+        self.reason = reason
+        self.variable_names = list(variable_names)
 
 
 class CheckpointVersionError(CheckpointError):

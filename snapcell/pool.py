@@ -241,6 +241,7 @@ class AsyncPool:
             compression_level=self.compression_level,
             limits=limits,
             checker=checker,
+            policy=policy or self.policy,
         )
         self._sessions.add(session)
         try:

@@ -8,17 +8,18 @@ from typing import Any, Literal, TypeVar
 
 from snapcell._blobio import BlobIO, ForgedBlob
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
-from snapcell.checkpoint import BlobRef, CheckpointId, Keyring, Manifest, parse_container
+from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
 from snapcell.errors import (
     CheckpointExpired,
     CheckpointNotFound,
+    CheckpointRefused,
     ConfigError,
     SessionError,
     SnapcellError,
     TypingError,
     WorkerLost,
 )
-from snapcell.runner import Backend, Limits, RunResult
+from snapcell.runner import Backend, Limits, Policy, RunResult
 from snapcell.runner._host import validate_lookup
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._wire import check_script
@@ -49,8 +50,11 @@ class AsyncSession:
         compression_level: int,
         limits: Limits,
         checker: TypeChecker | None,
+        policy: Policy | None = None,
     ) -> None:
         self._backend = backend
+        # The loader's module rule: every pickle is checked against it before the host signs anything.
+        self._allow_module = (policy or Policy()).allows_module
         self._store = store
         self._keyring = keyring
         self._ttl_s = ttl_s
@@ -247,6 +251,8 @@ class AsyncSession:
 
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``; nothing was stored, the session is unchanged.
+            CheckpointRefused: A pickle of the namespace names a global the loader would refuse (checked by the
+                host before signing); nothing was stored or signed, the session is unchanged.
             StorageError: The store failed; nothing was stored, the session is unchanged.
         """
         self._start()
@@ -256,12 +262,14 @@ class AsyncSession:
                 dumped = await self._backend.dump(
                     created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
                 )
+                await self._verify(dumped)
                 if not await self._blob_io.store(dumped, now + self._ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
                     dumped = await self._backend.dump(
                         created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs={}
                     )
+                    await self._verify(dumped)
                     await self._blob_io.store(dumped, now + self._ttl_s)
             except ForgedBlob as exc:
                 # Only a compromised worker sends a blob that is not what it claims: it goes, nothing is stored.
@@ -287,6 +295,29 @@ class AsyncSession:
             return cid.raw
         finally:
             self._busy = False
+
+    async def _verify(self, dumped: Dumped) -> None:
+        """Scan every pickle of a dump with the loader's rule before anything is stored or signed.
+
+        Raises:
+            CheckpointRefused: A pickle names a global the loader would refuse.
+            CheckpointCorrupt: The body is malformed.
+        """
+        found = await asyncio.to_thread(
+            scan_body, dumped.body, allow_module=self._allow_module, max_raw_bytes=self._limits.memory_bytes
+        )
+        if found is None:
+            return
+        refusal, variable = found
+        where = f"variable {variable!r}" if variable else "the checkpoint"
+        raise CheckpointRefused(
+            f"{where} refers to {refusal.describe()}, which a checkpoint may not hold; nothing was stored. "
+            "Delete or recreate that variable (or allow its module in the policy) and dump again",
+            module=refusal.module,
+            name=refusal.name,
+            reason=refusal.reason,
+            variable_names=[variable] if variable else [],
+        )
 
     async def reset(self) -> None:
         """Forget every variable and start from an empty namespace."""

@@ -31,20 +31,27 @@ from snapcell.checkpoint._format import (
     parse_container,
 )
 from snapcell.checkpoint._pickle import (
-    _CLOUDPICKLE_HELPERS,
-    _COPYREG,
-    _GETATTR_PRIVATE,
     _NAMESPACE_PID,
-    _SAFE_BUILTINS,
     _code_in_cell,
     _describe,
     _rebuild_datetime_array,
     _rebuild_lru_cache,
     _rebuild_recursive_repr,
 )
+from snapcell.checkpoint._scan import (
+    HELPERS,
+    PLAIN,
+    TYPE_CALL,
+    Refusal,
+    attribute_refusal,
+    call_refusal,
+    global_refusal,
+    module_refusal,
+    scan_pickle,
+)
 from snapcell.errors import CheckpointCorrupt
 
-__all__ = ["FindGlobal", "LoadedNamespace", "load_namespace", "make_find_global"]
+__all__ = ["FindGlobal", "LoadedNamespace", "load_namespace", "make_find_global", "scan_body"]
 
 # Pickles name snapcell's own reconstruction helpers by this module path.
 _PICKLE_MODULE = "snapcell.checkpoint._pickle"
@@ -77,8 +84,15 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == (_PICKLE_MODULE, "_session_namespace"):
             return lambda: self._namespace
-        if (module, name) == ("cloudpickle.cloudpickle", "_make_function") and "__builtins__" in self._namespace:
-            return functools.partial(_make_function, self._namespace["__builtins__"])
+        # Restored functions always get the session's builtins, even when their globals dict has none (the
+        # interpreter would hand such a function the real builtins of the frame that made it).
+        builtins_table = self._namespace.get("__builtins__", {})
+        if (module, name) == ("cloudpickle.cloudpickle", "_make_function"):
+            self._find_global(module, name)  # the rule still applies
+            return functools.partial(_make_function, builtins_table)
+        if (module, name) == ("cloudpickle.cloudpickle", "_function_setstate"):
+            self._find_global(module, name)
+            return functools.partial(_function_setstate, builtins_table)
         return self._find_global(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
@@ -95,6 +109,12 @@ def _make_function(
     return types.FunctionType(code, globals, name, argdefs, closure)
 
 
+def _function_setstate(builtins_table: Any, obj: Any, state: Any) -> None:
+    # cloudpickle's own setstate puts the real builtins back into the function's globals.
+    cloudpickle.cloudpickle._function_setstate(obj, state)
+    obj.__globals__["__builtins__"] = builtins_table
+
+
 def _dill_create_function(builtins_table: Any, fcode: types.CodeType, fglobals: Any, *args: Any) -> Any:
     fglobals = fglobals if fglobals is not None else {}
     fglobals["__builtins__"] = builtins_table  # as in _make_function
@@ -109,16 +129,20 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "dill._dill":
-            # dill's own helpers, except the ones that import a module or read any attribute by name.
+            # Only dill's helpers in the table; the ones that import a module or read an attribute by name go
+            # through the same guarded functions as cloudpickle's.
+            if (module, name) not in HELPERS:
+                raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
             if name == "_import_module":
                 return lambda import_name, safe=False: self._find_global("cloudpickle.cloudpickle", "subimport")(
                     import_name
                 )
             if name == "_get_attr":
                 return self._find_global("builtins", "getattr")
-            if name == "_create_function" and self._builtins is not None:
-                return functools.partial(_dill_create_function, self._builtins)
-            return super().find_class(module, name)
+            if name == "_create_function":
+                builtins_table = self._builtins if self._builtins is not None else {}
+                return functools.partial(_dill_create_function, builtins_table)
+            return _checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
         return self._find_global(module, name)
 
 
@@ -212,6 +236,48 @@ def load_namespace(
     return result
 
 
+def scan_body(
+    body: bytes | bytearray | memoryview, *, allow_module: Callable[[str], bool], max_raw_bytes: int | None = None
+) -> tuple[Refusal, str | None] | None:
+    """Apply the loader's rule to every pickle of an unsigned body, without unpickling (the host, before it signs).
+
+    Each pickle section is decompressed in turn (declared sizes are checked first, as at load) and scanned by
+    `scan_pickle`; buffers and blob references hold no pickles.
+
+    Args:
+        body: The unsigned body.
+        allow_module: The policy's module check.
+        max_raw_bytes: Refuse a body whose sections would decompress to more than this.
+
+    Returns:
+        None when every global passes; else the first refusal and the variable whose pickle holds it (when known).
+
+    Raises:
+        CheckpointCorrupt: The body is malformed.
+        CheckpointVersionError: The body is in a format this release does not read.
+    """
+    container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    manifest = container.manifest
+    cloud_vars = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
+    dill_vars = [v.name for v in manifest.variables if v.serializer == "dill"]
+    dill_index = 0
+    for section in container.sections:
+        if section.kind not in (SectionKind.STREAM, SectionKind.DILL):
+            continue
+        data = _decompress(section.codec, section.data, section.raw_size, writable=False)
+        refusal = scan_pickle(data, allow_module)
+        del data
+        if section.kind is SectionKind.STREAM:
+            names = cloud_vars
+        else:
+            names, dill_index = dill_vars[dill_index : dill_index + 1], dill_index + 1
+            if refusal is not None:
+                refusal = Refusal(refusal.module, refusal.name, refusal.reason, refusal.offset, 0)
+        if refusal is not None:
+            return refusal, names[refusal.index] if refusal.index < len(names) else None
+    return None
+
+
 def _assemble(ref: memoryview, raw_size: int, blobs: Mapping[str, bytes | bytearray | memoryview]) -> bytearray:
     """Rebuild one buffer from its chunks, each decoded in place and checked against its hash."""
     out = bytearray(raw_size)
@@ -237,18 +303,47 @@ _OWN_HELPERS: dict[str, Callable[..., Any]] = {
 
 def _public_getattr(obj: object, name: str, *default: object) -> Any:
     """``getattr`` for checkpoints (enum members and ``object.__new__`` pickle through it): public names only."""
-    if not isinstance(name, str) or (name.startswith("_") and name not in _GETATTR_PRIVATE):
-        raise pickle.UnpicklingError(f"the checkpoint reads the private attribute {name!r}, which is not allowed")
-    return getattr(obj, name, *default)
+    problem = attribute_refusal(name)
+    if problem is not None:
+        raise pickle.UnpicklingError(f"the checkpoint reads the attribute {name!r}, which is not allowed: {problem}")
+    value = getattr(obj, name, *default)
+    if isinstance(value, types.ModuleType) and not isinstance(obj, types.ModuleType):
+        raise pickle.UnpicklingError(f"the checkpoint reads the module {name!r} through an attribute")
+    return value
 
 
 def _guarded_subimport(allow_module: Callable[[str], bool]) -> Callable[[str], Any]:
-    def subimport(name: str) -> Any:
-        if not allow_module(name):
-            raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which the policy does not allow")
+    def subimport(name: str, *_vars: Any) -> Any:
+        problem = module_refusal(name, allow_module)
+        if problem is not None:
+            raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which is not allowed: {problem}")
         return importlib.import_module(name)
 
     return subimport
+
+
+def _guarded_type(*args: Any) -> Any:
+    """``type`` for checkpoints: the type of None, NotImplemented or Ellipsis, or a new class (three arguments)."""
+    problem = call_refusal(TYPE_CALL, args, lambda _m: False)
+    if problem is not None:
+        raise pickle.UnpicklingError(f"the checkpoint calls type() on something it may not: {problem}")
+    return type(*args)
+
+
+def _checked(kind: str, func: Callable[..., Any], allow_module: Callable[[str], bool]) -> Callable[..., Any]:
+    """``func`` with its name arguments checked by the rule (`call_refusal`) on every call."""
+    if kind == PLAIN:
+        return func
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        problem = call_refusal(kind, args, allow_module)
+        if problem is not None:
+            raise pickle.UnpicklingError(
+                f"the checkpoint calls {func.__name__}{args!r:.80}, which is refused: {problem}"
+            )
+        return func(*args, **kwargs)
+
+    return checked
 
 
 def make_find_global(
@@ -259,41 +354,45 @@ def make_find_global(
 ) -> FindGlobal:
     """Build the resolver the restricted unpickler uses for every global a checkpoint names.
 
-    Allowed: ``overrides`` first (``builtins.getattr`` defaults to one that refuses private names), the serializers' own
-    helpers, plain builtin types, and attributes of modules ``allow_module`` accepts. Anything else
-    is refused, so loading never imports an arbitrary module. ``resolve``, when given, looks up
-    ``module.name`` for allowed modules instead of a plain attribute walk (the policy's guarded lookup).
+    Every global first passes `global_refusal`, the same rule the host applies before it signs (see `_scan`):
+    public names of modules ``allow_module`` accepts, plus the exact serializer helpers of ``HELPERS``. Helpers
+    that take names as data check them on every call. Then ``overrides`` (guarded stand-ins), the helpers
+    themselves, and attributes of allowed modules (``resolve``, when given, is the policy's guarded lookup).
+    Anything else is refused, so loading never imports an arbitrary module.
     """
-    overrides = {("builtins", "getattr"): _public_getattr, **(overrides or {})}
+    overrides = {("builtins", "getattr"): _public_getattr, ("builtins", "type"): _guarded_type, **(overrides or {})}
     subimport = _guarded_subimport(allow_module)
 
     def find_global(module: str, name: str) -> Any:
+        problem = global_refusal(module, name, allow_module)
+        if problem is not None:
+            raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
+        kind = HELPERS.get((module, name), PLAIN)
         if (module, name) in overrides:
-            return overrides[(module, name)]
+            return _checked(kind, overrides[(module, name)], allow_module)
         if module == "cloudpickle.cloudpickle":
             if name in ("subimport", "dynamic_subimport"):
                 return subimport
-            if name in _CLOUDPICKLE_HELPERS:
-                return getattr(cloudpickle.cloudpickle, name)
-        elif module == _PICKLE_MODULE and name in _OWN_HELPERS:
+            return _checked(kind, getattr(cloudpickle.cloudpickle, name), allow_module)
+        if module == _PICKLE_MODULE:
+            if name not in _OWN_HELPERS:
+                raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
             return _OWN_HELPERS[name]
-        elif module == "builtins":
-            if name in _SAFE_BUILTINS or _is_builtin_exception(name):
-                return getattr(__import__("builtins"), name)
-        elif module == "copyreg" and name in _COPYREG:
-            return getattr(__import__("copyreg"), name)
-        elif allow_module(module) and resolve is not None:
+        if module.split(".")[0] in ("snapcell", "dill", "copyreg") or module == "builtins":
+            target: Any = importlib.import_module(module)
+            return _checked(kind, getattr(target, name), allow_module)
+        if resolve is not None and (module, name) not in HELPERS:
             owner, _, last = name.rpartition(".")
-            if owner and last in _GETATTR_PRIVATE:
+            if owner and last == "__new__":
                 # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass).
                 return _public_getattr(resolve(module, owner), last)
-            return resolve(module, name)
-        elif allow_module(module):
-            target: Any = importlib.import_module(module)
-            for part in name.split("."):
-                target = getattr(target, part)
-            return target
-        raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which the policy does not allow")
+            return _checked(kind, resolve(module, name), allow_module)
+        target = importlib.import_module(module)
+        for part in name.split("."):
+            target = getattr(target, part)
+            if isinstance(target, types.ModuleType):
+                raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, a path through a module")
+        return _checked(kind, target, allow_module)
 
     return find_global
 

@@ -255,6 +255,7 @@ class Runner:
             cell_count=self.cell_count,
             future_flags=self.future_flags,
             known_blobs=known_blobs,
+            allow_module=self.policy.allows_module,
         )
         if dumped.manifest.dropped:
             self.pending_notes.append(_dropped_note(dumped.manifest))

@@ -1,0 +1,637 @@
+"""The allowlist rule for globals in checkpoints, and a scanner that applies it to a pickle stream without unpickling.
+
+One rule serves both sides of the trust boundary: the host runs `scan_pickle` over every pickle stream of a
+checkpoint before it signs it, and the loader's ``find_class`` calls `global_refusal` (and the helpers' argument
+checks, `call_refusal`) on every global it resolves. A signature therefore means "the host read every global this
+checkpoint names and the loader accepts each one".
+
+The rule: a global is a module allowed by the policy plus a public qualified name (no ``_private`` part, no private
+module segment, no path through a serializer's internals), or an exact entry of `HELPERS`, the serializers' own
+reconstruction helpers. Helpers that take a module or attribute name as data (``subimport('os')``, ``getattr(x,
+'__globals__')``) have their arguments checked by the same rule: the scanner requires them to be constants in the
+stream, the loader checks the values it is given.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickletools
+import struct
+import sys
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "HELPERS",
+    "Refusal",
+    "attribute_refusal",
+    "call_refusal",
+    "global_refusal",
+    "module_refusal",
+    "scan_pickle",
+]
+
+AllowModule = Callable[[str], bool]
+
+# How a helper's arguments are checked. PLAIN: not at all (they are objects built by the stream).
+PLAIN: Final = "plain"
+MODULE_ARG: Final = "module"  # first argument: a module name, checked like a global's module
+ATTR_ARG: Final = "attribute"  # second argument: an attribute name, public only
+ATTR_PATHS: Final = "attribute paths"  # every argument: a public dotted attribute path (attrgetter, methodcaller)
+TYPE_NAME: Final = "type name"  # first argument: one of SAFE_TYPE_NAMES
+TYPE_CALL: Final = "type"  # builtins.type: one argument only for None/NotImplemented/Ellipsis, or three
+
+# Types the serializers may rebuild by name (cloudpickle `_builtin_type`, dill `_load_type`). Function, module,
+# frame and generator types are left out: a function made from code without the session's builtins gets the real
+# ones.
+SAFE_TYPE_NAMES = frozenset(
+    {
+        "CodeType", "CellType", "MethodType", "MappingProxyType", "SimpleNamespace", "NoneType", "EllipsisType",
+        "NotImplementedType", "GenericAlias", "UnionType", "LockType", "RLockType",
+    }
+)  # fmt: skip
+
+# The one table of serializer helpers (exact module and name) a checkpoint may name; everything else follows the rule.
+HELPERS: dict[tuple[str, str], str] = {
+    **{
+        ("cloudpickle.cloudpickle", name): PLAIN
+        for name in (
+            "_class_setstate", "_function_setstate", "_get_dataclass_field_type_sentinel", "_lookup_class_or_track",
+            "_make_cell", "_make_dict_items", "_make_dict_keys", "_make_dict_values", "_make_empty_cell",
+            "_make_function", "_make_skeleton_class", "_make_skeleton_enum", "_make_typevar",
+        )
+    },
+    ("cloudpickle.cloudpickle", "_builtin_type"): TYPE_NAME,
+    ("cloudpickle.cloudpickle", "subimport"): MODULE_ARG,
+    ("cloudpickle.cloudpickle", "dynamic_subimport"): MODULE_ARG,
+    **{
+        ("dill._dill", name): PLAIN
+        for name in (
+            "_create_lock", "_create_rlock", "_create_stringi", "_create_stringo", "_create_namedtuple",
+            "_create_function", "_create_code", "_create_cell", "_create_type",
+        )
+    },
+    ("dill._dill", "_load_type"): TYPE_NAME,
+    ("dill._dill", "_import_module"): MODULE_ARG,
+    ("dill._dill", "_get_attr"): ATTR_ARG,
+    ("copyreg", "_reconstructor"): PLAIN,
+    ("copyreg", "__newobj__"): PLAIN,
+    ("copyreg", "__newobj_ex__"): PLAIN,
+    ("builtins", "getattr"): ATTR_ARG,
+    ("builtins", "type"): TYPE_CALL,
+    ("operator", "attrgetter"): ATTR_PATHS,
+    ("operator", "methodcaller"): ATTR_PATHS,
+    **{
+        ("snapcell.checkpoint._pickle", name): PLAIN
+        for name in (
+            "_session_namespace", "_rebuild_datetime_array", "_rebuild_lru_cache", "_rebuild_recursive_repr",
+            "_code_in_cell",
+        )
+    },
+    ("snapcell.runner._host", "host_function"): PLAIN,
+    **{
+        ("snapcell.runner._guard", name): PLAIN
+        for name in (
+            "_sliced_sleep", "_guarded_attrgetter", "_guarded_methodcaller", "guarded_getattr", "guarded_hasattr",
+            "guarded_setattr", "guarded_delattr", "guarded_dir", "guarded_vars",
+        )
+    },
+    # Standard-library and data-library internals that their own classes pickle through.
+    ("dataclasses", "_MISSING_TYPE"): PLAIN,
+    ("dataclasses", "_HAS_DEFAULT_FACTORY_CLASS"): PLAIN,
+    ("dataclasses", "_DataclassParams"): PLAIN,
+    ("dataclasses", "_FIELD_BASE"): PLAIN,
+    ("__future__", "_Feature"): PLAIN,
+    ("collections", "_tuplegetter"): PLAIN,
+    ("numpy._core.numeric", "_frombuffer"): PLAIN,
+    ("numpy.core.numeric", "_frombuffer"): PLAIN,
+    ("numpy._core.multiarray", "_reconstruct"): PLAIN,
+    ("numpy.core.multiarray", "_reconstruct"): PLAIN,
+    ("numpy._core.multiarray", "scalar"): PLAIN,
+    ("numpy.core.multiarray", "scalar"): PLAIN,
+    ("pandas._libs.internals", "_unpickle_block"): PLAIN,
+    ("pandas._libs.arrays", "__pyx_unpickle_NDArrayBacked"): PLAIN,
+    ("pandas.core.indexes.base", "_new_Index"): PLAIN,
+    ("pandas._libs.tslibs.timestamps", "_unpickle_timestamp"): PLAIN,
+    ("pandas._libs.tslibs.timedeltas", "_timedelta_unpickle"): PLAIN,
+    ("pandas._libs.tslibs.nattype", "__nat_unpickle"): PLAIN,
+}  # fmt: skip
+
+# Modules whose names are only reachable through HELPERS: a serializer's module holds `os`, `sys` and eval-like
+# helpers (``dill._dill`` plus ``"os.mkdir"``), and snapcell's own modules are not script API.
+_SERIALIZER_MODULES = ("cloudpickle", "dill", "copyreg", "pickle", "_pickle", "copy", "snapcell", "pickletools")
+# Plain builtins a checkpoint may name (types and constants the pickle protocol itself uses).
+SAFE_BUILTINS = frozenset(
+    {
+        "bool", "bytearray", "bytes", "classmethod", "complex", "dict", "float", "frozenset", "int", "list",
+        "object", "property", "range", "set", "slice", "staticmethod", "str", "tuple", "NotImplemented",
+        "Ellipsis", "memoryview", "enumerate", "zip", "map", "filter", "reversed",
+    }
+)  # fmt: skip
+# Private names a class may be pickled through: its own ``__new__`` (``enum.Enum.__new__`` in every Enum subclass).
+PRIVATE_OK = frozenset({"__new__"})
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a pickle stream is refused: the first global (or helper argument) the loader would not accept.
+
+    Attributes:
+        module: Module of the global.
+        name: Its name, or the refused argument of a helper.
+        reason: What rule it breaks.
+        offset: Byte offset of the opcode in the stream (-1 when not from a scan).
+        index: Which pickle in the stream (0-based; streams hold one pickle per variable).
+    """
+
+    module: str
+    name: str
+    reason: str
+    offset: int = -1
+    index: int = 0
+
+    def describe(self) -> str:
+        """One line for people."""
+        return f"{self.module}.{self.name} ({self.reason})"
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_")
+
+
+def module_refusal(module: object, allow_module: AllowModule) -> str | None:
+    """Why a checkpoint may not import ``module`` (None: it may).
+
+    The policy decides the top-level package; below it, no private segment (``json.decoder`` yes, ``typing._x`` no).
+    """
+    if not isinstance(module, str) or not module:
+        return "the module name is not a constant string"
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return "not a module name"
+    if parts[0] in _SERIALIZER_MODULES:
+        return "a serializer's or snapcell's internals, outside the table of helpers"
+    if any(_private(part) for part in parts[1:]):
+        return "a private module"
+    if not allow_module(module):
+        return "a module the policy does not allow"
+    return None
+
+
+def attribute_refusal(name: object, *, dotted: bool = False) -> str | None:
+    """Why a checkpoint may not read attribute ``name`` (None: it may). Public names only, dotted if allowed."""
+    if not isinstance(name, str) or not name:
+        return "the attribute name is not a constant string"
+    parts = name.split(".") if dotted else [name]
+    for part in parts:
+        if not part.isidentifier():
+            return "not an attribute name"
+        if _private(part) and part not in PRIVATE_OK:
+            return "a private attribute"
+    return None
+
+
+def global_refusal(module: object, name: object, allow_module: AllowModule) -> str | None:
+    """Why the loader refuses the global ``module.name`` (None: it resolves it). The rule of this module.
+
+    Args:
+        module: The module the pickle names.
+        name: The qualified name the pickle names.
+        allow_module: The policy's module check.
+    """
+    if not isinstance(module, str) or not isinstance(name, str):
+        return "the module or name is not a constant string"
+    if (module, name) in HELPERS:
+        return None
+    if module == "builtins":
+        if name in SAFE_BUILTINS or _is_builtin_exception(name):
+            return None
+        return "a builtin that checkpoints may not use"
+    problem = module_refusal(module, allow_module)
+    if problem is not None:
+        return problem
+    parts = name.split(".")
+    for position, part in enumerate(parts):
+        if not part.isidentifier():
+            return "not a qualified name"
+        if _private(part) and not (part in PRIVATE_OK and position == len(parts) - 1 and position > 0):
+            return "a private name"
+    if len(parts) > 1:
+        return _dotted_refusal(module, parts)
+    return None
+
+
+def _dotted_refusal(module: str, parts: list[str]) -> str | None:
+    """A dotted name may go through classes, never through a module (``typing.sys.modules`` is a module pivot)."""
+    owner = sys.modules.get(module)
+    if owner is None:
+        return None  # not imported here: nothing to walk; the loader's resolver walks it under the policy
+    target: Any = owner
+    for part in parts[:-1]:
+        try:
+            target = inspect.getattr_static(target, part)
+        except AttributeError:
+            return "a name that does not exist"
+        if isinstance(target, types.ModuleType):
+            return "a path through another module"
+    return None
+
+
+def _is_builtin_exception(name: str) -> bool:
+    value = getattr(__import__("builtins"), name, None)
+    return isinstance(value, type) and issubclass(value, BaseException)
+
+
+def call_refusal(kind: str, args: object, allow_module: AllowModule) -> str | None:
+    """Why a helper that takes names as data may not be called with ``args`` (None: it may).
+
+    The scanner passes the constants it tracked (anything else is `OPAQUE`, which fails every check); the loader
+    passes the real arguments. Either way the same rule decides.
+    """
+    if kind == PLAIN:
+        return None
+    if not isinstance(args, tuple):
+        return "its arguments are not constants in the stream"
+    if kind == MODULE_ARG:
+        return module_refusal(args[0], allow_module) if args else "no module name"
+    if kind == ATTR_ARG:
+        return attribute_refusal(args[1]) if len(args) >= 2 else "no attribute name"
+    if kind == ATTR_PATHS:
+        for arg in args:
+            problem = attribute_refusal(arg, dotted=True)
+            if problem is not None:
+                return problem
+        return None if args else "no attribute name"
+    if kind == TYPE_NAME:
+        return None if args and isinstance(args[0], str) and args[0] in SAFE_TYPE_NAMES else "a type it may not build"
+    if kind == TYPE_CALL:
+        if len(args) == 3:
+            return None
+        if len(args) == 1 and (args[0] is None or args[0] is NotImplemented or args[0] is Ellipsis):
+            return None
+        return "type() of an object other than None, NotImplemented or Ellipsis"
+    return "an unknown helper"
+
+
+# ----------------------------------------------------------------------------------------------- the scanner
+
+
+class _Opaque:
+    """Any value the scanner does not track (the result of a call, a container, a number)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "OPAQUE"
+
+
+OPAQUE: Final = _Opaque()
+
+
+@dataclass(frozen=True, slots=True)
+class _Global:
+    module: str
+    name: str
+    kind: str  # the helper kind, PLAIN for any other allowed global
+
+
+class _Refused(Exception):
+    def __init__(self, module: str, name: str, reason: str) -> None:
+        super().__init__(reason)
+        self.refusal = Refusal(module, name, reason)
+
+
+# Opcode table, from pickletools: argument length (>= 0 fixed; the negative codes below), values popped (-1: pop to
+# the mark), values pushed.
+_LINE, _LEN1, _LEN4S, _LEN4U, _LEN8 = -1, -2, -3, -4, -5
+_NO_ARG = 0
+_OPS: dict[int, tuple[int, int, int]] = {}
+for _op in pickletools.opcodes:
+    _before = [s.name for s in _op.stack_before]
+    _pops = -1 if "mark" in _before else len(_before)
+    _OPS[ord(_op.code)] = (_op.arg.n if _op.arg is not None else _NO_ARG, _pops, len(_op.stack_after))
+del _op, _before, _pops
+
+_MAX_STACK = 1 << 22  # 4M values (32 MB of references); deeper streams are refused, not followed
+_MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten (a GET of them is opaque)
+_MAX_TUPLE = 3
+_U4 = struct.Struct("<I")
+_I4 = struct.Struct("<i")
+_U8 = struct.Struct("<Q")
+
+_STR_OPS = frozenset({ord("X"), 0x8D, ord("V")})
+_C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
+_CATEGORY = [_C_OTHER] * 256
+for _code in (ord("K"), ord("M"), ord("J"), ord("G"), 0x88, 0x89):
+    _CATEGORY[_code] = _C_NUMBER
+for _code in (ord("}"), ord("]"), 0x8F):
+    _CATEGORY[_code] = _C_EMPTY
+for _code in (ord("e"), ord("u"), 0x90):
+    _CATEGORY[_code] = _C_EXTEND
+_CATEGORY[0x8C] = _C_SHORT_STR
+_CATEGORY[0x94] = _C_MEMOIZE
+_CATEGORY[ord("h")] = _C_BINGET
+_CATEGORY[ord("(")] = _C_MARK
+_CATEGORY[ord("N")] = _C_NONE
+_FIXED_NUMBER = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x88: 1, 0x89: 1}
+
+
+def scan_pickle(data: bytes | bytearray | memoryview, allow_module: AllowModule) -> Refusal | None:
+    """Check every global a pickle stream (one or more pickles back to back) would resolve, without unpickling.
+
+    Walks the opcodes with a small abstract stack machine: string constants are followed through the stack and
+    the memo (MEMOIZE/PUT/GET), so ``STACK_GLOBAL`` sees the constant module and name it would be given; operands
+    that are not constants, malformed or truncated streams and opcodes the loader never needs (``EXT*``) are
+    refused. Helpers that take names as data must be called with constants that pass `call_refusal`; a global
+    object may not be the target of ``BUILD`` (that would patch a library class in place).
+
+    Args:
+        data: The raw (decompressed) pickle bytes.
+        allow_module: The policy's module check, as the loader uses it.
+
+    Returns:
+        None when every global passes the rule, else the first `Refusal`.
+    """
+    scanner = _Scanner(data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B"), allow_module)
+    try:
+        scanner.run()
+    except _Refused as exc:
+        return Refusal(exc.refusal.module, exc.refusal.name, exc.refusal.reason, scanner.op_offset, scanner.index)
+    except (IndexError, struct.error, ValueError, UnicodeDecodeError) as exc:
+        return Refusal("", "", f"a malformed pickle stream ({type(exc).__name__})", scanner.op_offset, scanner.index)
+    return None
+
+
+class _Scanner:
+    def __init__(self, data: bytes | bytearray | memoryview, allow_module: AllowModule) -> None:
+        self.data = data
+        self.allow_module = allow_module
+        self.op_offset = 0
+        self.index = 0
+
+    def _global(self, module: object, name: object) -> _Global:
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise _Refused(str(module), str(name), "STACK_GLOBAL operands that are not constant strings")
+        problem = global_refusal(module, name, self.allow_module)
+        if problem is not None:
+            raise _Refused(module, name, problem)
+        return _Global(module, name, HELPERS.get((module, name), PLAIN))
+
+    def _call(self, func: object, args: object, how: str) -> None:
+        if isinstance(func, _Global) and func.kind != PLAIN:
+            if how != "call":
+                raise _Refused(func.module, func.name, f"a helper that takes names, used through {how}")
+            problem = call_refusal(func.kind, args, self.allow_module)
+            if problem is not None:
+                raise _Refused(func.module, func.name, f"called with {_show(args)}: {problem}")
+
+    def run(self) -> None:
+        data = self.data
+        end = len(data)
+        category = _CATEGORY
+        fixed_number = _FIXED_NUMBER
+        opaque = OPAQUE
+        stack: list[object] = []
+        marks: list[int] = []
+        memo: dict[int, object] = {}
+        limit = _MAX_STACK
+        pos = self._loop(data, end, category, fixed_number, opaque, stack, marks, memo, limit)
+        if pos != end:
+            raise ValueError("truncated")
+        if stack or marks:
+            raise ValueError("the stream ends inside a pickle")
+
+    def _loop(  # noqa: C901 - one dispatch loop, kept flat for speed
+        self,
+        data: bytes | bytearray | memoryview,
+        end: int,
+        category: list[int],
+        fixed_number: dict[int, int],
+        opaque: _Opaque,
+        stack: list[object],
+        marks: list[int],
+        memo: dict[int, object],
+        limit: int,
+    ) -> int:
+        memo_next = 0
+        pos = 0
+        op = 0
+        try:
+            while pos < end:
+                op = pos
+                code = data[pos]
+                kind = category[code]
+                # The frequent opcodes first: numbers, short strings, memo, marks and containers make up big streams.
+                if kind == _C_NUMBER:
+                    while True:  # runs of numbers are the bulk of large lists
+                        pos += fixed_number[code]
+                        stack.append(opaque)
+                        if pos >= end:
+                            break
+                        code = data[pos]
+                        if category[code] != _C_NUMBER:
+                            break
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+                elif kind == _C_SHORT_STR:
+                    size = data[pos + 1]
+                    stack.append(str(data[pos + 2 : pos + 2 + size], "utf-8", "surrogatepass"))
+                    pos += 2 + size
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+                elif kind == _C_MEMOIZE:
+                    value = stack[-1]
+                    if value is not opaque and len(memo) < _MAX_MEMO_STRINGS:
+                        memo[memo_next] = value
+                    memo_next += 1
+                    pos += 1
+                elif kind == _C_BINGET:
+                    stack.append(memo.get(data[pos + 1], opaque))
+                    pos += 2
+                elif kind == _C_MARK:
+                    marks.append(len(stack))
+                    pos += 1
+                elif kind == _C_EMPTY:
+                    stack.append(opaque)
+                    pos += 1
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+                elif kind == _C_EXTEND:  # APPENDS, SETITEMS, ADDITEMS: pop to the mark, keep the container
+                    base = marks.pop()
+                    if base < 1:
+                        raise IndexError("no container below the mark")
+                    _no_helpers(stack[base:])
+                    del stack[base:]
+                    pos += 1
+                elif kind == _C_NONE:
+                    stack.append(None)
+                    pos += 1
+                else:
+                    pos, memo_next = self._slow(code, pos, stack, marks, memo, memo_next)
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+        except BaseException:
+            self.op_offset = op
+            raise
+        return pos
+
+    def _slow(  # noqa: C901 - the rest of the opcode table
+        self, code: int, pos: int, stack: list[object], marks: list[int], memo: dict[int, object], memo_next: int
+    ) -> tuple[int, int]:
+        data = self.data
+        end = len(data)
+        opaque = OPAQUE
+        spec = _OPS.get(code)
+        if spec is None:
+            raise _Refused("", "", f"unknown opcode {code:#x}")
+        arglen, pops, pushes = spec
+        pos += 1
+        arg_start = pos
+        if arglen > 0:
+            pos += arglen
+        elif arglen == _LEN1:
+            pos += 1 + data[pos]
+            arg_start += 1
+        elif arglen in (_LEN4U, _LEN4S):
+            size = _U4.unpack_from(data, pos)[0] if arglen == _LEN4U else _I4.unpack_from(data, pos)[0]
+            if size < 0:
+                raise ValueError("negative length")
+            pos += 4 + size
+            arg_start += 4
+        elif arglen == _LEN8:
+            pos += 8 + _U8.unpack_from(data, pos)[0]
+            arg_start += 8
+        elif arglen == _LINE:
+            for _ in range(2 if code in (ord("c"), ord("i")) else 1):
+                newline = bytes(data[pos : pos + 65536]).find(b"\n")
+                if newline < 0:
+                    raise ValueError("unterminated line")
+                pos += newline + 1
+        if pos > end:
+            raise ValueError("truncated")
+        if code in _STR_OPS:
+            if code == ord("V"):
+                stack.append(bytes(data[arg_start : pos - 1]).decode("raw-unicode-escape"))
+            else:
+                stack.append(str(data[arg_start:pos], "utf-8", "surrogatepass"))
+        elif code in (ord("j"), ord("g")):  # LONG_BINGET, GET
+            stack.append(memo.get(_memo_key(code, data, arg_start, pos), opaque))
+        elif code in (ord("q"), ord("r"), ord("p")):  # BINPUT, LONG_BINPUT, PUT
+            key = _memo_key(code, data, arg_start, pos)
+            value = stack[-1]
+            if value is not opaque and len(memo) < _MAX_MEMO_STRINGS:
+                memo[key] = value
+            else:
+                memo.pop(key, None)
+        elif code == 0x93:  # STACK_GLOBAL
+            name = stack.pop()
+            module = stack.pop()
+            stack.append(self._global(module, name))
+        elif code == ord("c"):  # GLOBAL
+            module, name, _ = str(data[arg_start:pos], "utf-8").split("\n")
+            stack.append(self._global(module, name))
+        elif code == ord("R"):  # REDUCE
+            args = stack.pop()
+            func = stack.pop()
+            self._call(func, args, "call")
+            _no_helpers(args if isinstance(args, tuple) else ())
+            stack.append(opaque)
+        elif code in (0x81, 0x92):  # NEWOBJ, NEWOBJ_EX: cls.__new__(cls, *args)
+            popped = [stack.pop() for _ in range(3 if code == 0x92 else 2)]
+            _no_helpers(popped[:-1])
+            self._call(popped[-1], None, "__new__")
+            stack.append(opaque)
+        elif code == ord("b"):  # BUILD
+            _no_helpers([stack.pop()])
+            target = stack.pop()
+            if isinstance(target, _Global):
+                raise _Refused(target.module, target.name, "BUILD on a global (patching it in place)")
+            stack.append(opaque)
+        elif code in (ord("i"), ord("o")):  # INST, OBJ: call a class with the values above the mark
+            base = marks.pop()
+            items = stack[base:]
+            del stack[base:]
+            if code == ord("i"):
+                module, name, _ = str(data[arg_start:pos], "utf-8").split("\n")
+                callee: object = self._global(module, name)
+            else:
+                callee, items = items[0], items[1:]
+            self._call(callee, tuple(items), "call")
+            _no_helpers(items)
+            stack.append(opaque)
+        elif code in (0x85, 0x86, 0x87):  # TUPLE1-3: kept, they are call arguments
+            count = code - 0x84
+            items = stack[-count:]
+            if len(items) != count:
+                raise IndexError("stack underflow")
+            del stack[-count:]
+            stack.append(tuple(items))
+        elif code == ord("t"):  # TUPLE
+            base = marks.pop()
+            items = stack[base:]
+            del stack[base:]
+            stack.append(tuple(items) if len(items) <= _MAX_TUPLE else _no_helpers(items))
+        elif code == ord(")"):
+            stack.append(())
+        elif code == ord("2"):  # DUP
+            stack.append(stack[-1])
+        elif code in (0x82, 0x83, 0x84):
+            raise _Refused("copyreg", "extension", "EXT opcodes (the copyreg extension registry)")
+        elif code == ord("Q"):  # BINPERSID: only the namespace token of old checkpoints
+            if stack.pop() != "namespace":
+                raise _Refused("", "persistent_load", "a persistent reference other than the namespace")
+            stack.append(opaque)
+        elif code == ord("P"):
+            if bytes(data[arg_start : pos - 1]) != b"namespace":
+                raise _Refused("", "persistent_load", "a persistent reference other than the namespace")
+            stack.append(opaque)
+        elif code == ord("."):  # STOP: one pickle (one variable) ends; the memo carries on
+            stack.pop()
+            if stack or marks:
+                raise ValueError("values left on the stack")
+            self.index += 1
+        elif code == 0x94:
+            raise AssertionError("unreachable")
+        else:  # everything else: pop what it consumes, push an opaque result
+            if pops == -1:
+                base = marks.pop()
+                _no_helpers(stack[base:])
+                del stack[base:]
+            elif pops:
+                keep = code in (ord("a"), ord("s"))  # APPEND, SETITEM keep their container below the values
+                count = pops - 1 if keep else pops
+                popped = stack[-count:]
+                if len(popped) != count or len(stack) < pops:
+                    raise IndexError("stack underflow")
+                _no_helpers(popped)
+                del stack[-count:]
+                if keep:
+                    return pos, memo_next
+            stack.extend([opaque] * pushes)
+        return pos, memo_next
+
+
+def _no_helpers(values: Iterable[object]) -> _Opaque:
+    """A helper that takes names may only be called directly, never stored or passed (``partial(getattr, f)``)."""
+    for value in values:
+        if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
+            raise _Refused(value.module, value.name, "a helper that takes names, passed as a value")
+        if type(value) is tuple:
+            _no_helpers(value)
+    return OPAQUE
+
+
+def _memo_key(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> int:
+    if code in (ord("h"), ord("q")):
+        return data[start]
+    if code in (ord("j"), ord("r")):
+        return int(_U4.unpack_from(data, start)[0])
+    return int(bytes(data[start : end - 1]))
+
+
+def _show(args: object) -> str:
+    if isinstance(args, tuple):
+        return "(" + ", ".join(repr(a)[:60] for a in args) + ")"
+    return "values computed in the stream"
