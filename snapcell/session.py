@@ -21,6 +21,7 @@ from snapcell.errors import (
 )
 from snapcell.runner import Backend, Limits, Policy, RunResult
 from snapcell.runner._host import validate_lookup
+from snapcell.runner._runner import checkpoint_rule
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._wire import check_script
 from snapcell.storage import AsyncStore
@@ -54,7 +55,7 @@ class AsyncSession:
     ) -> None:
         self._backend = backend
         # The loader's module rule: every pickle is checked against it before the host signs anything.
-        self._allow_module = (policy or Policy()).allows_module
+        self._rule = checkpoint_rule(policy or Policy())
         self._store = store
         self._keyring = keyring
         self._ttl_s = ttl_s
@@ -304,7 +305,7 @@ class AsyncSession:
             CheckpointCorrupt: The body is malformed.
         """
         found = await asyncio.to_thread(
-            scan_body, dumped.body, allow_module=self._allow_module, max_raw_bytes=self._limits.memory_bytes
+            scan_body, dumped.body, rule=self._rule, max_raw_bytes=self._limits.memory_bytes
         )
         if found is None:
             return

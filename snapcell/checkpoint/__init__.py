@@ -14,7 +14,7 @@ from snapcell.checkpoint._format import (
     parse_container,
 )
 from snapcell.checkpoint._pickle import Dumped, dump_namespace
-from snapcell.checkpoint._scan import HELPERS, Refusal, global_refusal, scan_pickle
+from snapcell.checkpoint._scan import HELPERS, GlobalRule, Refusal, global_refusal, scan_pickle
 from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
 from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global, scan_body
 
@@ -31,6 +31,7 @@ __all__ = [
     "DroppedVariable",
     "FindGlobal",
     "HELPERS",
+    "GlobalRule",
     "Refusal",
     "global_refusal",
     "scan_body",

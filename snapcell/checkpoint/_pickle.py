@@ -36,7 +36,7 @@ from snapcell.checkpoint._format import (
     VariableInfo,
     pack_container,
 )
-from snapcell.checkpoint._scan import Refusal, scan_pickle
+from snapcell.checkpoint._scan import GlobalRule, Refusal, scan_pickle
 from snapcell.errors import UnpicklableValue
 
 __all__ = ["Dumped", "dump_namespace"]
@@ -297,7 +297,7 @@ def dump_namespace(
     future_flags: int = 0,
     known_blobs: Mapping[str, BlobRef] | None = None,
     blob_threshold: int | None = BLOB_THRESHOLD_BYTES,
-    allow_module: Callable[[str], bool] | None = None,
+    rule: GlobalRule | Callable[[str], bool] | None = None,
 ) -> Dumped:
     """Serialize variables into an unsigned checkpoint body.
 
@@ -318,7 +318,7 @@ def dump_namespace(
         known_blobs: Blobs the store already has (from this session's earlier dumps and loads), by hash.
             Buffers of at least ``blob_threshold`` bytes become blobs; only unknown ones are encoded.
         blob_threshold: Smallest buffer stored as a blob; None keeps every buffer inside the body.
-        allow_module: The loader's module rule (the policy's); when given, a variable whose pickle names a global
+        rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
             the loader would refuse (`snapcell.checkpoint._scan`) is dropped and named, as the host would refuse
             the whole checkpoint before signing it.
 
@@ -337,7 +337,7 @@ def dump_namespace(
         except _Failed as exc:
             failed[exc.name] = exc.cause
             continue
-        refusal = scan_pickle(stream.data, allow_module) if allow_module is not None else None
+        refusal = scan_pickle(stream.data, rule) if rule is not None else None
         if refusal is None:
             break
         failed[kept[min(refusal.index, len(kept) - 1)][0]] = _RefusedGlobal(refusal)
@@ -347,7 +347,7 @@ def dump_namespace(
         value = variables[name]
         try:
             data = dill.dumps(value, protocol=_PROTOCOL, recurse=True)
-            refusal = scan_pickle(data, allow_module) if allow_module is not None else None
+            refusal = scan_pickle(data, rule) if rule is not None else None
             if refusal is not None:
                 raise _RefusedGlobal(refusal)
             dill_sections.append((name, data))

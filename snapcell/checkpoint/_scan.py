@@ -25,6 +25,7 @@ from typing import Any, Final
 
 __all__ = [
     "HELPERS",
+    "GlobalRule",
     "Refusal",
     "attribute_refusal",
     "call_refusal",
@@ -34,6 +35,28 @@ __all__ = [
 ]
 
 AllowModule = Callable[[str], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalRule:
+    """The policy's part of the rule: which modules, and which of their public names, a checkpoint may name.
+
+    Attributes:
+        allow_module: True when a module (dotted name) may be imported.
+        deny_name: True when ``module.name`` is hidden from scripts although public (``io.open``,
+            ``typing.ForwardRef``); None denies nothing more.
+        deny_attribute: True when an attribute name may not be read through a helper (``gi_frame``, ``co_code``);
+            None denies nothing more than private names.
+    """
+
+    allow_module: AllowModule
+    deny_name: Callable[[str, str], bool] | None = None
+    deny_attribute: Callable[[str], bool] | None = None
+
+
+def _rule(rule: GlobalRule | AllowModule) -> GlobalRule:
+    return rule if isinstance(rule, GlobalRule) else GlobalRule(allow_module=rule)
+
 
 # How a helper's arguments are checked. PLAIN: not at all (they are objects built by the stream).
 PLAIN: Final = "plain"
@@ -161,7 +184,7 @@ def _private(part: str) -> bool:
     return part.startswith("_")
 
 
-def module_refusal(module: object, allow_module: AllowModule) -> str | None:
+def module_refusal(module: object, rule: GlobalRule | AllowModule) -> str | None:
     """Why a checkpoint may not import ``module`` (None: it may).
 
     The policy decides the top-level package; below it, no private segment (``json.decoder`` yes, ``typing._x`` no).
@@ -175,12 +198,12 @@ def module_refusal(module: object, allow_module: AllowModule) -> str | None:
         return "a serializer's or snapcell's internals, outside the table of helpers"
     if any(_private(part) for part in parts[1:]):
         return "a private module"
-    if not allow_module(module):
+    if not _rule(rule).allow_module(module):
         return "a module the policy does not allow"
     return None
 
 
-def attribute_refusal(name: object, *, dotted: bool = False) -> str | None:
+def attribute_refusal(name: object, *, dotted: bool = False, rule: GlobalRule | None = None) -> str | None:
     """Why a checkpoint may not read attribute ``name`` (None: it may). Public names only, dotted if allowed."""
     if not isinstance(name, str) or not name:
         return "the attribute name is not a constant string"
@@ -190,29 +213,34 @@ def attribute_refusal(name: object, *, dotted: bool = False) -> str | None:
             return "not an attribute name"
         if _private(part) and part not in PRIVATE_OK:
             return "a private attribute"
+        if rule is not None and rule.deny_attribute is not None and rule.deny_attribute(part):
+            return "an attribute the policy hides"
     return None
 
 
-def global_refusal(module: object, name: object, allow_module: AllowModule) -> str | None:
+def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule) -> str | None:
     """Why the loader refuses the global ``module.name`` (None: it resolves it). The rule of this module.
 
     Args:
         module: The module the pickle names.
         name: The qualified name the pickle names.
-        allow_module: The policy's module check.
+        rule: The policy's part of the rule (or just its module check).
     """
     if not isinstance(module, str) or not isinstance(name, str):
         return "the module or name is not a constant string"
+    rule = _rule(rule)
     if (module, name) in HELPERS:
         return None
     if module == "builtins":
         if name in SAFE_BUILTINS or _is_builtin_exception(name):
             return None
         return "a builtin that checkpoints may not use"
-    problem = module_refusal(module, allow_module)
+    problem = module_refusal(module, rule)
     if problem is not None:
         return problem
     parts = name.split(".")
+    if rule.deny_name is not None and rule.deny_name(module, parts[0]):
+        return "a name the policy hides"
     for position, part in enumerate(parts):
         if not part.isidentifier():
             return "not a qualified name"
@@ -244,7 +272,7 @@ def _is_builtin_exception(name: str) -> bool:
     return isinstance(value, type) and issubclass(value, BaseException)
 
 
-def call_refusal(kind: str, args: object, allow_module: AllowModule) -> str | None:
+def call_refusal(kind: str, args: object, rule: GlobalRule | AllowModule) -> str | None:
     """Why a helper that takes names as data may not be called with ``args`` (None: it may).
 
     The scanner passes the constants it tracked (anything else is `OPAQUE`, which fails every check); the loader
@@ -252,15 +280,16 @@ def call_refusal(kind: str, args: object, allow_module: AllowModule) -> str | No
     """
     if kind == PLAIN:
         return None
+    rule = _rule(rule)
     if not isinstance(args, tuple):
         return "its arguments are not constants in the stream"
     if kind == MODULE_ARG:
-        return module_refusal(args[0], allow_module) if args else "no module name"
+        return module_refusal(args[0], rule) if args else "no module name"
     if kind == ATTR_ARG:
-        return attribute_refusal(args[1]) if len(args) >= 2 else "no attribute name"
+        return attribute_refusal(args[1], rule=rule) if len(args) >= 2 else "no attribute name"
     if kind == ATTR_PATHS:
         for arg in args:
-            problem = attribute_refusal(arg, dotted=True)
+            problem = attribute_refusal(arg, dotted=True, rule=rule)
             if problem is not None:
                 return problem
         return None if args else "no attribute name"
@@ -338,7 +367,7 @@ _CATEGORY[ord("N")] = _C_NONE
 _FIXED_NUMBER = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x88: 1, 0x89: 1}
 
 
-def scan_pickle(data: bytes | bytearray | memoryview, allow_module: AllowModule) -> Refusal | None:
+def scan_pickle(data: bytes | bytearray | memoryview, rule: GlobalRule | AllowModule) -> Refusal | None:
     """Check every global a pickle stream (one or more pickles back to back) would resolve, without unpickling.
 
     Walks the opcodes with a small abstract stack machine: string constants are followed through the stack and
@@ -349,12 +378,13 @@ def scan_pickle(data: bytes | bytearray | memoryview, allow_module: AllowModule)
 
     Args:
         data: The raw (decompressed) pickle bytes.
-        allow_module: The policy's module check, as the loader uses it.
+        rule: The policy's part of the rule, as the loader uses it (or just its module check).
 
     Returns:
         None when every global passes the rule, else the first `Refusal`.
     """
-    scanner = _Scanner(data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B"), allow_module)
+    view = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
+    scanner = _Scanner(view, _rule(rule))
     try:
         scanner.run()
     except _Refused as exc:
@@ -365,16 +395,16 @@ def scan_pickle(data: bytes | bytearray | memoryview, allow_module: AllowModule)
 
 
 class _Scanner:
-    def __init__(self, data: bytes | bytearray | memoryview, allow_module: AllowModule) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview, rule: GlobalRule) -> None:
         self.data = data
-        self.allow_module = allow_module
+        self.rule = rule
         self.op_offset = 0
         self.index = 0
 
     def _global(self, module: object, name: object) -> _Global:
         if not isinstance(module, str) or not isinstance(name, str):
             raise _Refused(str(module), str(name), "STACK_GLOBAL operands that are not constant strings")
-        problem = global_refusal(module, name, self.allow_module)
+        problem = global_refusal(module, name, self.rule)
         if problem is not None:
             raise _Refused(module, name, problem)
         return _Global(module, name, HELPERS.get((module, name), PLAIN))
@@ -383,7 +413,7 @@ class _Scanner:
         if isinstance(func, _Global) and func.kind != PLAIN:
             if how != "call":
                 raise _Refused(func.module, func.name, f"a helper that takes names, used through {how}")
-            problem = call_refusal(func.kind, args, self.allow_module)
+            problem = call_refusal(func.kind, args, self.rule)
             if problem is not None:
                 raise _Refused(func.module, func.name, f"called with {_show(args)}: {problem}")
 

@@ -42,6 +42,7 @@ from snapcell.checkpoint._scan import (
     HELPERS,
     PLAIN,
     TYPE_CALL,
+    GlobalRule,
     Refusal,
     attribute_refusal,
     call_refusal,
@@ -237,7 +238,10 @@ def load_namespace(
 
 
 def scan_body(
-    body: bytes | bytearray | memoryview, *, allow_module: Callable[[str], bool], max_raw_bytes: int | None = None
+    body: bytes | bytearray | memoryview,
+    *,
+    rule: GlobalRule | Callable[[str], bool],
+    max_raw_bytes: int | None = None,
 ) -> tuple[Refusal, str | None] | None:
     """Apply the loader's rule to every pickle of an unsigned body, without unpickling (the host, before it signs).
 
@@ -246,7 +250,7 @@ def scan_body(
 
     Args:
         body: The unsigned body.
-        allow_module: The policy's module check.
+        rule: The policy's part of the loader's rule.
         max_raw_bytes: Refuse a body whose sections would decompress to more than this.
 
     Returns:
@@ -265,7 +269,7 @@ def scan_body(
         if section.kind not in (SectionKind.STREAM, SectionKind.DILL):
             continue
         data = _decompress(section.codec, section.data, section.raw_size, writable=False)
-        refusal = scan_pickle(data, allow_module)
+        refusal = scan_pickle(data, rule)
         del data
         if section.kind is SectionKind.STREAM:
             names = cloud_vars
@@ -312,9 +316,9 @@ def _public_getattr(obj: object, name: str, *default: object) -> Any:
     return value
 
 
-def _guarded_subimport(allow_module: Callable[[str], bool]) -> Callable[[str], Any]:
+def _guarded_subimport(rule: GlobalRule) -> Callable[[str], Any]:
     def subimport(name: str, *_vars: Any) -> Any:
-        problem = module_refusal(name, allow_module)
+        problem = module_refusal(name, rule)
         if problem is not None:
             raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which is not allowed: {problem}")
         return importlib.import_module(name)
@@ -330,13 +334,13 @@ def _guarded_type(*args: Any) -> Any:
     return type(*args)
 
 
-def _checked(kind: str, func: Callable[..., Any], allow_module: Callable[[str], bool]) -> Callable[..., Any]:
+def _checked(kind: str, func: Callable[..., Any], rule: GlobalRule | Callable[[str], bool]) -> Callable[..., Any]:
     """``func`` with its name arguments checked by the rule (`call_refusal`) on every call."""
     if kind == PLAIN:
         return func
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        problem = call_refusal(kind, args, allow_module)
+        problem = call_refusal(kind, args, rule)
         if problem is not None:
             raise pickle.UnpicklingError(
                 f"the checkpoint calls {func.__name__}{args!r:.80}, which is refused: {problem}"
@@ -347,7 +351,7 @@ def _checked(kind: str, func: Callable[..., Any], allow_module: Callable[[str], 
 
 
 def make_find_global(
-    allow_module: Callable[[str], bool],
+    allow_module: GlobalRule | Callable[[str], bool],
     overrides: Mapping[tuple[str, str], Any] | None = None,
     *,
     resolve: FindGlobal | None = None,
@@ -360,39 +364,40 @@ def make_find_global(
     themselves, and attributes of allowed modules (``resolve``, when given, is the policy's guarded lookup).
     Anything else is refused, so loading never imports an arbitrary module.
     """
+    rule = allow_module if isinstance(allow_module, GlobalRule) else GlobalRule(allow_module=allow_module)
     overrides = {("builtins", "getattr"): _public_getattr, ("builtins", "type"): _guarded_type, **(overrides or {})}
-    subimport = _guarded_subimport(allow_module)
+    subimport = _guarded_subimport(rule)
 
     def find_global(module: str, name: str) -> Any:
-        problem = global_refusal(module, name, allow_module)
+        problem = global_refusal(module, name, rule)
         if problem is not None:
             raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
         kind = HELPERS.get((module, name), PLAIN)
         if (module, name) in overrides:
-            return _checked(kind, overrides[(module, name)], allow_module)
+            return _checked(kind, overrides[(module, name)], rule)
         if module == "cloudpickle.cloudpickle":
             if name in ("subimport", "dynamic_subimport"):
                 return subimport
-            return _checked(kind, getattr(cloudpickle.cloudpickle, name), allow_module)
+            return _checked(kind, getattr(cloudpickle.cloudpickle, name), rule)
         if module == _PICKLE_MODULE:
             if name not in _OWN_HELPERS:
                 raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
             return _OWN_HELPERS[name]
         if module.split(".")[0] in ("snapcell", "dill", "copyreg") or module == "builtins":
             target: Any = importlib.import_module(module)
-            return _checked(kind, getattr(target, name), allow_module)
+            return _checked(kind, getattr(target, name), rule)
         if resolve is not None and (module, name) not in HELPERS:
             owner, _, last = name.rpartition(".")
             if owner and last == "__new__":
                 # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass).
                 return _public_getattr(resolve(module, owner), last)
-            return _checked(kind, resolve(module, name), allow_module)
+            return _checked(kind, resolve(module, name), rule)
         target = importlib.import_module(module)
         for part in name.split("."):
             target = getattr(target, part)
             if isinstance(target, types.ModuleType):
                 raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, a path through a module")
-        return _checked(kind, target, allow_module)
+        return _checked(kind, target, rule)
 
     return find_global
 
