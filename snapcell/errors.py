@@ -25,6 +25,7 @@ __all__ = [
     "LimitExceeded",
     "MemoryLimitExceeded",
     "ObjectExists",
+    "ObjectTooLarge",
     "OutputLimitExceeded",
     "PolicyError",
     "QuotaExceeded",
@@ -248,6 +249,22 @@ class InvalidKey(StorageError, ValueError):
 
 class ObjectExists(StorageError, FileExistsError):
     """Raised when a create-only write finds the key already taken; the existing object is untouched."""
+
+
+class ObjectTooLarge(StorageError):
+    """Raised by a size-bounded read when the stored object is larger than the caller allows; nothing was read.
+
+    Attributes:
+        key: The object's key.
+        size: Its size in bytes.
+        limit: The most the caller would read.
+    """
+
+    def __init__(self, message: str, *, key: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.size = size
+        self.limit = limit
 
 
 class CheckpointNotFound(StorageError, KeyError):

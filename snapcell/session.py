@@ -9,11 +9,15 @@ from typing import Any, Literal, TypeVar
 from snapcell._blobio import BlobIO, ForgedBlob
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
+from snapcell.checkpoint._format import MAX_MANIFEST_BYTES
 from snapcell.errors import (
+    CheckpointCorrupt,
     CheckpointExpired,
     CheckpointNotFound,
     CheckpointRefused,
+    CheckpointVersionError,
     ConfigError,
+    ObjectTooLarge,
     SessionError,
     SnapcellError,
     TypingError,
@@ -32,6 +36,9 @@ T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
 # Verify and sign off the event loop above this size: HMAC-SHA256 runs at about 1 GB/s.
 _THREAD_BYTES = 1024 * 1024
+# Largest checkpoint read when the session has no memory limit, and room for the header and section table.
+_NO_MEMORY_LIMIT_CAP = 64 * 1024**3
+_TABLE_SLACK_BYTES = 64 * 1024 * 1024
 
 
 class AsyncSession:
@@ -128,7 +135,14 @@ class AsyncSession:
     async def _load(self, checkpoint_id: bytes | bytearray | str) -> None:
         cid = self.parse_id(checkpoint_id)
         try:
-            blob = await self._store.get(cid.storage_key)
+            # Refused by its size before it is read: a checkpoint holds at most the worker's memory in pickles.
+            blob = await self._store.get_at_most(cid.storage_key, self._max_checkpoint_bytes())
+        except ObjectTooLarge as exc:
+            raise CheckpointCorrupt(
+                f"the object stored for checkpoint {cid.raw.hex()[:16]}... is {exc.size} bytes, more than any "
+                f"checkpoint of this session can be ({exc.limit}); it was not read or loaded",
+                checkpoint_id=cid.raw,
+            ) from exc
         except CheckpointNotFound as exc:
             raise CheckpointNotFound(
                 f"no checkpoint is stored for ID {cid.raw.hex()[:16]}...; it was deleted by cleanup or never "
@@ -149,6 +163,11 @@ class AsyncSession:
         self.checkpoint_bytes = len(blob)
         # Only blobs in the signing key's namespace can be referred to by the next dump.
         self._blobs = {ref.hash: ref for ref in refs} if key_index == 0 else {}
+
+    def _max_checkpoint_bytes(self) -> int:
+        """The largest stored checkpoint this session will read: its pickles, manifest and tables."""
+        memory = self._limits.memory_bytes
+        return (memory if memory is not None else _NO_MEMORY_LIMIT_CAP) + MAX_MANIFEST_BYTES + _TABLE_SLACK_BYTES
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
@@ -302,11 +321,15 @@ class AsyncSession:
 
         Raises:
             CheckpointRefused: A pickle names a global the loader would refuse.
-            CheckpointCorrupt: The body is malformed.
+            ForgedBlob: The body is malformed (a compromised worker).
         """
-        found = await asyncio.to_thread(
-            scan_body, dumped.body, rule=self._rule, max_raw_bytes=self._limits.memory_bytes
-        )
+        try:
+            found = await asyncio.to_thread(
+                scan_body, dumped.body, rule=self._rule, max_raw_bytes=self._limits.memory_bytes
+            )
+        except (CheckpointCorrupt, CheckpointVersionError) as exc:
+            # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
+            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
         if found is None:
             return
         refusal, variable = found

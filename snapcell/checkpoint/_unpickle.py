@@ -21,12 +21,14 @@ import zstandard
 
 from snapcell.checkpoint._blobs import (
     CHUNK_BYTES,
+    blob_raw_size,
     decode_blob,
     unpack_blob_ref,
 )
 from snapcell.checkpoint._format import (
     Codec,
     Manifest,
+    Section,
     SectionKind,
     parse_container,
 )
@@ -201,6 +203,7 @@ def load_namespace(
         CheckpointVersionError: Another format or Python version wrote them.
     """
     container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    _check_blob_total(container.sections, blobs or {})
     streams = [s for s in container.sections if s.kind is SectionKind.STREAM]
     if len(streams) != 1:
         raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
@@ -282,18 +285,45 @@ def scan_body(
     return None
 
 
+# A buffer may repeat a chunk (a zero-filled array): at most this many times the distinct chunks' bytes in all.
+MAX_CHUNK_REPEAT = 1024
+
+
+def _check_blob_total(sections: list[Section], blobs: Mapping[str, bytes | bytearray | memoryview]) -> None:
+    """Refuse blob references that declare far more bytes than the blobs hold, before any buffer is allocated."""
+    declared = sum(section.raw_size for section in sections if section.kind is SectionKind.BLOB)
+    if not declared:
+        return
+    real = sum(max(blob_raw_size(data), 0) for data in blobs.values())
+    if declared > max(real, CHUNK_BYTES) * MAX_CHUNK_REPEAT:
+        raise CheckpointCorrupt(
+            f"the checkpoint's buffers declare {declared} bytes but its blobs hold {real}; it was not loaded"
+        )
+
+
 def _assemble(ref: memoryview, raw_size: int, blobs: Mapping[str, bytes | bytearray | memoryview]) -> bytearray:
-    """Rebuild one buffer from its chunks, each decoded in place and checked against its hash."""
-    out = bytearray(raw_size)
-    view = memoryview(out)
-    for index, digest in enumerate(unpack_blob_ref(ref, raw_size)):
+    """Rebuild one buffer from its chunks, each decoded in place and checked against its hash.
+
+    Every chunk's blob is found and its own header checked against the size the reference needs before the
+    buffer is allocated: a reference that claims more than its blobs hold costs nothing.
+    """
+    digests = unpack_blob_ref(ref, raw_size)
+    chunks = []
+    for index, digest in enumerate(digests):
         stored = blobs.get(digest.hex())
         if stored is None:
             raise CheckpointCorrupt(
                 f"blob {digest.hex()} of the checkpoint is missing from the store; the checkpoint cannot be loaded"
             )
         start = index * CHUNK_BYTES
-        decode_blob(stored, digest=digest, into=view[start : min(start + CHUNK_BYTES, raw_size)])
+        expected = min(start + CHUNK_BYTES, raw_size) - start
+        if blob_raw_size(stored) != expected:
+            raise CheckpointCorrupt(f"blob {digest.hex()} does not hold the {expected} bytes the checkpoint says")
+        chunks.append((digest, stored, start, expected))
+    out = bytearray(raw_size)
+    view = memoryview(out)
+    for digest, stored, start, expected in chunks:
+        decode_blob(stored, digest=digest, into=view[start : start + expected])
     return out
 
 

@@ -12,13 +12,14 @@ from ._heads_s3 import S3Heads
 from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
 from ._memory import MemoryStore
-from ._protocol import AsyncStore, ObjectInfo, Store, validate_key
+from ._protocol import AsyncStore, BoundedGet, ObjectInfo, Store, validate_key
 from ._s3 import S3Store, install_lifecycle
 
 __all__ = [
     "DEFAULT_TTL_S",
     "AsyncHeads",
     "AsyncStore",
+    "BoundedGet",
     "CleanupReport",
     "DayUsage",
     "Head",

@@ -20,7 +20,7 @@ from snapcell.errors import (
     map_exceptions,
 )
 
-from ._protocol import SEGMENT, ObjectInfo, validate_key, validate_prefix
+from ._protocol import SEGMENT, ObjectInfo, too_large, validate_key, validate_prefix
 
 __all__ = ["LocalStore"]
 
@@ -93,6 +93,22 @@ class LocalStore:
                 return path.read_bytes()
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
                 raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key) from exc
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """See `BoundedGet.get_at_most`: the size comes from the open file, so a swap in between cannot fool it."""
+        path = self._path(key)
+        with map_exceptions(_OS_ERRORS, f"cannot read {key!r} from {self.url}"):
+            try:
+                with open(path, "rb") as file:
+                    size = os.fstat(file.fileno()).st_size
+                    if size > max_bytes:
+                        raise too_large(key, size, max_bytes, self.url)
+                    data = file.read()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key) from exc
+        if len(data) > max_bytes:  # grew while being read
+            raise too_large(key, len(data), max_bytes, self.url)
+        return data
 
     def touch(self, key: str) -> None:
         """See `Store.touch`: set the file's modification time to now."""

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from snapcell.errors import InvalidKey
+from snapcell.errors import InvalidKey, ObjectTooLarge
 
 __all__ = [
     "MAX_KEY_LENGTH",
     "SEGMENT",
     "AsyncStore",
+    "BoundedGet",
     "BulkDelete",
     "ObjectInfo",
     "Store",
@@ -121,6 +122,31 @@ class BulkDelete(Protocol):
         ...
 
 
+@runtime_checkable
+class BoundedGet(Protocol):
+    """Optional extra of a store that refuses an object by its size before reading it (every built-in backend)."""
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """Return the bytes under ``key`` if there are at most ``max_bytes`` of them.
+
+        Raises:
+            ObjectTooLarge: The object is larger; nothing was read.
+            CheckpointNotFound: Nothing is stored under the key.
+            StorageError: The store failed; the call may be retried.
+        """
+        ...
+
+
+def too_large(key: str, size: int, limit: int, url: str) -> ObjectTooLarge:
+    """The error for an object over a bounded read's limit."""
+    return ObjectTooLarge(
+        f"object {key!r} in {url} is {size} bytes, over the {limit} bytes this read allows; it was not read",
+        key=key,
+        size=size,
+        limit=limit,
+    )
+
+
 def validate_key(key: str) -> str:
     """Check that ``key`` is a safe storage key and return it unchanged.
 
@@ -191,6 +217,15 @@ class AsyncStore:
     async def get(self, key: str) -> bytes:
         """See `Store.get`."""
         return await asyncio.to_thread(self.sync.get, key)
+
+    async def get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """See `BoundedGet.get_at_most`; a store without it is read whole, then refused if too large."""
+        if isinstance(self.sync, BoundedGet):
+            return await asyncio.to_thread(self.sync.get_at_most, key, max_bytes)
+        data = await asyncio.to_thread(self.sync.get, key)
+        if len(data) > max_bytes:
+            raise too_large(key, len(data), max_bytes, self.url)
+        return data
 
     async def touch(self, key: str) -> None:
         """See `Store.touch`."""
