@@ -215,7 +215,9 @@ class LocalStore:
             The secret's bytes.
 
         Raises:
-            ConfigError: ``name`` or ``size`` is invalid.
+            ConfigError: ``name`` or ``size`` is invalid, or the file is not the current user's own private file
+                (another owner, readable or writable by group or others, or not a regular file): a key someone
+                else planted or can read is never used.
             StorageError: The file cannot be read or created, or exists but is empty.
         """
         if not _SECRET_NAME.match(name):
@@ -225,13 +227,13 @@ class LocalStore:
         path = self._root / f".snapcell-{name}"
         with map_exceptions(_OS_ERRORS, f"cannot read or create the secret {path}"):
             try:
-                data = path.read_bytes()
+                data = _read_private(path)
             except FileNotFoundError:
                 try:
                     _write_atomic(path, secrets.token_bytes(size), overwrite=False, what=f"secret {path}")
                 except ObjectExists:
                     pass  # another process won the race; use its secret
-                data = path.read_bytes()
+                data = _read_private(path)
         if not data:
             raise StorageError(f"the secret file {path} is empty; delete it so a new one is generated")
         return data
@@ -241,6 +243,36 @@ class LocalStore:
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self._root)!r})"
+
+
+def _read_private(path: Path) -> bytes:
+    """Read a secret file only if it is a regular file owned by this user that nobody else can read or write.
+
+    The checks are made on the open file (no symlink followed), so a swap between check and read cannot fool them.
+
+    Raises:
+        ConfigError: The file is not private to this user; the message says how to fix it.
+        FileNotFoundError: There is no file.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as file:
+        st = os.fstat(file.fileno())
+        uid = os.geteuid()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"the secret {path} is not a regular file; delete it so a new one is generated")
+        if st.st_uid != uid:
+            raise ConfigError(
+                f"the secret {path} belongs to uid {st.st_uid}, not to this user (uid {uid}), so someone else may "
+                f"have planted or read it; if it is yours, `chown {uid} {path}` and `chmod 600 {path}`, otherwise "
+                "delete it (checkpoints signed with it stop loading) so a new one is generated"
+            )
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"the secret {path} has mode {stat.S_IMODE(st.st_mode):o}: group or others can read or write it, "
+                f"so it may have been read or replaced; `chmod 600 {path}` if you trust its contents, otherwise "
+                "delete it (checkpoints signed with it stop loading) so a new one is generated"
+            )
+        return file.read()
 
 
 def _root_path(root: object) -> Path:
