@@ -30,7 +30,10 @@ from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._wire import check_script
 from snapcell.storage import AsyncStore
 
-__all__ = ["AsyncSession", "Session"]
+__all__ = ["DEFAULT_MAX_CLOCK_SKEW_S", "AsyncSession", "Session"]
+
+# IDs dated further ahead than this are refused: a clock-skew tolerance, not a way to outlive the ttl.
+DEFAULT_MAX_CLOCK_SKEW_S = 300.0
 
 T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
@@ -59,8 +62,10 @@ class AsyncSession:
         limits: Limits,
         checker: TypeChecker | None,
         policy: Policy | None = None,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         self._backend = backend
+        self._max_skew_s = max_clock_skew_s
         # The loader's module rule: every pickle is checked against it before the host signs anything.
         self._rule = checkpoint_rule(policy or Policy())
         self._store = store
@@ -91,11 +96,20 @@ class AsyncSession:
         """Verify an ID's signature and expiry without loading it.
 
         Raises:
-            CheckpointCorrupt: The ID is malformed, altered or signed with another key.
+            CheckpointCorrupt: The ID is malformed, altered or signed with another key, or dated in the future
+                beyond the pool's ``max_clock_skew_s``.
             CheckpointExpired: The ID is older than the pool's ttl.
         """
         cid = self._keyring.parse_id(checkpoint_id)
         now = self._clock()
+        if cid.created_at - now > self._max_skew_s:
+            # Signed, but dated in the future: a clock far off, or an ID minted to outlive the ttl.
+            raise CheckpointCorrupt(
+                f"checkpoint {cid.raw.hex()[:16]}... is dated {_ago(cid.created_at - now)} in the future, beyond "
+                f"the clock-skew tolerance of {_duration(self._max_skew_s)}; check this host's clock (and the one "
+                "that wrote it) or raise max_clock_skew_s",
+                checkpoint_id=cid.raw,
+            )
         if now - cid.created_at > self._ttl_s:
             expired_at = cid.created_at + self._ttl_s
             raise CheckpointExpired(
