@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import pickletools
+import re
 import struct
 import sys
 import types
@@ -351,6 +352,12 @@ _I4 = struct.Struct("<i")
 _U8 = struct.Struct("<Q")
 
 _STR_OPS = frozenset({ord("X"), 0x8D, ord("V")})
+# Numbers and booleans (fixed-size opcodes), matched a run at a time; one match of the token pattern per value.
+_NUMBER_TOKEN = re.compile(rb"K.|M..|J....|G.{8}|\x88|\x89", re.DOTALL)
+_NUMBER_RUN = re.compile(rb"(?:K.|M..|J....|G.{8}|\x88|\x89)+", re.DOTALL)
+# Values that can be popped into a container without a check (helpers that take names are _Global, tuples nest).
+_INERT_TYPES = frozenset({_Opaque, str, type(None)})
+_EXTEND_CODES = frozenset({ord("e"), ord("u"), 0x90})
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
 _CATEGORY = [_C_OTHER] * 256
 for _code in (ord("K"), ord("M"), ord("J"), ord("G"), 0x88, 0x89):
@@ -448,6 +455,8 @@ class _Scanner:
         memo_next = 0
         pos = 0
         op = 0
+        number_run = _NUMBER_RUN.match
+        number_token = _NUMBER_TOKEN
         try:
             while pos < end:
                 op = pos
@@ -455,14 +464,18 @@ class _Scanner:
                 kind = category[code]
                 # The frequent opcodes first: numbers, short strings, memo, marks and containers make up big streams.
                 if kind == _C_NUMBER:
-                    while True:  # runs of numbers are the bulk of large lists
-                        pos += fixed_number[code]
-                        stack.append(opaque)
-                        if pos >= end:
-                            break
-                        code = data[pos]
-                        if category[code] != _C_NUMBER:
-                            break
+                    # Runs of numbers are the bulk of large lists: found and counted at C speed.
+                    run = number_run(data, pos)
+                    if run is None:
+                        raise ValueError("truncated number")
+                    stop = run.end()
+                    if stop < end and data[stop] in _EXTEND_CODES and marks and marks[-1] == len(stack) > 0:
+                        # MARK, numbers, APPENDS/SETITEMS: the values go straight into the container below.
+                        marks.pop()
+                        pos = stop + 1
+                        continue
+                    stack.extend([opaque] * number_token.subn(b"", data[pos:stop])[1])
+                    pos = stop
                     if len(stack) > limit:
                         raise _Refused("", "", "a pickle stack too deep to verify")
                 elif kind == _C_SHORT_STR:
@@ -492,7 +505,9 @@ class _Scanner:
                     base = marks.pop()
                     if base < 1:
                         raise IndexError("no container below the mark")
-                    _no_helpers(stack[base:])
+                    popped = stack[base:]
+                    if not _INERT_TYPES.issuperset(map(type, popped)):
+                        _no_helpers(popped)
                     del stack[base:]
                     pos += 1
                 elif kind == _C_NONE:
