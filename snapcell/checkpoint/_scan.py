@@ -14,6 +14,7 @@ stream, the loader checks the values it is given.
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import pickletools
 import re
@@ -358,6 +359,25 @@ _NUMBER_RUN = re.compile(rb"(?:K.|M..|J....|G.{8}|\x88|\x89)+", re.DOTALL)
 # Values that can be popped into a container without a check (helpers that take names are _Global, tuples nest).
 _INERT_TYPES = frozenset({_Opaque, str, type(None)})
 _EXTEND_CODES = frozenset({ord("e"), ord("u"), 0x90})
+# Flat groups, the bulk of large dicts and lists of records: MARK, then values that neither name a global nor call
+# anything (numbers, short strings and bytes, memo reads and MEMOIZE, empty containers, and records: an empty
+# container filled by one such group), then APPENDS/SETITEMS/ADDITEMS. Everything above the mark goes into the
+# container, so only the memo changes: MEMOIZE is counted at C speed, and the values it stored are read again
+# from the stream only if a later GET needs one (`_Scanner._lazy`).
+
+
+def _length_prefixed() -> bytes:
+    """A pattern for one length byte and that many bytes (regular expressions cannot count otherwise)."""
+    return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
+
+
+_SIZED = _length_prefixed()
+_TOKEN = rb"K.|M..|J....|G.{8}|\x88|\x89|N|h.|j....|\x94|\x8c" + _SIZED + rb"|C" + _SIZED + rb"|\]|\}|\)|\x8f|\x95.{8}"
+_RECORD = rb"(?:\]|\}|\x8f)\x94?\((?:" + _TOKEN + rb")*[eu\x90]"
+_FLAT_GROUP = re.compile(rb"\((?:" + _RECORD + rb"|" + _TOKEN + rb")*[eu\x90]", re.DOTALL)
+_GROUP_TOKENS = re.compile(rb"(\x94)|\(|[eu\x90]|" + _TOKEN, re.DOTALL)
+_MAX_LAZY = 1 << 20
+_MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
 _CATEGORY = [_C_OTHER] * 256
 for _code in (ord("K"), ord("M"), ord("J"), ord("G"), 0x88, 0x89):
@@ -407,6 +427,43 @@ class _Scanner:
         self.rule = rule
         self.op_offset = 0
         self.index = 0
+        self.flat_ok = True
+        self.stop_end = 0  # where the last complete pickle ends
+        # Memo ranges written by flat groups: first index, count, and where the group is in the stream.
+        self.lazy_starts: list[int] = []
+        self.lazy: list[tuple[int, int, int, int]] = []
+        self.memo: dict[int, object] = {}
+
+    def _add_lazy(self, first: int, count: int, start: int, stop: int, memo: dict[int, object]) -> None:
+        if len(self.lazy) >= _MAX_LAZY:
+            self.flat_ok = False  # enough: later groups go the slow way, entries here stay readable
+        for key in [k for k in memo if first <= k < first + count] if memo and max(memo) >= first else ():
+            del memo[key]  # MEMOIZE in the group overwrites what an earlier PUT stored there
+        self.lazy_starts.append(first)
+        self.lazy.append((first, count, start, stop))
+
+    def _lazy(self, key: int) -> object:
+        """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque."""
+        at = bisect.bisect_right(self.lazy_starts, key) - 1
+        if at < 0:
+            return OPAQUE
+        first, count, start, stop = self.lazy[at]
+        if key >= first + count:
+            return OPAQUE
+        index = first
+        last: object = OPAQUE
+        for token in _GROUP_TOKENS.finditer(self.data, start, stop):
+            code = self.data[token.start()]
+            if code == 0x94:
+                if index == key:
+                    return last
+                index += 1
+                last = OPAQUE  # memoizing again never happens in pickles; treated as unknown
+            elif code == 0x8C:
+                last = str(self.data[token.start() + 2 : token.end()], "utf-8", "surrogatepass")
+            else:
+                last = OPAQUE  # numbers, bytes, containers, and memo reads (the memo may have changed since)
+        return OPAQUE
 
     def _global(self, module: object, name: object) -> _Global:
         if not isinstance(module, str) or not isinstance(name, str):
@@ -432,10 +489,10 @@ class _Scanner:
         opaque = OPAQUE
         stack: list[object] = []
         marks: list[int] = []
-        memo: dict[int, object] = {}
+        memo = self.memo
         limit = _MAX_STACK
         pos = self._loop(data, end, category, fixed_number, opaque, stack, marks, memo, limit)
-        if pos != end:
+        if pos != end or self.stop_end != end:
             raise ValueError("truncated")
         if stack or marks:
             raise ValueError("the stream ends inside a pickle")
@@ -457,6 +514,10 @@ class _Scanner:
         op = 0
         number_run = _NUMBER_RUN.match
         number_token = _NUMBER_TOKEN
+        flat_group = _FLAT_GROUP.match
+        group_tokens = _GROUP_TOKENS.findall
+        memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
+        missing = _MISSING
         try:
             while pos < end:
                 op = pos
@@ -488,14 +549,35 @@ class _Scanner:
                     value = stack[-1]
                     if value is not opaque and len(memo) < _MAX_MEMO_STRINGS:
                         memo[memo_next] = value
+                        if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
+                            self.flat_ok = False  # a helper in the memo: memo reads in groups need checking
+                    elif memo:
+                        memo.pop(memo_next, None)  # an earlier PUT may have used this index
                     memo_next += 1
                     pos += 1
                 elif kind == _C_BINGET:
-                    stack.append(memo.get(data[pos + 1], opaque))
+                    value = memo.get(data[pos + 1], missing)
+                    stack.append(self._lazy(data[pos + 1]) if value is missing else value)
                     pos += 2
                 elif kind == _C_MARK:
-                    marks.append(len(stack))
-                    pos += 1
+                    # A MARK before a run of numbers is left to the number path (its own fast case).
+                    group = (
+                        flat_group(data, pos)
+                        if self.flat_ok and stack and pos + 1 < end and category[data[pos + 1]] != _C_NUMBER
+                        else None
+                    )
+                    if group is None:
+                        marks.append(len(stack))
+                        pos += 1
+                    else:
+                        stop = group.end()
+                        count = (
+                            group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
+                        )
+                        if count:
+                            self._add_lazy(memo_next, count, pos, stop, memo)
+                            memo_next += count
+                        pos = stop
                 elif kind == _C_EMPTY:
                     stack.append(opaque)
                     pos += 1
@@ -562,14 +644,16 @@ class _Scanner:
             else:
                 stack.append(str(data[arg_start:pos], "utf-8", "surrogatepass"))
         elif code in (ord("j"), ord("g")):  # LONG_BINGET, GET
-            stack.append(memo.get(_memo_key(code, data, arg_start, pos), opaque))
+            key = _memo_key(code, data, arg_start, pos)
+            value = memo.get(key, _MISSING)
+            stack.append(self._lazy(key) if value is _MISSING else value)
         elif code in (ord("q"), ord("r"), ord("p")):  # BINPUT, LONG_BINPUT, PUT
             key = _memo_key(code, data, arg_start, pos)
             value = stack[-1]
-            if value is not opaque and len(memo) < _MAX_MEMO_STRINGS:
-                memo[key] = value
-            else:
-                memo.pop(key, None)
+            # An explicit entry, even an opaque one, shadows what a flat group stored at that index.
+            memo[key] = value if value is not opaque and len(memo) < _MAX_MEMO_STRINGS else opaque
+            if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
+                self.flat_ok = False
         elif code == 0x93:  # STACK_GLOBAL
             name = stack.pop()
             module = stack.pop()
@@ -637,6 +721,7 @@ class _Scanner:
             if stack or marks:
                 raise ValueError("values left on the stack")
             self.index += 1
+            self.stop_end = pos
         elif code == 0x94:
             raise AssertionError("unreachable")
         else:  # everything else: pop what it consumes, push an opaque result

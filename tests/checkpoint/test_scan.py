@@ -80,3 +80,31 @@ def test_every_helper_of_the_table_is_exact() -> None:
 
 def test_deep_streams_are_refused_not_followed() -> None:
     assert scan_pickle(b"\x80\x05" + b"]" * (1 << 22 | 1) + b".", RULE) is not None
+
+
+def _list_then_global(group: bytes, tail: bytes) -> bytes:
+    """A list filled by ``group`` (memo 0 is the list), then ``tail`` pushing one value appended to it."""
+    return b"\x80\x05]\x94" + group + tail + b"a."
+
+
+def test_strings_memoized_inside_fast_groups_are_read_back_exactly() -> None:
+    """Big containers are skipped a group at a time; a module name memoized there is still followed by GET."""
+    json_group = b"(\x8c\x04json\x94K\x01}\x94(h\x01K\x02ue"
+    assert scan_pickle(_list_then_global(json_group, b"h\x01\x8c\x05dumps\x93"), RULE) is None
+    os_group = b"(\x8c\x02os\x94K\x01e"
+    refusal = scan_pickle(_list_then_global(os_group, b"h\x01\x8c\x06system\x93"), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_a_put_shadows_what_a_fast_group_memoized() -> None:
+    group = b"(\x8c\x04json\x94K\x01e"
+    tail = b"\x8c\x02osq\x010" + b"h\x01\x8c\x06system\x93"  # PUT 1 = 'os', POP, then GET 1
+    refusal = scan_pickle(_list_then_global(group, tail), RULE)
+    assert refusal is not None and refusal.module == "os"
+
+
+def test_a_value_memoized_again_inside_a_group_is_not_trusted() -> None:
+    """GET then MEMOIZE never comes from pickle; the memo may have changed, so the copy counts as unknown."""
+    group = b"(\x8c\x04json\x94h\x01\x94e"
+    refusal = scan_pickle(_list_then_global(group, b"h\x02\x8c\x05dumps\x93"), RULE)
+    assert refusal is not None and "constant" in refusal.reason
