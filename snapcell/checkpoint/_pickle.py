@@ -36,7 +36,8 @@ from snapcell.checkpoint._format import (
     VariableInfo,
     pack_container,
 )
-from snapcell.checkpoint._scan import GlobalRule, Refusal, scan_pickle
+from snapcell.checkpoint._rule import GlobalRule, Refusal
+from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import UnpicklableValue
 
 __all__ = ["Dumped", "dump_namespace"]

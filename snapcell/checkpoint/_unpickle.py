@@ -40,7 +40,7 @@ from snapcell.checkpoint._pickle import (
     _rebuild_lru_cache,
     _rebuild_recursive_repr,
 )
-from snapcell.checkpoint._scan import (
+from snapcell.checkpoint._rule import (
     HELPERS,
     PLAIN,
     TYPE_CALL,
@@ -50,8 +50,8 @@ from snapcell.checkpoint._scan import (
     call_refusal,
     global_refusal,
     module_refusal,
-    scan_pickle,
 )
+from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import CheckpointCorrupt
 
 __all__ = ["FindGlobal", "LoadedNamespace", "load_namespace", "make_find_global", "scan_body"]
