@@ -37,14 +37,14 @@ data = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(value=data, protocol=st.integers(min_value=3, max_value=5))
 def test_plain_data_passes_in_every_protocol(value: object, protocol: int) -> None:
     stream = pickle.dumps(value, protocol=protocol)
     assert scan_pickle(stream, RULE) is None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(value=data, cut=st.integers(min_value=1, max_value=400))
 def test_cut_or_garbled_streams_are_refused_never_raised(value: object, cut: int) -> None:
     stream = pickle.dumps([value, value], protocol=5)
