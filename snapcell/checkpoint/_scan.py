@@ -31,7 +31,7 @@ from snapcell.checkpoint._rule import (
     global_refusal,
 )
 
-__all__ = ["OPAQUE", "Refusal", "scan_pickle"]
+__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
 
 
 # ----------------------------------------------------------------------------------------------- the scanner
@@ -47,6 +47,14 @@ class _Opaque:
 
 
 OPAQUE: Final = _Opaque()
+# A value that may be an object that existed before the load (what a lookup returned): never given state.
+FOREIGN: Final = _Opaque()
+# Calls that hand back existing objects rather than making new ones.
+_LOOKUPS = frozenset({("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce")})
+# cloudpickle's state setters: (obj, state) for an object the stream made.
+_SETSTATE = frozenset(
+    {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +402,13 @@ class _Scanner:
             func = stack.pop()
             self._call(func, args, "call")
             _no_helpers(args if isinstance(args, tuple) else ())
-            stack.append(opaque)
+            if isinstance(func, _Global):
+                if (func.module, func.name) in _SETSTATE:
+                    _check_target(args[0] if isinstance(args, tuple) and args else FOREIGN, "its state setter")
+                lookup = func.kind != PLAIN or (func.module, func.name) in _LOOKUPS
+            else:
+                lookup = True  # a callable the stream computed may return anything
+            stack.append(FOREIGN if lookup else opaque)
         elif code in (0x81, 0x92):  # NEWOBJ, NEWOBJ_EX: cls.__new__(cls, *args)
             popped = [stack.pop() for _ in range(3 if code == 0x92 else 2)]
             _no_helpers(popped[:-1])
@@ -403,8 +417,7 @@ class _Scanner:
         elif code == ord("b"):  # BUILD
             _no_helpers([stack.pop()])
             target = stack.pop()
-            if isinstance(target, _Global):
-                raise _Refused(target.module, target.name, "BUILD on a global (patching it in place)")
+            _check_target(target, "BUILD")
             stack.append(opaque)
         elif code in (ord("i"), ord("o")):  # INST, OBJ: call a class with the values above the mark
             base = marks.pop()
@@ -469,6 +482,14 @@ class _Scanner:
                     return pos, memo_next
             stack.extend([opaque] * pushes)
         return pos, memo_next
+
+
+def _check_target(target: object, how: str) -> None:
+    """State may only go to objects the stream made: not to a global or what a lookup returned (a library class)."""
+    if isinstance(target, _Global):
+        raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
+    if target is FOREIGN:
+        raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
 
 
 def _no_helpers(values: Iterable[object]) -> _Opaque:

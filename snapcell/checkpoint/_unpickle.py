@@ -83,25 +83,46 @@ class _RestrictedUnpickler(pickle.Unpickler):
         super().__init__(file, buffers=buffers)
         self._find_global = find_global
         self._namespace = namespace
+        # Functions and classes this load made: only they may get state from cloudpickle's setstate helpers, so a
+        # checkpoint cannot patch a library class or function that it merely names.
+        self._made: dict[int, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == (_PICKLE_MODULE, "_session_namespace"):
             return lambda: self._namespace
+        if module != "cloudpickle.cloudpickle" or name not in _TRACKED:
+            return self._find_global(module, name)
+        helper = self._find_global(module, name)  # the rule still applies
         # Restored functions always get the session's builtins, even when their globals dict has none (the
         # interpreter would hand such a function the real builtins of the frame that made it).
         builtins_table = self._namespace.get("__builtins__", {})
-        if (module, name) == ("cloudpickle.cloudpickle", "_make_function"):
-            self._find_global(module, name)  # the rule still applies
-            return functools.partial(_make_function, builtins_table)
-        if (module, name) == ("cloudpickle.cloudpickle", "_function_setstate"):
-            self._find_global(module, name)
-            return functools.partial(_function_setstate, builtins_table)
-        return self._find_global(module, name)
+        if name == "_make_function":
+            helper = functools.partial(_make_function, builtins_table)
+        elif name == "_function_setstate":
+            return functools.partial(self._set_state, functools.partial(_function_setstate, builtins_table))
+        elif name == "_class_setstate":
+            return functools.partial(self._set_state, helper)
+        return functools.partial(self._make, helper)
+
+    def _make(self, helper: Callable[..., Any], *args: Any) -> Any:
+        made = helper(*args)
+        self._made[id(made)] = made
+        return made
+
+    def _set_state(self, helper: Callable[..., Any], obj: Any, state: Any) -> Any:
+        if self._made.get(id(obj)) is not obj:
+            raise pickle.UnpicklingError("the checkpoint sets the state of a function or class it did not create")
+        return helper(obj, state)
 
     def persistent_load(self, pid: Any) -> Any:
         if pid == _NAMESPACE_PID:  # checkpoints written before the namespace token
             return self._namespace
         raise pickle.UnpicklingError(f"unknown persistent reference {pid!r}")
+
+
+_TRACKED = frozenset(
+    {"_make_function", "_function_setstate", "_class_setstate", "_make_skeleton_class", "_make_skeleton_enum"}
+)
 
 
 def _make_function(
