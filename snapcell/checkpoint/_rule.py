@@ -25,6 +25,7 @@ __all__ = [
     "as_rule",
     "attribute_refusal",
     "call_refusal",
+    "code_refusal",
     "global_refusal",
     "module_refusal",
 ]
@@ -42,11 +43,14 @@ class GlobalRule:
             ``typing.ForwardRef``); None denies nothing more.
         deny_attribute: True when an attribute name may not be read through a helper (``gi_frame``, ``co_code``);
             None denies nothing more than private names.
+        deny_code_name: True when restored bytecode may not use a name (``__subclasses__``, ``__globals__``,
+            ``gi_frame``): code objects arrive by value and no policy check ever saw them; None allows every name.
     """
 
     allow_module: AllowModule
     deny_name: Callable[[str, str], bool] | None = None
     deny_attribute: Callable[[str], bool] | None = None
+    deny_code_name: Callable[[str], bool] | None = None
 
 
 def as_rule(rule: GlobalRule | AllowModule) -> GlobalRule:
@@ -298,3 +302,21 @@ def call_refusal(kind: str, args: object, rule: GlobalRule | AllowModule) -> str
             return None
         return "type() of an object other than None, NotImplemented or Ellipsis"
     return "an unknown helper"
+
+
+def code_refusal(code: types.CodeType, rule: GlobalRule) -> str | None:
+    """Why the loader refuses a restored code object (None: it may run): a name its bytecode uses is denied.
+
+    Attribute reads, globals and imports in bytecode all go through ``co_names``; nested code objects (inner
+    functions, comprehensions) are checked too.
+    """
+    if rule.deny_code_name is None:
+        return None
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        for name in current.co_names:
+            if rule.deny_code_name(name):
+                return f"its code uses the name {name!r}, which scripts may not use"
+        pending.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    return None

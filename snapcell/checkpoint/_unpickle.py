@@ -48,6 +48,7 @@ from snapcell.checkpoint._rule import (
     Refusal,
     attribute_refusal,
     call_refusal,
+    code_refusal,
     global_refusal,
     module_refusal,
 )
@@ -166,6 +167,8 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
             if name == "_create_function":
                 builtins_table = self._builtins if self._builtins is not None else {}
                 return functools.partial(_dill_create_function, builtins_table)
+            if name in ("_load_type", "_create_code"):
+                return self._find_global(module, name)
             return _checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
         return self._find_global(module, name)
 
@@ -401,6 +404,21 @@ def _checked(kind: str, func: Callable[..., Any], rule: GlobalRule | Callable[[s
     return checked
 
 
+def _builtin_type(rule: GlobalRule, name: str) -> Any:
+    """cloudpickle's ``_builtin_type`` (the name is checked by the rule first); code objects are checked when made."""
+    if name == "CodeType":
+        return functools.partial(_checked_code, rule, types.CodeType)
+    return getattr(types, name) if hasattr(types, name) else dill._dill._load_type(name)
+
+
+def _checked_code(rule: GlobalRule, make: Callable[..., types.CodeType], *args: Any) -> types.CodeType:
+    code = make(*args)
+    problem = code_refusal(code, rule) if isinstance(code, types.CodeType) else "not a code object"
+    if problem is not None:
+        raise pickle.UnpicklingError(f"the checkpoint holds code that is refused: {problem}")
+    return code
+
+
 def make_find_global(
     allow_module: GlobalRule | Callable[[str], bool],
     overrides: Mapping[tuple[str, str], Any] | None = None,
@@ -416,7 +434,15 @@ def make_find_global(
     Anything else is refused, so loading never imports an arbitrary module.
     """
     rule = allow_module if isinstance(allow_module, GlobalRule) else GlobalRule(allow_module=allow_module)
-    overrides = {("builtins", "getattr"): _public_getattr, ("builtins", "type"): _guarded_type, **(overrides or {})}
+    overrides = {
+        ("builtins", "getattr"): _public_getattr,
+        ("builtins", "type"): _guarded_type,
+        # Code objects are checked as they are made: they arrive by value and no policy check ever saw them.
+        ("cloudpickle.cloudpickle", "_builtin_type"): functools.partial(_builtin_type, rule),
+        ("dill._dill", "_load_type"): functools.partial(_builtin_type, rule),
+        ("dill._dill", "_create_code"): functools.partial(_checked_code, rule, dill._dill._create_code),
+        **(overrides or {}),
+    }
     subimport = _guarded_subimport(rule)
 
     def find_global(module: str, name: str) -> Any:

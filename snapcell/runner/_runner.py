@@ -36,7 +36,7 @@ from snapcell.errors import (
 )
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
-from snapcell.runner._guard import attribute_problem, name_denied
+from snapcell.runner._guard import INTERNAL_NAMES, SAFE_DUNDERS, attribute_problem, is_dunder, name_denied
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
 from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
 from snapcell.runner._limits import Limits
@@ -56,7 +56,23 @@ def checkpoint_rule(policy: Policy) -> GlobalRule:
         allow_module=policy.allows_module,
         deny_name=name_denied,
         deny_attribute=lambda name: attribute_problem(name) is not None,
+        deny_code_name=_code_name_denied,
     )
+
+
+# Dunder names compiled script code uses beyond the policy's safe ones: frozen dataclasses' generated methods
+# (``__setattr__``/``__delattr__``, ``__dataclass_*`` helpers) and the policy's own instrumentation.
+_CODE_DUNDERS = frozenset({"__setattr__", "__delattr__"})
+_CODE_PREFIXES = ("__dataclass_", "__snapcell_")
+
+
+def _code_name_denied(name: str) -> bool:
+    """Names restored bytecode may not use: what the policy would refuse as an attribute of script code."""
+    if name in INTERNAL_NAMES:
+        return name != "replace"  # str.replace is everywhere; code.replace needs a code object, which is a dunder away
+    if is_dunder(name):
+        return name not in SAFE_DUNDERS and name not in _CODE_DUNDERS and not name.startswith(_CODE_PREFIXES)
+    return False
 
 
 class Runner:

@@ -90,6 +90,20 @@ def _function_type_stream(path: str) -> bytes:
     )
 
 
+def _subclass_walk_stream(path: str) -> bytes:
+    # Bytecode that needs no builtins: from () to object's subclasses, to os._wrap_close, to os.system.
+    namespace: dict[str, Any] = {}
+    source = (
+        "def f():\n"
+        "    for c in ().__class__.__base__.__subclasses__():\n"
+        "        if c.__name__ == '_wrap_close':\n"
+        f"            c.__init__.__globals__['system']('touch {path}')\n"
+    )
+    exec(source, namespace)
+    made = _Call(cloudpickle.cloudpickle._make_function, namespace["f"].__code__, {}, "f", None, None)
+    return cloudpickle.dumps(_Call(made), protocol=5)
+
+
 def _make_function_stream(path: str) -> bytes:
     # cloudpickle's own _make_function with an empty globals dict; plain cloudpickle puts the real builtins in.
     made = _Call(cloudpickle.cloudpickle._make_function, _code(path), {}, "f", None, None)
@@ -129,6 +143,7 @@ def streams(path: str) -> dict[str, bytes]:
         "attrgetter_globals": stream(_open_file(getitem(attrgetter_globals, "__builtins__"), path)),
         "function_type_without_builtins": _function_type_stream(path),
         "make_function_without_builtins": _make_function_stream(path),
+        "crafted_bytecode_subclass_walk": _subclass_walk_stream(path),
         "reduce_os_system": stream(call(glob("os", "system"), touch)),
         "reduce_subprocess": stream(call(glob("subprocess", "check_call"), b"](" + s("touch") + s(path) + b"e")),
         "builtins_eval": stream(call(glob("builtins", "eval"), s(f"open({path!r}, 'w').close()"))),
@@ -161,9 +176,10 @@ def streams(path: str) -> dict[str, bytes]:
     }
 
 
-# The host's scanner cannot refuse this one without refusing every function a script pickles by value and
-# calls from a reducer; it is made safe at load instead (restored functions get the session's builtins).
-LOAD_TIME_ONLY = {"make_function_without_builtins"}
+# The host's scanner cannot refuse these without refusing every function a script pickles by value and calls
+# from a reducer; they are made safe at load instead: restored functions get the session's builtins, and restored
+# code may not use names scripts cannot (``__subclasses__``, ``__globals__``).
+LOAD_TIME_ONLY = {"make_function_without_builtins", "crafted_bytecode_subclass_walk"}
 # BUILD runs inside the C unpickler, where no hook can see its target: only the scanner refuses these, so a
 # checkpoint signed directly with the key can still patch a library class's attributes in an inline load.
 SCAN_TIME_ONLY = {"patch_build_on_global", "patch_build_on_lookup"}
