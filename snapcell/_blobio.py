@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
 from snapcell.checkpoint import BlobRef, Dumped, blob_key
-from snapcell.checkpoint._blobs import decode_blob
-from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, ObjectExists
+from snapcell.checkpoint._blobs import blob_raw_size, decode_blob
+from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, ObjectExists, ObjectTooLarge
 from snapcell.storage import AsyncStore
 
 __all__ = ["BlobIO", "ForgedBlob"]
@@ -47,7 +47,14 @@ class BlobIO:
 
         async def fetch(ref: BlobRef) -> tuple[str, bytes]:
             try:
-                return ref.hash, await self._store.get(self.key(ref.hash))
+                # A stored blob is never larger than its raw bytes plus the codec byte (whoever wrote it, at any
+                # level: encoders store raw what does not compress): a bigger object is not read.
+                return ref.hash, await self._store.get_at_most(self.key(ref.hash), ref.raw_bytes + 1)
+            except ObjectTooLarge as exc:
+                raise CheckpointCorrupt(
+                    f"blob {ref.hash} of this checkpoint is {exc.size} bytes in the store, more than the "
+                    f"{ref.raw_bytes} bytes it holds; it was replaced, and the checkpoint cannot be loaded"
+                ) from exc
             except CheckpointNotFound as exc:
                 raise CheckpointCorrupt(
                     f"blob {ref.hash} of this checkpoint is missing from the store; the checkpoint cannot be "
@@ -101,6 +108,12 @@ def _check_new_blobs(dumped: Dumped, sizes: dict[str, int]) -> None:
         size = sizes.get(name)
         if size is None:
             raise ForgedBlob(f"the worker sent blob {name}, which its manifest does not list")
+        if blob_raw_size(data) != size:
+            # Checked against the bytes actually received before allocating: a manifest may claim any size.
+            raise ForgedBlob(
+                f"the worker sent blob {name} whose content does not match its name: it does not hold the {size} "
+                "bytes its manifest says"
+            )
         if len(scratch) < size:
             scratch = bytearray(size)
         try:

@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointExpired",
     "CheckpointNotFound",
+    "CheckpointRefused",
     "CheckpointVersionError",
     "ConfigError",
     "Conflict",
@@ -26,6 +27,7 @@ __all__ = [
     "LimitExceeded",
     "MemoryLimitExceeded",
     "ObjectExists",
+    "ObjectTooLarge",
     "OutputLimitExceeded",
     "Overloaded",
     "PolicyError",
@@ -210,6 +212,28 @@ class CheckpointCorrupt(CheckpointError, ValueError):
         self.checkpoint_id = checkpoint_id
 
 
+class CheckpointRefused(CheckpointError):
+    """Raised by ``dump()`` when a pickle stream names a global the loader would refuse; nothing was signed or stored.
+
+    The session is unchanged and usable; delete or recreate the named variable and dump again.
+
+    Attributes:
+        module: Module of the first refused global.
+        name: Its qualified name (or the refused argument of a helper).
+        reason: Why it was refused.
+        variable_names: Variables whose pickle holds it, when known.
+    """
+
+    def __init__(
+        self, message: str, *, module: str, name: str, reason: str, variable_names: Sequence[str] = ()
+    ) -> None:
+        super().__init__(message)
+        self.module = module
+        self.name = name
+        self.reason = reason
+        self.variable_names = list(variable_names)
+
+
 class CheckpointVersionError(CheckpointError):
     """Raised when a checkpoint was written by an incompatible format or Python version; nothing was unpickled."""
 
@@ -263,6 +287,22 @@ class HeadCorrupt(StorageError):
     def __init__(self, message: str, *, conversation_id: str) -> None:
         super().__init__(message)
         self.conversation_id = conversation_id
+
+
+class ObjectTooLarge(StorageError):
+    """Raised by a size-bounded read when the stored object is larger than the caller allows; nothing was read.
+
+    Attributes:
+        key: The object's key.
+        size: Its size in bytes.
+        limit: The most the caller would read.
+    """
+
+    def __init__(self, message: str, *, key: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.size = size
+        self.limit = limit
 
 
 class CheckpointNotFound(StorageError, KeyError):

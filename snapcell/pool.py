@@ -19,7 +19,7 @@ from snapcell.runner._procbackend import ProcessBackend
 from snapcell.runner._scratch import reclaim_scratch_dirs
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._workerpool import WorkerPool
-from snapcell.session import AsyncSession, Session
+from snapcell.session import DEFAULT_MAX_CLOCK_SKEW_S, AsyncSession, Session
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
 
 __all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool", "reclaim_scratch_dirs"]
@@ -95,6 +95,8 @@ class AsyncPool:
             and limits, which share the interpreter: use them only for sessions that trust each other.
         compression_level: zstd level for checkpoints (1 is fast and compresses well).
         clock: Returns the current time in seconds; injectable for tests.
+        max_clock_skew_s: How far in the future (by ``clock``) a checkpoint ID may be dated before it is refused
+            (default 5 minutes: hosts whose clocks disagree by less still share checkpoints).
 
     Raises:
         ConfigError: A setting is invalid or no signing key can be found.
@@ -116,6 +118,7 @@ class AsyncPool:
         recycle_after: int = 1,
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         if isolation not in ("process", "inline"):
             raise ConfigError(f"isolation must be 'process' or 'inline', not {isolation!r}")
@@ -141,6 +144,8 @@ class AsyncPool:
         _check_options(limits=limits, policy=policy)
         if not callable(clock):
             raise ConfigError(f"clock must be a function returning seconds, not {clock!r}")
+        if not _positive_number(max_clock_skew_s):
+            raise ConfigError(f"max_clock_skew_s must be a positive, finite number, not {max_clock_skew_s!r}")
         if isinstance(store, str):
             store = open_store(store)
         elif not all(callable(getattr(store, name, None)) for name in _STORE_METHODS):
@@ -156,6 +161,7 @@ class AsyncPool:
         self.isolation = isolation
         self.compression_level = compression_level
         self.clock = clock
+        self.max_clock_skew_s = float(max_clock_skew_s)
         self.min_warm_workers = min_warm_workers
         self.max_workers = max_workers
         self.max_queued_checkouts = max_queued_checkouts
@@ -253,7 +259,7 @@ class AsyncPool:
                 if checker is not None:
                     checker.close()
                 raise
-            async with self._checked_out(backend, limits, checker) as session:
+            async with self._checked_out(backend, policy or self.policy, limits, checker) as session:
                 yield session
 
     @asynccontextmanager
@@ -271,7 +277,7 @@ class AsyncPool:
 
     @asynccontextmanager
     async def _checked_out(
-        self, backend: Backend, limits: Limits, checker: TypeChecker | None
+        self, backend: Backend, policy: Policy, limits: Limits, checker: TypeChecker | None
     ) -> AsyncIterator[AsyncSession]:
         session = AsyncSession(
             backend=backend,
@@ -279,9 +285,11 @@ class AsyncPool:
             keyring=self.keyring,
             ttl_s=self.ttl_s,
             clock=self.clock,
+            max_clock_skew_s=self.max_clock_skew_s,
             compression_level=self.compression_level,
             limits=limits,
             checker=checker,
+            policy=policy,
         )
         self._sessions.add(session)
         try:
@@ -327,6 +335,7 @@ class Pool:
         recycle_after: int = 1,
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         self._inner = AsyncPool(
             store,
@@ -342,6 +351,7 @@ class Pool:
             recycle_after=recycle_after,
             compression_level=compression_level,
             clock=clock,
+            max_clock_skew_s=max_clock_skew_s,
         )
         self._loop = asyncio.Runner()
         self._closed = False

@@ -8,28 +8,40 @@ from typing import Any, Literal, TypeVar
 
 from snapcell._blobio import BlobIO, ForgedBlob
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
-from snapcell.checkpoint import BlobRef, CheckpointId, Keyring, Manifest, parse_container
+from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
+from snapcell.checkpoint._format import MAX_MANIFEST_BYTES
 from snapcell.errors import (
+    CheckpointCorrupt,
     CheckpointExpired,
     CheckpointNotFound,
+    CheckpointRefused,
+    CheckpointVersionError,
     ConfigError,
+    ObjectTooLarge,
     SessionError,
     SnapcellError,
     TypingError,
     WorkerLost,
 )
-from snapcell.runner import Backend, Limits, RunResult
+from snapcell.runner import Backend, Limits, Policy, RunResult
 from snapcell.runner._host import validate_lookup
+from snapcell.runner._runner import checkpoint_rule
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._wire import check_script
 from snapcell.storage import AsyncStore
 
-__all__ = ["AsyncSession", "Session"]
+__all__ = ["DEFAULT_MAX_CLOCK_SKEW_S", "AsyncSession", "Session"]
+
+# IDs dated further ahead than this are refused: a clock-skew tolerance, not a way to outlive the ttl.
+DEFAULT_MAX_CLOCK_SKEW_S = 300.0
 
 T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
 # Verify and sign off the event loop above this size: HMAC-SHA256 runs at about 1 GB/s.
 _THREAD_BYTES = 1024 * 1024
+# Largest checkpoint read when the session has no memory limit, and room for the header and section table.
+_NO_MEMORY_LIMIT_CAP = 64 * 1024**3
+_TABLE_SLACK_BYTES = 64 * 1024 * 1024
 
 
 class AsyncSession:
@@ -49,8 +61,13 @@ class AsyncSession:
         compression_level: int,
         limits: Limits,
         checker: TypeChecker | None,
+        policy: Policy | None = None,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         self._backend = backend
+        self._max_skew_s = max_clock_skew_s
+        # The loader's module rule: every pickle is checked against it before the host signs anything.
+        self._rule = checkpoint_rule(policy or Policy())
         self._store = store
         self._keyring = keyring
         self._ttl_s = ttl_s
@@ -79,11 +96,20 @@ class AsyncSession:
         """Verify an ID's signature and expiry without loading it.
 
         Raises:
-            CheckpointCorrupt: The ID is malformed, altered or signed with another key.
+            CheckpointCorrupt: The ID is malformed, altered or signed with another key, or dated in the future
+                beyond the pool's ``max_clock_skew_s``.
             CheckpointExpired: The ID is older than the pool's ttl.
         """
         cid = self._keyring.parse_id(checkpoint_id)
         now = self._clock()
+        if cid.created_at - now > self._max_skew_s:
+            # Signed, but dated in the future: a clock far off, or an ID minted to outlive the ttl.
+            raise CheckpointCorrupt(
+                f"checkpoint {cid.raw.hex()[:16]}... is dated {_ago(cid.created_at - now)} in the future, beyond "
+                f"the clock-skew tolerance of {_duration(self._max_skew_s)}; check this host's clock (and the one "
+                "that wrote it) or raise max_clock_skew_s",
+                checkpoint_id=cid.raw,
+            )
         if now - cid.created_at > self._ttl_s:
             expired_at = cid.created_at + self._ttl_s
             raise CheckpointExpired(
@@ -123,7 +149,14 @@ class AsyncSession:
     async def _load(self, checkpoint_id: bytes | bytearray | str) -> None:
         cid = self.parse_id(checkpoint_id)
         try:
-            blob = await self._store.get(cid.storage_key)
+            # Refused by its size before it is read: a checkpoint holds at most the worker's memory in pickles.
+            blob = await self._store.get_at_most(cid.storage_key, self._max_checkpoint_bytes())
+        except ObjectTooLarge as exc:
+            raise CheckpointCorrupt(
+                f"the object stored for checkpoint {cid.raw.hex()[:16]}... is {exc.size} bytes, more than any "
+                f"checkpoint of this session can be ({exc.limit}); it was not read or loaded",
+                checkpoint_id=cid.raw,
+            ) from exc
         except CheckpointNotFound as exc:
             raise CheckpointNotFound(
                 f"no checkpoint is stored for ID {cid.raw.hex()[:16]}...; it was deleted by cleanup or never "
@@ -144,6 +177,11 @@ class AsyncSession:
         self.checkpoint_bytes = len(blob)
         # Only blobs in the signing key's namespace can be referred to by the next dump.
         self._blobs = {ref.hash: ref for ref in refs} if key_index == 0 else {}
+
+    def _max_checkpoint_bytes(self) -> int:
+        """The largest stored checkpoint this session will read: its pickles, manifest and tables."""
+        memory = self._limits.memory_bytes
+        return (memory if memory is not None else _NO_MEMORY_LIMIT_CAP) + MAX_MANIFEST_BYTES + _TABLE_SLACK_BYTES
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
@@ -247,6 +285,8 @@ class AsyncSession:
 
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``; nothing was stored, the session is unchanged.
+            CheckpointRefused: A pickle of the namespace names a global the loader would refuse (checked by the
+                host before signing); nothing was stored or signed, the session is unchanged.
             StorageError: The store failed; nothing was stored, the session is unchanged.
         """
         self._start()
@@ -256,12 +296,14 @@ class AsyncSession:
                 dumped = await self._backend.dump(
                     created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
                 )
+                await self._verify(dumped)
                 if not await self._blob_io.store(dumped, now + self._ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
                     dumped = await self._backend.dump(
                         created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs={}
                     )
+                    await self._verify(dumped)
                     await self._blob_io.store(dumped, now + self._ttl_s)
             except ForgedBlob as exc:
                 # Only a compromised worker sends a blob that is not what it claims: it goes, nothing is stored.
@@ -287,6 +329,33 @@ class AsyncSession:
             return cid.raw
         finally:
             self._busy = False
+
+    async def _verify(self, dumped: Dumped) -> None:
+        """Scan every pickle of a dump with the loader's rule before anything is stored or signed.
+
+        Raises:
+            CheckpointRefused: A pickle names a global the loader would refuse.
+            ForgedBlob: The body is malformed (a compromised worker).
+        """
+        try:
+            found = await asyncio.to_thread(
+                scan_body, dumped.body, rule=self._rule, max_raw_bytes=self._limits.memory_bytes
+            )
+        except (CheckpointCorrupt, CheckpointVersionError) as exc:
+            # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
+            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
+        if found is None:
+            return
+        refusal, variable = found
+        where = f"variable {variable!r}" if variable else "the checkpoint"
+        raise CheckpointRefused(
+            f"{where} refers to {refusal.describe()}, which a checkpoint may not hold; nothing was stored. "
+            "Delete or recreate that variable (or allow its module in the policy) and dump again",
+            module=refusal.module,
+            name=refusal.name,
+            reason=refusal.reason,
+            variable_names=[variable] if variable else [],
+        )
 
     async def reset(self) -> None:
         """Forget every variable and start from an empty namespace."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from snapcell import CheckpointNotFound, ConfigError, Pool
+from snapcell.checkpoint import dump_namespace
 from snapcell.cli import main
 from snapcell.cli._inspect import inspect_checkpoint
 
@@ -40,10 +42,16 @@ def _checkpoint(store_dir: Path, code: str, *, extra: dict[str, Any] | None = No
         if setup:
             session.run(setup, setup=True)
         session.run(code)
-        if extra:
-            # Objects a script could not make under the policy go straight into the inline namespace.
-            session._inner._backend.runner.namespace.update(extra)  # type: ignore[attr-defined]
-        return session.dump().hex()
+        if not extra:
+            return session.dump().hex()
+        # Objects a script could not make go straight into the checkpoint, signed with the store's key as a key
+        # holder could (the host itself never signs a pickle naming a global like the bomb's).
+        runner = session._inner._backend.runner  # type: ignore[attr-defined]
+        dumped = dump_namespace({**runner.variables(), **extra}, namespace=runner.namespace, created_at=time.time())
+        keyring = pool.aio.keyring
+        cid = keyring.new_id()
+        pool.store.put(cid.storage_key, bytes(keyring.sign(dumped.body, cid)))
+        return cid.raw.hex()
 
 
 def _file_of(store_dir: Path, checkpoint_hex: str) -> Path:

@@ -14,8 +14,10 @@ from snapcell.checkpoint._format import (
     parse_container,
 )
 from snapcell.checkpoint._pickle import Dumped, dump_namespace
+from snapcell.checkpoint._rule import HELPERS, GlobalRule, Refusal, global_refusal
+from snapcell.checkpoint._scan import scan_pickle
 from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
-from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global
+from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global, scan_body
 
 __all__ = [
     "BLOB_PREFIX",
@@ -29,6 +31,12 @@ __all__ = [
     "CheckpointId",
     "DroppedVariable",
     "FindGlobal",
+    "HELPERS",
+    "GlobalRule",
+    "Refusal",
+    "global_refusal",
+    "scan_body",
+    "scan_pickle",
     "Header",
     "Keyring",
     "LoadedNamespace",

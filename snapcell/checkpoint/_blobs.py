@@ -28,6 +28,7 @@ __all__ = [
     "REFRESH_AFTER_S",
     "blob_key",
     "blob_keys_of",
+    "blob_raw_size",
     "decode_blob",
     "encode_blob",
     "hash_buffer",
@@ -101,6 +102,21 @@ def unpack_blob_ref(data: bytes | memoryview, raw_size: int) -> list[bytes]:
         raise CheckpointCorrupt("the checkpoint has a malformed blob reference")
     body = view[_CHUNK.size :]
     return [bytes(body[i : i + _DIGEST_BYTES]) for i in range(0, len(body), _DIGEST_BYTES)]
+
+
+def blob_raw_size(data: bytes | bytearray | memoryview) -> int:
+    """The raw size a stored blob declares (its codec byte and zstd frame header), read without decoding; -1 if none."""
+    view = memoryview(data)
+    if len(view) < 1:
+        return -1
+    if view[0] == _RAW:
+        return len(view) - 1
+    if view[0] == _ZSTD and len(view) >= 5:
+        try:
+            return int(zstandard.frame_content_size(view[1:]))
+        except zstandard.ZstdError:
+            return -1
+    return -1
 
 
 def decode_blob(data: bytes | bytearray | memoryview, *, digest: bytes, into: memoryview) -> None:

@@ -12,6 +12,7 @@ import dill
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from snapcell.checkpoint._blobs import CHUNK_BYTES
 from snapcell.errors import CheckpointCorrupt, CheckpointVersionError
 
 __all__ = [
@@ -144,8 +145,9 @@ class BlobRef(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     hash: str = Field(pattern="^[0-9a-f]{32}$", description="Content hash of the raw bytes, hex.")
-    raw_bytes: int = Field(ge=0)
-    stored_bytes: int = Field(ge=0, description="Size in the store (compressed, or raw plus one byte).")
+    # A blob is one chunk of a buffer: a manifest claiming more is refused before anything is fetched or allocated.
+    raw_bytes: int = Field(ge=0, le=CHUNK_BYTES)
+    stored_bytes: int = Field(ge=1, le=CHUNK_BYTES + 1, description="Size in the store (compressed, or raw + 1 byte).")
     stamp: float = Field(description="A time at or before the blob's last write or refresh in the store.")
 
 
@@ -229,6 +231,9 @@ def parse_container(
     except ValidationError as exc:
         raise CheckpointCorrupt(f"the checkpoint manifest is invalid: {exc.error_count()} problem(s)") from exc
     offset += manifest_len
+    if len({ref.hash for ref in manifest.blobs}) != len(manifest.blobs):
+        # Each blob is listed once; a list repeating one blob would make a loader fetch and hold it again and again.
+        raise CheckpointCorrupt("the checkpoint manifest lists a blob more than once")
     (count,), offset = _read(_U32, view, offset)
     if count > MAX_SECTIONS or offset + count * _SECTION.size > len(view):
         raise CheckpointCorrupt("the checkpoint is truncated: its section table is incomplete")

@@ -36,6 +36,8 @@ from snapcell.checkpoint._format import (
     VariableInfo,
     pack_container,
 )
+from snapcell.checkpoint._rule import GlobalRule, Refusal
+from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import UnpicklableValue
 
 __all__ = ["Dumped", "dump_namespace"]
@@ -50,36 +52,6 @@ _SAMPLE_BYTES = 256 * 1024
 _INCOMPRESSIBLE_RATIO = 0.9
 _MAX_KEPT_CELLS = 200
 _CELL_PREFIX = "<cell-"
-
-# cloudpickle's reconstruction helpers; subimport and dynamic_subimport import modules and are guarded.
-_CLOUDPICKLE_HELPERS = frozenset(
-    {
-        "_builtin_type",
-        "_class_setstate",
-        "_function_setstate",
-        "_get_dataclass_field_type_sentinel",
-        "_lookup_class_or_track",
-        "_make_cell",
-        "_make_dict_items",
-        "_make_dict_keys",
-        "_make_dict_values",
-        "_make_empty_cell",
-        "_make_function",
-        "_make_skeleton_class",
-        "_make_skeleton_enum",
-        "_make_typevar",
-    }
-)
-_SAFE_BUILTINS = frozenset(
-    {
-        "bool", "bytearray", "bytes", "classmethod", "complex", "dict", "float", "frozenset", "int", "list",
-        "object", "property", "range", "set", "slice", "staticmethod", "str", "tuple", "type", "NotImplemented",
-        "Ellipsis", "memoryview", "enumerate", "zip", "map", "filter", "reversed",
-    }
-)  # fmt: skip
-# Private names checkpoints legitimately read through getattr (cloudpickle's enum skeletons use object.__new__).
-_GETATTR_PRIVATE = frozenset({"__new__"})
-_COPYREG = frozenset({"_reconstructor", "__newobj__", "__newobj_ex__"})
 
 
 def _rebuild_lru_cache(func: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
@@ -126,6 +98,11 @@ def _rebuild_datetime_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> 
     import numpy
 
     return numpy.frombuffer(buffer, dtype=numpy.int64).reshape(shape).view(numpy.dtype(dtype))
+
+
+class _RefusedGlobal(Exception):
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"it refers to {refusal.describe()}, which the checkpoint loader refuses")
 
 
 class _Failed(Exception):
@@ -321,6 +298,7 @@ def dump_namespace(
     future_flags: int = 0,
     known_blobs: Mapping[str, BlobRef] | None = None,
     blob_threshold: int | None = BLOB_THRESHOLD_BYTES,
+    rule: GlobalRule | Callable[[str], bool] | None = None,
 ) -> Dumped:
     """Serialize variables into an unsigned checkpoint body.
 
@@ -341,6 +319,9 @@ def dump_namespace(
         known_blobs: Blobs the store already has (from this session's earlier dumps and loads), by hash.
             Buffers of at least ``blob_threshold`` bytes become blobs; only unknown ones are encoded.
         blob_threshold: Smallest buffer stored as a blob; None keeps every buffer inside the body.
+        rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
+            the loader would refuse (`snapcell.checkpoint._scan`) is dropped and named, as the host would refuse
+            the whole checkpoint before signing it.
 
     Returns:
         The body, its manifest, the blobs to store first, and the blobs to refresh.
@@ -351,17 +332,26 @@ def dump_namespace(
     items = list(variables.items())
     failed: dict[str, Exception] = {}
     while True:
+        kept = [(n, v) for n, v in items if n not in failed]
         try:
-            stream = _pickle_stream([(n, v) for n, v in items if n not in failed], namespace)
-            break
+            stream = _pickle_stream(kept, namespace)
         except _Failed as exc:
             failed[exc.name] = exc.cause
+            continue
+        refusal = scan_pickle(stream.data, rule) if rule is not None else None
+        if refusal is None:
+            break
+        failed[kept[min(refusal.index, len(kept) - 1)][0]] = _RefusedGlobal(refusal)
     dill_sections: list[tuple[str, bytes]] = []
     dropped: list[DroppedVariable] = []
     for name, cause in failed.items():
         value = variables[name]
         try:
-            dill_sections.append((name, dill.dumps(value, protocol=_PROTOCOL, recurse=True)))
+            data = dill.dumps(value, protocol=_PROTOCOL, recurse=True)
+            refusal = scan_pickle(data, rule) if rule is not None else None
+            if refusal is not None:
+                raise _RefusedGlobal(refusal)
+            dill_sections.append((name, data))
         except Exception as exc:  # same boundary as above
             reason = f"cannot be serialized ({_describe(cause)}; dill: {_describe(exc)})"
             dropped.append(DroppedVariable(name=name, type_name=_type_name(value), reason=reason))

@@ -21,30 +21,41 @@ import zstandard
 
 from snapcell.checkpoint._blobs import (
     CHUNK_BYTES,
+    blob_raw_size,
     decode_blob,
     unpack_blob_ref,
 )
 from snapcell.checkpoint._format import (
     Codec,
     Manifest,
+    Section,
     SectionKind,
     parse_container,
 )
 from snapcell.checkpoint._pickle import (
-    _CLOUDPICKLE_HELPERS,
-    _COPYREG,
-    _GETATTR_PRIVATE,
     _NAMESPACE_PID,
-    _SAFE_BUILTINS,
     _code_in_cell,
     _describe,
     _rebuild_datetime_array,
     _rebuild_lru_cache,
     _rebuild_recursive_repr,
 )
+from snapcell.checkpoint._rule import (
+    HELPERS,
+    PLAIN,
+    TYPE_CALL,
+    GlobalRule,
+    Refusal,
+    attribute_refusal,
+    call_refusal,
+    code_refusal,
+    global_refusal,
+    module_refusal,
+)
+from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import CheckpointCorrupt
 
-__all__ = ["FindGlobal", "LoadedNamespace", "load_namespace", "make_find_global"]
+__all__ = ["FindGlobal", "LoadedNamespace", "load_namespace", "make_find_global", "scan_body"]
 
 # Pickles name snapcell's own reconstruction helpers by this module path.
 _PICKLE_MODULE = "snapcell.checkpoint._pickle"
@@ -73,18 +84,46 @@ class _RestrictedUnpickler(pickle.Unpickler):
         super().__init__(file, buffers=buffers)
         self._find_global = find_global
         self._namespace = namespace
+        # Functions and classes this load made: only they may get state from cloudpickle's setstate helpers, so a
+        # checkpoint cannot patch a library class or function that it merely names.
+        self._made: dict[int, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == (_PICKLE_MODULE, "_session_namespace"):
             return lambda: self._namespace
-        if (module, name) == ("cloudpickle.cloudpickle", "_make_function") and "__builtins__" in self._namespace:
-            return functools.partial(_make_function, self._namespace["__builtins__"])
-        return self._find_global(module, name)
+        if module != "cloudpickle.cloudpickle" or name not in _TRACKED:
+            return self._find_global(module, name)
+        helper = self._find_global(module, name)  # the rule still applies
+        # Restored functions always get the session's builtins, even when their globals dict has none (the
+        # interpreter would hand such a function the real builtins of the frame that made it).
+        builtins_table = self._namespace.get("__builtins__", {})
+        if name == "_make_function":
+            helper = functools.partial(_make_function, builtins_table)
+        elif name == "_function_setstate":
+            return functools.partial(self._set_state, functools.partial(_function_setstate, builtins_table))
+        elif name == "_class_setstate":
+            return functools.partial(self._set_state, helper)
+        return functools.partial(self._make, helper)
+
+    def _make(self, helper: Callable[..., Any], *args: Any) -> Any:
+        made = helper(*args)
+        self._made[id(made)] = made
+        return made
+
+    def _set_state(self, helper: Callable[..., Any], obj: Any, state: Any) -> Any:
+        if self._made.get(id(obj)) is not obj:
+            raise pickle.UnpicklingError("the checkpoint sets the state of a function or class it did not create")
+        return helper(obj, state)
 
     def persistent_load(self, pid: Any) -> Any:
         if pid == _NAMESPACE_PID:  # checkpoints written before the namespace token
             return self._namespace
         raise pickle.UnpicklingError(f"unknown persistent reference {pid!r}")
+
+
+_TRACKED = frozenset(
+    {"_make_function", "_function_setstate", "_class_setstate", "_make_skeleton_class", "_make_skeleton_enum"}
+)
 
 
 def _make_function(
@@ -93,6 +132,12 @@ def _make_function(
     # cloudpickle's own helper installs the real builtins, which a function keeps for life; the session's go in.
     globals["__builtins__"] = builtins_table
     return types.FunctionType(code, globals, name, argdefs, closure)
+
+
+def _function_setstate(builtins_table: Any, obj: Any, state: Any) -> None:
+    # cloudpickle's own setstate puts the real builtins back into the function's globals.
+    cloudpickle.cloudpickle._function_setstate(obj, state)
+    obj.__globals__["__builtins__"] = builtins_table
 
 
 def _dill_create_function(builtins_table: Any, fcode: types.CodeType, fglobals: Any, *args: Any) -> Any:
@@ -109,16 +154,22 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "dill._dill":
-            # dill's own helpers, except the ones that import a module or read any attribute by name.
+            # Only dill's helpers in the table; the ones that import a module or read an attribute by name go
+            # through the same guarded functions as cloudpickle's.
+            if (module, name) not in HELPERS:
+                raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
             if name == "_import_module":
                 return lambda import_name, safe=False: self._find_global("cloudpickle.cloudpickle", "subimport")(
                     import_name
                 )
             if name == "_get_attr":
                 return self._find_global("builtins", "getattr")
-            if name == "_create_function" and self._builtins is not None:
-                return functools.partial(_dill_create_function, self._builtins)
-            return super().find_class(module, name)
+            if name == "_create_function":
+                builtins_table = self._builtins if self._builtins is not None else {}
+                return functools.partial(_dill_create_function, builtins_table)
+            if name in ("_load_type", "_create_code"):
+                return self._find_global(module, name)
+            return _checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
         return self._find_global(module, name)
 
 
@@ -176,6 +227,7 @@ def load_namespace(
         CheckpointVersionError: Another format or Python version wrote them.
     """
     container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    _check_blob_total(container.sections, blobs or {})
     streams = [s for s in container.sections if s.kind is SectionKind.STREAM]
     if len(streams) != 1:
         raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
@@ -212,18 +264,90 @@ def load_namespace(
     return result
 
 
+def scan_body(
+    body: bytes | bytearray | memoryview,
+    *,
+    rule: GlobalRule | Callable[[str], bool],
+    max_raw_bytes: int | None = None,
+) -> tuple[Refusal, str | None] | None:
+    """Apply the loader's rule to every pickle of an unsigned body, without unpickling (the host, before it signs).
+
+    Each pickle section is decompressed in turn (declared sizes are checked first, as at load) and scanned by
+    `scan_pickle`; buffers and blob references hold no pickles.
+
+    Args:
+        body: The unsigned body.
+        rule: The policy's part of the loader's rule.
+        max_raw_bytes: Refuse a body whose sections would decompress to more than this.
+
+    Returns:
+        None when every global passes; else the first refusal and the variable whose pickle holds it (when known).
+
+    Raises:
+        CheckpointCorrupt: The body is malformed.
+        CheckpointVersionError: The body is in a format this release does not read.
+    """
+    container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    manifest = container.manifest
+    cloud_vars = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
+    dill_vars = [v.name for v in manifest.variables if v.serializer == "dill"]
+    dill_index = 0
+    for section in container.sections:
+        if section.kind not in (SectionKind.STREAM, SectionKind.DILL):
+            continue
+        data = _decompress(section.codec, section.data, section.raw_size, writable=False)
+        refusal = scan_pickle(data, rule)
+        del data
+        if section.kind is SectionKind.STREAM:
+            names = cloud_vars
+        else:
+            names, dill_index = dill_vars[dill_index : dill_index + 1], dill_index + 1
+            if refusal is not None:
+                refusal = Refusal(refusal.module, refusal.name, refusal.reason, refusal.offset, 0)
+        if refusal is not None:
+            return refusal, names[refusal.index] if refusal.index < len(names) else None
+    return None
+
+
+# A buffer may repeat a chunk (a zero-filled array): at most this many times the distinct chunks' bytes in all.
+MAX_CHUNK_REPEAT = 1024
+
+
+def _check_blob_total(sections: list[Section], blobs: Mapping[str, bytes | bytearray | memoryview]) -> None:
+    """Refuse blob references that declare far more bytes than the blobs hold, before any buffer is allocated."""
+    declared = sum(section.raw_size for section in sections if section.kind is SectionKind.BLOB)
+    if not declared:
+        return
+    real = sum(max(blob_raw_size(data), 0) for data in blobs.values())
+    if declared > max(real, CHUNK_BYTES) * MAX_CHUNK_REPEAT:
+        raise CheckpointCorrupt(
+            f"the checkpoint's buffers declare {declared} bytes but its blobs hold {real}; it was not loaded"
+        )
+
+
 def _assemble(ref: memoryview, raw_size: int, blobs: Mapping[str, bytes | bytearray | memoryview]) -> bytearray:
-    """Rebuild one buffer from its chunks, each decoded in place and checked against its hash."""
-    out = bytearray(raw_size)
-    view = memoryview(out)
-    for index, digest in enumerate(unpack_blob_ref(ref, raw_size)):
+    """Rebuild one buffer from its chunks, each decoded in place and checked against its hash.
+
+    Every chunk's blob is found and its own header checked against the size the reference needs before the
+    buffer is allocated: a reference that claims more than its blobs hold costs nothing.
+    """
+    digests = unpack_blob_ref(ref, raw_size)
+    chunks = []
+    for index, digest in enumerate(digests):
         stored = blobs.get(digest.hex())
         if stored is None:
             raise CheckpointCorrupt(
                 f"blob {digest.hex()} of the checkpoint is missing from the store; the checkpoint cannot be loaded"
             )
         start = index * CHUNK_BYTES
-        decode_blob(stored, digest=digest, into=view[start : min(start + CHUNK_BYTES, raw_size)])
+        expected = min(start + CHUNK_BYTES, raw_size) - start
+        if blob_raw_size(stored) != expected:
+            raise CheckpointCorrupt(f"blob {digest.hex()} does not hold the {expected} bytes the checkpoint says")
+        chunks.append((digest, stored, start, expected))
+    out = bytearray(raw_size)
+    view = memoryview(out)
+    for digest, stored, start, expected in chunks:
+        decode_blob(stored, digest=digest, into=view[start : start + expected])
     return out
 
 
@@ -237,63 +361,120 @@ _OWN_HELPERS: dict[str, Callable[..., Any]] = {
 
 def _public_getattr(obj: object, name: str, *default: object) -> Any:
     """``getattr`` for checkpoints (enum members and ``object.__new__`` pickle through it): public names only."""
-    if not isinstance(name, str) or (name.startswith("_") and name not in _GETATTR_PRIVATE):
-        raise pickle.UnpicklingError(f"the checkpoint reads the private attribute {name!r}, which is not allowed")
-    return getattr(obj, name, *default)
+    problem = attribute_refusal(name)
+    if problem is not None:
+        raise pickle.UnpicklingError(f"the checkpoint reads the attribute {name!r}, which is not allowed: {problem}")
+    value = getattr(obj, name, *default)
+    if isinstance(value, types.ModuleType) and not isinstance(obj, types.ModuleType):
+        raise pickle.UnpicklingError(f"the checkpoint reads the module {name!r} through an attribute")
+    return value
 
 
-def _guarded_subimport(allow_module: Callable[[str], bool]) -> Callable[[str], Any]:
-    def subimport(name: str) -> Any:
-        if not allow_module(name):
-            raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which the policy does not allow")
+def _guarded_subimport(rule: GlobalRule) -> Callable[[str], Any]:
+    def subimport(name: str, *_vars: Any) -> Any:
+        problem = module_refusal(name, rule)
+        if problem is not None:
+            raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which is not allowed: {problem}")
         return importlib.import_module(name)
 
     return subimport
 
 
+def _guarded_type(*args: Any) -> Any:
+    """``type`` for checkpoints: the type of None, NotImplemented or Ellipsis, or a new class (three arguments)."""
+    problem = call_refusal(TYPE_CALL, args, lambda _m: False)
+    if problem is not None:
+        raise pickle.UnpicklingError(f"the checkpoint calls type() on something it may not: {problem}")
+    return type(*args)
+
+
+def _checked(kind: str, func: Callable[..., Any], rule: GlobalRule | Callable[[str], bool]) -> Callable[..., Any]:
+    """``func`` with its name arguments checked by the rule (`call_refusal`) on every call."""
+    if kind == PLAIN:
+        return func
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        problem = call_refusal(kind, args, rule)
+        if problem is not None:
+            raise pickle.UnpicklingError(
+                f"the checkpoint calls {func.__name__}{args!r:.80}, which is refused: {problem}"
+            )
+        return func(*args, **kwargs)
+
+    return checked
+
+
+def _builtin_type(rule: GlobalRule, name: str) -> Any:
+    """cloudpickle's ``_builtin_type`` (the name is checked by the rule first); code objects are checked when made."""
+    if name == "CodeType":
+        return functools.partial(_checked_code, rule, types.CodeType)
+    return getattr(types, name) if hasattr(types, name) else dill._dill._load_type(name)
+
+
+def _checked_code(rule: GlobalRule, make: Callable[..., types.CodeType], *args: Any) -> types.CodeType:
+    code = make(*args)
+    problem = code_refusal(code, rule) if isinstance(code, types.CodeType) else "not a code object"
+    if problem is not None:
+        raise pickle.UnpicklingError(f"the checkpoint holds code that is refused: {problem}")
+    return code
+
+
 def make_find_global(
-    allow_module: Callable[[str], bool],
+    allow_module: GlobalRule | Callable[[str], bool],
     overrides: Mapping[tuple[str, str], Any] | None = None,
     *,
     resolve: FindGlobal | None = None,
 ) -> FindGlobal:
     """Build the resolver the restricted unpickler uses for every global a checkpoint names.
 
-    Allowed: ``overrides`` first (``builtins.getattr`` defaults to one that refuses private names), the serializers' own
-    helpers, plain builtin types, and attributes of modules ``allow_module`` accepts. Anything else
-    is refused, so loading never imports an arbitrary module. ``resolve``, when given, looks up
-    ``module.name`` for allowed modules instead of a plain attribute walk (the policy's guarded lookup).
+    Every global first passes `global_refusal`, the same rule the host applies before it signs (see `_scan`):
+    public names of modules ``allow_module`` accepts, plus the exact serializer helpers of ``HELPERS``. Helpers
+    that take names as data check them on every call. Then ``overrides`` (guarded stand-ins), the helpers
+    themselves, and attributes of allowed modules (``resolve``, when given, is the policy's guarded lookup).
+    Anything else is refused, so loading never imports an arbitrary module.
     """
-    overrides = {("builtins", "getattr"): _public_getattr, **(overrides or {})}
-    subimport = _guarded_subimport(allow_module)
+    rule = allow_module if isinstance(allow_module, GlobalRule) else GlobalRule(allow_module=allow_module)
+    overrides = {
+        ("builtins", "getattr"): _public_getattr,
+        ("builtins", "type"): _guarded_type,
+        # Code objects are checked as they are made: they arrive by value and no policy check ever saw them.
+        ("cloudpickle.cloudpickle", "_builtin_type"): functools.partial(_builtin_type, rule),
+        ("dill._dill", "_load_type"): functools.partial(_builtin_type, rule),
+        ("dill._dill", "_create_code"): functools.partial(_checked_code, rule, dill._dill._create_code),
+        **(overrides or {}),
+    }
+    subimport = _guarded_subimport(rule)
 
     def find_global(module: str, name: str) -> Any:
+        problem = global_refusal(module, name, rule)
+        if problem is not None:
+            raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
+        kind = HELPERS.get((module, name), PLAIN)
         if (module, name) in overrides:
-            return overrides[(module, name)]
+            return _checked(kind, overrides[(module, name)], rule)
         if module == "cloudpickle.cloudpickle":
             if name in ("subimport", "dynamic_subimport"):
                 return subimport
-            if name in _CLOUDPICKLE_HELPERS:
-                return getattr(cloudpickle.cloudpickle, name)
-        elif module == _PICKLE_MODULE and name in _OWN_HELPERS:
+            return _checked(kind, getattr(cloudpickle.cloudpickle, name), rule)
+        if module == _PICKLE_MODULE:
+            if name not in _OWN_HELPERS:
+                raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
             return _OWN_HELPERS[name]
-        elif module == "builtins":
-            if name in _SAFE_BUILTINS or _is_builtin_exception(name):
-                return getattr(__import__("builtins"), name)
-        elif module == "copyreg" and name in _COPYREG:
-            return getattr(__import__("copyreg"), name)
-        elif allow_module(module) and resolve is not None:
+        if module.split(".")[0] in ("snapcell", "dill", "copyreg") or module == "builtins":
+            target: Any = importlib.import_module(module)
+            return _checked(kind, getattr(target, name), rule)
+        if resolve is not None and (module, name) not in HELPERS:
             owner, _, last = name.rpartition(".")
-            if owner and last in _GETATTR_PRIVATE:
+            if owner and last == "__new__":
                 # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass).
                 return _public_getattr(resolve(module, owner), last)
-            return resolve(module, name)
-        elif allow_module(module):
-            target: Any = importlib.import_module(module)
-            for part in name.split("."):
-                target = getattr(target, part)
-            return target
-        raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which the policy does not allow")
+            return _checked(kind, resolve(module, name), rule)
+        target = importlib.import_module(module)
+        for part in name.split("."):
+            target = getattr(target, part)
+            if isinstance(target, types.ModuleType):
+                raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, a path through a module")
+        return _checked(kind, target, rule)
 
     return find_global
 

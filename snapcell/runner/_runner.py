@@ -16,7 +16,15 @@ import types
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
-from snapcell.checkpoint import BlobRef, Dumped, Manifest, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint import (
+    BlobRef,
+    Dumped,
+    GlobalRule,
+    Manifest,
+    dump_namespace,
+    load_namespace,
+    make_find_global,
+)
 from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
@@ -28,15 +36,43 @@ from snapcell.errors import (
 )
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
+from snapcell.runner._guard import INTERNAL_NAMES, SAFE_DUNDERS, attribute_problem, is_dunder, name_denied
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
 from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._result import RunResult
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "checkpoint_rule"]
 
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
+
+
+def checkpoint_rule(policy: Policy) -> GlobalRule:
+    """The policy's part of the checkpoint rule: the loader, the worker's dump and the host's scan all use it."""
+    if not policy.restricted:
+        return GlobalRule(allow_module=policy.allows_module)
+    return GlobalRule(
+        allow_module=policy.allows_module,
+        deny_name=name_denied,
+        deny_attribute=lambda name: attribute_problem(name) is not None,
+        deny_code_name=_code_name_denied,
+    )
+
+
+# Dunder names compiled script code uses beyond the policy's safe ones: frozen dataclasses' generated methods
+# (``__setattr__``/``__delattr__``, ``__dataclass_*`` helpers) and the policy's own instrumentation.
+_CODE_DUNDERS = frozenset({"__setattr__", "__delattr__"})
+_CODE_PREFIXES = ("__dataclass_", "__snapcell_")
+
+
+def _code_name_denied(name: str) -> bool:
+    """Names restored bytecode may not use: what the policy would refuse as an attribute of script code."""
+    if name in INTERNAL_NAMES:
+        return name != "replace"  # str.replace is everywhere; code.replace needs a code object, which is a dunder away
+    if is_dunder(name):
+        return name not in SAFE_DUNDERS and name not in _CODE_DUNDERS and not name.startswith(_CODE_PREFIXES)
+    return False
 
 
 class Runner:
@@ -60,8 +96,9 @@ class Runner:
         self.pending_notes: list[str] = []
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
+        self.rule = checkpoint_rule(policy)
         self._find_global = make_find_global(
-            policy.allows_module,
+            self.rule,
             {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
             resolve=policy.global_resolver(),
         )
@@ -255,6 +292,7 @@ class Runner:
             cell_count=self.cell_count,
             future_flags=self.future_flags,
             known_blobs=known_blobs,
+            rule=self.rule,
         )
         if dumped.manifest.dropped:
             self.pending_notes.append(_dropped_note(dumped.manifest))

@@ -21,13 +21,14 @@ from ._heads_sqlite import SQLiteHeads
 from ._local import LocalStore
 from ._memory import MemoryStore
 from ._open import default_heads, open_heads, open_store
-from ._protocol import AsyncStore, ObjectInfo, Store, storage_deadline, validate_key
+from ._protocol import AsyncStore, BoundedGet, ObjectInfo, Store, storage_deadline, validate_key
 from ._s3 import S3Store, install_lifecycle
 
 __all__ = [
     "DEFAULT_TTL_S",
     "AsyncHeads",
     "AsyncStore",
+    "BoundedGet",
     "CleanupReport",
     "DayUsage",
     "Head",

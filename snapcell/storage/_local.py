@@ -22,7 +22,7 @@ from snapcell.errors import (
     map_exceptions,
 )
 
-from ._protocol import SEGMENT, ObjectInfo, check_timeout_s, validate_key, validate_prefix
+from ._protocol import SEGMENT, ObjectInfo, check_timeout_s, too_large, validate_key, validate_prefix
 
 __all__ = ["LocalStore"]
 
@@ -121,6 +121,22 @@ class LocalStore:
                 return path.read_bytes()
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
                 raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key) from exc
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """See `BoundedGet.get_at_most`: the size comes from the open file, so a swap in between cannot fool it."""
+        path = self._path(key)
+        with map_exceptions(_OS_ERRORS, f"cannot read {key!r} from {self.url}"):
+            try:
+                with open(path, "rb") as file:
+                    size = os.fstat(file.fileno()).st_size
+                    if size > max_bytes:
+                        raise too_large(key, size, max_bytes, self.url)
+                    data = file.read()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key) from exc
+        if len(data) > max_bytes:  # grew while being read
+            raise too_large(key, len(data), max_bytes, self.url)
+        return data
 
     def touch(self, key: str) -> None:
         """See `Store.touch`: set the file's modification time to now."""
@@ -227,7 +243,9 @@ class LocalStore:
             The secret's bytes.
 
         Raises:
-            ConfigError: ``name`` or ``size`` is invalid.
+            ConfigError: ``name`` or ``size`` is invalid, or the file is not the current user's own private file
+                (another owner, readable or writable by group or others, or not a regular file): a key someone
+                else planted or can read is never used.
             StorageError: The file cannot be read or created, or exists but is empty.
         """
         if not _SECRET_NAME.match(name):
@@ -237,13 +255,13 @@ class LocalStore:
         path = self._root / f".snapcell-{name}"
         with map_exceptions(_OS_ERRORS, f"cannot read or create the secret {path}"):
             try:
-                data = path.read_bytes()
+                data = _read_private(path)
             except FileNotFoundError:
                 try:
                     _write_atomic(path, secrets.token_bytes(size), overwrite=False, what=f"secret {path}")
                 except ObjectExists:
                     pass  # another process won the race; use its secret
-                data = path.read_bytes()
+                data = _read_private(path)
         if not data:
             raise StorageError(f"the secret file {path} is empty; delete it so a new one is generated")
         return data
@@ -253,6 +271,36 @@ class LocalStore:
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self._root)!r})"
+
+
+def _read_private(path: Path) -> bytes:
+    """Read a secret file only if it is a regular file owned by this user that nobody else can read or write.
+
+    The checks are made on the open file (no symlink followed), so a swap between check and read cannot fool them.
+
+    Raises:
+        ConfigError: The file is not private to this user; the message says how to fix it.
+        FileNotFoundError: There is no file.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as file:
+        st = os.fstat(file.fileno())
+        uid = os.geteuid()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"the secret {path} is not a regular file; delete it so a new one is generated")
+        if st.st_uid != uid:
+            raise ConfigError(
+                f"the secret {path} belongs to uid {st.st_uid}, not to this user (uid {uid}), so someone else may "
+                f"have planted or read it; if it is yours, `chown {uid} {path}` and `chmod 600 {path}`, otherwise "
+                "delete it (checkpoints signed with it stop loading) so a new one is generated"
+            )
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"the secret {path} has mode {stat.S_IMODE(st.st_mode):o}: group or others can read or write it, "
+                f"so it may have been read or replaced; `chmod 600 {path}` if you trust its contents, otherwise "
+                "delete it (checkpoints signed with it stop loading) so a new one is generated"
+            )
+        return file.read()
 
 
 def _root_path(root: object) -> Path:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from snapcell.errors import CheckpointNotFound, ObjectExists
 
-from ._protocol import ObjectInfo, validate_key, validate_prefix
+from ._protocol import ObjectInfo, too_large, validate_key, validate_prefix
 
 __all__ = ["MemoryStore"]
 
@@ -59,6 +59,13 @@ class MemoryStore:
         if entry is None:
             raise CheckpointNotFound(f"no object {key!r} in {self.url}", key=key)
         return entry.data
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """See `BoundedGet.get_at_most`."""
+        data = self.get(key)
+        if len(data) > max_bytes:
+            raise too_large(key, len(data), max_bytes, self.url)
+        return data
 
     def touch(self, key: str) -> None:
         """See `Store.touch`."""

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, TypeVar, runtime_checkable
 
-from snapcell.errors import ConfigError, InvalidKey, StorageTimeout
+from snapcell.errors import ConfigError, InvalidKey, ObjectTooLarge, StorageTimeout
 
 __all__ = [
     "MAX_KEY_LENGTH",
     "SEGMENT",
     "AsyncStore",
+    "BoundedGet",
     "BulkDelete",
     "ObjectInfo",
     "Store",
@@ -131,6 +132,31 @@ class BulkDelete(Protocol):
     def delete_many(self, keys: Sequence[str]) -> None:
         """Delete every key in ``keys``; keys that do not exist are not an error."""
         ...
+
+
+@runtime_checkable
+class BoundedGet(Protocol):
+    """Optional extra of a store that refuses an object by its size before reading it (every built-in backend)."""
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """Return the bytes under ``key`` if there are at most ``max_bytes`` of them.
+
+        Raises:
+            ObjectTooLarge: The object is larger; nothing was read.
+            CheckpointNotFound: Nothing is stored under the key.
+            StorageError: The store failed; the call may be retried.
+        """
+        ...
+
+
+def too_large(key: str, size: int, limit: int, url: str) -> ObjectTooLarge:
+    """The error for an object over a bounded read's limit."""
+    return ObjectTooLarge(
+        f"object {key!r} in {url} is {size} bytes, over the {limit} bytes this read allows; it was not read",
+        key=key,
+        size=size,
+        limit=limit,
+    )
 
 
 def validate_key(key: str) -> str:
@@ -315,6 +341,16 @@ class AsyncStore:
     async def get(self, key: str, *, timeout_s: float | None = None) -> bytes:
         """See `Store.get`; ``timeout_s`` bounds this call (see the class)."""
         return await self._call("get", key, timeout_s, lambda: self.sync.get(key))
+
+    async def get_at_most(self, key: str, max_bytes: int, *, timeout_s: float | None = None) -> bytes:
+        """See `BoundedGet.get_at_most`; a store without it is read whole, then refused if too large."""
+        sync = self.sync
+        if isinstance(sync, BoundedGet):
+            return await self._call("get", key, timeout_s, lambda: sync.get_at_most(key, max_bytes))
+        data = await self._call("get", key, timeout_s, lambda: self.sync.get(key))
+        if len(data) > max_bytes:
+            raise too_large(key, len(data), max_bytes, self.url)
+        return data
 
     async def touch(self, key: str, *, timeout_s: float | None = None) -> None:
         """See `Store.touch`; ``timeout_s`` bounds this call (see the class)."""

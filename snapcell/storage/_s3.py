@@ -22,7 +22,7 @@ from snapcell.errors import (
 )
 
 from ._config import ENDPOINT_ENV, S3Config
-from ._protocol import _DEADLINE, ObjectInfo, call_deadline, validate_key, validate_prefix
+from ._protocol import _DEADLINE, ObjectInfo, call_deadline, too_large, validate_key, validate_prefix
 
 __all__ = ["S3Store", "install_lifecycle"]
 
@@ -418,6 +418,23 @@ class S3Store:
                     time.sleep(delay)
                 finally:
                     body.close()
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """See `BoundedGet.get_at_most`: refused by the response's length, before its body is read."""
+        full = self._full(validate_key(key))
+        with self._errors("get", key):
+            response = self._client.get_object(Bucket=self.bucket, Key=full)
+            body = response["Body"]
+            try:
+                size = int(response.get("ContentLength", 0))
+                if size > max_bytes:
+                    raise too_large(key, size, max_bytes, self.url)
+                data = bytes(body.read())
+            finally:
+                body.close()
+        if len(data) > max_bytes:
+            raise too_large(key, len(data), max_bytes, self.url)
+        return data
 
     def touch(self, key: str) -> None:
         """See `Store.touch`: copy the object onto itself, which resets its LastModified (and lifecycle age).

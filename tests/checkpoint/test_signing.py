@@ -11,12 +11,13 @@ from snapcell import (
     CheckpointCorrupt,
     CheckpointExpired,
     CheckpointNotFound,
+    ConfigError,
     MemoryStore,
     Pool,
     SessionError,
 )
 from snapcell.checkpoint import Keyring
-from tests.checkpoint.helpers import KEY, OTHER_KEY
+from tests.checkpoint.helpers import KEY, OTHER_KEY, sign_and_store
 
 T0 = 1_800_000_000.0
 
@@ -164,3 +165,36 @@ def test_checked_in_session_cannot_load(pool: Pool, checkpoint_id: bytes) -> Non
         pass
     with pytest.raises(SessionError):
         session.load_session(checkpoint_id)
+
+
+# ------------------------------------------------------------------------------ future-dated IDs
+
+
+@pytest.mark.parametrize(
+    ("ahead_s", "max_skew_s", "refused"),
+    [(365 * 86400, 300.0, True), (3600, 300.0, True), (301, 300.0, True), (60, 300.0, False), (60, 10.0, True)],
+)
+def test_ids_dated_beyond_the_clock_skew_tolerance_are_refused(
+    ahead_s: float, max_skew_s: float, refused: bool
+) -> None:
+    now = 1_700_000_000.0
+    store = MemoryStore()
+    with Pool(store, signing_keys=[KEY], isolation="inline", clock=lambda: now, max_clock_skew_s=max_skew_s) as pool:
+        with pool.checkout() as session:
+            session.feed_run("x = 1")
+            body = session._inner._backend.runner.dump(created_at=now).body  # an honest body, signed for the future
+        future = sign_and_store(store, Keyring([KEY]), body, now=now + ahead_s)
+        with pool.checkout() as session:
+            if refused:
+                with pytest.raises(CheckpointCorrupt, match="in the future"):
+                    session.load_session(future)
+                with pytest.raises(CheckpointCorrupt, match="clock-skew"):
+                    session._inner.parse_id(future)
+            else:
+                session.load_session(future)
+                assert session.feed_run("x") == 1
+
+
+def test_the_clock_skew_tolerance_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="max_clock_skew_s"):
+        Pool("memory://", isolation="inline", max_clock_skew_s=-1)

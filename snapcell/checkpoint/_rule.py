@@ -1,0 +1,322 @@
+"""The allowlist rule for the globals a checkpoint names, one rule for the host's scanner and the loader.
+
+A global is a module the policy allows plus a public qualified name (no ``_private`` part, no private module
+segment, no path through another module or a serializer's internals), or an exact entry of `HELPERS`, the
+serializers' own reconstruction helpers. Helpers that take a module or attribute name as data (``subimport('os')``,
+``getattr(x, '__globals__')``) have their arguments checked by the same rule (`call_refusal`): the scanner
+requires them to be constants in the stream, the loader checks the values it is given.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "HELPERS",
+    "PLAIN",
+    "TYPE_CALL",
+    "GlobalRule",
+    "Refusal",
+    "as_rule",
+    "attribute_refusal",
+    "call_refusal",
+    "code_refusal",
+    "global_refusal",
+    "module_refusal",
+]
+
+AllowModule = Callable[[str], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalRule:
+    """The policy's part of the rule: which modules, and which of their public names, a checkpoint may name.
+
+    Attributes:
+        allow_module: True when a module (dotted name) may be imported.
+        deny_name: True when ``module.name`` is hidden from scripts although public (``io.open``,
+            ``typing.ForwardRef``); None denies nothing more.
+        deny_attribute: True when an attribute name may not be read through a helper (``gi_frame``, ``co_code``);
+            None denies nothing more than private names.
+        deny_code_name: True when restored bytecode may not use a name (``__subclasses__``, ``__globals__``,
+            ``gi_frame``): code objects arrive by value and no policy check ever saw them; None allows every name.
+    """
+
+    allow_module: AllowModule
+    deny_name: Callable[[str, str], bool] | None = None
+    deny_attribute: Callable[[str], bool] | None = None
+    deny_code_name: Callable[[str], bool] | None = None
+
+
+def as_rule(rule: GlobalRule | AllowModule) -> GlobalRule:
+    """A `GlobalRule` from a rule or a bare module check."""
+    return rule if isinstance(rule, GlobalRule) else GlobalRule(allow_module=rule)
+
+
+# How a helper's arguments are checked. PLAIN: not at all (they are objects built by the stream).
+PLAIN: Final = "plain"
+MODULE_ARG: Final = "module"  # first argument: a module name, checked like a global's module
+ATTR_ARG: Final = "attribute"  # second argument: an attribute name, public only
+ATTR_PATHS: Final = "attribute paths"  # every argument: a public dotted attribute path (attrgetter, methodcaller)
+TYPE_NAME: Final = "type name"  # first argument: one of SAFE_TYPE_NAMES
+TYPE_CALL: Final = "type"  # builtins.type: one argument only for None/NotImplemented/Ellipsis, or three
+
+# Types the serializers may rebuild by name (cloudpickle `_builtin_type`, dill `_load_type`). Function, module,
+# frame and generator types are left out: a function made from code without the session's builtins gets the real
+# ones.
+SAFE_TYPE_NAMES = frozenset(
+    {
+        "CodeType", "CellType", "MethodType", "MappingProxyType", "SimpleNamespace", "NoneType", "EllipsisType",
+        "NotImplementedType", "GenericAlias", "UnionType", "LockType", "RLockType",
+    }
+)  # fmt: skip
+
+# The one table of serializer helpers (exact module and name) a checkpoint may name; everything else follows the rule.
+HELPERS: dict[tuple[str, str], str] = {
+    **{
+        ("cloudpickle.cloudpickle", name): PLAIN
+        for name in (
+            "_class_setstate", "_function_setstate", "_get_dataclass_field_type_sentinel", "_lookup_class_or_track",
+            "_make_cell", "_make_dict_items", "_make_dict_keys", "_make_dict_values", "_make_empty_cell",
+            "_make_function", "_make_skeleton_class", "_make_skeleton_enum", "_make_typevar",
+        )
+    },
+    ("cloudpickle.cloudpickle", "_builtin_type"): TYPE_NAME,
+    ("cloudpickle.cloudpickle", "subimport"): MODULE_ARG,
+    ("cloudpickle.cloudpickle", "dynamic_subimport"): MODULE_ARG,
+    **{
+        ("dill._dill", name): PLAIN
+        for name in (
+            "_create_lock", "_create_rlock", "_create_stringi", "_create_stringo", "_create_namedtuple",
+            "_create_function", "_create_code", "_create_cell", "_create_type",
+        )
+    },
+    ("dill._dill", "_load_type"): TYPE_NAME,
+    ("dill._dill", "_import_module"): MODULE_ARG,
+    ("dill._dill", "_get_attr"): ATTR_ARG,
+    ("copyreg", "_reconstructor"): PLAIN,
+    ("copyreg", "__newobj__"): PLAIN,
+    ("copyreg", "__newobj_ex__"): PLAIN,
+    ("builtins", "getattr"): ATTR_ARG,
+    ("builtins", "type"): TYPE_CALL,
+    ("operator", "attrgetter"): ATTR_PATHS,
+    ("operator", "methodcaller"): ATTR_PATHS,
+    **{
+        ("snapcell.checkpoint._pickle", name): PLAIN
+        for name in (
+            "_session_namespace", "_rebuild_datetime_array", "_rebuild_lru_cache", "_rebuild_recursive_repr",
+            "_code_in_cell",
+        )
+    },
+    ("snapcell.runner._host", "host_function"): PLAIN,
+    **{
+        ("snapcell.runner._guard", name): PLAIN
+        for name in (
+            "_sliced_sleep", "_guarded_attrgetter", "_guarded_methodcaller", "guarded_getattr", "guarded_hasattr",
+            "guarded_setattr", "guarded_delattr", "guarded_dir", "guarded_vars",
+        )
+    },
+    # Standard-library and data-library internals that their own classes pickle through.
+    ("dataclasses", "_MISSING_TYPE"): PLAIN,
+    ("dataclasses", "_HAS_DEFAULT_FACTORY_CLASS"): PLAIN,
+    ("dataclasses", "_DataclassParams"): PLAIN,
+    ("dataclasses", "_FIELD_BASE"): PLAIN,
+    ("__future__", "_Feature"): PLAIN,
+    ("collections", "_tuplegetter"): PLAIN,
+    ("numpy._core.numeric", "_frombuffer"): PLAIN,
+    ("numpy.core.numeric", "_frombuffer"): PLAIN,
+    ("numpy._core.multiarray", "_reconstruct"): PLAIN,
+    ("numpy.core.multiarray", "_reconstruct"): PLAIN,
+    ("numpy._core.multiarray", "scalar"): PLAIN,
+    ("numpy.core.multiarray", "scalar"): PLAIN,
+    ("pandas._libs.internals", "_unpickle_block"): PLAIN,
+    ("pandas._libs.arrays", "__pyx_unpickle_NDArrayBacked"): PLAIN,
+    ("pandas.core.indexes.base", "_new_Index"): PLAIN,
+    ("pandas._libs.tslibs.timestamps", "_unpickle_timestamp"): PLAIN,
+    ("pandas._libs.tslibs.timedeltas", "_timedelta_unpickle"): PLAIN,
+    ("pandas._libs.tslibs.nattype", "__nat_unpickle"): PLAIN,
+}  # fmt: skip
+
+# Modules whose names are only reachable through HELPERS: a serializer's module holds `os`, `sys` and eval-like
+# helpers (``dill._dill`` plus ``"os.mkdir"``), and snapcell's own modules are not script API.
+_SERIALIZER_MODULES = ("cloudpickle", "dill", "copyreg", "pickle", "_pickle", "copy", "snapcell", "pickletools")
+# Plain builtins a checkpoint may name (types and constants the pickle protocol itself uses).
+SAFE_BUILTINS = frozenset(
+    {
+        "bool", "bytearray", "bytes", "classmethod", "complex", "dict", "float", "frozenset", "int", "list",
+        "object", "property", "range", "set", "slice", "staticmethod", "str", "tuple", "NotImplemented",
+        "Ellipsis", "memoryview", "enumerate", "zip", "map", "filter", "reversed",
+    }
+)  # fmt: skip
+# Private names a class may be pickled through: its own ``__new__`` (``enum.Enum.__new__`` in every Enum subclass).
+PRIVATE_OK = frozenset({"__new__"})
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a pickle stream is refused: the first global (or helper argument) the loader would not accept.
+
+    Attributes:
+        module: Module of the global.
+        name: Its name, or the refused argument of a helper.
+        reason: What rule it breaks.
+        offset: Byte offset of the opcode in the stream (-1 when not from a scan).
+        index: Which pickle in the stream (0-based; streams hold one pickle per variable).
+    """
+
+    module: str
+    name: str
+    reason: str
+    offset: int = -1
+    index: int = 0
+
+    def describe(self) -> str:
+        """One line for people."""
+        return f"{self.module}.{self.name} ({self.reason})"
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_")
+
+
+def module_refusal(module: object, rule: GlobalRule | AllowModule) -> str | None:
+    """Why a checkpoint may not import ``module`` (None: it may).
+
+    The policy decides the top-level package; below it, no private segment (``json.decoder`` yes, ``typing._x`` no).
+    """
+    if not isinstance(module, str) or not module:
+        return "the module name is not a constant string"
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return "not a module name"
+    if parts[0] in _SERIALIZER_MODULES:
+        return "a serializer's or snapcell's internals, outside the table of helpers"
+    if any(_private(part) for part in parts[1:]):
+        return "a private module"
+    if not as_rule(rule).allow_module(module):
+        return "a module the policy does not allow"
+    return None
+
+
+def attribute_refusal(name: object, *, dotted: bool = False, rule: GlobalRule | None = None) -> str | None:
+    """Why a checkpoint may not read attribute ``name`` (None: it may). Public names only, dotted if allowed."""
+    if not isinstance(name, str) or not name:
+        return "the attribute name is not a constant string"
+    parts = name.split(".") if dotted else [name]
+    for part in parts:
+        if not part.isidentifier():
+            return "not an attribute name"
+        if _private(part) and part not in PRIVATE_OK:
+            return "a private attribute"
+        if rule is not None and rule.deny_attribute is not None and rule.deny_attribute(part):
+            return "an attribute the policy hides"
+    return None
+
+
+def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule) -> str | None:
+    """Why the loader refuses the global ``module.name`` (None: it resolves it). The rule of this module.
+
+    Args:
+        module: The module the pickle names.
+        name: The qualified name the pickle names.
+        rule: The policy's part of the rule (or just its module check).
+    """
+    if not isinstance(module, str) or not isinstance(name, str):
+        return "the module or name is not a constant string"
+    rule = as_rule(rule)
+    if (module, name) in HELPERS:
+        return None
+    if module == "builtins":
+        if name in SAFE_BUILTINS or _is_builtin_exception(name):
+            return None
+        return "a builtin that checkpoints may not use"
+    problem = module_refusal(module, rule)
+    if problem is not None:
+        return problem
+    parts = name.split(".")
+    if rule.deny_name is not None and rule.deny_name(module, parts[0]):
+        return "a name the policy hides"
+    for position, part in enumerate(parts):
+        if not part.isidentifier():
+            return "not a qualified name"
+        if _private(part) and not (part in PRIVATE_OK and position == len(parts) - 1 and position > 0):
+            return "a private name"
+    if len(parts) > 1:
+        return _dotted_refusal(module, parts)
+    return None
+
+
+def _dotted_refusal(module: str, parts: list[str]) -> str | None:
+    """A dotted name may go through classes, never through a module (``typing.sys.modules`` is a module pivot)."""
+    owner = sys.modules.get(module)
+    if owner is None:
+        return None  # not imported here: nothing to walk; the loader's resolver walks it under the policy
+    target: Any = owner
+    for part in parts[:-1]:
+        try:
+            target = inspect.getattr_static(target, part)
+        except AttributeError:
+            return "a name that does not exist"
+        if isinstance(target, types.ModuleType):
+            return "a path through another module"
+    return None
+
+
+def _is_builtin_exception(name: str) -> bool:
+    value = getattr(__import__("builtins"), name, None)
+    return isinstance(value, type) and issubclass(value, BaseException)
+
+
+def call_refusal(kind: str, args: object, rule: GlobalRule | AllowModule) -> str | None:
+    """Why a helper that takes names as data may not be called with ``args`` (None: it may).
+
+    The scanner passes the constants it tracked (anything else is `OPAQUE`, which fails every check); the loader
+    passes the real arguments. Either way the same rule decides.
+    """
+    if kind == PLAIN:
+        return None
+    rule = as_rule(rule)
+    if not isinstance(args, tuple):
+        return "its arguments are not constants in the stream"
+    if kind == MODULE_ARG:
+        return module_refusal(args[0], rule) if args else "no module name"
+    if kind == ATTR_ARG:
+        return attribute_refusal(args[1], rule=rule) if len(args) >= 2 else "no attribute name"
+    if kind == ATTR_PATHS:
+        for arg in args:
+            problem = attribute_refusal(arg, dotted=True, rule=rule)
+            if problem is not None:
+                return problem
+        return None if args else "no attribute name"
+    if kind == TYPE_NAME:
+        return None if args and isinstance(args[0], str) and args[0] in SAFE_TYPE_NAMES else "a type it may not build"
+    if kind == TYPE_CALL:
+        if len(args) == 3:
+            return None
+        if len(args) == 1 and (args[0] is None or args[0] is NotImplemented or args[0] is Ellipsis):
+            return None
+        return "type() of an object other than None, NotImplemented or Ellipsis"
+    return "an unknown helper"
+
+
+def code_refusal(code: types.CodeType, rule: GlobalRule) -> str | None:
+    """Why the loader refuses a restored code object (None: it may run): a name its bytecode uses is denied.
+
+    Attribute reads, globals and imports in bytecode all go through ``co_names``; nested code objects (inner
+    functions, comprehensions) are checked too.
+    """
+    if rule.deny_code_name is None:
+        return None
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        for name in current.co_names:
+            if rule.deny_code_name(name):
+                return f"its code uses the name {name!r}, which scripts may not use"
+        pending.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    return None

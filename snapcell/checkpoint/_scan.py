@@ -1,0 +1,516 @@
+"""A scanner that applies the checkpoint rule (`_rule`) to a pickle stream without unpickling.
+
+One rule serves both sides of the trust boundary: the host runs `scan_pickle` over every pickle stream of a
+checkpoint before it signs it, and the loader's ``find_class`` calls `global_refusal` (and the helpers' argument
+checks, `call_refusal`) on every global it resolves. A signature therefore means "the host read every global this
+checkpoint names and the loader accepts each one".
+
+The scanner is a small abstract stack machine over pickletools' opcode table: string constants are followed through
+the stack and the memo, anything else is opaque, and what it cannot prove safe it refuses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import pickletools
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from snapcell.checkpoint._rule import (
+    HELPERS,
+    PLAIN,
+    TYPE_CALL,
+    AllowModule,
+    GlobalRule,
+    Refusal,
+    as_rule,
+    call_refusal,
+    global_refusal,
+)
+
+__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
+
+
+# ----------------------------------------------------------------------------------------------- the scanner
+
+
+class _Opaque:
+    """Any value the scanner does not track (the result of a call, a container, a number)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "OPAQUE"
+
+
+OPAQUE: Final = _Opaque()
+# A value that may be an object that existed before the load (what a lookup returned): never given state.
+FOREIGN: Final = _Opaque()
+# Calls that hand back existing objects rather than making new ones.
+_LOOKUPS = frozenset({("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce")})
+# cloudpickle's state setters: (obj, state) for an object the stream made.
+_SETSTATE = frozenset(
+    {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Global:
+    module: str
+    name: str
+    kind: str  # the helper kind, PLAIN for any other allowed global
+
+
+class _Refused(Exception):
+    def __init__(self, module: str, name: str, reason: str) -> None:
+        super().__init__(reason)
+        self.refusal = Refusal(module, name, reason)
+
+
+# Opcode table, from pickletools: argument length (>= 0 fixed; the negative codes below), values popped (-1: pop to
+# the mark), values pushed.
+_LINE, _LEN1, _LEN4S, _LEN4U, _LEN8 = -1, -2, -3, -4, -5
+_NO_ARG = 0
+_OPS: dict[int, tuple[int, int, int]] = {}
+for _op in pickletools.opcodes:
+    _before = [s.name for s in _op.stack_before]
+    _pops = -1 if "mark" in _before else len(_before)
+    _OPS[ord(_op.code)] = (_op.arg.n if _op.arg is not None else _NO_ARG, _pops, len(_op.stack_after))
+del _op, _before, _pops
+
+_MAX_STACK = 1 << 22  # 4M values (32 MB of references); deeper streams are refused, not followed
+_MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten (a GET of them is opaque)
+_MAX_TUPLE = 3
+_U4 = struct.Struct("<I")
+_I4 = struct.Struct("<i")
+_U8 = struct.Struct("<Q")
+
+_STR_OPS = frozenset({ord("X"), 0x8D, ord("V")})
+# Numbers and booleans (fixed-size opcodes), matched a run at a time; one match of the token pattern per value.
+_NUMBER_TOKEN = re.compile(rb"K.|M..|J....|G.{8}|\x88|\x89", re.DOTALL)
+_NUMBER_RUN = re.compile(rb"(?:K.|M..|J....|G.{8}|\x88|\x89)+", re.DOTALL)
+# Values that can be popped into a container without a check (helpers that take names are _Global, tuples nest).
+_INERT_TYPES = frozenset({_Opaque, str, type(None)})
+_EXTEND_CODES = frozenset({ord("e"), ord("u"), 0x90})
+# Flat groups, the bulk of large dicts and lists of records: MARK, then values that neither name a global nor call
+# anything (numbers, short strings and bytes, memo reads and MEMOIZE, empty containers, and records: an empty
+# container filled by one such group), then APPENDS/SETITEMS/ADDITEMS. Everything above the mark goes into the
+# container, so only the memo changes: MEMOIZE is counted at C speed, and the values it stored are read again
+# from the stream only if a later GET needs one (`_Scanner._lazy`).
+
+
+def _length_prefixed() -> bytes:
+    """A pattern for one length byte and that many bytes (regular expressions cannot count otherwise)."""
+    return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
+
+
+_SIZED = _length_prefixed()
+_TOKEN = rb"K.|M..|J....|G.{8}|\x88|\x89|N|h.|j....|\x94|\x8c" + _SIZED + rb"|C" + _SIZED + rb"|\]|\}|\)|\x8f|\x95.{8}"
+_RECORD = rb"(?:\]|\}|\x8f)\x94?\((?:" + _TOKEN + rb")*[eu\x90]"
+_FLAT_GROUP = re.compile(rb"\((?:" + _RECORD + rb"|" + _TOKEN + rb")*[eu\x90]", re.DOTALL)
+_GROUP_TOKENS = re.compile(rb"(\x94)|\(|[eu\x90]|" + _TOKEN, re.DOTALL)
+_MAX_LAZY = 1 << 20
+_MISSING = object()
+_C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
+_CATEGORY = [_C_OTHER] * 256
+for _code in (ord("K"), ord("M"), ord("J"), ord("G"), 0x88, 0x89):
+    _CATEGORY[_code] = _C_NUMBER
+for _code in (ord("}"), ord("]"), 0x8F):
+    _CATEGORY[_code] = _C_EMPTY
+for _code in (ord("e"), ord("u"), 0x90):
+    _CATEGORY[_code] = _C_EXTEND
+_CATEGORY[0x8C] = _C_SHORT_STR
+_CATEGORY[0x94] = _C_MEMOIZE
+_CATEGORY[ord("h")] = _C_BINGET
+_CATEGORY[ord("(")] = _C_MARK
+_CATEGORY[ord("N")] = _C_NONE
+_FIXED_NUMBER = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x88: 1, 0x89: 1}
+
+
+def scan_pickle(data: bytes | bytearray | memoryview, rule: GlobalRule | AllowModule) -> Refusal | None:
+    """Check every global a pickle stream (one or more pickles back to back) would resolve, without unpickling.
+
+    Walks the opcodes with a small abstract stack machine: string constants are followed through the stack and
+    the memo (MEMOIZE/PUT/GET), so ``STACK_GLOBAL`` sees the constant module and name it would be given; operands
+    that are not constants, malformed or truncated streams and opcodes the loader never needs (``EXT*``) are
+    refused. Helpers that take names as data must be called with constants that pass `call_refusal`; a global
+    object may not be the target of ``BUILD`` (that would patch a library class in place).
+
+    Args:
+        data: The raw (decompressed) pickle bytes.
+        rule: The policy's part of the rule, as the loader uses it (or just its module check).
+
+    Returns:
+        None when every global passes the rule, else the first `Refusal`.
+    """
+    view = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
+    scanner = _Scanner(view, as_rule(rule))
+    try:
+        scanner.run()
+    except _Refused as exc:
+        return Refusal(exc.refusal.module, exc.refusal.name, exc.refusal.reason, scanner.op_offset, scanner.index)
+    except (IndexError, struct.error, ValueError, UnicodeDecodeError) as exc:
+        return Refusal("", "", f"a malformed pickle stream ({type(exc).__name__})", scanner.op_offset, scanner.index)
+    return None
+
+
+class _Scanner:
+    def __init__(self, data: bytes | bytearray | memoryview, rule: GlobalRule) -> None:
+        self.data = data
+        self.rule = rule
+        self.op_offset = 0
+        self.index = 0
+        self.flat_ok = True
+        self.stop_end = 0  # where the last complete pickle ends
+        # Memo ranges written by flat groups: first index, count, and where the group is in the stream.
+        self.lazy_starts: list[int] = []
+        self.lazy: list[tuple[int, int, int, int]] = []
+        self.memo: dict[int, object] = {}
+
+    def _add_lazy(self, first: int, count: int, start: int, stop: int, memo: dict[int, object]) -> None:
+        if len(self.lazy) >= _MAX_LAZY:
+            self.flat_ok = False  # enough: later groups go the slow way, entries here stay readable
+        for key in [k for k in memo if first <= k < first + count] if memo and max(memo) >= first else ():
+            del memo[key]  # MEMOIZE in the group overwrites what an earlier PUT stored there
+        self.lazy_starts.append(first)
+        self.lazy.append((first, count, start, stop))
+
+    def _lazy(self, key: int) -> object:
+        """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque."""
+        at = bisect.bisect_right(self.lazy_starts, key) - 1
+        if at < 0:
+            return OPAQUE
+        first, count, start, stop = self.lazy[at]
+        if key >= first + count:
+            return OPAQUE
+        index = first
+        last: object = OPAQUE
+        for token in _GROUP_TOKENS.finditer(self.data, start, stop):
+            code = self.data[token.start()]
+            if code == 0x94:
+                if index == key:
+                    return last
+                index += 1
+                last = OPAQUE  # memoizing again never happens in pickles; treated as unknown
+            elif code == 0x8C:
+                last = str(self.data[token.start() + 2 : token.end()], "utf-8", "surrogatepass")
+            else:
+                last = OPAQUE  # numbers, bytes, containers, and memo reads (the memo may have changed since)
+        return OPAQUE
+
+    def _global(self, module: object, name: object) -> _Global:
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise _Refused(str(module), str(name), "STACK_GLOBAL operands that are not constant strings")
+        problem = global_refusal(module, name, self.rule)
+        if problem is not None:
+            raise _Refused(module, name, problem)
+        return _Global(module, name, HELPERS.get((module, name), PLAIN))
+
+    def _call(self, func: object, args: object, how: str) -> None:
+        if isinstance(func, _Global) and func.kind != PLAIN:
+            if how != "call":
+                raise _Refused(func.module, func.name, f"a helper that takes names, used through {how}")
+            problem = call_refusal(func.kind, args, self.rule)
+            if problem is not None:
+                raise _Refused(func.module, func.name, f"called with {_show(args)}: {problem}")
+
+    def run(self) -> None:
+        data = self.data
+        end = len(data)
+        category = _CATEGORY
+        fixed_number = _FIXED_NUMBER
+        opaque = OPAQUE
+        stack: list[object] = []
+        marks: list[int] = []
+        memo = self.memo
+        limit = _MAX_STACK
+        pos = self._loop(data, end, category, fixed_number, opaque, stack, marks, memo, limit)
+        if pos != end or self.stop_end != end:
+            raise ValueError("truncated")
+        if stack or marks:
+            raise ValueError("the stream ends inside a pickle")
+
+    def _loop(  # noqa: C901 - one dispatch loop, kept flat for speed
+        self,
+        data: bytes | bytearray | memoryview,
+        end: int,
+        category: list[int],
+        fixed_number: dict[int, int],
+        opaque: _Opaque,
+        stack: list[object],
+        marks: list[int],
+        memo: dict[int, object],
+        limit: int,
+    ) -> int:
+        memo_next = 0
+        pos = 0
+        op = 0
+        number_run = _NUMBER_RUN.match
+        number_token = _NUMBER_TOKEN
+        flat_group = _FLAT_GROUP.match
+        group_tokens = _GROUP_TOKENS.findall
+        memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
+        missing = _MISSING
+        try:
+            while pos < end:
+                op = pos
+                code = data[pos]
+                kind = category[code]
+                # The frequent opcodes first: numbers, short strings, memo, marks and containers make up big streams.
+                if kind == _C_NUMBER:
+                    # Runs of numbers are the bulk of large lists: found and counted at C speed.
+                    run = number_run(data, pos)
+                    if run is None:
+                        raise ValueError("truncated number")
+                    stop = run.end()
+                    if stop < end and data[stop] in _EXTEND_CODES and marks and marks[-1] == len(stack) > 0:
+                        # MARK, numbers, APPENDS/SETITEMS: the values go straight into the container below.
+                        marks.pop()
+                        pos = stop + 1
+                        continue
+                    stack.extend([opaque] * number_token.subn(b"", data[pos:stop])[1])
+                    pos = stop
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+                elif kind == _C_SHORT_STR:
+                    size = data[pos + 1]
+                    stack.append(str(data[pos + 2 : pos + 2 + size], "utf-8", "surrogatepass"))
+                    pos += 2 + size
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+                elif kind == _C_MEMOIZE:
+                    value = stack[-1]
+                    if value is not opaque and len(memo) < _MAX_MEMO_STRINGS:
+                        memo[memo_next] = value
+                        if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
+                            self.flat_ok = False  # a helper in the memo: memo reads in groups need checking
+                    elif memo:
+                        memo.pop(memo_next, None)  # an earlier PUT may have used this index
+                    memo_next += 1
+                    pos += 1
+                elif kind == _C_BINGET:
+                    value = memo.get(data[pos + 1], missing)
+                    stack.append(self._lazy(data[pos + 1]) if value is missing else value)
+                    pos += 2
+                elif kind == _C_MARK:
+                    # A MARK before a run of numbers is left to the number path (its own fast case).
+                    group = (
+                        flat_group(data, pos)
+                        if self.flat_ok and stack and pos + 1 < end and category[data[pos + 1]] != _C_NUMBER
+                        else None
+                    )
+                    if group is None:
+                        marks.append(len(stack))
+                        pos += 1
+                    else:
+                        stop = group.end()
+                        count = (
+                            group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
+                        )
+                        if count:
+                            self._add_lazy(memo_next, count, pos, stop, memo)
+                            memo_next += count
+                        pos = stop
+                elif kind == _C_EMPTY:
+                    stack.append(opaque)
+                    pos += 1
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+                elif kind == _C_EXTEND:  # APPENDS, SETITEMS, ADDITEMS: pop to the mark, keep the container
+                    base = marks.pop()
+                    if base < 1:
+                        raise IndexError("no container below the mark")
+                    popped = stack[base:]
+                    if not _INERT_TYPES.issuperset(map(type, popped)):
+                        _no_helpers(popped)
+                    del stack[base:]
+                    pos += 1
+                elif kind == _C_NONE:
+                    stack.append(None)
+                    pos += 1
+                else:
+                    pos, memo_next = self._slow(code, pos, stack, marks, memo, memo_next)
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
+        except BaseException:
+            self.op_offset = op
+            raise
+        return pos
+
+    def _slow(  # noqa: C901 - the rest of the opcode table
+        self, code: int, pos: int, stack: list[object], marks: list[int], memo: dict[int, object], memo_next: int
+    ) -> tuple[int, int]:
+        data = self.data
+        end = len(data)
+        opaque = OPAQUE
+        spec = _OPS.get(code)
+        if spec is None:
+            raise _Refused("", "", f"unknown opcode {code:#x}")
+        arglen, pops, pushes = spec
+        pos += 1
+        arg_start = pos
+        if arglen > 0:
+            pos += arglen
+        elif arglen == _LEN1:
+            pos += 1 + data[pos]
+            arg_start += 1
+        elif arglen in (_LEN4U, _LEN4S):
+            size = _U4.unpack_from(data, pos)[0] if arglen == _LEN4U else _I4.unpack_from(data, pos)[0]
+            if size < 0:
+                raise ValueError("negative length")
+            pos += 4 + size
+            arg_start += 4
+        elif arglen == _LEN8:
+            pos += 8 + _U8.unpack_from(data, pos)[0]
+            arg_start += 8
+        elif arglen == _LINE:
+            for _ in range(2 if code in (ord("c"), ord("i")) else 1):
+                newline = bytes(data[pos : pos + 65536]).find(b"\n")
+                if newline < 0:
+                    raise ValueError("unterminated line")
+                pos += newline + 1
+        if pos > end:
+            raise ValueError("truncated")
+        if code in _STR_OPS:
+            if code == ord("V"):
+                stack.append(bytes(data[arg_start : pos - 1]).decode("raw-unicode-escape"))
+            else:
+                stack.append(str(data[arg_start:pos], "utf-8", "surrogatepass"))
+        elif code in (ord("j"), ord("g")):  # LONG_BINGET, GET
+            key = _memo_key(code, data, arg_start, pos)
+            value = memo.get(key, _MISSING)
+            stack.append(self._lazy(key) if value is _MISSING else value)
+        elif code in (ord("q"), ord("r"), ord("p")):  # BINPUT, LONG_BINPUT, PUT
+            key = _memo_key(code, data, arg_start, pos)
+            value = stack[-1]
+            # An explicit entry, even an opaque one, shadows what a flat group stored at that index.
+            memo[key] = value if value is not opaque and len(memo) < _MAX_MEMO_STRINGS else opaque
+            if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
+                self.flat_ok = False
+        elif code == 0x93:  # STACK_GLOBAL
+            name = stack.pop()
+            module = stack.pop()
+            stack.append(self._global(module, name))
+        elif code == ord("c"):  # GLOBAL
+            module, name, _ = str(data[arg_start:pos], "utf-8").split("\n")
+            stack.append(self._global(module, name))
+        elif code == ord("R"):  # REDUCE
+            args = stack.pop()
+            func = stack.pop()
+            self._call(func, args, "call")
+            _no_helpers(args if isinstance(args, tuple) else ())
+            if isinstance(func, _Global):
+                if (func.module, func.name) in _SETSTATE:
+                    _check_target(args[0] if isinstance(args, tuple) and args else FOREIGN, "its state setter")
+                lookup = func.kind != PLAIN or (func.module, func.name) in _LOOKUPS
+            else:
+                lookup = True  # a callable the stream computed may return anything
+            stack.append(FOREIGN if lookup else opaque)
+        elif code in (0x81, 0x92):  # NEWOBJ, NEWOBJ_EX: cls.__new__(cls, *args)
+            popped = [stack.pop() for _ in range(3 if code == 0x92 else 2)]
+            _no_helpers(popped[:-1])
+            self._call(popped[-1], None, "__new__")
+            stack.append(opaque)
+        elif code == ord("b"):  # BUILD
+            _no_helpers([stack.pop()])
+            target = stack.pop()
+            _check_target(target, "BUILD")
+            stack.append(opaque)
+        elif code in (ord("i"), ord("o")):  # INST, OBJ: call a class with the values above the mark
+            base = marks.pop()
+            items = stack[base:]
+            del stack[base:]
+            if code == ord("i"):
+                module, name, _ = str(data[arg_start:pos], "utf-8").split("\n")
+                callee: object = self._global(module, name)
+            else:
+                callee, items = items[0], items[1:]
+            self._call(callee, tuple(items), "call")
+            _no_helpers(items)
+            stack.append(opaque)
+        elif code in (0x85, 0x86, 0x87):  # TUPLE1-3: kept, they are call arguments
+            count = code - 0x84
+            items = stack[-count:]
+            if len(items) != count:
+                raise IndexError("stack underflow")
+            del stack[-count:]
+            stack.append(tuple(items))
+        elif code == ord("t"):  # TUPLE
+            base = marks.pop()
+            items = stack[base:]
+            del stack[base:]
+            stack.append(tuple(items) if len(items) <= _MAX_TUPLE else _no_helpers(items))
+        elif code == ord(")"):
+            stack.append(())
+        elif code == ord("2"):  # DUP
+            stack.append(stack[-1])
+        elif code in (0x82, 0x83, 0x84):
+            raise _Refused("copyreg", "extension", "EXT opcodes (the copyreg extension registry)")
+        elif code == ord("Q"):  # BINPERSID: only the namespace token of old checkpoints
+            if stack.pop() != "namespace":
+                raise _Refused("", "persistent_load", "a persistent reference other than the namespace")
+            stack.append(opaque)
+        elif code == ord("P"):
+            if bytes(data[arg_start : pos - 1]) != b"namespace":
+                raise _Refused("", "persistent_load", "a persistent reference other than the namespace")
+            stack.append(opaque)
+        elif code == ord("."):  # STOP: one pickle (one variable) ends; the memo carries on
+            stack.pop()
+            if stack or marks:
+                raise ValueError("values left on the stack")
+            self.index += 1
+            self.stop_end = pos
+        elif code == 0x94:
+            raise AssertionError("unreachable")
+        else:  # everything else: pop what it consumes, push an opaque result
+            if pops == -1:
+                base = marks.pop()
+                _no_helpers(stack[base:])
+                del stack[base:]
+            elif pops:
+                keep = code in (ord("a"), ord("s"))  # APPEND, SETITEM keep their container below the values
+                count = pops - 1 if keep else pops
+                popped = stack[-count:]
+                if len(popped) != count or len(stack) < pops:
+                    raise IndexError("stack underflow")
+                _no_helpers(popped)
+                del stack[-count:]
+                if keep:
+                    return pos, memo_next
+            stack.extend([opaque] * pushes)
+        return pos, memo_next
+
+
+def _check_target(target: object, how: str) -> None:
+    """State may only go to objects the stream made: not to a global or what a lookup returned (a library class)."""
+    if isinstance(target, _Global):
+        raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
+    if target is FOREIGN:
+        raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
+
+
+def _no_helpers(values: Iterable[object]) -> _Opaque:
+    """A helper that takes names may only be called directly, never stored or passed (``partial(getattr, f)``)."""
+    for value in values:
+        if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
+            raise _Refused(value.module, value.name, "a helper that takes names, passed as a value")
+        if type(value) is tuple:
+            _no_helpers(value)
+    return OPAQUE
+
+
+def _memo_key(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> int:
+    if code in (ord("h"), ord("q")):
+        return data[start]
+    if code in (ord("j"), ord("r")):
+        return int(_U4.unpack_from(data, start)[0])
+    return int(bytes(data[start : end - 1]))
+
+
+def _show(args: object) -> str:
+    if isinstance(args, tuple):
+        return "(" + ", ".join(repr(a)[:60] for a in args) + ")"
+    return "values computed in the stream"

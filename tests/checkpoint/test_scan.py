@@ -1,0 +1,110 @@
+"""The opcode scanner on its own: no false refusals of plain data, never an exception, bounded by the stream."""
+
+from __future__ import annotations
+
+import pickle
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from snapcell import Policy
+from snapcell.checkpoint import HELPERS, global_refusal, scan_pickle
+from snapcell.runner._runner import checkpoint_rule
+
+RULE = checkpoint_rule(Policy())
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**200), max_value=2**200),
+    st.floats(allow_nan=False),
+    st.text(max_size=300),
+    st.binary(max_size=300),
+    st.complex_numbers(allow_nan=False),
+)
+data = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=20),
+        st.tuples(inner, inner),
+        st.tuples(inner, inner, inner, inner),
+        st.dictionaries(st.text(max_size=10), inner, max_size=10),
+        st.frozensets(st.integers(), max_size=5),
+        st.sets(st.text(max_size=5), max_size=5),
+    ),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=data, protocol=st.integers(min_value=3, max_value=5))
+def test_plain_data_passes_in_every_protocol(value: object, protocol: int) -> None:
+    stream = pickle.dumps(value, protocol=protocol)
+    assert scan_pickle(stream, RULE) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=data, cut=st.integers(min_value=1, max_value=400))
+def test_cut_or_garbled_streams_are_refused_never_raised(value: object, cut: int) -> None:
+    stream = pickle.dumps([value, value], protocol=5)
+    if cut < len(stream):
+        assert scan_pickle(stream[:-cut], RULE) is not None
+    garbled = bytearray(stream)
+    garbled[cut % len(garbled)] ^= 0x5A
+    scan_pickle(bytes(garbled), RULE)  # refused or accepted, but never an exception
+
+
+def test_memo_shared_between_pickles_of_one_stream() -> None:
+    """Streams hold one pickle per variable sharing a memo: a module name memoized in the first serves the second."""
+    first = b"\x80\x05\x8c\x04json\x94\x8c\x05dumps\x94\x93\x94."
+    second_ok = b"\x80\x05h\x00\x8c\x05loads\x94\x93."
+    second_bad = b"\x80\x05h\x00\x8c\x10_default_decoder\x93."
+    assert scan_pickle(first + second_ok, RULE) is None
+    refusal = scan_pickle(first + second_bad, RULE)
+    assert refusal is not None and refusal.index == 1 and refusal.name == "_default_decoder"
+
+
+def test_global_opcode_and_inst_follow_the_same_rule() -> None:
+    assert scan_pickle(b"cjson\ndumps\n.", RULE) is None
+    assert scan_pickle(b"cos\nsystem\n.", RULE) is not None
+    assert scan_pickle(b"(S'x'\nios\nsystem\n.", RULE) is not None
+
+
+def test_every_helper_of_the_table_is_exact() -> None:
+    """The table lists exact pairs: a neighbour of a helper is refused (dill._dill._eval_repr, copyreg._inverted)."""
+    assert all(global_refusal(module, name, RULE) is None for module, name in HELPERS)
+    for module, name in [("dill._dill", "_eval_repr"), ("copyreg", "_inverted_registry"), ("cloudpickle", "os")]:
+        assert global_refusal(module, name, RULE) is not None
+
+
+def test_deep_streams_are_refused_not_followed() -> None:
+    assert scan_pickle(b"\x80\x05" + b"]" * (1 << 22 | 1) + b".", RULE) is not None
+
+
+def _list_then_global(group: bytes, tail: bytes) -> bytes:
+    """A list filled by ``group`` (memo 0 is the list), then ``tail`` pushing one value appended to it."""
+    return b"\x80\x05]\x94" + group + tail + b"a."
+
+
+def test_strings_memoized_inside_fast_groups_are_read_back_exactly() -> None:
+    """Big containers are skipped a group at a time; a module name memoized there is still followed by GET."""
+    json_group = b"(\x8c\x04json\x94K\x01}\x94(h\x01K\x02ue"
+    assert scan_pickle(_list_then_global(json_group, b"h\x01\x8c\x05dumps\x93"), RULE) is None
+    os_group = b"(\x8c\x02os\x94K\x01e"
+    refusal = scan_pickle(_list_then_global(os_group, b"h\x01\x8c\x06system\x93"), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_a_put_shadows_what_a_fast_group_memoized() -> None:
+    group = b"(\x8c\x04json\x94K\x01e"
+    tail = b"\x8c\x02osq\x010" + b"h\x01\x8c\x06system\x93"  # PUT 1 = 'os', POP, then GET 1
+    refusal = scan_pickle(_list_then_global(group, tail), RULE)
+    assert refusal is not None and refusal.module == "os"
+
+
+def test_a_value_memoized_again_inside_a_group_is_not_trusted() -> None:
+    """GET then MEMOIZE never comes from pickle; the memo may have changed, so the copy counts as unknown."""
+    group = b"(\x8c\x04json\x94h\x01\x94e"
+    refusal = scan_pickle(_list_then_global(group, b"h\x02\x8c\x05dumps\x93"), RULE)
+    assert refusal is not None and "constant" in refusal.reason
