@@ -49,10 +49,12 @@ from snapcell.runner._guard import (
     attach_submodule,
     attribute_hint,
     attribute_problem,
+    exact_str,
     format_call,
     format_problem,
     guarded_builtins,
     is_dunder,
+    is_type_call,
     module_allowed,
     module_view,
     name_denied,
@@ -60,8 +62,11 @@ from snapcell.runner._guard import (
     rewrite_format_calls,
     runtime_policy_error,
     special_value,
+    store_call,
+    type_call,
 )
 from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
+from snapcell.runner._standins import stand_in_builtins
 
 __all__ = ["DEFAULT_MODULES", "Policy"]
 
@@ -158,11 +163,16 @@ class Policy:
             rewrite_format_calls(tree)
             instrument(tree)
             return
+        # Formats first: type calls shift argument indices and stores wrap whatever their value is by then.
         for parent, name, index, node in plan.formats:
             if index is None:
                 setattr(parent, name, format_call(node))
             else:
                 getattr(parent, name)[index] = format_call(node)
+        for call in plan.type_calls:
+            type_call(call)
+        for target in plan.stores:
+            target.value = store_call(target.value)
         apply_checks(plan.first, plan.after)
 
     def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError:
@@ -184,6 +194,7 @@ class Policy:
         if not self.restricted:
             return dict(vars(builtins))
         table = guarded_builtins()
+        table.update(stand_in_builtins())
         for name, reason in _BLOCKED_BUILTINS.items():
             table.setdefault(name, _blocked_builtin(name, reason))
         table["__import__"] = self._make_import()
@@ -210,7 +221,8 @@ class Policy:
         def guarded_import(
             name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
         ) -> Any:
-            if level or not isinstance(name, str) or not self.allows_module(name):
+            name = exact_str(name)  # a str subclass could lie to the checks below
+            if level or type(name) is not str or not self.allows_module(name):
                 raise runtime_policy_error(f"import of {name!r}", self.import_error(str(name)).hint)
             view = self.view(name)
             for item in fromlist or ():
@@ -322,6 +334,8 @@ class _Plan:
     """Edits `Policy.transform` makes, recorded by the check's walk so the tree is walked once."""
 
     formats: list[tuple[ast.AST, str, int | None, ast.Attribute]] = field(default_factory=list)
+    stores: list[ast.Attribute] = field(default_factory=list)
+    type_calls: list[ast.Call] = field(default_factory=list)
     first: list[tuple[list[ast.stmt], ast.AST]] = field(default_factory=list)
     after: list[tuple[list[ast.stmt], ast.stmt]] = field(default_factory=list)
 
@@ -384,6 +398,8 @@ class _Checker(ast.NodeVisitor):
         problem = attribute_problem(node.attr, store=store)
         if problem and not self._own_private(node):
             raise self.fail(node, problem, attribute_hint(node.attr))
+        if store:
+            self.plan.stores.append(node)
         self.generic_visit(node)
 
     def _own_private(self, node: ast.Attribute) -> bool:
@@ -449,6 +465,8 @@ class _Checker(ast.NodeVisitor):
                 self.visit(parsed)
 
     def visit_Call(self, node: ast.Call) -> None:
+        if is_type_call(node):
+            self.plan.type_calls.append(node)
         func = node.func
         callee = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
         literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]

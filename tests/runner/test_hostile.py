@@ -134,6 +134,173 @@ def test_hostile_script_is_stopped(run, code, expected):
     assert run("'pwned' in dir()").value is False
 
 
+# Holes found in the guard (issue 13). Each attack reaches the real `sys`/`os`, a frame, a class every session
+# shares, or code outside the run; the second item is a check (run afterwards, in the same session) that the
+# shared object the attack aimed at is intact. Every attack succeeds with the guard off (see the liveness test).
+FUNC = "def f():\n    pass\n"
+LIAR = (
+    "class S(str):\n    def startswith(self, p):\n        return False\n"
+    "    def endswith(self, p):\n        return False\n"
+)
+UNTOUCHED_JSON = "import json\njson.dumps([1, 2]) == '[1, 2]' and json.JSONEncoder.item_separator == ', '"
+GUARD_HOLES: dict[str, tuple[str, str | None]] = {
+    # --- copies of module views
+    "copy_module_view": ("import copy, json\npwned = copy.copy(json).codecs.sys.modules['os']", None),
+    "deepcopy_module_view": (
+        "import copy, json\nm = copy.deepcopy({'k': [json]})['k'][0]\npwned = m.codecs.sys.modules['os']",
+        None,
+    ),
+    # --- functools.update_wrapper / wraps with dunder names
+    "update_wrapper_globals": (
+        "import functools, json\nclass O:\n    pass\no = O()\n"
+        "functools.update_wrapper(o, json.dumps, assigned=('__globals__',), updated=())\n"
+        "pwned = vars(o)['__globals__']['codecs'].sys.modules['os']",
+        None,
+    ),
+    "wraps_globals": (
+        "import functools, json\nclass O:\n    pass\no = functools.wraps(json.dumps, assigned=('__globals__',))(O())\n"
+        "pwned = vars(o)['__globals__']['codecs'].sys.modules['os']",
+        None,
+    ),
+    "update_wrapper_copies_private_dict": (
+        "import functools, random\nclass O:\n    pass\no = O()\n"
+        "functools.update_wrapper(o, random.Random, assigned=(), updated=('__dict__',))\n"
+        "leaked = [k for k in vars(o) if k.startswith('_') and not k.endswith('__')]\nassert leaked",
+        None,
+    ),
+    "update_wrapper_onto_shared_class": (
+        "import functools, json\n" + FUNC + "functools.update_wrapper(json.JSONEncoder, f, updated=())\n"
+        "assert json.JSONEncoder.__qualname__ == 'f'",
+        "import json\njson.JSONEncoder.__qualname__ == 'JSONEncoder'",
+    ),
+    # --- the types of attrgetter / methodcaller used directly
+    "attrgetter_type": (
+        "import operator, json\ngetter = type(operator.attrgetter('x'))('__globals__')\n"
+        "pwned = getter(json.dumps)['codecs'].sys.modules['os']",
+        None,
+    ),
+    "methodcaller_type": (
+        "import operator, json\ncaller = type(operator.methodcaller('x'))('__reduce_ex__', 4)\n"
+        "pwned = caller(json)[0]('os')",
+        None,
+    ),
+    "attrgetter_format": (
+        "import operator\npwned = operator.attrgetter('format')('{0.__class__.__base__}')(1)\n"
+        "assert pwned == \"<class 'object'>\"",
+        None,
+    ),
+    "methodcaller_format": (
+        "import operator\npwned = operator.methodcaller('format', 1)('{0.__class__.__base__}')\n"
+        "assert pwned == \"<class 'object'>\"",
+        None,
+    ),
+    # --- string.Formatter.get_field / vformat
+    "formatter_super_get_field": (
+        "import string, json\nfmt = string.Formatter()\n"
+        "found, _ = super(string.Formatter, fmt).get_field('0.__globals__', (json.dumps,), {})\n"
+        "pwned = found['codecs'].sys.modules['os']",
+        None,
+    ),
+    "formatter_subclass_vformat": (
+        "import string, json\nclass F(string.Formatter):\n    def get_field(self, name, args, kwargs):\n"
+        "        return super(string.Formatter, self).get_field(name, args, kwargs)\n"
+        "pwned = F().vformat('{0.__globals__[codecs].sys.modules[os]}', (json.dumps,), {})",
+        None,
+    ),
+    # --- str subclasses that lie to the guard's checks
+    "str_subclass_getattr": (
+        "import json\n" + LIAR + "pwned = getattr(json.dumps, S('__globals__'))['codecs'].sys.modules['os']",
+        None,
+    ),
+    "str_subclass_eq_hash": (
+        # Unequal the first time (the guard's set lookup), equal afterwards (getattr's own lookup).
+        "class S(str):\n    calls = 0\n    def __hash__(self):\n        return str.__hash__(self)\n"
+        "    def __eq__(self, other):\n        S.calls += 1\n        return S.calls > 1 and str.__eq__(self, other)\n"
+        "def g():\n    yield\nframe = getattr(g(), S('gi_frame'))\nassert frame is not None",
+        None,
+    ),
+    "str_subclass_attrgetter": (
+        "import operator, json\nclass S(str):\n    def split(self, sep=None):\n        return ['name']\n"
+        "pwned = operator.attrgetter(S('__globals__'))(json.dumps)['codecs'].sys",
+        None,
+    ),
+    "str_subclass_formatter_field": (
+        "import string, json\nclass S(str):\n    def __radd__(self, other):\n        return other + '0'\n"
+        "found, _ = string.Formatter().get_field(S('0.__globals__'), (json.dumps,), {})\n"
+        "pwned = found['codecs'].sys.modules['os']",
+        None,
+    ),
+    "str_subclass_setattr": (
+        LIAR + "class A:\n    pass\nclass B:\n    pass\na = A()\nsetattr(a, S('__class__'), B)\nassert type(a) is B",
+        None,
+    ),
+    # --- classes with a __del__ (runs outside the run's limits)
+    "type_with_del": ("X = type('X', (), {'__del__': lambda self: None})\nx = X()", None),
+    "prepare_renames_to_del": (
+        "class D(dict):\n    def __setitem__(self, key, value):\n"
+        "        super().__setitem__('__del__' if key == 'fin' else key, value)\n"
+        "class M(type):\n    @classmethod\n    def __prepare__(mcs, name, bases):\n        return D()\n"
+        "class X(metaclass=M):\n    def fin(self):\n        pass\nx = X()",
+        None,
+    ),
+    "metaclass_adds_del": (
+        "class M(type):\n    def __new__(mcs, name, bases, ns):\n        ns['__del__'] = lambda self: None\n"
+        "        return super().__new__(mcs, name, bases, ns)\nclass X(metaclass=M):\n    pass\nx = X()",
+        None,
+    ),
+    "make_dataclass_del": (
+        "import dataclasses\n"
+        "X = dataclasses.make_dataclass('X', [], namespace={'__del__': lambda self: None})\nx = X()",
+        None,
+    ),
+    # --- patching what module views expose (shared by every session in the process)
+    "patch_class_attribute": ("import json\njson.JSONEncoder.item_separator = ';'", UNTOUCHED_JSON),
+    "patch_class_setattr": ("import json\nsetattr(json.JSONEncoder, 'item_separator', ';')", UNTOUCHED_JSON),
+    "patch_class_as_self": (
+        "import json\ndef poke(self):\n    self.item_separator = ';'\npoke(json.JSONEncoder)",
+        UNTOUCHED_JSON,
+    ),
+    "patch_function_attribute": (
+        "import json\njson.dumps.marker = 1",
+        "import json\nnot hasattr(json.dumps, 'marker')",
+    ),
+    "patch_shared_instance": (
+        "import decimal\ndecimal.DefaultContext.prec = 3",
+        "import decimal\ndecimal.DefaultContext.prec == 28",
+    ),
+    "vars_of_shared_instance": (
+        "import calendar\nvars(calendar.day_name)['format'] = 'X'\nassert calendar.day_name[0] == 'X'",
+        "import calendar\ncalendar.day_name[0] == 'Monday'",
+    ),
+    "dataclass_on_shared_class": (
+        "import dataclasses, json\ndataclasses.dataclass(json.JSONDecoder)",
+        "import dataclasses, json\nnot dataclasses.is_dataclass(json.JSONDecoder) and json.loads('[1]') == [1]",
+    ),
+    "global_enum_writes_real_module": (
+        "import enum\nclass E(enum.Enum):\n    __module__ = 'json'\n    _default_encoder = 1\nenum.global_enum(E)",
+        UNTOUCHED_JSON,
+    ),
+    # --- standard-library routes from a view to the real builtins
+    "singledispatch_get_type_hints": (
+        "import functools, dataclasses\n"
+        "A = dataclasses.make_dataclass('A', [('x', \"__import__('subprocess').Popen\")])\n"
+        "f = functools.singledispatch(lambda x: x)\nf.register(A(0))\n"
+        "leaked = [k for k in f.registry if k.__name__ == 'Popen']\nassert leaked",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("code, intact", list(GUARD_HOLES.values()), ids=list(GUARD_HOLES))
+def test_guard_hole_is_closed(run, code, intact):
+    result = run(code + SUCCESS)
+    assert result.error is not None, f"not stopped: {result!r}"
+    assert "CANARY" not in result.stdout + result.stderr
+    assert run("'pwned' in dir()").value is False
+    if intact is not None:
+        assert run(intact).value is True
+
+
 def _unguarded_pool():
     from snapcell import Policy, Pool
 
@@ -242,3 +409,71 @@ def test_reduce_hooks_do_not_run_at_load(pool, capfd, payload):
     assert any("could not be restored" in n and "x" in n for n in result.notes), result.notes
     out, err = capfd.readouterr()
     assert "CANARY" not in out + err
+
+
+# --- asyncio: a script sees and touches only its own tasks (issue 13)
+
+OWN_TASKS_ONLY = (
+    "import asyncio\n"
+    "async def mine():\n    await asyncio.sleep(30)\n"
+    "t = asyncio.create_task(mine())\n"
+    "await asyncio.sleep(0)\n"  # an async cell: it runs in a task of its own, beside the host's
+    "seen = asyncio.all_tasks()\n"
+    "others = [x for x in seen if x is not t and x is not asyncio.current_task()]\n"
+    "t.cancel()\n"
+    "(len(others), t in seen)"
+)
+
+
+def test_script_sees_only_its_own_tasks(run):
+    result = run(OWN_TASKS_ONLY)
+    assert result.error is None, result.error.for_model()
+    assert result.value == (0, True)
+
+
+def test_a_synchronous_cell_cannot_cancel_the_task_running_it(run):
+    code = "import asyncio\nhost = asyncio.current_task()\nif host is not None:\n    host.cancel()\n'finished'"
+    result = run(code)
+    assert result.error is None, result.error.for_model()
+    assert result.value == "finished"
+    assert run("1 + 1").value == 2
+
+
+def test_host_tasks_are_invisible_to_scripts_and_survive_them():
+    import asyncio
+
+    from snapcell import AsyncPool
+
+    code = (
+        "import asyncio\nnames = sorted(t.get_name() for t in asyncio.all_tasks())\n"
+        "for t in asyncio.all_tasks():\n    t.cancel()\n"
+        "current = asyncio.current_task()\nif current is not None:\n    current.cancel()\nnames"
+    )
+
+    async def main() -> None:
+        async with AsyncPool("memory://", isolation="inline") as pool:
+            host = asyncio.create_task(asyncio.sleep(30), name="host-task")
+            async with pool.checkout() as session:
+                result = await session.run(code)
+                await asyncio.sleep(0)
+                assert result.error is None, result.error.for_model()
+                assert "host-task" not in result.value
+                assert not host.done()
+                assert await session.feed_run("'still' + ' usable'") == "still usable"
+            host.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_finalizer_never_runs_after_the_run(pool, capfd):
+    with pool.checkout() as session:
+        result = session.run(
+            "class M(type):\n    def __new__(mcs, name, bases, ns):\n"
+            "        ns['__del__'] = lambda self: print('FINALIZED')\n"
+            "        return super().__new__(mcs, name, bases, ns)\n"
+            "class X(metaclass=M):\n    pass\nkept = [1]"
+        )
+        assert isinstance(result.error, PolicyError)
+        session.run("x = [X()] if 'X' in dir() else []\ny = type('Y', (), {'__del__': print})")
+    out, err = capfd.readouterr()
+    assert "FINALIZED" not in out + err
