@@ -272,9 +272,13 @@ def shared_problem(obj: Any) -> str | None:
     return None
 
 
-def store_target(obj: Any) -> Any:
-    """``obj``, unless it is shared by every session (see `shared_problem`): then raise `PolicyError`."""
-    if isinstance(obj, type) or type(obj) is types.FunctionType or id(obj) in _shared_ids:
+def store_target(obj: Any, /) -> Any:
+    """``obj``, unless it is shared by every session (see `shared_problem`): then raise `PolicyError`.
+
+    Runs before every attribute assignment of a script, so the usual case (an instance of a script's
+    class) costs one set lookup of its type.
+    """
+    if type(obj) in _watched_types:
         problem = shared_problem(obj)
         if problem:
             raise runtime_policy_error(
@@ -407,6 +411,9 @@ _view_modules: dict[int, frozenset[str]] = {}
 # Ids of the objects views hand out (the modules keep them alive, so ids stay valid): shared by every
 # session in the process, so scripts may not set or delete their attributes.
 _shared_ids: set[int] = set()
+# Types whose instances may be shared: classes (every metaclass of a class a view hands out), functions,
+# and the types of the other objects views hand out. Stores on anything else skip the check.
+_watched_types: set[type] = {type, types.FunctionType}
 
 
 def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView:
@@ -431,6 +438,7 @@ def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView
             else:
                 value = _SPECIAL.get((module.__name__, name), value)
                 _shared_ids.add(id(value))
+                _watched_types.add(type(value))
             content[name] = value
         return view
 
