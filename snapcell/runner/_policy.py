@@ -26,6 +26,17 @@ Rules of the default (restricted) policy:
   the run, and at runtime for templates built by the script (every non-literal ``x.format`` /
   ``x.format_map`` is rewritten to go through a check) and in ``string.Formatter``.
 - String annotations are parsed and checked like code, since ``typing`` may evaluate them.
+- Shared objects are read-only: every attribute assignment or deletion (``x.a = v``, ``setattr``, ``del``)
+  first checks its object, refusing classes the script did not make (``json.JSONEncoder.default = f``),
+  functions it did not define and the objects module views hand out (``decimal.DefaultContext``);
+  the script's own classes, functions and instances (of any class) stay writable.
+- No ``__del__`` by any route: class statements (metaclasses, ``__prepare__``), ``type(name, bases, ns)``
+  calls and ``dataclasses.make_dataclass`` are checked, not only ``def __del__`` in the source.
+- Stand-ins for standard-library pieces that lead around these rules (``snapcell.runner._standins``):
+  ``operator.attrgetter``/``methodcaller``, ``string.Formatter``, ``functools.update_wrapper``/``wraps``/
+  ``singledispatch``, the class decorators that write into their argument, and ``asyncio.all_tasks``/
+  ``current_task``, which see only the script's own tasks. Names are checked as plain ``str`` copies, so a
+  ``str`` subclass cannot lie to a check.
 """
 
 from __future__ import annotations
