@@ -297,9 +297,16 @@ def store_call(node: ast.expr) -> ast.Call:
     return call
 
 
+# Calls of these attributes may create a class: ``type.__new__(type, n, b, ns)``, ``int.__class__(n, b, ns)``.
+_CLASS_MAKERS = frozenset({"__new__", "__class__", "__call__"})
+
+
 def is_type_call(node: ast.Call) -> bool:
-    """True for ``type(...)`` with other than a single positional argument (the three-argument form)."""
+    """True for a call that may create a class: ``type(...)`` but ``type(x)``, and ``x.__new__(...)``,
+    ``x.__class__(...)`` or ``x.__call__(...)``."""
     func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr in _CLASS_MAKERS
     return (
         isinstance(func, ast.Name)
         and func.id == "type"
@@ -308,7 +315,7 @@ def is_type_call(node: ast.Call) -> bool:
 
 
 def type_call(node: ast.Call) -> None:
-    """Rewrite ``type(a, b, c)`` in place to ``__snapcell_type_call__(type, a, b, c)``."""
+    """Rewrite ``f(a, b, c)`` in place to ``__snapcell_type_call__(f, a, b, c)``; ``f`` is still evaluated first."""
     callee = ast.Name(id=TYPE_CALL_NAME, ctx=ast.Load())
     ast.copy_location(callee, node.func)
     node.args.insert(0, node.func)

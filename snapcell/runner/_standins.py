@@ -349,13 +349,30 @@ def guarded_build_class(func: Any, name: Any, /, *bases: Any, **kwargs: Any) -> 
     return cls
 
 
+_TYPE_NEW = type.__new__
+_TYPE_CALL = type.__dict__["__call__"]
+
+
+def _is_metaclass(value: Any) -> bool:
+    return isinstance(value, type) and issubclass(value, type)
+
+
 def checked_type_call(callee: Any, /, *args: Any, **kwargs: Any) -> Any:
-    """``callee(*args, **kwargs)`` for a ``type(...)`` call, refusing a new class with ``__del__``."""
-    creates = len(args) == 3 and isinstance(callee, type) and issubclass(callee, type)
-    if creates and isinstance(args[2], Mapping) and "__del__" in args[2]:
+    """``callee(*args, **kwargs)`` for a call that may create a class, refusing a new class with ``__del__``.
+
+    A new class comes from a metaclass called with (name, bases, namespace), or from ``type.__new__`` /
+    ``type.__call__`` given a metaclass first; anything else is called as it is.
+    """
+    if len(args) == 3 and _is_metaclass(callee):
+        namespace = args[2]
+    elif len(args) == 4 and (callee is _TYPE_NEW or callee is _TYPE_CALL) and _is_metaclass(args[0]):
+        namespace = args[3]
+    else:
+        return callee(*args, **kwargs)
+    if isinstance(namespace, Mapping) and "__del__" in namespace:
         raise _finalizer_error()
     result = callee(*args, **kwargs)
-    if creates and issubclass(type(result), type):
+    if issubclass(type(result), type):
         refuse_finalizer(result)
     return result
 

@@ -248,6 +248,17 @@ GUARD_HOLES: dict[str, tuple[str, str | None]] = {
         "        return super().__new__(mcs, name, bases, ns)\nclass X(metaclass=M):\n    pass\nx = X()",
         None,
     ),
+    "type_new_with_del": (
+        "X = type.__new__(type, 'X', (), {'__del__': lambda self: None})\nx = X()",
+        None,
+    ),
+    "class_of_a_class_with_del": ("X = int.__class__('X', (), {'__del__': lambda self: None})\nx = X()", None),
+    "metaclass_stashes_a_class_with_del": (
+        "stash = []\nclass M(type):\n    def __new__(mcs, name, bases, ns):\n"
+        "        stash.append(super().__new__(mcs, name + '2', bases, {**ns, '__del__': lambda self: None}))\n"
+        "        return super().__new__(mcs, name, bases, ns)\nclass X(metaclass=M):\n    pass\nx = stash[0]()",
+        None,
+    ),
     "make_dataclass_del": (
         "import dataclasses\n"
         "X = dataclasses.make_dataclass('X', [], namespace={'__del__': lambda self: None})\nx = X()",

@@ -183,6 +183,15 @@ ALLOWED = {
         "(f(1), f('a'), f(1.5), f([1]), f((1,)), f(decimal.Decimal(1)), A().m(1), A().m('s'))",
         ("int", "str", "any", "seq", "seq", "dec", "int", "any"),
     ),
+    "new_class_and_call_calls": (
+        "class V:\n    def __new__(cls, x):\n        self = super().__new__(cls)\n"
+        "        self.x = x\n        return self\n"
+        "    def __add__(self, other):\n        return self.__class__(self.x + other.x)\n"
+        "    def __call__(self, y):\n        return self.x * y\n"
+        "class W:\n    pass\nw = object.__new__(W)\n"
+        "((V(1) + V(2)).x, V(3).__call__(2), type(w).__name__, int.__class__(5).__name__)",
+        (3, 6, "W", "int"),
+    ),
     "metaclasses_and_abcs": (
         "class M(type):\n    def __new__(mcs, name, bases, ns):\n        ns['tag'] = name.lower()\n"
         "        return super().__new__(mcs, name, bases, ns)\nclass A(metaclass=M):\n    pass\nimport abc, enum\n"
