@@ -255,18 +255,35 @@ def script_function(func: Any) -> bool:
     return isinstance(table, dict) and FORMAT_ATTR_NAME in table
 
 
+def _importable(cls: type) -> bool:
+    """True when ``cls`` is what its module and qualified name lead to: a class of a real module.
+
+    A script's classes are not (their module is ``__main__`` of the host, or whatever a metaclass or
+    ``type()`` recorded); a class restored from a checkpoint is not either.
+    """
+    module_name = type.__dict__["__module__"].__get__(cls)
+    target: Any = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    for part in type.__dict__["__qualname__"].__get__(cls).split("."):
+        if isinstance(target, types.ModuleType):
+            target = vars(target).get(part)
+        elif isinstance(target, type):
+            target = type.__dict__["__dict__"].__get__(target).get(part)
+        else:
+            return False
+    return target is cls
+
+
 def shared_problem(obj: Any) -> str | None:
     """Why a script may not change attributes of ``obj`` (shared by every session in the process); None if it may.
 
-    Shared: classes not made by a script (``json.JSONEncoder``), functions not defined by one, and the
-    objects module views hand out (``decimal.DefaultContext``). Instances a script creates, its own
-    classes and functions stay writable.
+    Shared: classes of real modules (``json.JSONEncoder``, found by their module and qualified name),
+    functions a script did not define, and the objects module views hand out (``decimal.DefaultContext``).
+    Instances a script creates, its own classes and functions stay writable.
     """
     if isinstance(obj, type):
-        module = getattr(obj, "__module__", None)
-        if module == "__main__":
+        if not _importable(obj) and id(obj) not in _shared_ids:
             return None
-        return f"changing the class {module}.{getattr(obj, '__qualname__', '?')}"
+        return f"changing the class {obj.__module__}.{obj.__qualname__}"
     if id(obj) in _shared_ids or (type(obj) is types.FunctionType and not script_function(obj)):
         return f"changing {type(obj).__name__} {getattr(obj, '__qualname__', '')}".rstrip()
     return None

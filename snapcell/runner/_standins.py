@@ -371,6 +371,10 @@ def checked_type_call(callee: Any, /, *args: Any, **kwargs: Any) -> Any:
         return callee(*args, **kwargs)
     if isinstance(namespace, Mapping) and "__del__" in namespace:
         raise _finalizer_error()
+    if type(namespace) is dict and "__module__" not in namespace:
+        # type() names the module after its caller's globals, which would be this module's.
+        at = len(args) - 1
+        args = (*args[:at], {"__module__": sys._getframe(1).f_globals.get("__name__"), **namespace})
     result = callee(*args, **kwargs)
     if issubclass(type(result), type):
         refuse_finalizer(result)

@@ -271,6 +271,10 @@ GUARD_HOLES: dict[str, tuple[str, str | None]] = {
         "import json\ndef poke(self):\n    self.item_separator = ';'\npoke(json.JSONEncoder)",
         UNTOUCHED_JSON,
     ),
+    "patch_class_reached_by_type": (
+        "import calendar\ntype(calendar.day_name).marker = 1",
+        "import calendar\nnot hasattr(type(calendar.day_name), 'marker')",
+    ),
     "patch_function_attribute": (
         "import json\njson.dumps.marker = 1",
         "import json\nnot hasattr(json.dumps, 'marker')",

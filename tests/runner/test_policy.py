@@ -183,6 +183,13 @@ ALLOWED = {
         "(f(1), f('a'), f(1.5), f([1]), f((1,)), f(decimal.Decimal(1)), A().m(1), A().m('s'))",
         ("int", "str", "any", "seq", "seq", "dec", "int", "any"),
     ),
+    "classes_made_by_calls_stay_writable": (
+        "import abc, dataclasses, enum, collections, typing\nX = type('X', (), {})\nX.a = 1\n"
+        "Q = dataclasses.make_dataclass('Q', [('a', int)])\nQ.b = 2\nZ = abc.ABCMeta('Z', (), {})\nZ.c = 3\n"
+        "E = enum.Enum('E', 'A B')\nE.d = 4\nP = collections.namedtuple('P', 'a')\nP.e = 5\n"
+        "T = typing.NamedTuple('T', [('a', int)])\nT.f = 6\n(X.a, Q.b, Z.c, E.d, P.e, T.f, X.__module__)",
+        (1, 2, 3, 4, 5, 6, "__main__"),
+    ),
     "new_class_and_call_calls": (
         "class V:\n    def __new__(cls, x):\n        self = super().__new__(cls)\n"
         "        self.x = x\n        return self\n"
@@ -432,3 +439,12 @@ def test_stand_ins_survive_a_checkpoint_and_stay_guarded(pool):
         assert second.feed_run("(getter(2), caller('a'), fmt.format('{0}', 1), callable(wraps))") == (2, "A", "1", True)
         assert isinstance(second.run("type(getter)('__globals__')").error, PolicyError)
         assert isinstance(second.run("fmt.format('{0.real}', 1)").error, PolicyError)
+
+
+def test_restored_classes_and_functions_stay_writable(pool):
+    with pool.checkout() as first:
+        first.feed_run("class A:\n    pass\ndef f():\n    pass")
+        checkpoint = first.dump()
+    with pool.checkout() as second:
+        second.load_session(checkpoint)
+        assert second.feed_run("A.x = 1\nf.y = 2\nsetattr(A, 'z', 3)\n(A.x, f.y, A.z)") == (1, 2, 3)
