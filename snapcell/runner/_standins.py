@@ -26,6 +26,7 @@ import asyncio
 import builtins
 import dataclasses
 import functools
+import keyword
 import operator
 import re
 import string
@@ -281,7 +282,15 @@ def dataclass(cls: Any = None, /, **options: Any) -> Any:
     """`dataclasses.dataclass`, refusing classes shared by every session."""
 
     def wrap(target: Any) -> Any:
-        return dataclasses.dataclass(store_target(target), **options)
+        store_target(target)
+        if isinstance(target, type):
+            # Field names go into source text that dataclasses exec()s; a class statement only makes identifiers,
+            # but type() or a metaclass can put any string in __annotations__.
+            annotations = type.__dict__["__dict__"].__get__(target).get("__annotations__", {})
+            for name in annotations if isinstance(annotations, dict) else ():
+                if not (type(name) is str and name.isidentifier() and not keyword.iskeyword(name)):
+                    raise runtime_policy_error(f"the dataclass field name {name!r}", "Field names must be identifiers.")
+        return dataclasses.dataclass(target, **options)
 
     return wrap if cls is None else wrap(cls)
 

@@ -291,6 +291,10 @@ RUNTIME_BLOCKED = {
     "shared_function_is_read_only": ("import json\njson.dumps.cache = {}", "changing function dumps"),
     "type_with_finalizer": ("X = type('X', (), {'__del__': print})", "defining __del__"),
     "wraps_with_dunder_names": ("import functools\nfunctools.wraps(len, assigned=('__dict__',))", ".__dict__"),
+    "dataclass_field_name_not_an_identifier": (
+        "import dataclasses\nA = type('A', (), {'__annotations__': {'x=print(1),*a': int}})\ndataclasses.dataclass(A)",
+        "the dataclass field name",
+    ),
     "singledispatch_code_annotation": (
         "import functools\nf = functools.singledispatch(len)\n"
         "A = type('A', (), {'__annotations__': {'x': 'int.real'}})\n"
