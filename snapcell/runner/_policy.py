@@ -61,22 +61,24 @@ from snapcell.runner._guard import (
     attribute_hint,
     attribute_problem,
     exact_str,
-    format_call,
     format_problem,
     guarded_builtins,
     is_dunder,
-    is_type_call,
     module_allowed,
     module_view,
     name_denied,
-    needs_format_check,
-    rewrite_format_calls,
     runtime_policy_error,
     special_value,
+)
+from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
+from snapcell.runner._rewrite import (
+    format_call,
+    is_type_call,
+    needs_format_check,
+    rewrite_format_calls,
     store_call,
     type_call,
 )
-from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
 from snapcell.runner._standins import stand_in_builtins
 
 __all__ = ["DEFAULT_MODULES", "Policy"]

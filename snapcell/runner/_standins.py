@@ -37,8 +37,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from snapcell.runner._guard import (
-    STORE_TARGET_NAME,
-    TYPE_CALL_NAME,
     attribute_problem,
     check_attr,
     exact_str,
@@ -49,6 +47,7 @@ from snapcell.runner._guard import (
     script_function,
     store_target,
 )
+from snapcell.runner._rewrite import STORE_TARGET_NAME, TYPE_CALL_NAME
 
 __all__ = ["stand_in_builtins"]
 
