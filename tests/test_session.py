@@ -434,3 +434,14 @@ def test_setup_cells_rebuild_variables_that_could_not_be_saved(pool: Pool) -> No
     assert result.value == ([0, 1, 4, 9, 16], "sq")
     assert any("setup cells that assign them" in note for note in result.notes)
     assert any("1 setup cell was run again" in note for note in result.notes)
+
+
+def test_guarded_stand_ins_survive_a_checkpoint(pool: Pool) -> None:
+    """Stand-ins the policy hands scripts (attrgetter, Formatter) pickle by reference and load back, not dropped."""
+    with pool.checkout() as first:
+        first.run("import operator, string\ng = operator.attrgetter('real')\nf = string.Formatter()\nx = 5")
+        checkpoint = first.dump()
+        assert first.manifest is not None and first.manifest.dropped == []
+    with pool.checkout() as second:
+        second.load_session(checkpoint)
+        assert second.feed_run("(g(3), f.format('{0}!', 1), x)") == (3, "1!", 5)

@@ -45,12 +45,15 @@ class GlobalRule:
             None denies nothing more than private names.
         deny_code_name: True when restored bytecode may not use a name (``__subclasses__``, ``__globals__``,
             ``gi_frame``): code objects arrive by value and no policy check ever saw them; None allows every name.
+        stand_ins: Exact ``(module, name)`` pairs of the policy's guarded stand-ins (a script's
+            ``operator.attrgetter`` or ``string.Formatter``), which pickle by reference to snapcell's own modules.
     """
 
     allow_module: AllowModule
     deny_name: Callable[[str, str], bool] | None = None
     deny_attribute: Callable[[str], bool] | None = None
     deny_code_name: Callable[[str], bool] | None = None
+    stand_ins: frozenset[tuple[str, str]] = frozenset()
 
 
 def as_rule(rule: GlobalRule | AllowModule) -> GlobalRule:
@@ -229,7 +232,7 @@ def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule)
     if not isinstance(module, str) or not isinstance(name, str):
         return "the module or name is not a constant string"
     rule = as_rule(rule)
-    if (module, name) in HELPERS:
+    if (module, name) in HELPERS or (module, name) in rule.stand_ins:
         return None
     if module == "builtins":
         if name in SAFE_BUILTINS or _is_builtin_exception(name):

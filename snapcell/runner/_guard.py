@@ -10,10 +10,8 @@ A guardrail, not a boundary: see DESIGN.md ("The runner and its boundary").
 
 from __future__ import annotations
 
-import ast
 import builtins
 import linecache
-import operator
 import string
 import sys
 import threading
@@ -23,22 +21,21 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from snapcell.errors import PolicyError
+from snapcell.runner._rewrite import FORMAT_ATTR_NAME
 
 __all__ = [
     "FORMAT_ATTR_NAME",
-    "format_call",
-    "needs_format_check",
     "ModuleView",
     "attribute_problem",
+    "check_attr",
+    "exact_str",
     "format_problem",
     "guarded_builtins",
     "module_view",
-    "rewrite_format_calls",
     "runtime_policy_error",
+    "script_function",
+    "store_target",
 ]
-
-# Replaces ``x.format`` / ``x.format_map`` loads so format strings built at runtime are checked.
-FORMAT_ATTR_NAME = "__snapcell_format_attr__"
 
 # Dunder attributes a script may read: harmless names, and the protocol methods people call
 # explicitly (``super().__init__()``, ``Base.__eq__(self, other)``).
@@ -109,6 +106,7 @@ _MODULE_DENY: dict[str, frozenset[str]] = {
     "zoneinfo": frozenset({"reset_tzpath"}),
     "time": frozenset({"clock_settime", "clock_settime_ns", "tzset"}),
     "uuid": frozenset({"getnode"}),  # may run ifconfig/ipconfig in a subprocess
+    "enum": frozenset({"global_enum"}),  # writes the members into sys.modules[cls.__module__], a real module
 }
 # Modules imported only as a whole: their submodules hold the process and network parts.
 TOP_LEVEL_ONLY = frozenset({"asyncio", "io"})
@@ -206,18 +204,91 @@ def runtime_policy_error(what: str, hint: str) -> PolicyError:
     )
 
 
-def _check_attr(name: object, *, store: bool = False) -> None:
-    if not isinstance(name, str):
-        return  # getattr() raises its own TypeError
+def exact_str(value: Any) -> Any:
+    """``value`` as a plain `str` when it is a `str` subclass, so its own methods cannot lie to a check.
+
+    A subclass may override ``__eq__``, ``__hash__``, ``startswith`` or ``__str__``; `str.__str__`
+    copies the characters without calling any of them. Anything else comes back unchanged.
+    """
+    if type(value) is str or not isinstance(value, str) or not issubclass(type(value), str):
+        return value
+    return str.__str__(value)
+
+
+def check_attr(name: Any, *, store: bool = False) -> Any:
+    """Refuse attribute ``name`` when the rules block it; return it as a plain `str` (the name to use)."""
+    name = exact_str(name)
+    if type(name) is not str:
+        return name  # getattr() raises its own TypeError
     problem = attribute_problem(name, store=store)
     if problem:
         raise runtime_policy_error(problem, attribute_hint(name))
+    return name
 
 
 def _check_format(fmt: str) -> None:
-    problem = format_problem(fmt)
+    problem = format_problem(exact_str(fmt))
     if problem:
         raise runtime_policy_error(problem, "Use f-strings or plain {} / {0} / {name} fields; no {0.attr} paths.")
+
+
+def script_function(func: Any) -> bool:
+    """True for a function a script defined: its globals are a session namespace with the policy's builtins."""
+    if type(func) is not types.FunctionType:
+        return False
+    table = func.__globals__.get("__builtins__")
+    return isinstance(table, dict) and FORMAT_ATTR_NAME in table
+
+
+def _importable(cls: type) -> bool:
+    """True when ``cls`` is what its module and qualified name lead to: a class of a real module.
+
+    A script's classes are not (their module is ``__main__`` of the host, or whatever a metaclass or
+    ``type()`` recorded); a class restored from a checkpoint is not either.
+    """
+    module_name = type.__dict__["__module__"].__get__(cls)
+    target: Any = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    for part in type.__dict__["__qualname__"].__get__(cls).split("."):
+        if isinstance(target, types.ModuleType):
+            target = vars(target).get(part)
+        elif isinstance(target, type):
+            target = type.__dict__["__dict__"].__get__(target).get(part)
+        else:
+            return False
+    return target is cls
+
+
+def shared_problem(obj: Any) -> str | None:
+    """Why a script may not change attributes of ``obj`` (shared by every session in the process); None if it may.
+
+    Shared: classes of real modules (``json.JSONEncoder``, found by their module and qualified name),
+    functions a script did not define, and the objects module views hand out (``decimal.DefaultContext``).
+    Instances a script creates, its own classes and functions stay writable.
+    """
+    if isinstance(obj, type):
+        if not _importable(obj) and id(obj) not in _shared_ids:
+            return None
+        return f"changing the class {obj.__module__}.{obj.__qualname__}"
+    if id(obj) in _shared_ids or (type(obj) is types.FunctionType and not script_function(obj)):
+        return f"changing {type(obj).__name__} {getattr(obj, '__qualname__', '')}".rstrip()
+    return None
+
+
+def store_target(obj: Any, /) -> Any:
+    """``obj``, unless it is shared by every session (see `shared_problem`): then raise `PolicyError`.
+
+    Runs before every attribute assignment of a script, so the usual case (an instance of a script's
+    class) costs one set lookup of its type.
+    """
+    if type(obj) in _watched_types:
+        problem = shared_problem(obj)
+        if problem:
+            raise runtime_policy_error(
+                f"{problem} (shared by every session)",
+                "Standard-library classes and functions are read-only; subclass them or set attributes on your"
+                " own instances.",
+            )
+    return obj
 
 
 # ------------------------------------------------------------------ module views
@@ -256,6 +327,13 @@ class ModuleView(types.ModuleType):
         from cloudpickle.cloudpickle import subimport
 
         return subimport, (self.__name__,)
+
+    # `copy` would otherwise rebuild a view from __reduce__, which imports the real, unguarded module.
+    def __copy__(self) -> ModuleView:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> ModuleView:
+        return self
 
     def __repr__(self) -> str:
         return f"<module {self.__name__!r}>"
@@ -306,6 +384,12 @@ def _keep(module_name: str, name: str, value: Any, modules: frozenset[str]) -> b
 
 # The policy's modules for each view (views are cached for the life of the process, so ids are stable).
 _view_modules: dict[int, frozenset[str]] = {}
+# Ids of the objects views hand out (the modules keep them alive, so ids stay valid): shared by every
+# session in the process, so scripts may not set or delete their attributes.
+_shared_ids: set[int] = set()
+# Types whose instances may be shared: classes (every metaclass of a class a view hands out), functions,
+# and the types of the other objects views hand out. Stores on anything else skip the check.
+_watched_types: set[type] = {type, types.FunctionType}
 
 
 def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView:
@@ -327,7 +411,11 @@ def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView
                 continue
             if isinstance(value, types.ModuleType):
                 value = module_view(value, modules)
-            content[name] = _SPECIAL.get((module.__name__, name), value)
+            else:
+                value = _SPECIAL.get((module.__name__, name), value)
+                _shared_ids.add(id(value))
+                _watched_types.add(type(value))
+            content[name] = value
         return view
 
 
@@ -337,31 +425,6 @@ def attach_submodule(parent: ModuleView, child: types.ModuleType, modules: froze
 
 
 # --------------------------------------------------------- guarded replacements
-
-
-def _guarded_attrgetter(attr: str, *attrs: str) -> operator.attrgetter[Any]:
-    for name in (attr, *attrs):
-        if isinstance(name, str):
-            for part in name.split("."):
-                _check_attr(part)
-    return operator.attrgetter(attr, *attrs)
-
-
-def _guarded_methodcaller(name: str, /, *args: Any, **kwargs: Any) -> operator.methodcaller:
-    _check_attr(name)
-    return operator.methodcaller(name, *args, **kwargs)
-
-
-class _GuardedFormatter(string.Formatter):
-    """`string.Formatter` without attribute paths in fields."""
-
-    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
-        _check_format("{" + field_name + "}")
-        return super().get_field(field_name, args, kwargs)
-
-
-_GuardedFormatter.__name__ = _GuardedFormatter.__qualname__ = "Formatter"
-_GuardedFormatter.__module__ = "string"
 
 
 def _sliced_sleep(seconds: float) -> None:
@@ -376,19 +439,22 @@ def _sliced_sleep(seconds: float) -> None:
 
 _sliced_sleep.__name__ = "sleep"
 
-# Stand-ins pickled by reference to this module; the checkpoint loader maps them back.
-GUARD_GLOBALS: dict[tuple[str, str], Any] = {
-    (__name__, "_sliced_sleep"): _sliced_sleep,
-    (__name__, "_guarded_attrgetter"): _guarded_attrgetter,
-    (__name__, "_guarded_methodcaller"): _guarded_methodcaller,
-}
+# Stand-ins pickled by reference (module, name); the checkpoint loader maps them back.
+# `snapcell.runner._standins` adds the rest of both tables when it is imported (the policy imports it).
+GUARD_GLOBALS: dict[tuple[str, str], Any] = {(__name__, "_sliced_sleep"): _sliced_sleep}
 
-_SPECIAL: dict[tuple[str, str], Any] = {
-    ("operator", "attrgetter"): _guarded_attrgetter,
-    ("operator", "methodcaller"): _guarded_methodcaller,
-    ("string", "Formatter"): _GuardedFormatter,
-    ("time", "sleep"): _sliced_sleep,
-}
+_SPECIAL: dict[tuple[str, str], Any] = {("time", "sleep"): _sliced_sleep}
+
+
+def register_stand_in(module: str, name: str, value: Any, *, pickled_as: tuple[str, ...] = ()) -> None:
+    """Make module views hand out ``value`` for ``module.name``, and let checkpoints name it as ``pickled_as``.
+
+    Call before the first view of ``module`` is built (views are cached).
+    """
+    _SPECIAL[(module, name)] = value
+    for qualified in pickled_as:
+        owner, _, attribute = qualified.rpartition(".")
+        GUARD_GLOBALS[(owner, attribute)] = value
 
 
 def special_value(module: str, name: str, value: Any) -> Any:
@@ -398,7 +464,7 @@ def special_value(module: str, name: str, value: Any) -> Any:
 
 def guarded_getattr(obj: Any, name: str, *default: Any) -> Any:
     """`getattr` that refuses dunder, private and frame/code names."""
-    _check_attr(name)
+    name = check_attr(name)
     if name in ("format", "format_map"):
         return format_attr(obj, name)
     return getattr(obj, name, *default)
@@ -406,20 +472,17 @@ def guarded_getattr(obj: Any, name: str, *default: Any) -> Any:
 
 def guarded_hasattr(obj: Any, name: str) -> bool:
     """`hasattr` that refuses dunder, private and frame/code names."""
-    _check_attr(name)
-    return hasattr(obj, name)
+    return hasattr(obj, check_attr(name))
 
 
 def guarded_setattr(obj: Any, name: str, value: Any) -> None:
-    """`setattr` that refuses dunder, private and frame/code names."""
-    _check_attr(name, store=True)
-    setattr(obj, name, value)
+    """`setattr` that refuses dunder, private and frame/code names, and objects the script does not own."""
+    setattr(store_target(obj), check_attr(name, store=True), value)
 
 
 def guarded_delattr(obj: Any, name: str) -> None:
-    """`delattr` that refuses dunder, private and frame/code names."""
-    _check_attr(name, store=True)
-    delattr(obj, name)
+    """`delattr` that refuses dunder, private and frame/code names, and objects the script does not own."""
+    delattr(store_target(obj), check_attr(name, store=True))
 
 
 def _visible(names: Iterable[str]) -> list[str]:
@@ -444,6 +507,8 @@ def guarded_vars(*args: Any) -> dict[str, Any]:
     if isinstance(obj, type | types.ModuleType):
         raise runtime_policy_error("vars() of a class or module", "Use dir(obj) to list its public names.")
     result: dict[str, Any] = vars(obj)
+    if shared_problem(obj):
+        return dict(result)  # a copy: writing to it must not change an object every session shares
     return result
 
 
@@ -462,37 +527,6 @@ def format_attr(obj: Any, name: str) -> Any:
 
         return unbound
     return method
-
-
-def needs_format_check(node: ast.AST) -> bool:
-    """True for a non-literal ``x.format`` / ``x.format_map`` load, which `format_call` must replace."""
-    return (
-        isinstance(node, ast.Attribute)
-        and node.attr in ("format", "format_map")
-        and isinstance(node.ctx, ast.Load)
-        and not (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str))
-    )
-
-
-def format_call(node: ast.Attribute) -> ast.Call:
-    """``__snapcell_format_attr__(x, "format")`` in place of ``x.format``, at the same location."""
-    call = ast.Call(
-        func=ast.Name(id=FORMAT_ATTR_NAME, ctx=ast.Load()), args=[node.value, ast.Constant(node.attr)], keywords=[]
-    )
-    for new in (call, call.func, call.args[1]):
-        ast.copy_location(new, node)
-    return call
-
-
-class _FormatRewriter(ast.NodeTransformer):
-    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        self.generic_visit(node)
-        return format_call(node) if needs_format_check(node) else node
-
-
-def rewrite_format_calls(tree: ast.Module) -> None:
-    """Route every non-literal ``x.format`` / ``x.format_map`` through `format_attr`."""
-    _FormatRewriter().visit(tree)
 
 
 SAFE_BUILTIN_NAMES = frozenset(

@@ -218,7 +218,7 @@ class _Monitor:
 _monitor = _Monitor()
 
 # snapcell's own stand-ins that scripts call (guarded builtins, time.sleep in slices, format checks).
-_SCRIPT_FACING = frozenset({"snapcell.runner._guard", "snapcell.runner._host"})
+_SCRIPT_FACING = frozenset({"snapcell.runner._guard", "snapcell.runner._host", "snapcell.runner._standins"})
 # Standard-library modules scripts call into; an interrupt may land in their frames (it unwinds into the script).
 # `traceback` is deliberately missing: hooks that format exceptions run it on the host's behalf.
 _LIBRARY_MODULES = frozenset(

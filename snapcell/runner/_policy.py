@@ -26,6 +26,17 @@ Rules of the default (restricted) policy:
   the run, and at runtime for templates built by the script (every non-literal ``x.format`` /
   ``x.format_map`` is rewritten to go through a check) and in ``string.Formatter``.
 - String annotations are parsed and checked like code, since ``typing`` may evaluate them.
+- Shared objects are read-only: every attribute assignment or deletion (``x.a = v``, ``setattr``, ``del``)
+  first checks its object, refusing classes the script did not make (``json.JSONEncoder.default = f``),
+  functions it did not define and the objects module views hand out (``decimal.DefaultContext``);
+  the script's own classes, functions and instances (of any class) stay writable.
+- No ``__del__`` by any route: class statements (metaclasses, ``__prepare__``), ``type(name, bases, ns)``
+  calls and ``dataclasses.make_dataclass`` are checked, not only ``def __del__`` in the source.
+- Stand-ins for standard-library pieces that lead around these rules (``snapcell.runner._standins``):
+  ``operator.attrgetter``/``methodcaller``, ``string.Formatter``, ``functools.update_wrapper``/``wraps``/
+  ``singledispatch``, the class decorators that write into their argument, and ``asyncio.all_tasks``/
+  ``current_task``, which see only the script's own tasks. Names are checked as plain ``str`` copies, so a
+  ``str`` subclass cannot lie to a check.
 """
 
 from __future__ import annotations
@@ -49,19 +60,26 @@ from snapcell.runner._guard import (
     attach_submodule,
     attribute_hint,
     attribute_problem,
-    format_call,
+    exact_str,
     format_problem,
     guarded_builtins,
     is_dunder,
     module_allowed,
     module_view,
     name_denied,
-    needs_format_check,
-    rewrite_format_calls,
     runtime_policy_error,
     special_value,
 )
 from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
+from snapcell.runner._rewrite import (
+    format_call,
+    is_type_call,
+    needs_format_check,
+    rewrite_format_calls,
+    store_call,
+    type_call,
+)
+from snapcell.runner._standins import stand_in_builtins
 
 __all__ = ["DEFAULT_MODULES", "Policy"]
 
@@ -158,11 +176,16 @@ class Policy:
             rewrite_format_calls(tree)
             instrument(tree)
             return
+        # Formats first: type calls shift argument indices and stores wrap whatever their value is by then.
         for parent, name, index, node in plan.formats:
             if index is None:
                 setattr(parent, name, format_call(node))
             else:
                 getattr(parent, name)[index] = format_call(node)
+        for call in plan.type_calls:
+            type_call(call)
+        for target in plan.stores:
+            target.value = store_call(target.value)
         apply_checks(plan.first, plan.after)
 
     def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError:
@@ -184,6 +207,7 @@ class Policy:
         if not self.restricted:
             return dict(vars(builtins))
         table = guarded_builtins()
+        table.update(stand_in_builtins())
         for name, reason in _BLOCKED_BUILTINS.items():
             table.setdefault(name, _blocked_builtin(name, reason))
         table["__import__"] = self._make_import()
@@ -210,7 +234,8 @@ class Policy:
         def guarded_import(
             name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
         ) -> Any:
-            if level or not isinstance(name, str) or not self.allows_module(name):
+            name = exact_str(name)  # a str subclass could lie to the checks below
+            if level or type(name) is not str or not self.allows_module(name):
                 raise runtime_policy_error(f"import of {name!r}", self.import_error(str(name)).hint)
             view = self.view(name)
             for item in fromlist or ():
@@ -322,6 +347,8 @@ class _Plan:
     """Edits `Policy.transform` makes, recorded by the check's walk so the tree is walked once."""
 
     formats: list[tuple[ast.AST, str, int | None, ast.Attribute]] = field(default_factory=list)
+    stores: list[ast.Attribute] = field(default_factory=list)
+    type_calls: list[ast.Call] = field(default_factory=list)
     first: list[tuple[list[ast.stmt], ast.AST]] = field(default_factory=list)
     after: list[tuple[list[ast.stmt], ast.stmt]] = field(default_factory=list)
 
@@ -384,6 +411,8 @@ class _Checker(ast.NodeVisitor):
         problem = attribute_problem(node.attr, store=store)
         if problem and not self._own_private(node):
             raise self.fail(node, problem, attribute_hint(node.attr))
+        if store:
+            self.plan.stores.append(node)
         self.generic_visit(node)
 
     def _own_private(self, node: ast.Attribute) -> bool:
@@ -449,6 +478,8 @@ class _Checker(ast.NodeVisitor):
                 self.visit(parsed)
 
     def visit_Call(self, node: ast.Call) -> None:
+        if is_type_call(node):
+            self.plan.type_calls.append(node)
         func = node.func
         callee = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
         literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]

@@ -36,7 +36,14 @@ from snapcell.errors import (
 )
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
-from snapcell.runner._guard import INTERNAL_NAMES, SAFE_DUNDERS, attribute_problem, is_dunder, name_denied
+from snapcell.runner._guard import (
+    GUARD_GLOBALS,
+    INTERNAL_NAMES,
+    SAFE_DUNDERS,
+    attribute_problem,
+    is_dunder,
+    name_denied,
+)
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
 from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
 from snapcell.runner._limits import Limits
@@ -57,6 +64,7 @@ def checkpoint_rule(policy: Policy) -> GlobalRule:
         deny_name=name_denied,
         deny_attribute=lambda name: attribute_problem(name) is not None,
         deny_code_name=_code_name_denied,
+        stand_ins=frozenset(GUARD_GLOBALS),
     )
 
 

@@ -44,7 +44,7 @@ HOSTILE: dict[str, tuple[str, type[ScriptError] | str]] = {
     "builtin_self": ("len.__self__.open", POLICY),
     "getattr_self_literal": ("getattr(print, '__self__')", POLICY),
     "getattr_computed": ("def f():\n    pass\ngetattr(f, '__glo' + 'bals__')", POLICY),
-    "getattr_computed_builtins": ("n = ''.join(['__buil', 'tins__'])\ngetattr(len, n)", POLICY),
+    "getattr_computed_builtins": ("def f():\n    pass\nn = ''.join(['__buil', 'tins__'])\ngetattr(f, n)", POLICY),
     "object_getattribute": ("def f():\n    pass\nobject.__getattribute__(f, '__globals__')", POLICY),
     "vars_module_private": ("import random\nvars(random)['_os']", "KeyError"),
     "dir_then_getattr": (
@@ -60,13 +60,13 @@ HOSTILE: dict[str, tuple[str, type[ScriptError] | str]] = {
     "methodcaller_dynamic": ("import operator\noperator.methodcaller('__reduce' + '_ex__', 2)(len)", POLICY),
     "function_globals": ("def f():\n    pass\nf.__globals__['__builtins__']", POLICY),
     "function_code": ("def f():\n    pass\nf.__code__.co_consts", POLICY),
-    "setattr_class": ("class A:\n    pass\nsetattr(A(), '__cl' + 'ass__', type)", POLICY),
+    "setattr_class": ("class A:\n    pass\nclass B:\n    pass\nsetattr(A(), '__cl' + 'ass__', B)", POLICY),
     # --- frame walks
     "traceback_frame_walk": (
         "try:\n    1 / 0\nexcept Exception as e:\n    e.__traceback__.tb_frame.f_back.f_globals",
         POLICY,
     ),
-    "generator_frame": ("def g():\n    yield\ng().gi_frame.f_back.f_builtins", POLICY),
+    "generator_frame": ("def g():\n    yield\ng().gi_frame.f_builtins['__import__']('os')", POLICY),
     "coroutine_frame": ("async def c():\n    pass\nc().cr_frame", POLICY),
     "async_gen_frame": ("async def a():\n    yield\na().ag_frame", POLICY),
     "getattr_frame_dynamic": ("def g():\n    yield\ngetattr(g(), 'gi_' + 'frame')", POLICY),
@@ -82,7 +82,10 @@ HOSTILE: dict[str, tuple[str, type[ScriptError] | str]] = {
     "format_map_dynamic": ("t = '{x.__class__.__base__}'\nt.format_map({'x': 1})", POLICY),
     "string_formatter": ("import string\ndef f():\n    pass\nstring.Formatter().format('{0.__globals__}', f)", POLICY),
     "format_as_decorator": ("t = '{0.__globals__}'\n@t.format\ndef f():\n    pass", POLICY),
-    "format_as_class_decorator": ("t = '{0.__init__.__globals__}'\n@t.format\nclass A:\n    pass", POLICY),
+    "format_as_class_decorator": (
+        "t = '{0.__init__.__globals__}'\n@t.format\nclass A:\n    def __init__(self):\n        pass",
+        POLICY,
+    ),
     "format_via_getattr": ("t = '{0.__class__}'\nm = getattr(t, 'format')\nm(1)", POLICY),
     # --- module pivots
     "random_os": ("import random\nrandom._os.system('echo CANARY')", POLICY),
@@ -97,11 +100,11 @@ HOSTILE: dict[str, tuple[str, type[ScriptError] | str]] = {
     ),
     "asyncio_open_connection": ("import asyncio\nawait asyncio.open_connection('localhost', 1)", "AttributeError"),
     "asyncio_to_thread": ("import asyncio\nawait asyncio.to_thread(print, 'CANARY')", "AttributeError"),
-    "total_ordering_globals": ("import functools\nfunctools.total_ordering.__globals__['sys']", POLICY),
+    "total_ordering_globals": ("import functools\nfunctools.total_ordering.__globals__['__builtins__']", POLICY),
     "io_open_attr": ("import io\nio.open('/etc/passwd')", "AttributeError"),
     "io_fileio": ("import io\nio.FileIO('/etc/passwd')", "AttributeError"),
     "random_bound_self": ("import random\nrandom.choice.__self__", POLICY),
-    "collections_abc_sys": ("import collections.abc\ncollections.abc.sys", "AttributeError"),
+    "collections_sys": ("import collections.abc\ncollections._sys.modules['os']", POLICY),
     "get_type_hints_eval": ("import typing\ndef f(x: 'int'):\n    pass\ntyping.get_type_hints(f)", "AttributeError"),
     "annotation_payload": ("def f(x: '().__class__.__base__.__subclasses__()'):\n    pass", POLICY),
     "contextlib_chdir": ("import contextlib\ncontextlib.chdir('/')", "AttributeError"),
@@ -131,8 +134,223 @@ def test_hostile_script_is_stopped(run, code, expected):
     assert run("'pwned' in dir()").value is False
 
 
-def test_there_are_at_least_40_hostile_scripts():
-    assert len(HOSTILE) >= 40
+# Holes found in the guard (issue 13). Each attack reaches the real `sys`/`os`, a frame, a class every session
+# shares, or code outside the run; the second item is a check (run afterwards, in the same session) that the
+# shared object the attack aimed at is intact. Every attack succeeds with the guard off (see the liveness test).
+FUNC = "def f():\n    pass\n"
+LIAR = (
+    "class S(str):\n    def startswith(self, p):\n        return False\n"
+    "    def endswith(self, p):\n        return False\n"
+)
+UNTOUCHED_JSON = "import json\njson.dumps([1, 2]) == '[1, 2]' and json.JSONEncoder.item_separator == ', '"
+GUARD_HOLES: dict[str, tuple[str, str | None]] = {
+    # --- copies of module views
+    "copy_module_view": ("import copy, json\npwned = copy.copy(json).codecs.sys.modules['os']", None),
+    "deepcopy_module_view": (
+        "import copy, json\nm = copy.deepcopy({'k': [json]})['k'][0]\npwned = m.codecs.sys.modules['os']",
+        None,
+    ),
+    # --- functools.update_wrapper / wraps with dunder names
+    "update_wrapper_globals": (
+        "import functools, json\nclass O:\n    pass\no = O()\n"
+        "functools.update_wrapper(o, json.dumps, assigned=('__globals__',), updated=())\n"
+        "pwned = vars(o)['__globals__']['codecs'].sys.modules['os']",
+        None,
+    ),
+    "wraps_globals": (
+        "import functools, json\nclass O:\n    pass\no = functools.wraps(json.dumps, assigned=('__globals__',))(O())\n"
+        "pwned = vars(o)['__globals__']['codecs'].sys.modules['os']",
+        None,
+    ),
+    "update_wrapper_copies_private_dict": (
+        "import functools, random\nclass O:\n    pass\no = O()\n"
+        "functools.update_wrapper(o, random.Random, assigned=(), updated=('__dict__',))\n"
+        "leaked = [k for k in vars(o) if k.startswith('_') and not k.endswith('__')]\nassert leaked",
+        None,
+    ),
+    "update_wrapper_onto_shared_class": (
+        "import functools, json\n" + FUNC + "functools.update_wrapper(json.JSONEncoder, f, updated=())\n"
+        "assert json.JSONEncoder.__qualname__ == 'f'",
+        "import json\njson.JSONEncoder.__qualname__ == 'JSONEncoder'",
+    ),
+    # --- the types of attrgetter / methodcaller used directly
+    "attrgetter_type": (
+        "import operator, json\ngetter = type(operator.attrgetter('x'))('__globals__')\n"
+        "pwned = getter(json.dumps)['codecs'].sys.modules['os']",
+        None,
+    ),
+    "methodcaller_type": (
+        "import operator, json\ncaller = type(operator.methodcaller('x'))('__reduce_ex__', 4)\n"
+        "pwned = caller(json)[0]('os')",
+        None,
+    ),
+    "attrgetter_format": (
+        "import operator\npwned = operator.attrgetter('format')('{0.__class__.__base__}')(1)\n"
+        "assert pwned == \"<class 'object'>\"",
+        None,
+    ),
+    "methodcaller_format": (
+        "import operator\npwned = operator.methodcaller('format', 1)('{0.__class__.__base__}')\n"
+        "assert pwned == \"<class 'object'>\"",
+        None,
+    ),
+    # --- string.Formatter.get_field / vformat
+    "formatter_super_get_field": (
+        "import string, json\nfmt = string.Formatter()\n"
+        "found, _ = super(string.Formatter, fmt).get_field('0.__globals__', (json.dumps,), {})\n"
+        "pwned = found['codecs'].sys.modules['os']",
+        None,
+    ),
+    "formatter_subclass_vformat": (
+        "import string, json\nclass F(string.Formatter):\n    def get_field(self, name, args, kwargs):\n"
+        "        return super(string.Formatter, self).get_field(name, args, kwargs)\n"
+        "pwned = F().vformat('{0.__globals__[codecs].sys.modules[os]}', (json.dumps,), {})",
+        None,
+    ),
+    # --- str subclasses that lie to the guard's checks
+    "str_subclass_getattr": (
+        "import json\n" + LIAR + "pwned = getattr(json.dumps, S('__globals__'))['codecs'].sys.modules['os']",
+        None,
+    ),
+    "str_subclass_eq_hash": (
+        # Unequal the first time (the guard's set lookup), equal afterwards (getattr's own lookup).
+        "class S(str):\n    calls = 0\n    def __hash__(self):\n        return str.__hash__(self)\n"
+        "    def __eq__(self, other):\n        S.calls += 1\n        return S.calls > 1 and str.__eq__(self, other)\n"
+        "def g():\n    yield\nframe = getattr(g(), S('gi_frame'))\nassert frame is not None",
+        None,
+    ),
+    "str_subclass_attrgetter": (
+        "import operator, json\nclass S(str):\n    def split(self, sep=None):\n        return ['name']\n"
+        "pwned = operator.attrgetter(S('__globals__'))(json.dumps)['codecs'].sys",
+        None,
+    ),
+    "str_subclass_formatter_field": (
+        "import string, json\nclass S(str):\n    def __radd__(self, other):\n        return other + '0'\n"
+        "found, _ = string.Formatter().get_field(S('0.__globals__'), (json.dumps,), {})\n"
+        "pwned = found['codecs'].sys.modules['os']",
+        None,
+    ),
+    "str_subclass_setattr": (
+        LIAR + "class A:\n    pass\nclass B:\n    pass\na = A()\nsetattr(a, S('__class__'), B)\nassert type(a) is B",
+        None,
+    ),
+    # --- classes with a __del__ (runs outside the run's limits)
+    "type_with_del": ("X = type('X', (), {'__del__': lambda self: None})\nx = X()", None),
+    "prepare_renames_to_del": (
+        "class D(dict):\n    def __setitem__(self, key, value):\n"
+        "        super().__setitem__('__del__' if key == 'fin' else key, value)\n"
+        "class M(type):\n    @classmethod\n    def __prepare__(mcs, name, bases):\n        return D()\n"
+        "class X(metaclass=M):\n    def fin(self):\n        pass\nx = X()",
+        None,
+    ),
+    "metaclass_adds_del": (
+        "class M(type):\n    def __new__(mcs, name, bases, ns):\n        ns['__del__'] = lambda self: None\n"
+        "        return super().__new__(mcs, name, bases, ns)\nclass X(metaclass=M):\n    pass\nx = X()",
+        None,
+    ),
+    "type_new_with_del": (
+        "X = type.__new__(type, 'X', (), {'__del__': lambda self: None})\nx = X()",
+        None,
+    ),
+    "class_of_a_class_with_del": ("X = int.__class__('X', (), {'__del__': lambda self: None})\nx = X()", None),
+    "metaclass_stashes_a_class_with_del": (
+        "stash = []\nclass M(type):\n    def __new__(mcs, name, bases, ns):\n"
+        "        stash.append(super().__new__(mcs, name + '2', bases, {**ns, '__del__': lambda self: None}))\n"
+        "        return super().__new__(mcs, name, bases, ns)\nclass X(metaclass=M):\n    pass\nx = stash[0]()",
+        None,
+    ),
+    "make_dataclass_del": (
+        "import dataclasses\n"
+        "X = dataclasses.make_dataclass('X', [], namespace={'__del__': lambda self: None})\nx = X()",
+        None,
+    ),
+    # --- patching what module views expose (shared by every session in the process)
+    "patch_class_attribute": ("import json\njson.JSONEncoder.item_separator = ';'", UNTOUCHED_JSON),
+    "patch_class_setattr": ("import json\nsetattr(json.JSONEncoder, 'item_separator', ';')", UNTOUCHED_JSON),
+    "patch_class_as_self": (
+        "import json\ndef poke(self):\n    self.item_separator = ';'\npoke(json.JSONEncoder)",
+        UNTOUCHED_JSON,
+    ),
+    "patch_class_reached_by_type": (
+        "import calendar\ntype(calendar.day_name).marker = 1",
+        "import calendar\nnot hasattr(type(calendar.day_name), 'marker')",
+    ),
+    "patch_function_attribute": (
+        "import json\njson.dumps.marker = 1",
+        "import json\nnot hasattr(json.dumps, 'marker')",
+    ),
+    "patch_shared_instance": (
+        "import decimal\ndecimal.DefaultContext.prec = 3",
+        "import decimal\ndecimal.DefaultContext.prec == 28",
+    ),
+    "vars_of_shared_instance": (
+        "import calendar\nvars(calendar.day_name)['format'] = 'X'\nassert calendar.day_name[0] == 'X'",
+        "import calendar\ncalendar.day_name[0] == 'Monday'",
+    ),
+    "dataclass_on_shared_class": (
+        "import dataclasses, json\ndataclasses.dataclass(json.JSONDecoder)",
+        "import dataclasses, json\nnot dataclasses.is_dataclass(json.JSONDecoder) and json.loads('[1]') == [1]",
+    ),
+    "global_enum_writes_real_module": (
+        "import enum\nclass E(enum.Enum):\n    __module__ = 'json'\n    _default_encoder = 1\nenum.global_enum(E)",
+        UNTOUCHED_JSON,
+    ),
+    # --- standard-library routes from a view to the real builtins
+    "singledispatch_get_type_hints": (
+        "import functools, dataclasses\n"
+        "A = dataclasses.make_dataclass('A', [('x', \"__import__('subprocess').Popen\")])\n"
+        "f = functools.singledispatch(lambda x: x)\nf.register(A(0))\n"
+        "leaked = [k for k in f.registry if k.__name__ == 'Popen']\nassert leaked",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("code, intact", list(GUARD_HOLES.values()), ids=list(GUARD_HOLES))
+def test_guard_hole_is_closed(run, code, intact):
+    result = run(code + SUCCESS)
+    assert result.error is not None, f"not stopped: {result!r}"
+    assert "CANARY" not in result.stdout + result.stderr
+    assert run("'pwned' in dir()").value is False
+    if intact is not None:
+        assert run(intact).value is True
+
+
+def _unguarded_pool():
+    from snapcell import Policy, Pool
+
+    return Pool("memory://", isolation="inline", policy=Policy.unrestricted())
+
+
+# Hostile scripts that do not succeed even with the policy off, and why; every other one must.
+NOT_LIVE = {
+    "relative_import": "a relative import has no package",
+    "asyncio_open_connection": "nothing listens on port 1",
+    "breakpoint_input": "would start a debugger",
+    "patch_shared_module": "would patch the test process",
+    "patch_module_setattr": "would patch the test process",
+    "system_exit": "not an exploit: contained BaseException",
+    "keyboard_interrupt": "not an exploit: contained BaseException",
+    "generator_exit": "not an exploit: contained BaseException",
+    "custom_base_exception": "not an exploit: contained BaseException",
+}
+
+
+# Unguarded, the exploits leave files open and coroutines unawaited: that is their point here.
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_hostile_scripts_are_live_without_the_guard():
+    """Each exploit does reach its target when nothing guards it, so its blocked case tests the guard."""
+    live = {n: c for n, (c, _) in HOSTILE.items() if n not in NOT_LIVE}
+    dead = []
+    with _unguarded_pool() as pool:
+        for name, code in live.items():
+            with pool.checkout() as session:
+                result = session.run(code + SUCCESS)
+                if result.error is not None or "CANARY" not in result.stdout:
+                    dead.append(f"{name}: {result.error and result.error.for_model()[-300:]}")
+    assert not dead, "\n".join(dead)
+    assert len(live) >= 60
 
 
 SWALLOWERS = {
@@ -223,3 +441,71 @@ def test_reduce_payloads_are_live_for_a_plain_unpickler(capfd, payload):
 
     pickle.loads(pickle.dumps(X()))
     assert "CANARY" in capfd.readouterr().out
+
+
+# --- asyncio: a script sees and touches only its own tasks (issue 13)
+
+OWN_TASKS_ONLY = (
+    "import asyncio\n"
+    "async def mine():\n    await asyncio.sleep(30)\n"
+    "t = asyncio.create_task(mine())\n"
+    "await asyncio.sleep(0)\n"  # an async cell: it runs in a task of its own, beside the host's
+    "seen = asyncio.all_tasks()\n"
+    "others = [x for x in seen if x is not t and x is not asyncio.current_task()]\n"
+    "t.cancel()\n"
+    "(len(others), t in seen)"
+)
+
+
+def test_script_sees_only_its_own_tasks(run):
+    result = run(OWN_TASKS_ONLY)
+    assert result.error is None, result.error.for_model()
+    assert result.value == (0, True)
+
+
+def test_a_synchronous_cell_cannot_cancel_the_task_running_it(run):
+    code = "import asyncio\nhost = asyncio.current_task()\nif host is not None:\n    host.cancel()\n'finished'"
+    result = run(code)
+    assert result.error is None, result.error.for_model()
+    assert result.value == "finished"
+    assert run("1 + 1").value == 2
+
+
+def test_host_tasks_are_invisible_to_scripts_and_survive_them():
+    import asyncio
+
+    from snapcell import AsyncPool
+
+    code = (
+        "import asyncio\nnames = sorted(t.get_name() for t in asyncio.all_tasks())\n"
+        "for t in asyncio.all_tasks():\n    t.cancel()\n"
+        "current = asyncio.current_task()\nif current is not None:\n    current.cancel()\nnames"
+    )
+
+    async def main() -> None:
+        async with AsyncPool("memory://", isolation="inline") as pool:
+            host = asyncio.create_task(asyncio.sleep(30), name="host-task")
+            async with pool.checkout() as session:
+                result = await session.run(code)
+                await asyncio.sleep(0)
+                assert result.error is None, result.error.for_model()
+                assert "host-task" not in result.value
+                assert not host.done()
+                assert await session.feed_run("'still' + ' usable'") == "still usable"
+            host.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_finalizer_never_runs_after_the_run(pool, capfd):
+    with pool.checkout() as session:
+        result = session.run(
+            "class M(type):\n    def __new__(mcs, name, bases, ns):\n"
+            "        ns['__del__'] = lambda self: print('FINALIZED')\n"
+            "        return super().__new__(mcs, name, bases, ns)\n"
+            "class X(metaclass=M):\n    pass\nkept = [1]"
+        )
+        assert isinstance(result.error, PolicyError)
+        session.run("x = [X()] if 'X' in dir() else []\ny = type('Y', (), {'__del__': print})")
+    out, err = capfd.readouterr()
+    assert "FINALIZED" not in out + err

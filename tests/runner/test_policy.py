@@ -108,6 +108,104 @@ ALLOWED = {
         "one",
     ),
     "slots_and_name": ("class S:\n    __slots__ = ('a',)\n__name__", "__main__"),
+    # --- ordinary code near the guard's stand-ins (issue 13): none of it may be refused
+    "functools_wraps_script_function": (
+        "import functools\ndef deco(f):\n    @functools.wraps(f)\n    def w(*a):\n        return f(*a) + 1\n"
+        "    return w\n@deco\ndef g(x):\n    'doc'\n    return x\n(g(1), g.__name__, g.__doc__)",
+        (2, "g", "doc"),
+    ),
+    "functools_update_wrapper_defaults": (
+        "import functools\ndef f(x):\n    return x\nf.tag = 1\ndef w(x):\n    return f(x)\n"
+        "functools.update_wrapper(w, f)\n(w.__name__, w.tag, w(3))",
+        ("f", 1, 3),
+    ),
+    "copy_plain_data_and_objects_holding_modules": (
+        "import copy, json\nd = {'a': [1, {'b': 2}]}\ne = copy.deepcopy(d)\ne['a'][1]['b'] = 3\n"
+        "class P:\n    def __init__(self):\n        self.m = json\n        self.x = [1]\nq = copy.deepcopy(P())\n"
+        "(d, copy.copy([1, 2]), q.x, q.m is json, copy.copy(json) is json)",
+        ({"a": [1, {"b": 2}]}, [1, 2], [1], True, True),
+    ),
+    "str_subclass_used_normally": (
+        "class S(str):\n    def shout(self):\n        return self.upper() + '!'\ns = S('hi')\n"
+        "(s.shout(), getattr(s, 'upper')(), '{0}'.format(s), s.startswith('h'), S('{0}-{x}').format(1, x=2))",
+        ("HI!", "HI", "hi", True, "1-2"),
+    ),
+    "type_three_arguments": (
+        "X = type('X', (), {'a': 1})\nY = type('Y', (X,), {'b': 2, '__repr__': lambda self: 'Y!'})\n"
+        "t = type\n(X.a, Y().b, repr(Y()), type(3).__name__, t('Z', (), {}).__name__, isinstance(X, type))",
+        (1, 2, "Y!", "int", "Z", True),
+    ),
+    "asyncio_own_tasks": (
+        "import asyncio\nasync def w(i):\n    await asyncio.sleep(0.01)\n    return i\n"
+        "t = asyncio.create_task(w(5))\nmine = {t, *(asyncio.ensure_future(w(i)) for i in (6, 7))}\n"
+        "visible = mine <= asyncio.all_tasks()\nr = await asyncio.gather(w(1), w(2), *mine)\n"
+        "(sorted(r), visible, asyncio.current_task() is not None)",
+        ([1, 2, 5, 6, 7], True, True),
+    ),
+    "operator_getters": (
+        "import operator\nclass O:\n    pass\no = O()\no.a = O()\no.a.b = 3\no.c = 'x'\n"
+        "(operator.attrgetter('a.b')(o), operator.attrgetter('a.b', 'c')(o), operator.methodcaller('upper')('ab'),"
+        " operator.methodcaller('split', ',', maxsplit=1)('a,b,c'), operator.methodcaller('format', 1)('{0}!'),"
+        " type(operator.attrgetter('c'))('c')(o))",
+        (3, (3, "x"), "AB", ["a", "b,c"], "1!", "x"),
+    ),
+    "string_formatter_subclass": (
+        "import string\nclass F(string.Formatter):\n    def format_field(self, v, spec):\n"
+        "        return '<' + super().format_field(v, spec) + '>'\n"
+        "(F().format('{0} {x:>3} {0[k]}', {'k': 1}, x=2), string.Formatter().vformat('{a}', (), {'a': 1}),"
+        " isinstance(F(), string.Formatter))",
+        ("<{'k': 1}> <  2> <1>", "1", True),
+    ),
+    "setting_attributes_of_own_objects": (
+        "import json, decimal\nclass A:\n    n = 0\n    def __init__(self):\n        self.v = 1\n        A.n += 1\n"
+        "def f():\n    pass\nf.tag = 2\nenc = json.JSONEncoder()\nenc.indent = 2\nctx = decimal.Context(prec=5)\n"
+        "ctx.prec += 1\nA()\nA.k = 3\nsetattr(A, 'j', 4)\ndel A.j\nclass B(json.JSONEncoder):\n    pass\n"
+        "B.item_separator = ';'\n(A.n, A.k, f.tag, enc.encode([1, 2]), ctx.prec, B().encode([1, 2]))",
+        (1, 3, 2, "[\n  1, \n  2\n]", 6, "[1;2]"),
+    ),
+    "class_decorators_on_own_classes": (
+        "import dataclasses, functools, typing, abc\n@dataclasses.dataclass(frozen=True, order=True)\nclass P:\n"
+        "    x: int\n    y: list = dataclasses.field(default_factory=list)\n"
+        "Q = dataclasses.make_dataclass('Q', [('a', int)], namespace={'twice': lambda self: self.a * 2})\n"
+        "@functools.total_ordering\nclass V:\n    def __init__(self, v):\n        self.v = v\n"
+        "    def __eq__(self, o):\n        return self.v == o.v\n"
+        "    def __lt__(self, o):\n        return self.v < o.v\n"
+        "@typing.final\n@typing.no_type_check\ndef h():\n    return 1\n"
+        "(P(1) < P(2), Q(3).twice(), V(1) <= V(2), h(), abc.update_abstractmethods(V) is V)",
+        (True, 6, True, 1, True),
+    ),
+    "singledispatch_by_annotation": (
+        "import functools, decimal\n@functools.singledispatch\ndef f(x):\n    return 'any'\n"
+        "@f.register\ndef _(x: int):\n    return 'int'\n@f.register(str)\ndef _(x):\n    return 'str'\n"
+        "@f.register\ndef _(x: 'list | tuple'):\n    return 'seq'\n@f.register\ndef _(x: 'decimal.Decimal'):\n"
+        "    return 'dec'\nclass A:\n    @functools.singledispatchmethod\n    def m(self, x):\n        return 'any'\n"
+        "    @m.register\n    def _(self, x: int):\n        return 'int'\n"
+        "(f(1), f('a'), f(1.5), f([1]), f((1,)), f(decimal.Decimal(1)), A().m(1), A().m('s'))",
+        ("int", "str", "any", "seq", "seq", "dec", "int", "any"),
+    ),
+    "classes_made_by_calls_stay_writable": (
+        "import abc, dataclasses, enum, collections, typing\nX = type('X', (), {})\nX.a = 1\n"
+        "Q = dataclasses.make_dataclass('Q', [('a', int)])\nQ.b = 2\nZ = abc.ABCMeta('Z', (), {})\nZ.c = 3\n"
+        "E = enum.Enum('E', 'A B')\nE.d = 4\nP = collections.namedtuple('P', 'a')\nP.e = 5\n"
+        "T = typing.NamedTuple('T', [('a', int)])\nT.f = 6\n(X.a, Q.b, Z.c, E.d, P.e, T.f, X.__module__)",
+        (1, 2, 3, 4, 5, 6, "__main__"),
+    ),
+    "new_class_and_call_calls": (
+        "class V:\n    def __new__(cls, x):\n        self = super().__new__(cls)\n"
+        "        self.x = x\n        return self\n"
+        "    def __add__(self, other):\n        return self.__class__(self.x + other.x)\n"
+        "    def __call__(self, y):\n        return self.x * y\n"
+        "class W:\n    pass\nw = object.__new__(W)\n"
+        "((V(1) + V(2)).x, V(3).__call__(2), type(w).__name__, int.__class__(5).__name__)",
+        (3, 6, "W", "int"),
+    ),
+    "metaclasses_and_abcs": (
+        "class M(type):\n    def __new__(mcs, name, bases, ns):\n        ns['tag'] = name.lower()\n"
+        "        return super().__new__(mcs, name, bases, ns)\nclass A(metaclass=M):\n    pass\nimport abc, enum\n"
+        "class B(abc.ABC):\n    @abc.abstractmethod\n    def m(self): ...\nclass C(enum.Enum):\n    R = 1\n"
+        "(A.tag, type(A) is M, C.R.name, enum.Enum('D', 'X Y').X.value)",
+        ("a", True, "R", 1),
+    ),
     "try_finally_normal": (
         "out = []\nfor i in range(3):\n    try:\n        out.append(i)\n    finally:\n        out.append(-i)\nout",
         [0, 0, 1, -1, 2, -2],
@@ -186,6 +284,23 @@ RUNTIME_BLOCKED = {
     "vars_no_args": ("vars()", "vars() without an argument"),
     "vars_of_class": ("vars(int)", "vars() of a class"),
     "module_is_read_only": ("import json\njson.dumps = print", "changing the module attribute json.dumps"),
+    "shared_class_is_read_only": (
+        "import json\njson.JSONEncoder.indent = 2",
+        "changing the class json.encoder.JSONEncoder",
+    ),
+    "shared_function_is_read_only": ("import json\njson.dumps.cache = {}", "changing function dumps"),
+    "type_with_finalizer": ("X = type('X', (), {'__del__': print})", "defining __del__"),
+    "wraps_with_dunder_names": ("import functools\nfunctools.wraps(len, assigned=('__dict__',))", ".__dict__"),
+    "dataclass_field_name_not_an_identifier": (
+        "import dataclasses\nA = type('A', (), {'__annotations__': {'x=print(1),*a': int}})\ndataclasses.dataclass(A)",
+        "the dataclass field name",
+    ),
+    "singledispatch_code_annotation": (
+        "import functools\nf = functools.singledispatch(len)\n"
+        "A = type('A', (), {'__annotations__': {'x': 'int.real'}})\n"
+        "f.register(A())",
+        "registering by the string annotation",
+    ),
 }
 
 
@@ -313,3 +428,27 @@ def test_restored_functions_use_the_policy_builtins(pool):
         if runner is not None:  # inline: look at the restored function itself
             assert runner.namespace["opener"].__builtins__ is runner.builtins
             assert runner.builtins["open"] is not open and runner.builtins["eval"] is not eval  # stand-ins
+
+
+def test_stand_ins_survive_a_checkpoint_and_stay_guarded(pool):
+    with pool.checkout() as first:
+        first.feed_run(
+            "import operator, string, functools\nfrom asyncio import all_tasks\n"
+            "getter, caller = operator.attrgetter('real'), operator.methodcaller('upper')\n"
+            "fmt, wraps = string.Formatter(), functools.wraps"
+        )
+        checkpoint = first.dump()
+    with pool.checkout() as second:
+        second.load_session(checkpoint)
+        assert second.feed_run("(getter(2), caller('a'), fmt.format('{0}', 1), callable(wraps))") == (2, "A", "1", True)
+        assert isinstance(second.run("type(getter)('__globals__')").error, PolicyError)
+        assert isinstance(second.run("fmt.format('{0.real}', 1)").error, PolicyError)
+
+
+def test_restored_classes_and_functions_stay_writable(pool):
+    with pool.checkout() as first:
+        first.feed_run("class A:\n    pass\ndef f():\n    pass")
+        checkpoint = first.dump()
+    with pool.checkout() as second:
+        second.load_session(checkpoint)
+        assert second.feed_run("A.x = 1\nf.y = 2\nsetattr(A, 'z', 3)\n(A.x, f.y, A.z)") == (1, 2, 3)
