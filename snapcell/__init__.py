@@ -8,6 +8,13 @@ process or on another server.
 from snapcell._inspect import InspectReport, inspect_checkpoint
 from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
+from snapcell.conversation import (
+    Conversation,
+    ConversationStore,
+    FileConversationStore,
+    MemoryConversationStore,
+    S3ConversationStore,
+)
 from snapcell.errors import (
     CheckpointCorrupt,
     CheckpointError,
@@ -17,6 +24,7 @@ from snapcell.errors import (
     ConfigError,
     Conflict,
     ConversationBusy,
+    ConversationFormatError,
     InvalidKey,
     LimitExceeded,
     MemoryLimitExceeded,
@@ -24,6 +32,7 @@ from snapcell.errors import (
     OutputLimitExceeded,
     PolicyError,
     QuotaExceeded,
+    RunCancelled,
     ScriptError,
     ScriptSyntaxError,
     SessionError,
@@ -69,6 +78,13 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "ConversationBusy",
+    "Conversation",
+    "ConversationFormatError",
+    "ConversationStore",
+    "FileConversationStore",
+    "MemoryConversationStore",
+    "RunCancelled",
+    "S3ConversationStore",
     "HeadStore",
     "HostCall",
     "InvalidKey",

@@ -21,6 +21,8 @@ from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
     PolicyError,
+    RunCancelled,
+    RunCancelledError,
     ScriptError,
     ScriptSyntaxError,
     SnapcellError,
@@ -60,6 +62,7 @@ class Runner:
         self.pending_notes: list[str] = []
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
+        self._watch: Watchdog | None = None
         self._find_global = make_find_global(
             policy.allows_module,
             {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
@@ -135,19 +138,39 @@ class Runner:
         self.future_flags = cell.future_flags
         self._bind_host_functions(host_names)
         value, error = None, None
+        before = {name: id(item) for name, item in self.namespace.items()}
+        cpu_start = time.process_time()
+        caller_cancelled = False
         with capture_output(limits.max_output_bytes) as (out, err):
             bridge_token = bind_bridge(bridge)
             old_depth = sys.getrecursionlimit()
             if limits.max_recursion_depth is not None:
                 sys.setrecursionlimit(max(limits.max_recursion_depth + _stack_depth(), old_depth // 4))
             watchdog = Watchdog(limits.wall_time_s, self.namespace)
+            self._watch = watchdog
             try:
                 value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
+            except asyncio.CancelledError:
+                caller_cancelled = True  # the awaiting caller was cancelled (inline mode): end the run as cancelled
             finally:
+                self._watch = None
                 watchdog.stop()
                 sys.setrecursionlimit(old_depth)
                 unbind_bridge(bridge_token)
-        if watchdog.fired:
+        assigned = _assigned(before, self.namespace)
+        if caller_cancelled or watchdog.cancelled:
+            value, error = (
+                None,
+                RunCancelledError(
+                    "the run was cancelled by its caller",
+                    hint="Variables assigned before it stopped are kept.",
+                ),
+            )
+            notes.append(
+                f"cancelled after {time.perf_counter() - start:.1f} s; variables it had assigned are kept"
+                + (f": {', '.join(assigned)}" if assigned else " (it had assigned none)")
+            )
+        elif watchdog.fired:
             error = self._time_error(limits)
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
@@ -155,7 +178,7 @@ class Runner:
         if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
-        return RunResult(
+        result = RunResult(
             value=value,
             value_repr=_render(value, limits.max_value_repr_bytes) if cell.has_value and error is None else None,
             stdout=out.getvalue(),
@@ -165,7 +188,12 @@ class Runner:
             error=error,
             external_calls=tuple(getattr(bridge, "calls", ())),
             namespace_summary=summarize_namespace(self.namespace),
+            cpu_time_s=time.process_time() - cpu_start,
+            assigned=assigned,
         )
+        if caller_cancelled:
+            raise RunCancelled(result)
+        return result
 
     async def _execute(
         self, code: Any, is_async: bool, watchdog: Watchdog, bridge: HostBridge
@@ -199,6 +227,15 @@ class Runner:
             return None, _memory_error(exc, self.limits)
         except BaseException as exc:  # the script boundary: SystemExit, KeyboardInterrupt, ...
             return None, _script_error(exc)
+
+    def cancel(self) -> None:
+        """Interrupt the run in progress, if any, as cancelled by its caller; safe from any thread.
+
+        The script stops where it is, like at its wall-time limit, and its variables are kept.
+        """
+        watch = self._watch
+        if watch is not None:
+            watch.cancel()
 
     def _time_error(self, limits: Limits) -> TimeLimitExceeded:
         return TimeLimitExceeded(
@@ -304,6 +341,20 @@ class Runner:
             notes.append(f"could not be restored: {names}")
         self.pending_notes.extend(notes)
         return manifest
+
+
+_MAX_ASSIGNED = 100
+
+
+def _assigned(before: dict[str, int], namespace: dict[str, Any]) -> tuple[str, ...]:
+    """Names the run bound or rebound (a new object under the name), without snapcell's own and host functions."""
+    names = []
+    for name, value in namespace.items():
+        if before.get(name) != id(value) and name not in _NOT_VARIABLES and not isinstance(value, HostFunction):
+            names.append(name)
+            if len(names) >= _MAX_ASSIGNED:
+                break
+    return tuple(names)
 
 
 def _dropped_note(manifest: Manifest) -> str:
