@@ -195,7 +195,9 @@ class AsyncSession:
                 without this run's changes) and ``exc.result`` is a `RunResult` with status ``"lost"``; the next
                 run's result has ``restarted`` set.
             RunCancelled: The task running this was cancelled: the script was interrupted where it was, its
-                variables are kept and the session is usable; ``exc.result`` has status ``"cancelled"``.
+                variables are kept and the session is usable; ``exc.result`` has status ``"cancelled"``. A worker
+                that did not stop within ``grace_s`` was killed: then the status is ``"lost"`` and the session was
+                restored from its last checkpoint, as after `WorkerLost`.
         """
         lookup = validate_lookup(external_lookup)
         self._start()
@@ -222,6 +224,8 @@ class AsyncSession:
                 await self._restore("run")
                 raise
             except RunCancelled as exc:
+                if exc.result.status == "lost":  # the worker did not stop when asked, and was killed
+                    await self._restore("run")
                 if restarted:
                     exc.result = dataclasses.replace(exc.result, restarted=True)
                 raise

@@ -302,6 +302,10 @@ class CodeTool:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
             except RunCancelled as exc:
                 result, cancelled = exc.result, exc
+                if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
+                    if conversation is not None:
+                        _count(conversation, result)
+                    raise
                 notes.append(CANCELLED_NOTE + (", ".join(result.assigned) or "none") + ")")
             except WorkerLost as exc:
                 if conversation is not None:

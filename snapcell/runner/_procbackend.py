@@ -174,7 +174,9 @@ class ProcessBackend:
             try:
                 reply, _ = await asyncio.wait_for(request, limits.grace_s + 1.0)
             except (TimeoutError, WorkerLost):
-                raise asyncio.CancelledError from None
+                # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
+                await self.discard()
+                raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
         try:
             result = _run_result(reply, limits, calls)
         except (MalformedMessage, ValueError, TypeError) as exc:

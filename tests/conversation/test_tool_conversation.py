@@ -217,3 +217,25 @@ def test_status_and_restarted_after_a_worker_loss(process_pool: Pool) -> None:
         assert "1" in await tool.run_code(conversation, "kept")
 
     in_pool(process_pool, scenario)
+
+
+def test_a_cancelled_run_that_does_not_stop_is_killed_and_the_session_restored(process_pool: Pool) -> None:
+    started = asyncio.Event()
+
+    async def scenario() -> None:
+        async with process_pool.aio.checkout() as session:
+            await session.run("kept = 1")
+            await session.dump()
+            # C-level work cannot be interrupted: the worker does not answer within grace_s and is killed.
+            task = asyncio.ensure_future(
+                session.run("lost = 1\nstarted()\nbig = 10**10**8", external_lookup={"started": started.set})
+            )
+            await asyncio.wait_for(started.wait(), 60)
+            task.cancel()
+            with pytest.raises(RunCancelled) as info:
+                await asyncio.wait_for(task, 60)
+            assert info.value.result.status == "lost"
+            after = await session.run(defined("lost") + "kept, seen")
+            assert after.value == (1, False) and after.restarted
+
+    process_pool.call(scenario())
