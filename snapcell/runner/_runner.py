@@ -138,7 +138,8 @@ class Runner:
         self.future_flags = cell.future_flags
         self._bind_host_functions(host_names)
         value, error = None, None
-        before = {name: id(item) for name, item in self.namespace.items()}
+        # Only names the cell can bind are watched, so this costs the cell's size, not the namespace's.
+        before = {name: id(self.namespace.get(name, _UNBOUND)) for name in _bindable_names(tree)}
         cpu_start = time.process_time()
         caller_cancelled = False
         with capture_output(limits.max_output_bytes) as (out, err):
@@ -346,14 +347,37 @@ class Runner:
 _MAX_ASSIGNED = 100
 
 
+_UNBOUND = object()
+
+
+def _bindable_names(tree: ast.AST) -> list[str]:
+    """Every name a cell could bind in its namespace: assignment targets, imports, defs, classes, handlers."""
+    names: dict[str, None] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names[node.id] = None
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names[node.name] = None
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] = None
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names[node.name] = None
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names[node.rest] = None
+    return list(names)
+
+
 def _assigned(before: dict[str, int], namespace: dict[str, Any]) -> tuple[str, ...]:
-    """Names the run bound or rebound (a new object under the name), without snapcell's own and host functions."""
+    """The watched names the run bound or rebound (a new object under the name), in the cell's order."""
     names = []
-    for name, value in namespace.items():
-        if before.get(name) != id(value) and name not in _NOT_VARIABLES and not isinstance(value, HostFunction):
-            names.append(name)
-            if len(names) >= _MAX_ASSIGNED:
-                break
+    for name, old in before.items():
+        value = namespace.get(name, _UNBOUND)
+        if value is not _UNBOUND and id(value) != old and name not in _NOT_VARIABLES:
+            if not isinstance(value, HostFunction):
+                names.append(name)
+                if len(names) >= _MAX_ASSIGNED:
+                    break
     return tuple(names)
 
 
