@@ -41,7 +41,7 @@ class RunResult:
             host), the host process's in inline mode; None when unknown.
         peak_memory_bytes: The worker's peak resident set size after the run (measured by the host); None in
             inline mode.
-        assigned: Variables the run bound or rebound, in namespace order (at most 100 names).
+        assigned: Variables the run bound or rebound to a new object (at most 100 names; 64 in process mode).
     """
 
     value: Any = None
