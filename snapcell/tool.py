@@ -29,6 +29,7 @@ from snapcell._answer import (
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
 from snapcell.conversation import Conversation
+from snapcell.conversation._turns import CANCELLED_NOTE, cancelled_notes, conversation_head, count_run
 from snapcell.errors import (
     CheckpointExpired,
     CheckpointNotFound,
@@ -71,9 +72,6 @@ STATE_GONE_NOTE = (
     "the earlier state of this conversation is gone (its checkpoint expired or was deleted); this code ran in a "
     "fresh, empty session, so variables, functions and imports from earlier turns must be recreated"
 )
-# The note of a turn that was cancelled while its code ran; the next turn's answer repeats it.
-CANCELLED_NOTE = "this turn was cancelled while its code ran; its state up to then was saved (variables it had set: "
-_CANCELLED = re.compile(r"\[note\] " + re.escape(CANCELLED_NOTE) + r"([^)\n]*)\)")
 # A committed turn's answer is kept in its head, for a retry, up to this long (cut from the start, like answers).
 KEPT_ANSWER_CHARS = 8000
 _HOLDER_ID = re.compile(r"[A-Za-z0-9_:.-]{1,96}\Z")
@@ -293,10 +291,10 @@ class CodeTool:
                 if head.turns and head.turns[0].turn_id == turn_id and head.checkpoint_id is not None:
                     conversation.record_turn(head.checkpoint_id, turn_id)
             return replayed(done)
-        notes: list[str] = _cancelled_notes(head)
+        notes: list[str] = cancelled_notes(head)
         cancelled: BaseException | None = None
         async with self.pool.checkout(**self._checkout) as session:
-            start = head if conversation is None else _conversation_head(conversation)
+            start = head if conversation is None else conversation_head(conversation)
             history = await self._load(session, start, notes)
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
@@ -304,12 +302,14 @@ class CodeTool:
                 result, cancelled = exc.result, exc
                 if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
                     if conversation is not None:
-                        _count(conversation, result)
+                        count_run(conversation, result)
                     raise
                 notes.append(CANCELLED_NOTE + (", ".join(result.assigned) or "none") + ")")
             except WorkerLost as exc:
                 if conversation is not None:
-                    _count(conversation, exc.result if isinstance(exc.result, RunResult) else RunResult(status="lost"))
+                    count_run(
+                        conversation, exc.result if isinstance(exc.result, RunResult) else RunResult(status="lost")
+                    )
                 return self._lost_answer(exc, notes)
             # The state is saved even when the turn is being cancelled: shielded, and awaited to its end.
             save = asyncio.ensure_future(
@@ -348,10 +348,10 @@ class CodeTool:
             new_id = await session.dump()
         except WorkerLost as exc:
             if conversation is not None:
-                _count(conversation, dataclasses.replace(result, status="lost"))
+                count_run(conversation, dataclasses.replace(result, status="lost"))
             return self._lost_answer(exc, notes)
         if conversation is not None:
-            _count(conversation, result, bytes_stored=session.bytes_stored)
+            count_run(conversation, result, bytes_stored=session.bytes_stored)
         answer = await self._commit(conversation_id, head, history, new_id, result, notes, owner, turn_id)
         if conversation is not None:
             conversation.record_turn(new_id, turn_id)
@@ -574,38 +574,6 @@ class CodeTool:
 
     def __repr__(self) -> str:
         return f"CodeTool({self.pool.store.url!r}, heads={self.heads!r}, tools={sorted(self.tools)})"
-
-
-def _conversation_head(conversation: Conversation) -> Head | None:
-    """The conversation's own Python state, newest first, in the shape `CodeTool._load` reads."""
-    checkpoints = [bytes.fromhex(conversation.checkpoints[i]) for i in sorted(conversation.checkpoints, reverse=True)]
-    if not checkpoints:
-        return None
-    return Head(checkpoint_id=checkpoints[0], history=tuple(checkpoints[1:]))
-
-
-def _cancelled_notes(head: Head | None) -> list[str]:
-    """A note when the conversation's previous turn was cancelled, naming the variables it had set."""
-    if head is None or not head.turns or head.turns[0].answer is None:
-        return []
-    match = _CANCELLED.search(head.turns[0].answer)
-    if match is None:
-        return []
-    return [
-        f"the previous turn was cancelled while its code ran; its state up to then was kept (variables it had set: "
-        f"{match.group(1)})"
-    ]
-
-
-def _count(conversation: Conversation, result: RunResult, *, bytes_stored: int = 0) -> None:
-    conversation.usage.add_run(
-        status=result.status or "ok",
-        wall_time_s=result.duration_s,
-        cpu_time_s=result.cpu_time_s,
-        peak_memory_bytes=result.peak_memory_bytes,
-        host_calls=len(result.external_calls),
-        bytes_stored=bytes_stored,
-    )
 
 
 class SyncCodeTool:

@@ -28,6 +28,7 @@ from snapcell.errors import (
     SnapcellError,
     TimeLimitExceeded,
 )
+from snapcell.runner._assigned import UNBOUND, assigned_names, bindable_names
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
@@ -139,7 +140,7 @@ class Runner:
         self._bind_host_functions(host_names)
         value, error = None, None
         # Only names the cell can bind are watched, so this costs the cell's size, not the namespace's.
-        before = {name: id(self.namespace.get(name, _UNBOUND)) for name in _bindable_names(tree)}
+        before = {name: id(self.namespace.get(name, UNBOUND)) for name in bindable_names(tree)}
         cpu_start = time.process_time()
         caller_cancelled = False
         with capture_output(limits.max_output_bytes) as (out, err):
@@ -158,7 +159,7 @@ class Runner:
                 watchdog.stop()
                 sys.setrecursionlimit(old_depth)
                 unbind_bridge(bridge_token)
-        assigned = _assigned(before, self.namespace)
+        assigned = assigned_names(before, self.namespace, skip=_NOT_VARIABLES)
         if caller_cancelled or watchdog.cancelled:
             value, error = (
                 None,
@@ -342,43 +343,6 @@ class Runner:
             notes.append(f"could not be restored: {names}")
         self.pending_notes.extend(notes)
         return manifest
-
-
-_MAX_ASSIGNED = 100
-
-
-_UNBOUND = object()
-
-
-def _bindable_names(tree: ast.AST) -> list[str]:
-    """Every name a cell could bind in its namespace: assignment targets, imports, defs, classes, handlers."""
-    names: dict[str, None] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names[node.id] = None
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names[node.name] = None
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                names[(alias.asname or alias.name).split(".")[0]] = None
-        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
-            names[node.name] = None
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            names[node.rest] = None
-    return list(names)
-
-
-def _assigned(before: dict[str, int], namespace: dict[str, Any]) -> tuple[str, ...]:
-    """The watched names the run bound or rebound (a new object under the name), in the cell's order."""
-    names = []
-    for name, old in before.items():
-        value = namespace.get(name, _UNBOUND)
-        if value is not _UNBOUND and id(value) != old and name not in _NOT_VARIABLES:
-            if not isinstance(value, HostFunction):
-                names.append(name)
-                if len(names) >= _MAX_ASSIGNED:
-                    break
-    return tuple(names)
 
 
 def _dropped_note(manifest: Manifest) -> str:
