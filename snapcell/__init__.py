@@ -8,6 +8,13 @@ process or on another server.
 from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
 from snapcell.cli._inspect import InspectReport, inspect_checkpoint
+from snapcell.conversation import (
+    Conversation,
+    ConversationStore,
+    FileConversationStore,
+    MemoryConversationStore,
+    S3ConversationStore,
+)
 from snapcell.errors import (
     CheckpointCorrupt,
     CheckpointError,
@@ -18,6 +25,7 @@ from snapcell.errors import (
     ConfigError,
     Conflict,
     ConversationBusy,
+    ConversationFormatError,
     HeadCorrupt,
     InvalidKey,
     LimitExceeded,
@@ -28,6 +36,7 @@ from snapcell.errors import (
     Overloaded,
     PolicyError,
     QuotaExceeded,
+    RunCancelled,
     SandboxError,
     ScriptError,
     ScriptSyntaxError,
@@ -77,6 +86,13 @@ __all__ = [
     "Conflict",
     "ConversationBusy",
     "HeadCorrupt",
+    "Conversation",
+    "ConversationFormatError",
+    "ConversationStore",
+    "FileConversationStore",
+    "MemoryConversationStore",
+    "RunCancelled",
+    "S3ConversationStore",
     "HeadStore",
     "HostCall",
     "InvalidKey",

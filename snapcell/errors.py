@@ -9,8 +9,10 @@ Every class says when it is raised and whether the session is still usable.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 __all__ = [
     "CheckpointCorrupt",
@@ -23,6 +25,9 @@ __all__ = [
     "Conflict",
     "ConversationBusy",
     "HeadCorrupt",
+    "ConversationFormatError",
+    "RunCancelled",
+    "RunCancelledError",
     "InvalidKey",
     "LimitExceeded",
     "MemoryLimitExceeded",
@@ -101,6 +106,10 @@ class ScriptError(SnapcellError):
         if self.hint:
             parts.append(self.hint)
         return "\n".join(parts)
+
+
+class RunCancelledError(ScriptError):
+    """The error of a run its caller cancelled; variables it had assigned before it stopped are kept."""
 
 
 class ScriptSyntaxError(ScriptError):
@@ -442,16 +451,47 @@ class Overloaded(SessionError):
         self.timed_out = timed_out
 
 
+class ConversationFormatError(StorageError, ValueError):
+    """Raised when a stored conversation is malformed or from an unknown future version; nothing was loaded.
+
+    Attributes:
+        conversation_id: The conversation, when known.
+        version: The version the data claims, when it has one.
+    """
+
+    def __init__(self, message: str, *, conversation_id: str | None = None, version: object = None) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+        self.version = version
+
+
 class WorkerLost(SessionError):
     """Raised when a session's worker process died; the session is restored from its last checkpoint.
 
     Attributes:
         reason: ``"timeout"``, ``"memory"``, ``"signal"`` or ``"crash"``.
+        result: From `AsyncSession.run`: the run's `RunResult`, with status ``"lost"``; None otherwise.
     """
 
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+        self.result: Any = None
+
+
+class RunCancelled(asyncio.CancelledError):
+    """Raised by `AsyncSession.run` when its task was cancelled: the script was interrupted, the namespace kept.
+
+    A `asyncio.CancelledError`, so cancellation still propagates; ``result`` (status ``"cancelled"``) says what the
+    run printed and which variables it had assigned. The session is usable; dump it to keep what the run got to.
+
+    Attributes:
+        result: The run's `RunResult` up to the cancellation.
+    """
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("the run was cancelled")
+        self.result = result
 
 
 @contextmanager

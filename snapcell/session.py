@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -18,6 +20,7 @@ from snapcell.errors import (
     CheckpointVersionError,
     ConfigError,
     ObjectTooLarge,
+    RunCancelled,
     SessionError,
     SnapcellError,
     TypingError,
@@ -83,6 +86,10 @@ class AsyncSession:
         self._blob_io = BlobIO(store, keyring.blob_namespace())
         self.checkpoint_id: bytes | None = None
         self.checkpoint_bytes: int | None = None
+        # Bytes the last dump put into the store (the checkpoint and its new blobs).
+        self.bytes_stored = 0
+        # A worker was lost and replaced since the last run: the next run's result says so.
+        self._restarted = False
         self.manifest: Manifest | None = None
 
     def _start(self) -> None:
@@ -193,6 +200,7 @@ class AsyncSession:
             else:
                 await self._backend.reset()
             await self._backend.queue(notes=[note], setup_cells=list(self._setup_since_checkpoint))
+            self._restarted = True
         except SnapcellError as exc:
             raise SessionError(f"the session could not be restored after its worker was lost: {exc}") from exc
 
@@ -221,6 +229,13 @@ class AsyncSession:
         Raises:
             ConfigError: ``external_lookup`` is malformed; nothing ran.
             SessionError: The session was checked in or is busy.
+            WorkerLost: The worker died during the run; the session was restored from its last checkpoint (usable,
+                without this run's changes) and ``exc.result`` is a `RunResult` with status ``"lost"``; the next
+                run's result has ``restarted`` set.
+            RunCancelled: The task running this was cancelled: the script was interrupted where it was, its
+                variables are kept and the session is usable; ``exc.result`` has status ``"cancelled"``. A worker
+                that did not stop within ``grace_s`` was killed: then the status is ``"lost"`` and the session was
+                restored from its last checkpoint, as after `WorkerLost`.
         """
         lookup = validate_lookup(external_lookup)
         self._start()
@@ -236,11 +251,24 @@ class AsyncSession:
                     await self._checker.acheck_or_raise(code, declarations=declarations)
                 except TypingError as exc:
                     return RunResult(error=exc)
+            started = time.perf_counter()
+            restarted, self._restarted = self._restarted, False
             try:
                 result = await self._backend.run(code, lookup=lookup, setup=setup, limits=limits or self._limits)
-            except WorkerLost:
+            except WorkerLost as exc:
+                exc.result = RunResult(
+                    status="lost", duration_s=time.perf_counter() - started, restarted=restarted, error=None
+                )
                 await self._restore("run")
                 raise
+            except RunCancelled as exc:
+                if exc.result.status == "lost":  # the worker did not stop when asked, and was killed
+                    await self._restore("run")
+                if restarted:
+                    exc.result = dataclasses.replace(exc.result, restarted=True)
+                raise
+            if restarted:
+                result = dataclasses.replace(result, restarted=True)
             if setup and result.error is None and code not in self._setup_since_checkpoint:
                 self._setup_since_checkpoint.append(code)
             return result
@@ -321,6 +349,7 @@ class AsyncSession:
             else:
                 blob = self._keyring.sign(body, cid)
             await self._store.put(cid.storage_key, blob, expires_at=now + self._ttl_s)
+            self.bytes_stored = len(blob) + sum(len(data) for data in dumped.new_blobs.values())
             self.checkpoint_id = cid.raw
             self.checkpoint_bytes = len(blob)
             self.manifest = manifest

@@ -8,6 +8,7 @@ each run into the text a model should read. `SyncCodeTool` is its synchronous tw
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import secrets
@@ -29,11 +30,14 @@ from snapcell._answer import (
 )
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
+from snapcell.conversation import Conversation
+from snapcell.conversation._turns import CANCELLED_NOTE, cancelled_notes, conversation_head, count_run
 from snapcell.errors import (
     CheckpointExpired,
     CheckpointNotFound,
     ConfigError,
     Conflict,
+    RunCancelled,
     SnapcellError,
     StorageError,
     StorageUnavailable,
@@ -55,6 +59,7 @@ from snapcell.storage import (
 )
 
 __all__ = [
+    "CANCELLED_NOTE",
     "KEPT_ANSWER_CHARS",
     "MIN_ANSWER_CHARS",
     "STATE_GONE_NOTE",
@@ -199,7 +204,7 @@ class CodeTool:
     # ------------------------------------------------------------------ turns
 
     async def run_code(
-        self, conversation_id: str, code: str, setup: bool = False, *, turn_id: str | None = None
+        self, conversation_id: str | Conversation, code: str, setup: bool = False, *, turn_id: str | None = None
     ) -> str:
         """Run one turn of a conversation and return the text the model should read.
 
@@ -220,8 +225,23 @@ class CodeTool:
         memory), the head does not move, the answer says that the session restarted and this code's changes are
         lost, and the next turn continues from the head as it was.
 
+        Given a `Conversation` instead of an ID, the conversation is the truth about the Python state: the turn
+        starts from `Conversation.checkpoint_id` (so a `Conversation.truncate` or `Conversation.fork` moves the state
+        too), and when the head has moved, the turn's checkpoint, turn ID and usage are recorded in the conversation
+        (in memory: the application's next `ConversationStore.add_messages` stores them with the turn's messages).
+        A crash between the head's move and that save leaves the stored conversation as it was before the turn,
+        messages and state alike; retrying the turn with the same ``turn_id`` returns the committed answer and
+        records its checkpoint, without running the code again. Every run's usage is added to
+        ``Conversation.usage``, also of runs that failed, timed out, were cancelled or lost their worker.
+
+        Cancelling the task that awaits this interrupts the script where it is (in process mode and for async code
+        inline; a synchronous cell inline runs to its end first, as it holds the event loop), saves the namespace
+        as it stands and moves the head, then re-raises the cancellation; the next turn's answer says that the
+        previous turn was cancelled and which variables it had set.
+
         Args:
-            conversation_id: The application's conversation ID (see `validate_conversation_id`).
+            conversation_id: The application's conversation ID (see `validate_conversation_id`), or a
+                `Conversation`.
             code: The model's script.
             setup: Mark the script as a setup cell (rerun after a restart).
             turn_id: The turn's idempotency key (same rules as a conversation ID); default: a new random one.
@@ -245,26 +265,107 @@ class CodeTool:
                 not move: run it on that version, or `rewind` / start a new conversation.
             SessionError: No worker could be checked out; nothing ran.
         """
-        validate_conversation_id(conversation_id)
+        if isinstance(conversation_id, Conversation):
+            conversation, key = conversation_id, conversation_id.id
+        else:
+            conversation, key = None, conversation_id
+        validate_conversation_id(key)
         turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
-        async with self._leases.hold(conversation_id) as owner:
-            with conversation_context(conversation_id):
-                return await self._turn(conversation_id, code, setup, owner, turn_id)
+        async with self._leases.hold(key) as owner:
+            with conversation_context(key):
+                return await self._turn(key, code, setup, owner, turn_id, conversation)
 
-    async def _turn(self, conversation_id: str, code: str, setup: bool, owner: list[str], turn_id: str) -> str:
+    async def _turn(
+        self,
+        conversation_id: str,
+        code: str,
+        setup: bool,
+        owner: list[str],
+        turn_id: str,
+        conversation: Conversation | None = None,
+    ) -> str:
         head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
         done = head.turn(turn_id) if head is not None else None
         if done is not None:
+            if conversation is not None and head is not None and conversation.last_turn_id != turn_id:
+                # Committed by a writer that died before saving the conversation: adopt the turn's state, once.
+                if head.turns and head.turns[0].turn_id == turn_id and head.checkpoint_id is not None:
+                    conversation.record_turn(head.checkpoint_id, turn_id)
             return replayed(done)
-        notes: list[str] = []
+        notes: list[str] = cancelled_notes(head)
+        cancelled: BaseException | None = None
         async with self.pool.checkout(**self._checkout) as session:
-            history = await self._load(session, head, notes)
+            start = head if conversation is None else conversation_head(conversation)
+            history = await self._load(session, start, notes)
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
-                new_id = await session.dump()
+            except RunCancelled as exc:
+                result, cancelled = exc.result, exc
+                if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
+                    if conversation is not None:
+                        count_run(conversation, result)
+                    raise
+                notes.append(CANCELLED_NOTE + (", ".join(result.assigned) or "none") + ")")
             except WorkerLost as exc:
-                notes.append(lost_note(exc))
-                return render_answer(RunResult(), notes, max_chars=self.max_answer_chars)
+                if conversation is not None:
+                    count_run(
+                        conversation, exc.result if isinstance(exc.result, RunResult) else RunResult(status="lost")
+                    )
+                return self._lost_answer(exc, notes)
+            # The state is saved even when the turn is being cancelled: shielded, and awaited to its end.
+            save = asyncio.ensure_future(
+                self._save(session, conversation_id, head, history, result, notes, owner, turn_id, conversation)
+            )
+            try:
+                answer = await asyncio.shield(save)
+            except asyncio.CancelledError as exc:
+                cancelled = cancelled or exc
+                answer = await save
+        if cancelled is not None:
+            raise cancelled
+        return answer
+
+    def _lost_answer(self, exc: WorkerLost, notes: list[str]) -> str:
+        notes.append(lost_note(exc))
+        return render_answer(RunResult(status="lost"), notes, max_chars=self.max_answer_chars)
+
+    async def _save(
+        self,
+        session: AsyncSession,
+        conversation_id: str,
+        head: Head | None,
+        history: tuple[bytes, ...],
+        result: RunResult,
+        notes: list[str],
+        owner: list[str],
+        turn_id: str,
+        conversation: Conversation | None,
+    ) -> str:
+        """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
+        try:
+            new_id = await session.dump()
+        except WorkerLost as exc:
+            if conversation is not None:
+                count_run(conversation, dataclasses.replace(result, status="lost"))
+            return self._lost_answer(exc, notes)
+        if conversation is not None:
+            count_run(conversation, result, bytes_stored=session.bytes_stored)
+        answer = await self._commit(conversation_id, head, history, new_id, result, notes, owner, turn_id)
+        if conversation is not None:
+            conversation.record_turn(new_id, turn_id)
+        return answer
+
+    async def _commit(
+        self,
+        conversation_id: str,
+        head: Head | None,
+        history: tuple[bytes, ...],
+        new_id: bytes,
+        result: RunResult,
+        notes: list[str],
+        owner: list[str],
+        turn_id: str,
+    ) -> str:
         answer = render_answer(result, notes, max_chars=self.max_answer_chars)
         turn = TurnRecord(
             turn_id, answer if len(answer) <= KEPT_ANSWER_CHARS else cut_answer(answer, KEPT_ANSWER_CHARS)
@@ -532,7 +633,9 @@ class SyncCodeTool:
         """See `CodeTool.json_schema`."""
         return self._inner.json_schema
 
-    def run_code(self, conversation_id: str, code: str, setup: bool = False, *, turn_id: str | None = None) -> str:
+    def run_code(
+        self, conversation_id: str | Conversation, code: str, setup: bool = False, *, turn_id: str | None = None
+    ) -> str:
         """See `CodeTool.run_code`."""
         answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup, turn_id=turn_id))
         return answer

@@ -12,7 +12,7 @@ from tests.test_examples import load
 
 ROOT = Path(__file__).resolve().parents[1]
 # A block, and the line above its opening fence (an HTML comment marks fragments and blocks that need a fake).
-_BLOCK = re.compile(r"(?:^(?P<mark><!--.*-->)\n)?^```python\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
+_BLOCK = re.compile(r"(?:^(?P<mark><!--[^\n]*-->)\n)?^```python\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
 FRAGMENT = "<!-- fragment -->"
 ANTHROPIC = "<!-- readme-test: anthropic -->"
 

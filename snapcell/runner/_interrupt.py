@@ -249,6 +249,7 @@ class Watchdog:
     def __init__(self, timeout_s: float | None, namespace: dict[str, Any]) -> None:
         self.timeout_s = timeout_s
         self.fired = False
+        self.cancelled = False
         self.finished = False
         self._namespace = namespace
         table = namespace.get("__builtins__")
@@ -259,6 +260,14 @@ class Watchdog:
         self._lock = threading.Lock()
         if timeout_s is not None:
             _monitor.add(self, time.monotonic() + timeout_s)
+
+    def cancel(self) -> None:
+        """Fire now, as the run's caller cancelled it (any thread); ``cancelled`` tells it from a timeout."""
+        with self._lock:
+            if self.finished or self.fired:
+                return
+            self.cancelled = True
+        _monitor.add(self, time.monotonic())
 
     def attach(self, task: asyncio.Task[Any]) -> None:
         """Cancel ``task`` (an async cell) at the deadline, as well as interrupting its frames."""

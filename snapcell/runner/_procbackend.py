@@ -7,14 +7,17 @@ plus ``grace_s``. Either way the worker is replaced and the caller gets `WorkerL
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
-from snapcell.errors import ScriptError, SessionError, TimeLimitExceeded, WorkerLost
+from snapcell.errors import RunCancelled, ScriptError, SessionError, TimeLimitExceeded, WorkerLost
 from snapcell.runner._host import HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
@@ -27,6 +30,8 @@ from snapcell.runner._process import (
 )
 from snapcell.runner._result import RunResult
 from snapcell.runner._wire import (
+    MAX_ASSIGNED,
+    MAX_ASSIGNED_CHARS,
     MAX_DUMP_BLOBS,
     MAX_MANIFEST_ITEMS,
     MAX_NAME_CHARS,
@@ -133,26 +138,56 @@ class ProcessBackend:
         host = {name: inspect.iscoroutinefunction(func) for name, func in lookup.items()}
         timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
         calls: list[HostCall] = []
-        reply, _ = await self._request(
-            {
-                "op": "run",
-                # A str subclass is sent as its text; anything else is not a script, which the worker says.
-                "code": str.__str__(code) if isinstance(code, str) else None,
-                "host": host,
-                "setup": setup,
-                "limits": _limits_plain(limits),
-            },
-            expect="ran",
-            timeout_s=timeout,
-            lookup=lookup,
-            calls=calls,
-            limits=limits,
-            limit_name="wall_time_s",
+        if self.worker is None:
+            await self.start()
+        worker = self.worker
+        cpu_before = _cpu_seconds(worker.pid if worker is not None else None)
+        request = asyncio.ensure_future(
+            self._request(
+                {
+                    "op": "run",
+                    # A str subclass is sent as its text; anything else is not a script, which the worker says.
+                    "code": str.__str__(code) if isinstance(code, str) else None,
+                    "host": host,
+                    "setup": setup,
+                    "limits": _limits_plain(limits),
+                },
+                expect="ran",
+                timeout_s=timeout,
+                lookup=lookup,
+                calls=calls,
+                limits=limits,
+                limit_name="wall_time_s",
+            )
         )
+        cancelled = False
         try:
-            return _run_result(reply, limits, calls)
+            reply, _ = await asyncio.shield(request)
+        except asyncio.CancelledError:
+            if request.done() or worker is None:
+                raise
+            # Our caller was cancelled: ask the worker to stop the script where it is (its namespace is kept) and
+            # wait for the run's reply for the grace period; a worker that does not answer is killed (lost).
+            cancelled = True
+            with contextlib.suppress(_Died, OSError):
+                await worker.send_control({"op": "cancel"})
+            try:
+                reply, _ = await asyncio.wait_for(request, limits.grace_s + 1.0)
+            except (TimeoutError, WorkerLost):
+                # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
+                await self.discard()
+                raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
+        try:
+            result = _run_result(reply, limits, calls)
         except (MalformedMessage, ValueError, TypeError) as exc:
             raise await self._malformed("run", exc) from None
+        if worker is not None:
+            cpu_after = _cpu_seconds(worker.pid)
+            cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+            result = dataclasses.replace(result, cpu_time_s=cpu, peak_memory_bytes=_peak_rss(worker.pid))
+        if cancelled:
+            raise RunCancelled(result)
+        return result
 
     async def dump(
         self,
@@ -297,6 +332,9 @@ def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) ->
     if type(notes) is not list or len(notes) > MAX_NOTES:
         raise MalformedMessage(f"notes must be a list of at most {MAX_NOTES}")
     memory = reply.get("memory_bytes")
+    assigned = reply.get("assigned") or []
+    if type(assigned) is not list or len(assigned) > MAX_ASSIGNED:
+        raise MalformedMessage(f"assigned must be a list of at most {MAX_ASSIGNED} names")
     cap = limits.max_output_bytes
     return RunResult(
         value=reply.get("value"),
@@ -309,7 +347,38 @@ def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) ->
         error=error,
         memory_bytes=memory if type(memory) is int else None,
         namespace_summary=str(reply.get("namespace_summary") or "")[:MAX_SUMMARY_CHARS],
+        assigned=tuple(str(name)[:MAX_ASSIGNED_CHARS] for name in assigned),
     )
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a worker, read by the host from ``/proc`` (never from the worker); None if
+    unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _peak_rss(pid: int | None) -> int | None:
+    """A worker's peak resident set size in bytes (``VmHWM``), read by the host from ``/proc``; None if unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status", "rb") as file:
+            for line in file:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:

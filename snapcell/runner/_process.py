@@ -186,6 +186,14 @@ class WorkerProcess:
             raise SessionError(f"a worker process failed to start: {str(message)[:500]}")
         self.sandbox = {str(k)[:100]: str(v)[:1000] for k, v in sandbox.items()}
 
+    async def send_control(self, message: dict[str, Any]) -> None:
+        """Send a message that has no reply of its own (``cancel``) while a request is in flight.
+
+        Raises:
+            _Died: The worker is not running.
+        """
+        await self._send(message)
+
     async def _send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
         sock = self._sock
         if sock is None or self.dead:

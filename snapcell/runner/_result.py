@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from snapcell.errors import ScriptError
+from snapcell.errors import RunCancelledError, ScriptError, TimeLimitExceeded
 from snapcell.runner._host import HostCall
 
-__all__ = ["RunResult"]
+__all__ = ["RunResult", "RunStatus"]
+
+RunStatus = Literal["ok", "error", "timeout", "cancelled", "lost"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +32,16 @@ class RunResult:
         namespace_summary: One line on the namespace after the run: how many variables, their estimated size and
             the largest ones (``"4 variables, ~7.7 MiB; largest: rows (list, ~7.6 MiB), ..."``); empty when there
             are none. Sizes are cheap estimates (sampled for containers); see ``Manifest`` for exact pickled sizes.
+        status: How the run ended: ``"ok"``; ``"error"`` (the script failed or was refused); ``"timeout"`` (the
+            wall-time limit stopped it); ``"cancelled"`` (its caller cancelled it, see `RunCancelled`); ``"lost"``
+            (its worker died; nothing of the run is kept). Derived from ``error`` unless given.
+        restarted: The session had to start a new interpreter (its worker was lost before) for this run: variables
+            are those of the last checkpoint, and the setup cells were run again.
+        cpu_time_s: CPU seconds the run used: the worker's user + system time in process mode (measured by the
+            host), the host process's in inline mode; None when unknown.
+        peak_memory_bytes: The worker's peak resident set size after the run (measured by the host); None in
+            inline mode.
+        assigned: Variables the run bound or rebound to a new object (at most 100 names; 64 in process mode).
     """
 
     value: Any = None
@@ -43,8 +55,27 @@ class RunResult:
     memory_bytes: int | None = None
     variables: tuple[str, ...] = field(default=())
     namespace_summary: str = ""
+    status: RunStatus | None = None
+    restarted: bool = False
+    cpu_time_s: float | None = None
+    peak_memory_bytes: int | None = None
+    assigned: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.status is None:
+            object.__setattr__(self, "status", _status(self.error))
 
     @property
     def ok(self) -> bool:
         """True when the script ran to the end without an error."""
         return self.error is None
+
+
+def _status(error: ScriptError | None) -> RunStatus:
+    if error is None:
+        return "ok"
+    if isinstance(error, RunCancelledError):
+        return "cancelled"
+    if isinstance(error, TimeLimitExceeded) and error.limit == "wall_time_s":
+        return "timeout"
+    return "error"

@@ -29,11 +29,14 @@ from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
     PolicyError,
+    RunCancelled,
+    RunCancelledError,
     ScriptError,
     ScriptSyntaxError,
     SnapcellError,
     TimeLimitExceeded,
 )
+from snapcell.runner._assigned import UNBOUND, assigned_names, bindable_names
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
 from snapcell.runner._guard import (
@@ -105,6 +108,7 @@ class Runner:
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
         self.rule = checkpoint_rule(policy)
+        self._watch: Watchdog | None = None
         self._find_global = make_find_global(
             self.rule,
             {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
@@ -180,19 +184,40 @@ class Runner:
         self.future_flags = cell.future_flags
         self._bind_host_functions(host_names)
         value, error = None, None
+        # Only names the cell can bind are watched, so this costs the cell's size, not the namespace's.
+        before = {name: id(self.namespace.get(name, UNBOUND)) for name in bindable_names(tree)}
+        cpu_start = time.process_time()
+        caller_cancelled = False
         with capture_output(limits.max_output_bytes) as (out, err):
             bridge_token = bind_bridge(bridge)
             old_depth = sys.getrecursionlimit()
             if limits.max_recursion_depth is not None:
                 sys.setrecursionlimit(max(limits.max_recursion_depth + _stack_depth(), old_depth // 4))
             watchdog = Watchdog(limits.wall_time_s, self.namespace)
+            self._watch = watchdog
             try:
                 value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
+            except asyncio.CancelledError:
+                caller_cancelled = True  # the awaiting caller was cancelled (inline mode): end the run as cancelled
             finally:
+                self._watch = None
                 watchdog.stop()
                 sys.setrecursionlimit(old_depth)
                 unbind_bridge(bridge_token)
-        if watchdog.fired:
+        assigned = assigned_names(before, self.namespace, skip=_NOT_VARIABLES)
+        if caller_cancelled or watchdog.cancelled:
+            value, error = (
+                None,
+                RunCancelledError(
+                    "the run was cancelled by its caller",
+                    hint="Variables assigned before it stopped are kept.",
+                ),
+            )
+            notes.append(
+                f"cancelled after {time.perf_counter() - start:.1f} s; variables it had assigned are kept"
+                + (f": {', '.join(assigned)}" if assigned else " (it had assigned none)")
+            )
+        elif watchdog.fired:
             error = self._time_error(limits)
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
@@ -200,7 +225,7 @@ class Runner:
         if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
-        return RunResult(
+        result = RunResult(
             value=value,
             value_repr=_render(value, limits.max_value_repr_bytes) if cell.has_value and error is None else None,
             stdout=out.getvalue(),
@@ -210,7 +235,12 @@ class Runner:
             error=error,
             external_calls=tuple(getattr(bridge, "calls", ())),
             namespace_summary=summarize_namespace(self.namespace),
+            cpu_time_s=time.process_time() - cpu_start,
+            assigned=assigned,
         )
+        if caller_cancelled:
+            raise RunCancelled(result)
+        return result
 
     async def _execute(
         self, code: Any, is_async: bool, watchdog: Watchdog, bridge: HostBridge
@@ -244,6 +274,15 @@ class Runner:
             return None, _memory_error(exc, self.limits)
         except BaseException as exc:  # the script boundary: SystemExit, KeyboardInterrupt, ...
             return None, _script_error(exc)
+
+    def cancel(self) -> None:
+        """Interrupt the run in progress, if any, as cancelled by its caller; safe from any thread.
+
+        The script stops where it is, like at its wall-time limit, and its variables are kept.
+        """
+        watch = self._watch
+        if watch is not None:
+            watch.cancel()
 
     def _time_error(self, limits: Limits) -> TimeLimitExceeded:
         return TimeLimitExceeded(

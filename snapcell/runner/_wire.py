@@ -65,6 +65,9 @@ MAX_SUMMARY_CHARS = 1000
 MAX_ERROR_TEXT_CHARS = 16 * 1024
 MAX_ERROR_NAMES = 256
 MAX_NAME_CHARS = 256
+# The variables a run assigned (`RunResult.assigned`): this many names, each cut to this many characters.
+MAX_ASSIGNED = 64
+MAX_ASSIGNED_CHARS = 80
 # A dump or load reply: its manifest (JSON text, whose own items are counted before it is parsed), the new
 # blobs it names. A worker whose checkpoint needs more says so with an error instead.
 MAX_CHECKPOINT_REPLY_BYTES = 32 * 1024 * 1024
@@ -140,9 +143,10 @@ def reply_budget(kind: str, limits: Limits, blob_bytes: int = 0) -> Budget:
             limits.max_value_repr_bytes,
             MAX_NOTES * MAX_NOTE_CHARS,
             MAX_SUMMARY_CHARS,
+            MAX_ASSIGNED * MAX_ASSIGNED_CHARS,
         )
         size = None if value is None or text is None else value + text + _ERROR_BYTES + _FIELDS_BYTES
-        return _bounded(size, value_items(limits) + MAX_NOTES + _ERROR_ITEMS + _FIELDS_ITEMS)
+        return _bounded(size, value_items(limits) + MAX_NOTES + MAX_ASSIGNED + _ERROR_ITEMS + _FIELDS_ITEMS)
     if kind in ("dump", "load"):
         items = 3 * MAX_DUMP_BLOBS + _ERROR_ITEMS + _FIELDS_ITEMS
         return _bounded(MAX_CHECKPOINT_REPLY_BYTES, items, blob_bytes if kind == "dump" else 0)
@@ -504,6 +508,7 @@ _ERRORS: dict[str, type[errors.ScriptError]] = {
         errors.TimeLimitExceeded,
         errors.MemoryLimitExceeded,
         errors.OutputLimitExceeded,
+        errors.RunCancelledError,
     )
 }
 _CHECKPOINT_ERRORS: dict[str, type[errors.SnapcellError]] = {

@@ -36,6 +36,8 @@ from snapcell.runner._runner import Runner
 from snapcell.runner._typecheck import declarations_from_namespace
 from snapcell.runner._wire import (
     FRAME,
+    MAX_ASSIGNED,
+    MAX_ASSIGNED_CHARS,
     MAX_CHECKPOINT_REPLY_BYTES,
     MAX_DECLARATIONS_CHARS,
     MAX_DUMP_BLOBS,
@@ -220,6 +222,9 @@ class Worker:
                 if message.get("op") == "result":
                     if self.bridge is not None:
                         self.bridge.deliver(message)
+                elif message.get("op") == "cancel":
+                    # No reply of its own: the run in progress ends as cancelled and its "ran" reply says so.
+                    self.runner.cancel()
                 else:
                     self.requests.put((message, blob))
         except (EOFError, OSError, ValueError):
@@ -382,6 +387,7 @@ class Worker:
             "error": error_to_plain(result.error) if result.error is not None else None,
             "memory_bytes": _rss_bytes(),
             "namespace_summary": cut_text(result.namespace_summary, MAX_SUMMARY_CHARS),
+            "assigned": [name[:MAX_ASSIGNED_CHARS] for name in result.assigned[:MAX_ASSIGNED]],
         }
         payload = encode(reply)
         # A reply over the host's budget would cost this worker its life: the value (the only part without a cap

@@ -1,0 +1,36 @@
+"""Conversations: the transcript and the Python state of an agent conversation, kept and moved together.
+
+`Conversation` is the record (messages in the application's own format, the checkpoint of each code turn, usage);
+a `ConversationStore` keeps it (`MemoryConversationStore`, `FileConversationStore`, `S3ConversationStore`), and
+`CodeTool.run_code` accepts one in place of a conversation ID.
+"""
+
+from snapcell.conversation._model import (
+    CONVERSATION_VERSION,
+    Conversation,
+    Usage,
+    tool_call_ids,
+    tool_result_ids,
+    validate_conversation_key,
+)
+from snapcell.conversation._object import S3ConversationStore
+from snapcell.conversation._stores import (
+    ConversationStore,
+    FileConversationStore,
+    LogConversationStore,
+    MemoryConversationStore,
+)
+
+__all__ = [
+    "CONVERSATION_VERSION",
+    "Conversation",
+    "ConversationStore",
+    "FileConversationStore",
+    "LogConversationStore",
+    "MemoryConversationStore",
+    "S3ConversationStore",
+    "Usage",
+    "tool_call_ids",
+    "tool_result_ids",
+    "validate_conversation_key",
+]

@@ -1,0 +1,343 @@
+"""`Conversation`: an agent conversation's transcript and its Python state, as one versioned record.
+
+The messages are the application's own (plain JSON-able dicts in whatever format its model API uses); snapcell adds
+the checkpoint ID each code turn produced, keyed by the index its result message takes in the transcript, so that
+`Conversation.truncate` and `Conversation.fork` move the transcript and the Python state together.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from snapcell.errors import ConfigError, ConversationFormatError, InvalidKey
+
+__all__ = [
+    "CONVERSATION_VERSION",
+    "Conversation",
+    "Usage",
+    "tool_call_ids",
+    "tool_result_ids",
+    "validate_conversation_key",
+]
+
+CONVERSATION_VERSION = 1
+_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+# A message is at most this large as JSON, and a conversation holds at most this many (a bound on what a load
+# reads and validates, not a quota: 100,000 messages of a few KiB is a long conversation indeed).
+MAX_MESSAGES = 100_000
+
+
+def validate_conversation_key(conversation_id: str) -> str:
+    """Check a stored conversation's ID (1 to 128 letters, digits, ``_`` or ``-``) and return it.
+
+    The ID names a file and a storage key, and the conversation's head, so nothing else is allowed.
+
+    Raises:
+        InvalidKey: The ID is malformed; nothing was read or written.
+    """
+    if not isinstance(conversation_id, str) or not _ID.match(conversation_id):
+        shown = conversation_id if not isinstance(conversation_id, str) else conversation_id[:40]
+        raise InvalidKey(f"invalid conversation ID {shown!r}: use 1 to 128 letters, digits, '_' or '-'")
+    return conversation_id
+
+
+class Usage(BaseModel):
+    """What a conversation's code runs used, summed over every run (failed, timed-out, cancelled and lost too).
+
+    Attributes:
+        runs: Runs counted.
+        by_status: Runs by `RunResult.status` (``ok``, ``error``, ``timeout``, ``cancelled``, ``lost``).
+        wall_time_s: Wall-clock seconds of the runs.
+        cpu_time_s: CPU seconds of the runs, where known (see `RunResult.cpu_time_s`).
+        peak_memory_bytes: The highest peak memory of any run, where known (process mode).
+        host_calls: Host-function calls made.
+        bytes_stored: Bytes the turns' checkpoints put into the store.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: int = Field(default=0, ge=0)
+    by_status: dict[str, int] = Field(default_factory=dict)
+    wall_time_s: float = Field(default=0.0, ge=0)
+    cpu_time_s: float = Field(default=0.0, ge=0)
+    peak_memory_bytes: int = Field(default=0, ge=0)
+    host_calls: int = Field(default=0, ge=0)
+    bytes_stored: int = Field(default=0, ge=0)
+
+    def add_run(
+        self,
+        *,
+        status: str,
+        wall_time_s: float,
+        cpu_time_s: float | None = None,
+        peak_memory_bytes: int | None = None,
+        host_calls: int = 0,
+        bytes_stored: int = 0,
+    ) -> None:
+        """Count one run."""
+        self.runs += 1
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+        self.wall_time_s += max(wall_time_s, 0.0)
+        self.cpu_time_s += max(cpu_time_s or 0.0, 0.0)
+        self.peak_memory_bytes = max(self.peak_memory_bytes, peak_memory_bytes or 0)
+        self.host_calls += max(host_calls, 0)
+        self.bytes_stored += max(bytes_stored, 0)
+
+
+def _block_ids(message: Mapping[str, Any], block_type: str, key: str) -> Iterator[str]:
+    content = message.get("content")
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, Mapping) and block.get("type") == block_type and isinstance(block.get(key), str):
+                yield block[key]
+
+
+def tool_call_ids(message: Mapping[str, Any]) -> list[str]:
+    """The tool-call IDs a message makes, in the formats of the common model APIs.
+
+    OpenAI chat (``tool_calls: [{"id": ...}]``), OpenAI responses (``{"type": "function_call", "call_id": ...}``)
+    and Anthropic (content blocks ``{"type": "tool_use", "id": ...}``).
+    """
+    ids = [call["id"] for call in message.get("tool_calls") or () if isinstance(call, Mapping) and "id" in call]
+    if message.get("type") == "function_call" and isinstance(message.get("call_id"), str):
+        ids.append(message["call_id"])
+    ids.extend(_block_ids(message, "tool_use", "id"))
+    return [str(i) for i in ids]
+
+
+def tool_result_ids(message: Mapping[str, Any]) -> list[str]:
+    """The tool-call IDs a message answers (``role: tool`` + ``tool_call_id``, ``function_call_output``,
+    Anthropic ``tool_result`` blocks)."""
+    ids: list[str] = []
+    if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
+        ids.append(message["tool_call_id"])
+    if message.get("type") == "function_call_output" and isinstance(message.get("call_id"), str):
+        ids.append(message["call_id"])
+    ids.extend(_block_ids(message, "tool_result", "tool_use_id"))
+    return ids
+
+
+class Conversation(BaseModel):
+    """An agent conversation: its messages, the Python state of its code turns, and what its runs used.
+
+    Create one with an ``id`` (default: a random one), keep it in a `ConversationStore`, and pass it to
+    `CodeTool.run_code` instead of a bare conversation ID: each code turn then records the checkpoint it produced
+    in the conversation, keyed by the index the turn's result message takes (``len(messages)`` when the turn ended).
+    The Python state the next turn starts from is `checkpoint_id`, the latest of those; `truncate` and `fork`
+    change it along with the messages.
+
+    The JSON form (`model_dump_json` / `model_validate_json`) is stable and versioned; a version this snapcell does
+    not know is refused with `ConversationFormatError`.
+
+    Attributes:
+        id: The conversation's ID: 1 to 128 letters, digits, ``_`` or ``-`` (it names a file, a key and a head).
+        version: Format version of the JSON form (1).
+        messages: The transcript, in the application's own format: plain JSON-able dicts.
+        usage: What the conversation's code runs used.
+        checkpoints: Checkpoint ID (hex) of each code turn, by the message index of its result.
+        last_turn_id: The turn ID of the last code turn recorded.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    id: str = Field(default_factory=lambda: secrets.token_hex(16))
+    version: int = CONVERSATION_VERSION
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    checkpoints: dict[int, str] = Field(default_factory=dict)
+    last_turn_id: str | None = None
+
+    # The store's revision this object was loaded from or last written as (a store's compare-and-set token), and
+    # how many of the messages the store already has (-1: the next write must store the whole conversation).
+    _revision: int = PrivateAttr(default=0)
+    _stored_messages: int = PrivateAttr(default=-1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_version(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "version" in data:
+            version = data["version"]
+            if type(version) is not int or version != CONVERSATION_VERSION:
+                raise ConversationFormatError(
+                    f"this conversation was saved in format version {version!r}, and this snapcell reads version "
+                    f"{CONVERSATION_VERSION} only: upgrade snapcell to load it",
+                    conversation_id=str(data.get("id"))[:128] if data.get("id") is not None else None,
+                    version=version,
+                )
+        return data
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        try:
+            return validate_conversation_key(value)
+        except InvalidKey as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _check_checkpoints(cls, value: dict[int, str]) -> dict[int, str]:
+        for index, checkpoint in value.items():
+            if index < 0 or not re.fullmatch(r"(?:[0-9a-f]{2}){8,256}", checkpoint):
+                raise ValueError(f"checkpoint {index}: not a hex checkpoint ID at a message index")
+        return value
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(value) > MAX_MESSAGES:
+            raise ValueError(f"more than {MAX_MESSAGES} messages")
+        return value
+
+    # ------------------------------------------------------------- loading
+
+    @classmethod
+    def model_validate_json(cls, *args: Any, **kwargs: Any) -> Conversation:
+        """Pydantic's `model_validate_json`, with snapcell's error: `ConversationFormatError`, never a traceback.
+
+        Raises:
+            ConversationFormatError: The JSON is malformed, not a conversation, or from another format version.
+        """
+        try:
+            return super().model_validate_json(*args, **kwargs)
+        except ValidationError as exc:
+            raise _format_error(exc) from None
+
+    @classmethod
+    def model_validate(cls, *args: Any, **kwargs: Any) -> Conversation:
+        """Pydantic's `model_validate`, with snapcell's error (see `model_validate_json`)."""
+        try:
+            return super().model_validate(*args, **kwargs)
+        except ValidationError as exc:
+            raise _format_error(exc) from None
+
+    @classmethod
+    def from_json(cls, data: str | bytes | bytearray) -> Conversation:
+        """Load a conversation from its JSON form; see `model_validate_json`."""
+        return cls.model_validate_json(data)
+
+    @classmethod
+    def from_data(cls, data: Any) -> Conversation:
+        """Load a conversation from parsed JSON data; see `model_validate_json`."""
+        return cls.model_validate(data)
+
+    # --------------------------------------------------------------- state
+
+    @property
+    def checkpoint_id(self) -> bytes | None:
+        """The checkpoint the next code turn starts from: the latest turn's, or None (an empty session)."""
+        if not self.checkpoints:
+            return None
+        return bytes.fromhex(self.checkpoints[max(self.checkpoints)])
+
+    def record_turn(self, checkpoint_id: bytes, turn_id: str, *, index: int | None = None) -> None:
+        """Record a code turn's checkpoint at message ``index`` (default: the next message's, ``len(messages)``).
+
+        `CodeTool.run_code` calls this; an application that runs code its own way can too.
+        """
+        at = len(self.messages) if index is None else index
+        # A later turn at a lower index (after a truncate the application did not save) replaces what follows.
+        self.checkpoints = {i: c for i, c in self.checkpoints.items() if i < at}
+        self.checkpoints[at] = bytes(checkpoint_id).hex()
+        self.last_turn_id = turn_id
+
+    def add_local_messages(self, messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Append messages in memory only (a store's `add_messages` does this and saves them); return them.
+
+        Raises:
+            ConfigError: A message is not a JSON-able dict.
+        """
+        added = [_plain_message(message) for message in messages]
+        if len(self.messages) + len(added) > MAX_MESSAGES:
+            raise ConfigError(f"a conversation holds at most {MAX_MESSAGES} messages")
+        self.messages.extend(added)
+        return added
+
+    def truncate(self, index: int) -> None:
+        """Keep the messages before ``index`` and the Python state of the last code turn among them.
+
+        A negative index counts from the end (``truncate(-2)`` drops the last two messages). Only this object
+        changes; the next save stores it, and the next code turn starts from the state recorded before ``index``
+        (an empty session when there is none), so the conversation's head follows.
+
+        Raises:
+            ConfigError: ``index`` is out of range, or the kept messages would end with a tool call whose result
+                is cut off; nothing changed.
+        """
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise ConfigError(f"index must be an integer, not {type(index).__name__}")
+        count = len(self.messages)
+        keep = index + count if index < 0 else index
+        if not 0 <= keep <= count:
+            raise ConfigError(f"index {index} is out of range for a conversation of {count} messages")
+        kept = self.messages[:keep]
+        pending = _unanswered_calls(kept)
+        if pending:
+            raise ConfigError(
+                f"truncating at {index} would keep tool call {pending[0]!r} without its result; truncate before "
+                "the message that makes the call, or after its result"
+            )
+        self.messages = kept
+        self.checkpoints = {i: c for i, c in self.checkpoints.items() if i < keep}
+        self._stored_messages = -1
+
+    def fork(self, new_id: str | None = None) -> Conversation:
+        """Return an independent copy under a new ID, standing on the same Python state.
+
+        Checkpoints are immutable, so nothing is copied in storage: each conversation's next code turn starts
+        from the same checkpoint and they go their own ways. The copy is not stored until it is saved.
+
+        Raises:
+            ConfigError: ``new_id`` is malformed or the ID of this conversation.
+        """
+        new_id = secrets.token_hex(16) if new_id is None else new_id
+        try:
+            validate_conversation_key(new_id)
+        except InvalidKey as exc:
+            raise ConfigError(str(exc)) from None
+        if new_id == self.id:
+            raise ConfigError("a fork needs a new conversation ID")
+        return Conversation(
+            id=new_id,
+            messages=copy.deepcopy(self.messages),
+            usage=self.usage.model_copy(deep=True),
+            checkpoints=dict(self.checkpoints),
+            last_turn_id=self.last_turn_id,
+        )
+
+    def __repr__(self) -> str:
+        state = self.checkpoints[max(self.checkpoints)][:16] + "..." if self.checkpoints else None
+        return f"Conversation(id={self.id!r}, messages={len(self.messages)}, checkpoint={state!r})"
+
+
+def _unanswered_calls(messages: list[dict[str, Any]]) -> list[str]:
+    answered: set[str] = set()
+    for message in messages:
+        answered.update(tool_result_ids(message))
+    return [call for message in messages for call in tool_call_ids(message) if call not in answered]
+
+
+def _plain_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(message, Mapping):
+        raise ConfigError(f"a message must be a dict, not {type(message).__name__}")
+    try:
+        # A round trip through JSON both checks and copies it: the stored form is what the caller reads back.
+        loaded: dict[str, Any] = json.loads(json.dumps(dict(message), allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"a message must be plain JSON data: {exc}") from None
+    return loaded
+
+
+def _format_error(exc: ValidationError) -> ConversationFormatError:
+    for error in exc.errors():
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, ConversationFormatError):
+            return cause
+    return ConversationFormatError(f"not a valid conversation: {exc.errors()[0].get('msg', exc)}")

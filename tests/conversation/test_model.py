@@ -1,0 +1,141 @@
+"""`Conversation`: stable JSON, the version check, truncate and fork of the transcript."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from snapcell import ConfigError, Conversation, ConversationFormatError
+
+CKPT = "ab" * 40
+
+
+def user(text: str) -> dict[str, object]:
+    return {"role": "user", "content": text}
+
+
+def openai_call(call_id: str) -> dict[str, object]:
+    return {"role": "assistant", "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "run_code"}}]}
+
+
+def openai_result(call_id: str) -> dict[str, object]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "ok"}
+
+
+def anthropic_call(call_id: str) -> dict[str, object]:
+    return {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": "run_code", "input": {}}]}
+
+
+def anthropic_result(call_id: str) -> dict[str, object]:
+    return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "ok"}]}
+
+
+def sample() -> Conversation:
+    conversation = Conversation(id="conv-1", messages=[user("hi"), openai_call("c1")])
+    conversation.record_turn(bytes.fromhex(CKPT), "c1")
+    conversation.messages.append(openai_result("c1"))
+    conversation.usage.add_run(status="ok", wall_time_s=0.5, cpu_time_s=0.25, host_calls=2, bytes_stored=100)
+    return conversation
+
+
+def test_json_round_trip_is_stable() -> None:
+    conversation = sample()
+    text = conversation.model_dump_json()
+    again = Conversation.model_validate_json(text)
+    assert again == conversation
+    assert again.model_dump_json() == text
+    assert again.checkpoint_id == bytes.fromhex(CKPT)
+    assert json.loads(text)["version"] == 1
+    assert json.loads(text)["checkpoints"] == {"2": CKPT}
+
+
+def test_unknown_future_version_is_a_clear_error() -> None:
+    data = json.loads(sample().model_dump_json())
+    data["version"] = 2
+    with pytest.raises(ConversationFormatError, match="version 2.*upgrade snapcell") as info:
+        Conversation.model_validate_json(json.dumps(data))
+    assert info.value.version == 2
+    assert info.value.conversation_id == "conv-1"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"id": "../etc/passwd"},
+        {"id": ""},
+        {"messages": "not a list"},
+        {"checkpoints": {"1": "not hex"}},
+        {"checkpoints": {"-1": CKPT}},
+        {"unknown_field": 1},
+        {"usage": {"runs": -1}},
+    ],
+)
+def test_malformed_data_is_refused_on_load(change: dict[str, object]) -> None:
+    data = {**json.loads(sample().model_dump_json()), **change}
+    with pytest.raises(ConversationFormatError):
+        Conversation.model_validate_json(json.dumps(data))
+    with pytest.raises(ConversationFormatError):
+        Conversation.model_validate(data)
+
+
+def test_truncate_keeps_messages_and_the_state_before_the_index() -> None:
+    conversation = sample()
+    conversation.messages.append(user("more"))
+    conversation.truncate(-1)  # drops "more": the turn's result stays, so does its state
+    assert len(conversation.messages) == 3
+    assert conversation.checkpoint_id == bytes.fromhex(CKPT)
+    conversation.truncate(1)  # keeps only "hi": before the turn, an empty session
+    assert conversation.messages == [user("hi")]
+    assert conversation.checkpoint_id is None
+    assert conversation.checkpoints == {}
+
+
+@pytest.mark.parametrize(("call", "result"), [(openai_call, openai_result), (anthropic_call, anthropic_result)])
+def test_truncate_refuses_to_keep_a_tool_call_without_its_result(call, result) -> None:  # type: ignore[no-untyped-def]
+    conversation = Conversation(id="c", messages=[user("hi"), call("x1"), result("x1"), user("again")])
+    with pytest.raises(ConfigError, match="'x1' without its result"):
+        conversation.truncate(2)
+    with pytest.raises(ConfigError, match="without its result"):
+        conversation.truncate(-2)
+    assert len(conversation.messages) == 4  # nothing changed
+    conversation.truncate(-1)
+    assert len(conversation.messages) == 3
+
+
+def test_truncate_refuses_out_of_range_indices() -> None:
+    conversation = sample()
+    for index in (4, -4, 1.5, True):
+        with pytest.raises(ConfigError):
+            conversation.truncate(index)  # type: ignore[arg-type]
+    conversation.truncate(-3)
+    assert conversation.messages == []
+
+
+def test_fork_is_independent() -> None:
+    conversation = sample()
+    fork = conversation.fork("conv-2")
+    assert fork.id == "conv-2" and fork.checkpoint_id == conversation.checkpoint_id
+    fork.messages.append(user("only in the fork"))
+    fork.messages[0]["content"] = "changed in the fork"
+    fork.record_turn(b"\x01" * 40, "f1")
+    fork.usage.add_run(status="error", wall_time_s=1.0)
+    assert len(conversation.messages) == 3 and conversation.messages[0]["content"] == "hi"
+    assert conversation.checkpoint_id == bytes.fromhex(CKPT)
+    assert conversation.usage.runs == 1
+    with pytest.raises(ConfigError):
+        conversation.fork("conv-1")
+    with pytest.raises(ConfigError):
+        conversation.fork("bad/id")
+    assert conversation.fork().id != conversation.id
+
+
+def test_usage_sums_runs_and_keeps_the_peak() -> None:
+    conversation = Conversation(id="u")
+    conversation.usage.add_run(status="ok", wall_time_s=1.0, cpu_time_s=0.5, peak_memory_bytes=100, host_calls=1)
+    conversation.usage.add_run(status="timeout", wall_time_s=2.0, peak_memory_bytes=50, bytes_stored=7)
+    assert conversation.usage.runs == 2
+    assert conversation.usage.by_status == {"ok": 1, "timeout": 1}
+    assert conversation.usage.wall_time_s == 3.0
+    assert conversation.usage.peak_memory_bytes == 100
+    assert conversation.usage.bytes_stored == 7
