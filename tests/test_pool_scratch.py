@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,29 @@ def _start_host(temp_dir: Path) -> tuple[subprocess.Popen[str], Path]:
     return host, root
 
 
+def _workers_in(root: Path) -> list[int]:
+    """Live processes whose working directory is under ``root`` (a worker works in its session directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = os.readlink(entry / "cwd")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if cwd.startswith(str(root)) and state not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
+def _wait_for_workers_to_exit(root: Path) -> None:
+    for _ in range(600):  # a hang guard, not a timing bound: at most 60 s
+        if not _workers_in(root):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"workers of a killed host still run: {_workers_in(root)}")
+
+
 @pytest.fixture
 def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -52,6 +76,7 @@ def test_a_killed_hosts_directory_is_reclaimed_and_a_live_hosts_is_not(temp_dir:
         dead.send_signal(signal.SIGKILL)
         dead.wait(timeout=60)
         assert dead_root.exists()  # a killed host cannot clean up after itself
+        _wait_for_workers_to_exit(dead_root)  # pdeathsig kills them, but not at once; a live one keeps its mount
         with Pool("memory://", min_warm_workers=0, max_workers=1) as pool, pool.checkout() as session:
             assert session.feed_run("1 + 1") == 2
             own_root = Path(pool.aio._workers.scratch_root)  # type: ignore[union-attr]
