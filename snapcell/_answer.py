@@ -61,6 +61,10 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
         parts.append(result.value_repr)
     if result.error is not None:
         parts.append(result.error.for_model())
+    if result.files:
+        shown = ", ".join(f"{f.path} ({f.media_type}, {f.size_bytes:,} bytes)" for f in result.files[:20])
+        more = f" and {len(result.files) - 20} more" if len(result.files) > 20 else ""
+        parts.append(f"[files] {shown}{more}")
     parts.extend(f"[note] {note}" for note in (*notes, *result.notes))
     memory = _memory_note(result)
     if memory:

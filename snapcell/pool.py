@@ -8,7 +8,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, TypeVar
 
@@ -20,6 +20,7 @@ from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._workerpool import WorkerPool
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
+from snapcell.workspace import check_mounts
 
 __all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool"]
 
@@ -186,10 +187,12 @@ class AsyncPool:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _backend(self, policy: Policy, limits: Limits) -> Backend:
+    async def _backend(self, policy: Policy, limits: Limits, mounts: dict[str, str]) -> Backend:
         if self.isolation == "inline":
+            if mounts:
+                raise ConfigError('mounts need a workspace, which only isolation="process" has')
             return InlineBackend(policy=policy, limits=limits)
-        backend = ProcessBackend(self._worker_pool(), policy=policy, limits=limits)
+        backend = ProcessBackend(self._worker_pool(), policy=policy, limits=limits, mounts=mounts)
         await backend.start()
         return backend
 
@@ -201,6 +204,7 @@ class AsyncPool:
         type_check_stubs: str = "",
         limits: Limits | None = None,
         policy: Policy | None = None,
+        mounts: Mapping[str, str] | None = None,
     ) -> AsyncIterator[AsyncSession]:
         """Check out a fresh session with an empty namespace; it is checked in when the block ends.
 
@@ -209,10 +213,12 @@ class AsyncPool:
             type_check_stubs: Python stubs of the host functions, e.g. ``"def list_customers() -> list[dict]: ..."``.
             limits: Limits for this session instead of the pool's.
             policy: Policy for this session instead of the pool's.
+            mounts: Host directories readable (never writable, never saved) in the session's workspace, by name:
+                ``{"data": "/srv/datasets"}`` shows ``/srv/datasets`` at ``data/`` (process mode only).
 
         Raises:
-            ConfigError: An argument has the wrong type, or ``type_check=True`` but ty is not installed; nothing
-                was checked out.
+            ConfigError: An argument has the wrong type, a mount is not an existing absolute directory (or the pool
+                is inline), or ``type_check=True`` but ty is not installed; nothing was checked out.
             SessionError: The pool is closed.
         """
         if self._closed:
@@ -224,10 +230,11 @@ class AsyncPool:
                 f"type_check_stubs must be Python source text (a str), not {type(type_check_stubs).__name__}"
             )
         _check_options(limits=limits, policy=policy)
+        checked_mounts = check_mounts(mounts)
         limits = limits or self.limits
         checker = TypeChecker(type_check_stubs) if type_check else None
         try:
-            backend = await self._backend(policy or self.policy, limits)
+            backend = await self._backend(policy or self.policy, limits, checked_mounts)
         except BaseException:
             if checker is not None:
                 checker.close()
@@ -241,6 +248,7 @@ class AsyncPool:
             compression_level=self.compression_level,
             limits=limits,
             checker=checker,
+            mounts=checked_mounts,
         )
         self._sessions.add(session)
         try:

@@ -8,11 +8,12 @@ each run into the text a model should read. `SyncCodeTool` is its synchronous tw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from snapcell.errors import (
     StorageUnavailable,
     TurnOutcomeUnknown,
     WorkerLost,
+    WorkspaceQuotaExceeded,
 )
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
@@ -51,6 +53,7 @@ from snapcell.storage import (
     validate_conversation_id,
     validate_turn_id,
 )
+from snapcell.workspace import FileInfo, check_mounts
 
 __all__ = [
     "KEPT_ANSWER_CHARS",
@@ -78,8 +81,12 @@ imports defined in one call are still there in later calls (even days later), so
 variables rather than printing all of it. The answer shows what the code printed, then the value of its last \
 expression (as in a notebook cell), then any error with its traceback, then notes about the session. Top-level \
 `await` works, so `await asyncio.gather(...)` runs host functions concurrently. Only safe standard-library \
-modules can be imported, and there is no file or network access. Long answers are cut from the start, so print \
+modules can be imported, and there is no network access. Long answers are cut from the start, so print \
 only what you need to see."""
+_FILES = (
+    "\n\nThe working directory is this conversation's workspace: files written there with open() or pathlib are "
+    "still there in later calls. Files written under out/ (charts, reports) are shown to the user."
+)
 
 
 class CodeTool:
@@ -100,6 +107,8 @@ class CodeTool:
         storage_timeout_s: Deadline of every head-store call of a turn (read, lease, write, read-back), default
             10 s; a head store that does not answer fails the turn with `StorageUnavailable` naming the call.
             None waits for ever. Store calls inside load and dump are bounded by the store's own settings.
+        mounts: Host directories readable at ``name/`` in every session's workspace (``{"data": "/srv/datasets"}``);
+            never writable, never saved (process mode).
         holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A tool with
             the same holder ID takes over such a lease at once, so a server that restarts with a stable ID (its
             host name, a pod name) finds its conversations free; never give two live tools the same ID. Default: a
@@ -124,6 +133,7 @@ class CodeTool:
         lease_wait_s: float = 30.0,
         storage_timeout_s: float | None = 10.0,
         holder_id: str | None = None,
+        mounts: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
@@ -158,12 +168,14 @@ class CodeTool:
         self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
             self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
-        self._checkout: dict[str, Any] = {"limits": limits}
+        self._checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
         if stubs is not None:
             self._checkout.update(type_check=True, type_check_stubs=stubs)
         host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
-        self.description = _DESCRIPTION + (
-            "\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else ""
+        self.description = (
+            _DESCRIPTION
+            + (_FILES if pool.isolation == "process" else "")
+            + ("\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else "")
         )
         self._aheads = AsyncHeads(self.heads)
         self._leases = TurnLeases(
@@ -261,6 +273,9 @@ class CodeTool:
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
                 new_id = await session.dump()
+            except WorkspaceQuotaExceeded as exc:
+                notes.append(f"{exc}; this call was not saved: the next call starts from the state before it")
+                return render_answer(result, notes, max_chars=self.max_answer_chars)
             except WorkerLost as exc:
                 notes.append(
                     f"the Python session crashed and restarted ({exc.reason}: {exc}); this code's changes are lost "
@@ -389,6 +404,71 @@ class CodeTool:
         await self._leases.aclose()
         if self._owns_heads:
             await asyncio.to_thread(self.heads.close)
+
+    # ------------------------------------------------------------ files
+
+    async def put_file(
+        self, conversation_id: str, path: str, data: bytes, *, turn_id: str | None = None
+    ) -> bytes | None:
+        """Write a file into the conversation's workspace as a turn of its own; return the new checkpoint ID.
+
+        Like a `run_code` turn: takes the conversation's lease, loads its head, writes the file, dumps and moves the
+        head (the previous checkpoint goes into the history, so `rewind` undoes it). With a ``turn_id`` already
+        committed, nothing is written again and the head's checkpoint ID is returned.
+
+        Raises:
+            WorkspacePathError: The path is absolute, climbs out, or lies in a mount; nothing changed.
+            WorkspaceQuotaExceeded: The workspace would exceed its quota; nothing changed.
+            Conflict: Another turn moved the head meanwhile; this write was not saved.
+            StorageError: The stores failed; the head did not move.
+        """
+        validate_conversation_id(conversation_id)
+        turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
+        async with self._leases.hold(conversation_id) as owner:
+            head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
+            if head is not None and head.turn(turn_id) is not None:
+                return head.checkpoint_id
+            notes: list[str] = []
+            async with self.pool.checkout(**self._checkout) as session:
+                history = await self._load(session, head, notes)
+                await session.write_file(path, data)
+                new_id = await session.dump()
+            write = self._aheads.compare_and_set(
+                conversation_id,
+                head.version if head is not None else None,
+                new_id,
+                history=history,
+                owner=owner[0],
+                release_lease=True,
+                turn=TurnRecord(turn_id, f"put_file {str(path)[:200]} ({len(data):,} bytes)"),
+            )
+            await self._write(f"saving a file into conversation {conversation_id!r}", write)
+            owner.clear()
+            return new_id
+
+    async def get_file(self, conversation_id: str, path: str) -> bytes:
+        """Return a file of the conversation's workspace at its head (under the lease; the head does not move).
+
+        Raises:
+            WorkspacePathError: The path is malformed or goes through a symlink.
+            WorkspaceError: No such file (or the conversation has no head yet).
+        """
+        async with self._files_at_head(conversation_id) as session:
+            return await session.read_file(path)
+
+    async def list_files(self, conversation_id: str) -> list[FileInfo]:
+        """Every file of the conversation's workspace at its head (under the lease; the head does not move)."""
+        async with self._files_at_head(conversation_id) as session:
+            return await session.list_files()
+
+    @contextlib.asynccontextmanager
+    async def _files_at_head(self, conversation_id: str) -> AsyncIterator[AsyncSession]:
+        validate_conversation_id(conversation_id)
+        async with self._leases.hold(conversation_id):
+            head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
+            async with self.pool.checkout(**self._checkout) as session:
+                await self._load(session, head, [])
+                yield session
 
     # ------------------------------------------------------------ history ops
 
@@ -529,6 +609,19 @@ class SyncCodeTool:
         """See `CodeTool.head`."""
         head: Head | None = self._pool.call(self._inner.head(conversation_id))
         return head
+
+    def put_file(self, conversation_id: str, path: str, data: bytes, *, turn_id: str | None = None) -> bytes | None:
+        """See `CodeTool.put_file`."""
+        new_id: bytes | None = self._pool.call(self._inner.put_file(conversation_id, path, data, turn_id=turn_id))
+        return new_id
+
+    def get_file(self, conversation_id: str, path: str) -> bytes:
+        """See `CodeTool.get_file`."""
+        return self._pool.call(self._inner.get_file(conversation_id, path))
+
+    def list_files(self, conversation_id: str) -> list[FileInfo]:
+        """See `CodeTool.list_files`."""
+        return self._pool.call(self._inner.list_files(conversation_id))
 
     def close(self) -> None:
         """See `CodeTool.aclose`."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import os
 import pickle
 import sys
 import types
@@ -63,7 +64,7 @@ from snapcell.runner._guard import (
 )
 from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
 
-__all__ = ["DEFAULT_MODULES", "Policy"]
+__all__ = ["DEFAULT_MODULES", "FILE_MODULES", "Policy"]
 
 DEFAULT_MODULES = frozenset(
     {
@@ -179,11 +180,18 @@ class Policy:
 
     # ------------------------------------------------------------------ at runtime
 
-    def make_builtins(self) -> dict[str, Any]:
-        """A fresh builtins dict for a session's namespace."""
+    def make_builtins(self, *, file_access: bool = False) -> dict[str, Any]:
+        """A fresh builtins dict for a session's namespace.
+
+        Args:
+            file_access: Give scripts ``open`` on paths (process mode only, where Landlock confines the worker to
+                its workspace and mounts); otherwise ``open`` says there is no file access.
+        """
         if not self.restricted:
             return dict(vars(builtins))
         table = guarded_builtins()
+        if file_access:
+            table["open"] = _path_open
         for name, reason in _BLOCKED_BUILTINS.items():
             table.setdefault(name, _blocked_builtin(name, reason))
         table["__import__"] = self._make_import()
@@ -489,9 +497,12 @@ def _annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]
     return [*found, node.returns] if node.returns is not None else found
 
 
+# Modules a worker adds to the policy for file access in its workspace (process mode only).
+FILE_MODULES = frozenset({"pathlib"})
+
 # Builtins scripts do not get; calling one says why instead of a puzzling NameError.
 _BLOCKED_BUILTINS = {
-    "open": "there is no file access; keep data in variables",
+    "open": "there is no file access in inline mode; keep data in variables (process mode has a workspace)",
     "eval": "run code directly instead",
     "exec": "run code directly instead",
     "compile": "run code directly instead",
@@ -503,6 +514,20 @@ _BLOCKED_BUILTINS = {
     "quit": "scripts cannot end the session; return a value instead",
     "help": "there is no interactive help; read the function's docstring instead",
 }
+
+
+def _path_open(
+    file: Any,
+    mode: str = "r",
+    buffering: int = -1,
+    encoding: str | None = None,
+    errors: str | None = None,
+    newline: str | None = None,
+) -> Any:
+    """``open`` for scripts in a worker: a path only (never a descriptor number, no ``opener``)."""
+    if not isinstance(file, str | bytes | os.PathLike):
+        raise runtime_policy_error("open()", "open() takes a file path relative to the workspace, such as 'data.csv'.")
+    return open(os.fspath(file), mode, buffering, encoding, errors, newline)
 
 
 def _blocked_builtin(name: str, reason: str) -> Callable[..., Any]:

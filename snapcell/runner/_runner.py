@@ -31,7 +31,7 @@ from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, regi
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
 from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
 from snapcell.runner._limits import Limits
-from snapcell.runner._policy import Policy
+from snapcell.runner._policy import FILE_MODULES, Policy
 from snapcell.runner._result import RunResult
 
 __all__ = ["Runner"]
@@ -45,12 +45,20 @@ class Runner:
     Args:
         policy: What scripts may import and touch.
         limits: Default limits for each run.
+        file_access: Give scripts ``open`` and ``pathlib`` (a worker, confined to its workspace by Landlock).
     """
 
-    def __init__(self, *, policy: Policy, limits: Limits) -> None:
+    def __init__(self, *, policy: Policy, limits: Limits, file_access: bool = False) -> None:
+        if file_access and policy.restricted:
+            policy = Policy(
+                allowed_modules=policy.allowed_modules | FILE_MODULES,
+                extra_modules=policy.extra_modules,
+                restricted=True,
+            )
         self.policy = policy
         self.limits = limits
-        self.builtins = policy.make_builtins()
+        self.file_access = file_access
+        self.builtins = policy.make_builtins(file_access=file_access)
         self.builtins[TICK_NAME] = tick
         self.namespace: dict[str, Any] = self._fresh_namespace()
         self.cells: list[str] = []
