@@ -609,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(WORKSPACE_DIR)
     os.environ["TMPDIR"] = os.path.join(scratch, TMP_DIR)
     os.environ["MPLCONFIGDIR"] = os.path.join(scratch, TMP_DIR, "matplotlib")
+    os.environ.setdefault("MPLBACKEND", "Agg")  # charts are files here: no display
     tempfile.tempdir = os.environ["TMPDIR"]
     workspace = Workspace(
         ".",

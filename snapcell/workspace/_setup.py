@@ -56,7 +56,8 @@ def prepare_scratch(
     """Create the workspace and temp directories and attach the mounts.
 
     Args:
-        scratch: The scratch directory (the tmpfs, when there is one).
+        scratch: The scratch directory (the tmpfs, when there is one); it is the current directory, through
+            which everything here is reached.
         mounts: Mount name to the host directory's real path (checked by the host).
         uid: The uid the worker will switch to (owner of what is created here), or None.
         gid: Its gid.
@@ -67,9 +68,11 @@ def prepare_scratch(
     Raises:
         SandboxError: A mount could not be attached for a reason other than missing privileges.
     """
-    workspace = os.path.join(scratch, WORKSPACE_DIR)
+    # Relative to the current directory, which is the scratch mount itself: never the path again, which another
+    # process could have unmounted meanwhile.
+    workspace = WORKSPACE_DIR
     made = []
-    for path in (workspace, os.path.join(scratch, TMP_DIR)):
+    for path in (workspace, TMP_DIR):
         os.makedirs(path, 0o700, exist_ok=True)
         made.append(path)
     notes = []
