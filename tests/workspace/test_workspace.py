@@ -393,3 +393,31 @@ def test_a_worker_that_hides_its_quota_still_meets_the_hosts(tmp_path):
             session.run("open('big.bin', 'wb').write(b'x' * (2 * 2**20))")
             with pytest.raises(WorkspaceQuotaExceeded):
                 session.dump()
+
+
+def test_inspect_lists_the_files_and_cleanup_and_usage_count_their_blobs(tmp_path):
+    from snapcell import inspect_checkpoint
+    from snapcell.checkpoint import blob_keys_of
+    from snapcell.storage import LocalStore, cleanup, usage
+
+    store = LocalStore(tmp_path / "store")
+    with Pool(store, isolation="process", min_warm_workers=0) as pool, pool.checkout() as session:
+        session.write_file("reports/q3.csv", b"r" * (3 * MIB))
+        kept = session.dump()
+        session.run("import pathlib\npathlib.Path('reports/q3.csv').unlink()")
+        session.dump()
+    report = inspect_checkpoint(kept, store=store)
+    assert report.ok and report.manifest is not None
+    assert [(f.path, f.size_bytes) for f in report.manifest.files] == [("reports/q3.csv", 3 * MIB)]
+    assert "workspace files (1, 3.0 MiB" in report.render() and "reports/q3.csv" in report.render()
+    blob_keys = [info.key for info in store.scan() if info.key.startswith(BLOB_PREFIX)]
+    assert blob_keys  # the file's chunk
+    counted = usage(store, prefix="")
+    assert counted.total_bytes >= sum(info.size for info in store.scan() if info.key.startswith(BLOB_PREFIX))
+    # Mark and sweep long after the blob grace: the file's blob lives while a checkpoint refers to it ...
+    later = max(info.created_at for info in store.scan()) + 3 * 86400
+    cleanup(store, now=later, ttl_s=30 * 86400, blob_refs=blob_keys_of)
+    assert all(any(i.key == key for i in store.scan()) for key in blob_keys)
+    # ... and goes once the checkpoints that referred to it have expired.
+    cleanup(store, now=later + 60 * 86400, ttl_s=30 * 86400, blob_refs=blob_keys_of)
+    assert not [info.key for info in store.scan() if info.key.startswith(BLOB_PREFIX)]
