@@ -414,7 +414,8 @@ class Worker:
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
         self.bridge = WorkerBridge(self.channel, host, self.loop, limits)
         if self.workspace is not None:
-            self.workspace.before_run()
+            with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
+                self.workspace.before_run()
         try:
             result = self.loop.run_until_complete(
                 self.runner.run(
@@ -452,7 +453,8 @@ class Worker:
         }
         parts: list[bytes | bytearray] = []
         if self.workspace is not None:
-            reply["files"], parts = self.workspace.artifacts(max_bytes=limits.max_artifact_bytes)
+            with contextlib.suppress(WorkspaceError):
+                reply["files"], parts = self.workspace.artifacts(max_bytes=limits.max_artifact_bytes)
         payload = encode(reply)
         # A reply over the host's budget would cost this worker its life: the value (the only part without a cap
         # of its own) stays behind instead. Both checks are free for a reply smaller than the value limit.

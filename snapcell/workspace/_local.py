@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import secrets
 import shutil
 import stat
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from snapcell.checkpoint import HASH_ALGORITHM, BlobRef, Dumped, WorkspaceFile, parse_container
 from snapcell.checkpoint._blobs import CHUNK_BYTES, REFRESH_AFTER_S, decode_blob, encode_blob, hash_buffer
@@ -26,6 +28,23 @@ from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
 __all__ = ["Snapshot", "Workspace", "attach_snapshot"]
 
 _STAGING = ".snapcell-restore"
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _translated(method: _F) -> _F:
+    """Turn an OS error in the workspace (a file the script made unreadable, a vanished mount) into a clear one."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise WorkspaceError(f"the workspace could not be read or written{where}: {exc.strerror or exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass
@@ -79,6 +98,7 @@ class Workspace:
         except FileNotFoundError:
             return
 
+    @_translated
     def files(self) -> list[tuple[str, int]]:
         """Every regular file (mounts excluded): path and size, sorted by path."""
         return [(path, info.st_size) for path, info in self._walk() if info is not None]
@@ -127,6 +147,7 @@ class Workspace:
         finally:
             os.close(fd)
 
+    @_translated
     def read(self, path: str, *, max_bytes: int | None) -> bytes:
         """The bytes of a regular file (not through a symlink).
 
@@ -152,6 +173,7 @@ class Workspace:
                     raise WorkspaceError(f"{path!r} has {info.st_size:,} bytes, more than {max_bytes:,}", path=path)
                 return handle.read(info.st_size if max_bytes is None else max_bytes)
 
+    @_translated
     def write(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Write a file whole (a temporary file renamed into place), within the quota.
 
@@ -177,6 +199,7 @@ class Workspace:
 
     # ------------------------------------------------------------ checkpoint
 
+    @_translated
     def snapshot(self, *, known: Mapping[str, BlobRef], level: int, created_at: float) -> Snapshot:
         """Cut every regular file into chunks; chunks the store already has (``known``) are not encoded again.
 
@@ -235,6 +258,7 @@ class Workspace:
             out.refs[key] = BlobRef(hash=key, raw_bytes=len(chunk), stored_bytes=len(stored), stamp=created_at)
         return key
 
+    @_translated
     def stage(self, files: list[WorkspaceFile], blobs: Mapping[str, bytes | bytearray | memoryview]) -> None:
         """Write a checkpoint's files into the staging directory, each chunk checked against its hash.
 
@@ -276,6 +300,7 @@ class Workspace:
         finally:
             self.root = root
 
+    @_translated
     def commit_staging(self) -> list[str]:
         """Replace the workspace's files (mounts kept) with the staged ones; returns staged names a mount hides."""
         self.clear()
@@ -315,10 +340,12 @@ class Workspace:
             if info is not None
         }
 
+    @_translated
     def before_run(self) -> None:
         """Remember ``out/`` as it is, so that `artifacts` returns only what the run wrote."""
         self._out_before = self._out_state()
 
+    @_translated
     def artifacts(
         self, *, max_bytes: int, max_count: int = 256
     ) -> tuple[list[dict[str, object]], list[bytes | bytearray]]:
