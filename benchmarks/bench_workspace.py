@@ -35,7 +35,8 @@ WRITERS = {
     "random bytes": "import random\nwith open('data.bin', 'wb') as f:\n    f.write(random.randbytes({size}))",
     "csv text": (
         "with open('data.csv', 'w') as f:\n    n, i = 0, 0\n    while n < {size}:\n"
-        "        n += f.write(''.join(f'{{j}},item-{{j % 97}},{{j * 0.37 + {seed}:.2f}}\\n' for j in range(i, i + 10000)))\n"
+        "        rows = (f'{{j}},item-{{j % 97}},{{j * 0.37 + {seed}:.2f}}\\n' for j in range(i, i + 10000))\n"
+        "        n += f.write(''.join(rows))\n"
         "        i += 10000"
     ),
     "no files": "x = 1",
