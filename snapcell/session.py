@@ -378,7 +378,7 @@ class AsyncSession:
             self._busy = False
 
     async def reset(self) -> None:
-        """Forget every variable and start from an empty namespace."""
+        """Forget every variable and every workspace file, and start from an empty namespace."""
         self._start()
         try:
             await self._backend.reset()

@@ -302,6 +302,8 @@ class Worker:
             return {"op": "declarations", "text": text}, []
         if op == "reset":
             self.runner = self.new_runner()
+            if self.workspace is not None:
+                self.workspace.clear()  # a fresh session has no files either
             return {"op": "reset"}, []
         if op == "recycle":
             self.recycle()

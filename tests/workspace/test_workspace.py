@@ -421,3 +421,41 @@ def test_inspect_lists_the_files_and_cleanup_and_usage_count_their_blobs(tmp_pat
     # ... and goes once the checkpoints that referred to it have expired.
     cleanup(store, now=later + 60 * 86400, ttl_s=30 * 86400, blob_refs=blob_keys_of)
     assert not [info.key for info in store.scan() if info.key.startswith(BLOB_PREFIX)]
+
+
+def test_a_reused_worker_starts_the_next_session_without_files():
+    with Pool("memory://", isolation="process", recycle_after=2, min_warm_workers=0) as pool:
+        with pool.checkout() as first:
+            first.run("open('private.txt', 'w').write('a')")
+            first.write_file("out/x.txt", b"1")
+            pid = first._inner._backend.worker.pid
+        with pool.checkout() as second:
+            assert second._inner._backend.worker.pid == pid  # the same interpreter, reset
+            assert second.list_files() == []
+            assert second.run("open('private.txt')").error.exc_type == "FileNotFoundError"
+
+
+def test_reset_forgets_the_files_too(pool):
+    with pool.checkout() as session:
+        session.write_file("a.txt", b"1")
+        session.reset()
+        assert session.list_files() == []
+
+
+@pytest.mark.parametrize(
+    "files, blob",
+    [
+        ([{"path": "../x", "size": 1, "media_type": "text/plain", "data_bytes": 1}], b"x"),
+        ([{"path": "notout/x", "size": 1, "media_type": "text/plain", "data_bytes": 1}], b"x"),
+        ([{"path": "out/x", "size": 1, "media_type": "text/plain", "data_bytes": 2}], b"xx"),  # more than its size
+        ([{"path": "out/x", "size": 5, "media_type": "text/plain", "data_bytes": 1}], b"xx"),  # bytes left over
+        ([{"path": "out/x", "size": 5, "media_type": "text/plain"}], b""),
+        ("not a list", b""),
+        ([{"path": "out/x", "size": 1, "media_type": "t", "data_bytes": 1}] * 300, b"x" * 300),
+    ],
+)
+def test_forged_artifact_descriptions_are_refused(files, blob):
+    from snapcell.runner._procbackend import _artifacts
+
+    with pytest.raises(ValueError):  # MalformedMessage and WorkspacePathError are ValueErrors: the worker goes
+        _artifacts({"files": files}, Limits(), bytearray(blob))
