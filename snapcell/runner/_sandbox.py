@@ -201,7 +201,10 @@ def apply_sandbox(
         pinned = pin_import_paths()
         notes.append(f"imports: {len(pinned)} import roots reached through /proc/self/fd")
     # Landlock needs no_new_privs (or CAP_SYS_ADMIN), and is set up while every path can still be opened.
-    layers["landlock"] = _apply_landlock(scratch, paths, notes)
+    # A mounted scratch is also the current directory (`mount_scratch` moved there): its rule is taken through that,
+    # so it names the mount this worker writes to even if the path no longer leads there (detached meanwhile).
+    here = os.curdir if is_active(layers["scratch_quota"]) else scratch
+    layers["landlock"] = _apply_landlock(here, paths, notes)
     layers["privileges"] = drop_privileges(uid=uid, gid=gid, arch=arch)
     layers["pdeathsig"] = _apply_pdeathsig(parent_pid)
     layers["seccomp"] = _apply_seccomp(arch, deny_fork=limits.max_processes == 0, notes=notes)

@@ -303,7 +303,8 @@ class Worker:
         if op == "reset":
             self.runner = self.new_runner()
             if self.workspace is not None:
-                self.workspace.clear()  # a fresh session has no files either
+                with contextlib.suppress(OSError):
+                    self.workspace.clear()  # a fresh session has no files either
             return {"op": "reset"}, []
         if op == "recycle":
             self.recycle()
