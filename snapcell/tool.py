@@ -8,12 +8,11 @@ each run into the text a model should read. `SyncCodeTool` is its synchronous tw
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -28,6 +27,7 @@ from snapcell._answer import (
 )
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
+from snapcell._tool_files import files_at_head, put_file
 from snapcell.errors import (
     CheckpointExpired,
     CheckpointNotFound,
@@ -422,29 +422,7 @@ class CodeTool:
             Conflict: Another turn moved the head meanwhile; this write was not saved.
             StorageError: The stores failed; the head did not move.
         """
-        validate_conversation_id(conversation_id)
-        turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
-        async with self._leases.hold(conversation_id) as owner:
-            head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
-            if head is not None and head.turn(turn_id) is not None:
-                return head.checkpoint_id
-            notes: list[str] = []
-            async with self.pool.checkout(**self._checkout) as session:
-                history = await self._load(session, head, notes)
-                await session.write_file(path, data)
-                new_id = await session.dump()
-            write = self._aheads.compare_and_set(
-                conversation_id,
-                head.version if head is not None else None,
-                new_id,
-                history=history,
-                owner=owner[0],
-                release_lease=True,
-                turn=TurnRecord(turn_id, f"put_file {str(path)[:200]} ({len(data):,} bytes)"),
-            )
-            await self._write(f"saving a file into conversation {conversation_id!r}", write)
-            owner.clear()
-            return new_id
+        return await put_file(self, conversation_id, path, data, turn_id=turn_id)
 
     async def get_file(self, conversation_id: str, path: str) -> bytes:
         """Return a file of the conversation's workspace at its head (under the lease; the head does not move).
@@ -453,22 +431,13 @@ class CodeTool:
             WorkspacePathError: The path is malformed or goes through a symlink.
             WorkspaceError: No such file (or the conversation has no head yet).
         """
-        async with self._files_at_head(conversation_id) as session:
+        async with files_at_head(self, conversation_id) as session:
             return await session.read_file(path)
 
     async def list_files(self, conversation_id: str) -> list[FileInfo]:
         """Every file of the conversation's workspace at its head (under the lease; the head does not move)."""
-        async with self._files_at_head(conversation_id) as session:
+        async with files_at_head(self, conversation_id) as session:
             return await session.list_files()
-
-    @contextlib.asynccontextmanager
-    async def _files_at_head(self, conversation_id: str) -> AsyncIterator[AsyncSession]:
-        validate_conversation_id(conversation_id)
-        async with self._leases.hold(conversation_id):
-            head = await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
-            async with self.pool.checkout(**self._checkout) as session:
-                await self._load(session, head, [])
-                yield session
 
     # ------------------------------------------------------------ history ops
 

@@ -12,7 +12,6 @@ import contextlib
 import decimal
 import os
 import queue
-import shutil
 import socket
 import sys
 import tempfile
@@ -56,8 +55,8 @@ from snapcell.runner._wire import (
     to_plain,
     value_items,
 )
-from snapcell.workspace import check_path, effective_quota
-from snapcell.workspace._local import Workspace, attach_snapshot
+from snapcell.workspace import effective_quota
+from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
 from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
 
 __all__ = ["main"]
@@ -290,7 +289,9 @@ class Worker:
         if op == "load":
             return self.load(message, blob)
         if op in ("ws_read", "ws_write", "ws_list"):
-            return self.files(op, message, blob)
+            if self.workspace is None:
+                raise WorkspaceError("this worker has no workspace")
+            return self.workspace.serve(op, message, blob)
         if op == "queue":
             self.runner.pending_notes.extend(str(n) for n in message.get("notes", ()))
             self.runner.pending_setup.extend(str(c) for c in message.get("setup_cells", ()))
@@ -334,7 +335,7 @@ class Worker:
             if snap is not None:
                 dumped = attach_snapshot(dumped, snap)
                 if snap.skipped:
-                    self.runner.pending_notes.append(_skipped_note(snap.skipped))
+                    self.runner.pending_notes.append(snap.skipped_note())
         if len(dumped.new_blobs) > MAX_DUMP_BLOBS:
             raise CheckpointError(f"the checkpoint needs more than {MAX_DUMP_BLOBS} new blobs")
         # The body, then each new blob, sent back to back; the reply says where each part ends.
@@ -380,23 +381,6 @@ class Worker:
         """A runner with an empty namespace and this worker's policy, limits and file access."""
         return Runner(policy=self.runner.policy, limits=self.runner.limits, file_access=self.runner.file_access)
 
-    def files(
-        self, op: str, message: dict[str, Any], blob: bytearray
-    ) -> tuple[dict[str, Any], list[bytes | bytearray]]:
-        """Serve the host's file requests (read, write, list) on the workspace."""
-        if self.workspace is None:
-            raise WorkspaceError("this worker has no workspace")
-        if op == "ws_list":
-            listing = self.workspace.files()
-            return {"op": "ws_listed", "files": [[path, size] for path, size in listing]}, []
-        path = message.get("path")
-        if op == "ws_write":
-            self.workspace.write(check_path(path, mounts=self.workspace.mounts, writing=True), blob)
-            return {"op": "ws_written"}, []
-        limit = message.get("max_bytes")
-        data = self.workspace.read(check_path(path), max_bytes=limit if type(limit) is int else None)
-        return {"op": "ws_read", "size": len(data)}, [data]
-
     def recycle(self) -> None:
         """Forget the session: a new namespace, an empty scratch directory, the default decimal context."""
         self.runner = self.new_runner()
@@ -404,9 +388,9 @@ class Worker:
         if self.workspace is not None:
             self.workspace.clear()
             self.workspace.discard_staging()
-            _empty_dir(os.path.join("..", TMP_DIR))
+            empty_dir(os.path.join("..", TMP_DIR))
         else:
-            _empty_dir(".")
+            empty_dir(".")
 
     def run(self, message: dict[str, Any]) -> tuple[bytes, list[bytes | bytearray]]:
         """Run a cell; the encoded ``ran`` reply (within what the host accepts for the run's limits) and the
@@ -469,20 +453,6 @@ class Worker:
                 reply["notes"] = [*notes[-(MAX_NOTES - 1) :], too_large]
                 payload = encode(reply)
         return payload, parts
-
-
-def _empty_dir(path: str) -> None:
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-
-
-def _skipped_note(paths: list[str]) -> str:
-    shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
-    return f"workspace entries that are not regular files (symlinks, pipes) were not saved: {shown}"
 
 
 # Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.

@@ -25,7 +25,7 @@ from snapcell.checkpoint._format import Codec, SectionKind, pack_container
 from snapcell.errors import CheckpointCorrupt, WorkspaceError, WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
 
-__all__ = ["Snapshot", "Workspace", "attach_snapshot"]
+__all__ = ["Snapshot", "Workspace", "attach_snapshot", "empty_dir"]
 
 _STAGING = ".snapcell-restore"
 
@@ -56,6 +56,11 @@ class Snapshot:
     new_blobs: dict[str, bytes] = field(default_factory=dict)
     refresh: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+
+    def skipped_note(self) -> str:
+        """The note for the next run naming what was not saved."""
+        shown = ", ".join(self.skipped[:10]) + (f" and {len(self.skipped) - 10} more" if len(self.skipped) > 10 else "")
+        return f"workspace entries that are not regular files (symlinks, pipes) were not saved: {shown}"
 
 
 class Workspace:
@@ -118,6 +123,26 @@ class Workspace:
                 used_bytes=used,
                 hint="Delete files you no longer need (pathlib.Path('name').unlink()), or keep data in variables.",
             )
+
+    def serve(
+        self, op: str, message: dict[str, Any], blob: bytearray
+    ) -> tuple[dict[str, Any], list[bytes | bytearray]]:
+        """Serve a host file request (``ws_read``, ``ws_write``, ``ws_list``): the reply and its parts.
+
+        Raises:
+            WorkspacePathError: The path is malformed, goes through a symlink, or writes into a mount.
+            WorkspaceError: No such file, or it could not be read or written.
+            WorkspaceQuotaExceeded: A write over the quota.
+        """
+        if op == "ws_list":
+            return {"op": "ws_listed", "files": [[path, size] for path, size in self.files()]}, []
+        path = message.get("path")
+        if op == "ws_write":
+            self.write(check_path(path, mounts=self.mounts, writing=True), blob)
+            return {"op": "ws_written"}, []
+        limit = message.get("max_bytes")
+        data = self.read(check_path(path), max_bytes=limit if type(limit) is int else None)
+        return {"op": "ws_read", "size": len(data)}, [data]
 
     # ------------------------------------------------------------ opening safely
 
@@ -393,3 +418,13 @@ def attach_snapshot(dumped: Dumped, snap: Snapshot) -> Dumped:
     new_blobs = {**snap.new_blobs, **dumped.new_blobs}
     refresh = sorted(set(dumped.refresh) | set(snap.refresh))
     return Dumped(body=body, manifest=manifest, new_blobs=new_blobs, refresh=refresh)
+
+
+def empty_dir(path: str) -> None:
+    """Remove everything inside ``path`` (best effort; nothing is followed)."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
