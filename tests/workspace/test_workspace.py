@@ -459,3 +459,17 @@ def test_forged_artifact_descriptions_are_refused(files, blob):
 
     with pytest.raises(ValueError):  # MalformedMessage and WorkspacePathError are ValueErrors: the worker goes
         _artifacts({"files": files}, Limits(), bytearray(blob))
+
+
+def test_pandas_writes_and_reads_csv_in_the_workspace():
+    pytest.importorskip("pandas")
+    policy = snapcell.Policy().with_modules(["pandas", "numpy"])
+    with Pool("memory://", isolation="process", policy=policy, min_warm_workers=0) as pool:
+        with pool.checkout() as session:
+            session.run(
+                "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']}).to_csv('t.csv', index=False)"
+            )
+            checkpoint = session.dump()
+        with pool.checkout() as session:
+            session.load_session(checkpoint)
+            assert session.feed_run("import pandas as pd\npd.read_csv('t.csv')['b'].tolist()") == ["x", "y"]
