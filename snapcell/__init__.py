@@ -50,9 +50,12 @@ from snapcell.errors import (
     TypingError,
     UnpicklableValue,
     WorkerLost,
+    WorkspaceError,
+    WorkspacePathError,
+    WorkspaceQuotaExceeded,
 )
 from snapcell.pool import AsyncPool, Pool
-from snapcell.runner import HostCall, Limits, Policy, RunResult
+from snapcell.runner import Artifact, HostCall, Limits, Policy, RunResult
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import (
     HeadStore,
@@ -66,6 +69,7 @@ from snapcell.storage import (
     open_store,
 )
 from snapcell.tool import CodeTool, SyncCodeTool
+from snapcell.workspace import FileInfo
 
 __version__ = "0.1.0"
 
@@ -131,5 +135,10 @@ __all__ = [
     "TypingError",
     "UnpicklableValue",
     "WorkerLost",
+    "WorkspaceError",
+    "WorkspacePathError",
+    "WorkspaceQuotaExceeded",
+    "Artifact",
+    "FileInfo",
     "open_store",
 ]

@@ -92,6 +92,10 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
             )
         if isinstance(result.error, TimeLimitExceeded):  # the error says it already
             run_notes = tuple(note for note in run_notes if not note.startswith("stopped after "))
+    if result.files:
+        shown = ", ".join(f"{f.path} ({f.media_type}, {f.size_bytes:,} bytes)" for f in result.files[:20])
+        more = f" and {len(result.files) - 20} more" if len(result.files) > 20 else ""
+        parts.append(f"[files] {shown}{more}")
     parts.extend(f"[note] {note}" for note in (*notes, *run_notes))
     memory = _memory_note(result)
     if memory:
@@ -203,10 +207,7 @@ def modules_text(policy: Policy) -> str:
         listed += ("; and " if others else "") + "from the standard library: " + ", ".join(sorted(standard))
     # Only the standard-library modules of the default list are known to hold no way onto the network.
     offline = "" if policy.modules - DEFAULT_MODULES else " and there is no network access"
-    return (
-        f"Modules that can be imported (with their submodules): {listed}. Other imports fail; open() is not "
-        f"available{offline}."
-    )
+    return f"Modules that can be imported (with their submodules): {listed}. Other imports fail{offline}."
 
 
 _LOST_REASONS = {

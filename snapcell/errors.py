@@ -50,6 +50,9 @@ __all__ = [
     "TypingError",
     "UnpicklableValue",
     "WorkerLost",
+    "WorkspaceError",
+    "WorkspacePathError",
+    "WorkspaceQuotaExceeded",
     "map_exceptions",
 ]
 
@@ -186,6 +189,20 @@ class MemoryLimitExceeded(LimitExceeded, MemoryError):
 
 class OutputLimitExceeded(LimitExceeded):
     """Raised when a limit on host calls, output volume or script size stops a run; earlier variables stay usable."""
+
+
+class WorkspaceQuotaExceeded(LimitExceeded):
+    """Raised when the workspace's files exceed ``Limits.workspace_bytes``; nothing was stored, earlier files are kept.
+
+    Attributes:
+        used_bytes: Bytes the workspace's files would take.
+    """
+
+    def __init__(
+        self, message: str, *, limit: str, value: float | int | None, used_bytes: int = 0, **kwargs: object
+    ) -> None:
+        super().__init__(message, limit=limit, value=value, **kwargs)
+        self.used_bytes = used_bytes
 
 
 # ----------------------------------------------------------------- checkpoint
@@ -492,6 +509,22 @@ class RunCancelled(asyncio.CancelledError):
     def __init__(self, result: Any) -> None:
         super().__init__("the run was cancelled")
         self.result = result
+
+
+class WorkspaceError(SessionError):
+    """Raised when a workspace file operation is refused or fails; the session and its files are unchanged.
+
+    Attributes:
+        path: The workspace path concerned, when there is one.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class WorkspacePathError(WorkspaceError, ValueError):
+    """Raised for a workspace path that is absolute, escapes with ``..``, crosses a symlink or names a mount."""
 
 
 @contextmanager

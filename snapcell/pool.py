@@ -8,19 +8,21 @@ import math
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, TypeVar
 
 from snapcell.checkpoint import Keyring
 from snapcell.errors import ConfigError, SessionError
 from snapcell.runner import Backend, InlineBackend, Limits, Policy
+from snapcell.runner._policy import with_file_access
 from snapcell.runner._procbackend import ProcessBackend
 from snapcell.runner._scratch import reclaim_scratch_dirs
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._workerpool import WorkerPool
 from snapcell.session import DEFAULT_MAX_CLOCK_SKEW_S, AsyncSession, Session
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
+from snapcell.workspace import check_mounts
 
 __all__ = ["DEFAULT_TTL_S", "AsyncPool", "Pool", "reclaim_scratch_dirs"]
 
@@ -210,10 +212,12 @@ class AsyncPool:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _backend(self, policy: Policy, limits: Limits) -> Backend:
+    async def _backend(self, policy: Policy, limits: Limits, mounts: dict[str, str]) -> Backend:
         if self.isolation == "inline":
+            if mounts:
+                raise ConfigError('mounts need a workspace, which only isolation="process" has')
             return InlineBackend(policy=policy, limits=limits)
-        backend = ProcessBackend(self._worker_pool(), policy=policy, limits=limits)
+        backend = ProcessBackend(self._worker_pool(), policy=policy, limits=limits, mounts=mounts)
         await backend.start()
         return backend
 
@@ -225,6 +229,7 @@ class AsyncPool:
         type_check_stubs: str = "",
         limits: Limits | None = None,
         policy: Policy | None = None,
+        mounts: Mapping[str, str] | None = None,
     ) -> AsyncIterator[AsyncSession]:
         """Check out a fresh session with an empty namespace; it is checked in when the block ends.
 
@@ -233,10 +238,12 @@ class AsyncPool:
             type_check_stubs: Python stubs of the host functions, e.g. ``"def list_customers() -> list[dict]: ..."``.
             limits: Limits for this session instead of the pool's.
             policy: Policy for this session instead of the pool's.
+            mounts: Host directories readable (never writable, never saved) in the session's workspace, by name:
+                ``{"data": "/srv/datasets"}`` shows ``/srv/datasets`` at ``data/`` (process mode only).
 
         Raises:
-            ConfigError: An argument has the wrong type, or ``type_check=True`` but ty is not installed; nothing
-                was checked out.
+            ConfigError: An argument has the wrong type, a mount is not an existing absolute directory (or the pool
+                is inline), or ``type_check=True`` but ty is not installed; nothing was checked out.
             Overloaded: Every worker is busy and the checkout queue is full (raised at once), or the checkout
                 waited ``checkout_timeout_s`` in the queue; nothing was checked out, retry later.
             SessionError: The pool is closed.
@@ -250,16 +257,17 @@ class AsyncPool:
                 f"type_check_stubs must be Python source text (a str), not {type(type_check_stubs).__name__}"
             )
         _check_options(limits=limits, policy=policy)
+        checked_mounts = check_mounts(mounts)
         limits = limits or self.limits
         async with self._admitted():
             checker = TypeChecker(type_check_stubs) if type_check else None
             try:
-                backend = await self._backend(policy or self.policy, limits)
+                backend = await self._backend(policy or self.policy, limits, checked_mounts)
             except BaseException:
                 if checker is not None:
                     checker.close()
                 raise
-            async with self._checked_out(backend, policy or self.policy, limits, checker) as session:
+            async with self._checked_out(backend, policy or self.policy, limits, checker, checked_mounts) as session:
                 yield session
 
     @asynccontextmanager
@@ -277,7 +285,12 @@ class AsyncPool:
 
     @asynccontextmanager
     async def _checked_out(
-        self, backend: Backend, policy: Policy, limits: Limits, checker: TypeChecker | None
+        self,
+        backend: Backend,
+        policy: Policy,
+        limits: Limits,
+        checker: TypeChecker | None,
+        mounts: dict[str, str],
     ) -> AsyncIterator[AsyncSession]:
         session = AsyncSession(
             backend=backend,
@@ -289,7 +302,8 @@ class AsyncPool:
             compression_level=self.compression_level,
             limits=limits,
             checker=checker,
-            policy=policy,
+            policy=with_file_access(policy) if self.isolation == "process" else policy,
+            mounts=mounts,
         )
         self._sessions.add(session)
         try:
@@ -408,12 +422,13 @@ class Pool:
         type_check_stubs: str = "",
         limits: Limits | None = None,
         policy: Policy | None = None,
+        mounts: Mapping[str, str] | None = None,
     ) -> Iterator[Session]:
         """See `AsyncPool.checkout`."""
         if self._closed:
             raise SessionError("the pool is closed; create a new pool")
         manager = self._inner.checkout(
-            type_check=type_check, type_check_stubs=type_check_stubs, limits=limits, policy=policy
+            type_check=type_check, type_check_stubs=type_check_stubs, limits=limits, policy=policy, mounts=mounts
         )
         inner = self._call(manager.__aenter__())
         try:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 from snapcell._blobio import BlobIO, ForgedBlob
@@ -25,6 +26,8 @@ from snapcell.errors import (
     SnapcellError,
     TypingError,
     WorkerLost,
+    WorkspaceError,
+    WorkspaceQuotaExceeded,
 )
 from snapcell.runner import Backend, Limits, Policy, RunResult
 from snapcell.runner._host import validate_lookup
@@ -32,6 +35,7 @@ from snapcell.runner._runner import checkpoint_rule
 from snapcell.runner._typecheck import TypeChecker
 from snapcell.runner._wire import check_script
 from snapcell.storage import AsyncStore
+from snapcell.workspace import FileInfo, ForgedFiles, check_files, check_path, effective_quota, media_type
 
 __all__ = ["DEFAULT_MAX_CLOCK_SKEW_S", "AsyncSession", "Session"]
 
@@ -66,9 +70,11 @@ class AsyncSession:
         checker: TypeChecker | None,
         policy: Policy | None = None,
         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+        mounts: Collection[str] = (),
     ) -> None:
         self._backend = backend
         self._max_skew_s = max_clock_skew_s
+        self._mounts = frozenset(mounts)
         # The loader's module rule: every pickle is checked against it before the host signs anything.
         self._rule = checkpoint_rule(policy or Policy())
         self._store = store
@@ -311,10 +317,15 @@ class AsyncSession:
         Returns:
             The new checkpoint's opaque, signed ID (``.hex()`` it to store as text).
 
+        The workspace's files (process mode) go into the checkpoint as content-addressed blobs: a file
+        unchanged since the last dump or load costs no new bytes in the store.
+
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``; nothing was stored, the session is unchanged.
             CheckpointRefused: A pickle of the namespace names a global the loader would refuse (checked by the
                 host before signing); nothing was stored or signed, the session is unchanged.
+            WorkspaceQuotaExceeded: The workspace's files exceed ``Limits.workspace_bytes``; nothing was stored,
+                the session and its files are unchanged (delete files, then dump again).
             StorageError: The store failed; nothing was stored, the session is unchanged.
         """
         self._start()
@@ -325,6 +336,7 @@ class AsyncSession:
                     created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
                 )
                 await self._verify(dumped)
+                self._check_files(dumped)
                 if not await self._blob_io.store(dumped, now + self._ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
@@ -332,8 +344,9 @@ class AsyncSession:
                         created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs={}
                     )
                     await self._verify(dumped)
+                    self._check_files(dumped)
                     await self._blob_io.store(dumped, now + self._ttl_s)
-            except ForgedBlob as exc:
+            except (ForgedBlob, ForgedFiles) as exc:
                 # Only a compromised worker sends a blob that is not what it claims: it goes, nothing is stored.
                 await self._backend.discard()
                 await self._restore("dump")
@@ -386,8 +399,84 @@ class AsyncSession:
             variable_names=[variable] if variable else [],
         )
 
+    def _check_files(self, dumped: Dumped) -> None:
+        """Check the workspace files in the body the host is about to sign (the worker is not trusted).
+
+        Raises:
+            ForgedFiles: The file list is malformed.
+            WorkspaceQuotaExceeded: The files are over the quota.
+        """
+        manifest = parse_container(dumped.body).manifest
+        quota = effective_quota(self._limits.workspace_bytes, self._limits.max_scratch_bytes)
+        check_files(manifest, quota_bytes=quota, mounts=self._mounts)
+
+    async def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
+        """Write a file into the session's workspace, replacing any file at ``path`` (process mode).
+
+        The script sees it at once (relative to its working directory); it is in the checkpoint after the
+        next `dump`. Parent directories are created.
+
+        Args:
+            path: A path relative to the workspace (``"data/input.csv"``).
+            data: The file's bytes.
+
+        Raises:
+            WorkspacePathError: The path is absolute, climbs out with ``..``, goes through a symlink or lies in a
+                read-only mount; nothing was written.
+            WorkspaceQuotaExceeded: The workspace would exceed its quota; nothing was written, earlier files are kept.
+            WorkspaceError: Inline mode (no workspace), or the file could not be written; nothing was written.
+        """
+        checked = check_path(path, mounts=self._mounts, writing=True)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise WorkspaceError(f"file data must be bytes, not {type(data).__name__}", path=checked)
+        quota = effective_quota(self._limits.workspace_bytes, self._limits.max_scratch_bytes)
+        if quota is not None and len(data) > quota:
+            raise WorkspaceQuotaExceeded(
+                f"{checked!r} would have {len(data):,} bytes, over the workspace quota of {quota:,} bytes "
+                "(Limits.workspace_bytes); nothing was written",
+                limit="workspace_bytes",
+                value=quota,
+                used_bytes=len(data),
+            )
+        await self._file_request(self._backend.write_file(checked, data))
+
+    async def read_file(self, path: str | os.PathLike[str]) -> bytes:
+        """Return the bytes of a file in the session's workspace (process mode); a mount's files too.
+
+        Raises:
+            WorkspacePathError: The path is absolute, climbs out with ``..`` or goes through a symlink.
+            WorkspaceError: No such regular file, or inline mode (no workspace).
+        """
+        checked = check_path(path)
+        quota = effective_quota(self._limits.workspace_bytes, self._limits.max_scratch_bytes)
+        data: bytes = await self._file_request(self._backend.read_file(checked, max_bytes=quota))
+        return data
+
+    async def list_files(self) -> list[FileInfo]:
+        """Every regular file in the session's workspace, sorted by path (mounts not included; process mode).
+
+        Raises:
+            WorkspaceError: Inline mode (no workspace).
+        """
+        listing: list[tuple[str, int]] = await self._file_request(self._backend.list_files())
+        return [FileInfo(path=path, size_bytes=size, media_type=media_type(path)) for path, size in listing]
+
+    async def _file_request(self, request: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._start()
+        except BaseException:
+            request.close()
+            raise
+        try:
+            return await request
+        except WorkerLost:
+            await self._restore("a file request")
+            raise
+        finally:
+            self._busy = False
+
     async def reset(self) -> None:
-        """Forget every variable and start from an empty namespace."""
+        """Forget every variable and every workspace file, and start from an empty namespace."""
         self._start()
         try:
             await self._backend.reset()
@@ -472,6 +561,20 @@ class Session:
     def reset(self) -> None:
         """See `AsyncSession.reset`."""
         self._call(self._inner.reset())
+
+    def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
+        """See `AsyncSession.write_file`."""
+        self._call(self._inner.write_file(path, data))
+
+    def read_file(self, path: str | os.PathLike[str]) -> bytes:
+        """See `AsyncSession.read_file`."""
+        data: bytes = self._call(self._inner.read_file(path))
+        return data
+
+    def list_files(self) -> list[FileInfo]:
+        """See `AsyncSession.list_files`."""
+        listing: list[FileInfo] = self._call(self._inner.list_files())
+        return listing
 
 
 def _ago(seconds: float) -> str:

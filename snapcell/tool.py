@@ -30,6 +30,7 @@ from snapcell._answer import (
 )
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
+from snapcell._tool_files import files_at_head, put_file
 from snapcell.conversation import Conversation
 from snapcell.conversation._turns import CANCELLED_NOTE, cancelled_notes, conversation_head, count_run
 from snapcell.errors import (
@@ -43,6 +44,7 @@ from snapcell.errors import (
     StorageUnavailable,
     TurnOutcomeUnknown,
     WorkerLost,
+    WorkspaceQuotaExceeded,
 )
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
@@ -57,6 +59,7 @@ from snapcell.storage import (
     validate_conversation_id,
     validate_turn_id,
 )
+from snapcell.workspace import FileInfo, check_mounts
 
 __all__ = [
     "CANCELLED_NOTE",
@@ -86,6 +89,10 @@ variables rather than printing all of it. The answer shows what the code printed
 expression (as in a notebook cell), then any error with its traceback, then notes about the session. Top-level \
 `await` works, so `await asyncio.gather(...)` runs host functions concurrently. Long answers are cut from the \
 start, so print only what you need to see."""
+_FILES = (
+    "\n\nThe working directory is this conversation's workspace: files written there with open() or pathlib are "
+    "still there in later calls. Files written under out/ (charts, reports) are shown to the user."
+)
 
 
 class CodeTool:
@@ -106,6 +113,8 @@ class CodeTool:
         storage_timeout_s: Deadline of every head-store call of a turn (read, lease, write, read-back), default
             10 s; a head store that does not answer fails the turn with `StorageUnavailable` naming the call.
             None waits for ever. Store calls inside load and dump are bounded by the store's own settings.
+        mounts: Host directories readable at ``name/`` in every session's workspace (``{"data": "/srv/datasets"}``);
+            never writable, never saved (process mode).
         holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A tool with
             the same holder ID takes over such a lease at once, so a server that restarts with a stable ID (its
             host name, a pod name) finds its conversations free; never give two live tools the same ID. Default: a
@@ -130,6 +139,7 @@ class CodeTool:
         lease_wait_s: float = 30.0,
         storage_timeout_s: float | None = 10.0,
         holder_id: str | None = None,
+        mounts: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
@@ -164,12 +174,14 @@ class CodeTool:
         self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
             self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
-        self._checkout: dict[str, Any] = {"limits": limits}
+        self._checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
         if stubs is not None:
             self._checkout.update(type_check=True, type_check_stubs=stubs)
         host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
-        self.description = f"{_DESCRIPTION} {modules_text(pool.policy)}" + (
-            "\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else ""
+        self.description = (
+            f"{_DESCRIPTION} {modules_text(pool.policy)}"
+            + (_FILES if pool.isolation == "process" else " There is no file access (open() is not available).")
+            + ("\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else "")
         )
         self._aheads = AsyncHeads(self.heads)
         self._leases = TurnLeases(
@@ -344,6 +356,11 @@ class CodeTool:
         """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
         try:
             new_id = await session.dump()
+        except WorkspaceQuotaExceeded as exc:
+            notes.append(f"{exc}; this call was not saved: the next call starts from the state before it")
+            if conversation is not None:
+                count_run(conversation, result)
+            return render_answer(result, notes, max_chars=self.max_answer_chars)
         except WorkerLost as exc:
             if conversation is not None:
                 count_run(conversation, dataclasses.replace(result, status="lost"))
@@ -489,6 +506,40 @@ class CodeTool:
         if self._owns_heads:
             await asyncio.to_thread(self.heads.close)
 
+    # ------------------------------------------------------------ files
+
+    async def put_file(
+        self, conversation_id: str, path: str, data: bytes, *, turn_id: str | None = None
+    ) -> bytes | None:
+        """Write a file into the conversation's workspace as a turn of its own; return the new checkpoint ID.
+
+        Like a `run_code` turn: takes the conversation's lease, loads its head, writes the file, dumps and moves the
+        head (the previous checkpoint goes into the history, so `rewind` undoes it). With a ``turn_id`` already
+        committed, nothing is written again and the head's checkpoint ID is returned.
+
+        Raises:
+            WorkspacePathError: The path is absolute, climbs out, or lies in a mount; nothing changed.
+            WorkspaceQuotaExceeded: The workspace would exceed its quota; nothing changed.
+            Conflict: Another turn moved the head meanwhile; this write was not saved.
+            StorageError: The stores failed; the head did not move.
+        """
+        return await put_file(self, conversation_id, path, data, turn_id=turn_id)
+
+    async def get_file(self, conversation_id: str, path: str) -> bytes:
+        """Return a file of the conversation's workspace at its head (under the lease; the head does not move).
+
+        Raises:
+            WorkspacePathError: The path is malformed or goes through a symlink.
+            WorkspaceError: No such file (or the conversation has no head yet).
+        """
+        async with files_at_head(self, conversation_id) as session:
+            return await session.read_file(path)
+
+    async def list_files(self, conversation_id: str) -> list[FileInfo]:
+        """Every file of the conversation's workspace at its head (under the lease; the head does not move)."""
+        async with files_at_head(self, conversation_id) as session:
+            return await session.list_files()
+
     # ------------------------------------------------------------ history ops
 
     async def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:
@@ -595,6 +646,7 @@ class SyncCodeTool:
         lease_wait_s: float = 30.0,
         storage_timeout_s: float | None = 10.0,
         holder_id: str | None = None,
+        mounts: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(pool, Pool):
             raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
@@ -611,6 +663,7 @@ class SyncCodeTool:
             lease_wait_s=lease_wait_s,
             storage_timeout_s=storage_timeout_s,
             holder_id=holder_id,
+            mounts=mounts,
         )
 
     @property
@@ -654,6 +707,19 @@ class SyncCodeTool:
         """See `CodeTool.head`."""
         head: Head | None = self._pool.call(self._inner.head(conversation_id))
         return head
+
+    def put_file(self, conversation_id: str, path: str, data: bytes, *, turn_id: str | None = None) -> bytes | None:
+        """See `CodeTool.put_file`."""
+        new_id: bytes | None = self._pool.call(self._inner.put_file(conversation_id, path, data, turn_id=turn_id))
+        return new_id
+
+    def get_file(self, conversation_id: str, path: str) -> bytes:
+        """See `CodeTool.get_file`."""
+        return self._pool.call(self._inner.get_file(conversation_id, path))
+
+    def list_files(self, conversation_id: str) -> list[FileInfo]:
+        """See `CodeTool.list_files`."""
+        return self._pool.call(self._inner.list_files(conversation_id))
 
     def close(self) -> None:
         """See `CodeTool.aclose`."""

@@ -11,6 +11,7 @@ from snapcell.checkpoint._format import (
     Header,
     Manifest,
     VariableInfo,
+    WorkspaceFile,
     parse_container,
 )
 from snapcell.checkpoint._pickle import Dumped, dump_namespace
@@ -42,6 +43,7 @@ __all__ = [
     "LoadedNamespace",
     "Manifest",
     "VariableInfo",
+    "WorkspaceFile",
     "dump_namespace",
     "load_namespace",
     "make_find_global",

@@ -27,6 +27,7 @@ __all__ = [
     "Section",
     "SectionKind",
     "VariableInfo",
+    "WorkspaceFile",
     "parse_container",
 ]
 
@@ -151,6 +152,16 @@ class BlobRef(BaseModel):
     stamp: float = Field(description="A time at or before the blob's last write or refresh in the store.")
 
 
+class WorkspaceFile(BaseModel):
+    """A file of the session's workspace, stored as content-addressed chunks (each also listed in ``blobs``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(min_length=1, max_length=1024, description="Relative POSIX path inside the workspace.")
+    size_bytes: int = Field(ge=0)
+    chunks: list[str] = Field(default=[], description="Content hashes (hex) of its chunks, in order.")
+
+
 class Manifest(BaseModel):
     """What a checkpoint holds; readable without unpickling anything."""
 
@@ -168,6 +179,7 @@ class Manifest(BaseModel):
     future_flags: int = 0
     hash_algorithm: str | None = None
     blobs: list[BlobRef] = Field(default=[], description="Blobs the checkpoint refers to, once each.")
+    files: list[WorkspaceFile] = Field(default=[], description="The workspace's files; their chunks are blobs.")
 
     def to_json(self) -> bytes:
         """Encode as stable JSON (field order fixed by the model)."""

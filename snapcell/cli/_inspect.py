@@ -450,6 +450,13 @@ def _render_manifest(manifest: Manifest) -> list[str]:
             source = cell.rstrip().splitlines() or [""]
             lines.append(f"  [{i}] {source[0]}")
             lines.extend(f"      {line}" for line in source[1:])
+    files = getattr(manifest, "files", None) or []
+    if files:
+        lines.append("")
+        lines.append(
+            f"workspace files ({len(files)}, {format_bytes(sum(f.size_bytes for f in files))}; chunks are blobs)"
+        )
+        lines.extend(f"  {f.path[:200]}  {format_bytes(f.size_bytes):>10}" for f in files)
     blobs = getattr(manifest, "blobs", None) or []
     if blobs:
         lines.append("")

@@ -7,7 +7,7 @@ from snapcell.runner._backend import Backend, InlineBackend
 from snapcell.runner._host import HostCall, HostFunction
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import DEFAULT_MODULES, Policy
-from snapcell.runner._result import RunResult
+from snapcell.runner._result import Artifact, RunResult
 from snapcell.runner._runner import Runner
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "InlineBackend",
     "Limits",
     "Policy",
+    "Artifact",
     "RunResult",
     "Runner",
 ]

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
+from snapcell.errors import WorkspaceError
 from snapcell.runner._host import LocalBridge
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
@@ -61,6 +62,18 @@ class Backend(Protocol):
         """Release the runner."""
         ...
 
+    async def write_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        """Write a workspace file (a normalized path); see `AsyncSession.write_file`."""
+        ...
+
+    async def read_file(self, path: str, *, max_bytes: int | None) -> bytes:
+        """Read a workspace file (a normalized path); see `AsyncSession.read_file`."""
+        ...
+
+    async def list_files(self) -> list[tuple[str, int]]:
+        """Every workspace file and its size; see `AsyncSession.list_files`."""
+        ...
+
 
 class InlineBackend:
     """Runs scripts in the host process: fastest, and no protection at all (trusted code only)."""
@@ -111,3 +124,20 @@ class InlineBackend:
 
     async def close(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    async def write_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        raise _no_workspace(path)
+
+    async def read_file(self, path: str, *, max_bytes: int | None) -> bytes:
+        raise _no_workspace(path)
+
+    async def list_files(self) -> list[tuple[str, int]]:
+        raise _no_workspace(None)
+
+
+def _no_workspace(path: str | None) -> WorkspaceError:
+    return WorkspaceError(
+        "inline mode has no workspace: scripts there have no file access, and sessions no files; use "
+        'isolation="process" (the default) for files',
+        path=path,
+    )

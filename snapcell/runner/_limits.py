@@ -49,6 +49,11 @@ class Limits:
             arguments fail the call with `OutputLimitExceeded`.
         dump_time_s: Seconds a dump may take in the worker (``__reduce__`` and ``__getstate__`` of script
             objects run then) before it is stopped and the worker replaced (process mode).
+        workspace_bytes: Total bytes of the files a session's workspace may keep in its checkpoint (process mode);
+            a dump over it raises `WorkspaceQuotaExceeded` and stores nothing. What a run can write at once is
+            bounded by ``max_scratch_bytes`` as well, so the effective quota is the smaller of the two.
+        max_artifact_bytes: Bytes of the files written under ``out/`` during a run that come back whole in
+            ``RunResult.files`` (process mode); larger artifacts come back as path, size and media type only.
         load_time_s: Seconds a load may take in the worker (``__setstate__`` and reducers run then) before it
             is stopped and the worker replaced (process mode).
     """
@@ -70,6 +75,8 @@ class Limits:
     max_value_bytes: int | None = _MIB
     dump_time_s: float | None = 60.0
     load_time_s: float | None = 60.0
+    workspace_bytes: int | None = 256 * _MIB
+    max_artifact_bytes: int = 8 * _MIB
 
     def __post_init__(self) -> None:
         for name in ("wall_time_s", "cpu_time_s"):
@@ -95,10 +102,12 @@ class Limits:
             "max_scratch_bytes": _MIB,
             "max_script_bytes": 1,
             "max_value_bytes": 1024,
+            "workspace_bytes": 0,
+            "max_artifact_bytes": 0,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)
-            if value is None:
+            if value is None and name != "max_artifact_bytes":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ConfigError(f"Limits.{name} must be an integer >= {minimum} or None, not {value!r}")

@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import os
 import pickle
 import sys
 import types
@@ -81,7 +82,7 @@ from snapcell.runner._rewrite import (
 )
 from snapcell.runner._standins import stand_in_builtins
 
-__all__ = ["DEFAULT_MODULES", "Policy"]
+__all__ = ["DEFAULT_MODULES", "FILE_MODULES", "Policy", "with_file_access"]
 
 DEFAULT_MODULES = frozenset(
     {
@@ -202,12 +203,19 @@ class Policy:
 
     # ------------------------------------------------------------------ at runtime
 
-    def make_builtins(self) -> dict[str, Any]:
-        """A fresh builtins dict for a session's namespace."""
+    def make_builtins(self, *, file_access: bool = False) -> dict[str, Any]:
+        """A fresh builtins dict for a session's namespace.
+
+        Args:
+            file_access: Give scripts ``open`` on paths (process mode only, where Landlock confines the worker to
+                its workspace and mounts); otherwise ``open`` says there is no file access.
+        """
         if not self.restricted:
             return dict(vars(builtins))
         table = guarded_builtins()
         table.update(stand_in_builtins())
+        if file_access:
+            table["open"] = _path_open
         for name, reason in _BLOCKED_BUILTINS.items():
             table.setdefault(name, _blocked_builtin(name, reason))
         table["__import__"] = self._make_import()
@@ -520,9 +528,27 @@ def _annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]
     return [*found, node.returns] if node.returns is not None else found
 
 
+# Modules a worker adds to the policy for file access in its workspace (process mode only).
+FILE_MODULES = frozenset({"pathlib"})
+
+
+def with_file_access(policy: Policy) -> Policy:
+    """The policy a process-mode session runs under: ``policy`` plus `FILE_MODULES` (its workspace's files).
+
+    The worker's runner and the host's checkpoint rule both use it, so a script's ``pathlib`` is loadable and signable.
+    """
+    if not policy.restricted:
+        return policy
+    return Policy(
+        allowed_modules=policy.allowed_modules | FILE_MODULES,
+        extra_modules=policy.extra_modules,
+        restricted=True,
+    )
+
+
 # Builtins scripts do not get; calling one says why instead of a puzzling NameError.
 _BLOCKED_BUILTINS = {
-    "open": "there is no file access; keep data in variables",
+    "open": "there is no file access in inline mode; keep data in variables (process mode has a workspace)",
     "eval": "run code directly instead",
     "exec": "run code directly instead",
     "compile": "run code directly instead",
@@ -534,6 +560,21 @@ _BLOCKED_BUILTINS = {
     "quit": "scripts cannot end the session; return a value instead",
     "help": "there is no interactive help; read the function's docstring instead",
 }
+
+
+def _path_open(
+    file: Any,
+    mode: str = "r",
+    buffering: int = -1,
+    encoding: str | None = None,
+    errors: str | None = None,
+    newline: str | None = None,
+    closefd: bool = True,
+) -> Any:
+    """``open`` for scripts in a worker: a path only (never a descriptor number, no ``opener``)."""
+    if not isinstance(file, str | bytes | os.PathLike):
+        raise runtime_policy_error("open()", "open() takes a file path relative to the workspace, such as 'data.csv'.")
+    return open(os.fspath(file), mode, buffering, encoding, errors, newline, closefd)
 
 
 def _blocked_builtin(name: str, reason: str) -> Callable[..., Any]:

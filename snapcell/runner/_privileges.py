@@ -137,15 +137,18 @@ def release_scratch(path: str) -> None:
 
 
 def _worker_alive(pid: int, uid: int) -> bool:
-    """Whether process ``pid`` runs and has real uid ``uid`` (a zombie, or a reused pid, is not the worker)."""
+    """Whether process ``pid`` runs with real uid ``uid``, or 0 while it sets up (a zombie, or a reused pid, is not
+    the worker)."""
     try:
         with open(f"/proc/{pid}/status") as status:
             fields = dict(line.split(":", 1) for line in status.read().splitlines() if ":" in line)
     except OSError:
         return False
-    return not fields.get("State", "").strip().startswith(("Z", "X")) and fields.get("Uid", "").split()[:1] == [
-        str(uid)
-    ]
+    # Uid 0: a worker between mounting its scratch and dropping privileges (its set-up), not a stale mount.
+    return not fields.get("State", "").strip().startswith(("Z", "X")) and fields.get("Uid", "").split()[:1] in (
+        [str(uid)],
+        ["0"],
+    )
 
 
 def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:

@@ -28,11 +28,13 @@ from snapcell.runner._process import (
     _Died,
     log,
 )
-from snapcell.runner._result import RunResult
+from snapcell.runner._result import Artifact, RunResult
 from snapcell.runner._wire import (
+    MAX_ARTIFACTS,
     MAX_ASSIGNED,
     MAX_ASSIGNED_CHARS,
     MAX_DUMP_BLOBS,
+    MAX_LIST_FILES,
     MAX_MANIFEST_ITEMS,
     MAX_NAME_CHARS,
     MAX_NOTE_CHARS,
@@ -45,6 +47,7 @@ from snapcell.runner._wire import (
     to_plain,
 )
 from snapcell.runner._workerpool import WorkerPool
+from snapcell.workspace import check_path
 
 __all__ = ["ProcessBackend"]
 
@@ -52,15 +55,18 @@ __all__ = ["ProcessBackend"]
 class ProcessBackend:
     """A session's runner in a worker process; replaces the worker when it dies."""
 
-    def __init__(self, pool: WorkerPool, *, policy: Policy, limits: Limits) -> None:
+    def __init__(
+        self, pool: WorkerPool, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None
+    ) -> None:
         self._pool = pool
         self._policy = policy
         self._limits = limits
+        self.mounts = dict(mounts or {})
         self.worker: WorkerProcess | None = None
 
     async def start(self) -> None:
         """Acquire the session's worker."""
-        self.worker = await self._pool.acquire(policy=self._policy, limits=self._limits)
+        self.worker = await self._pool.acquire(policy=self._policy, limits=self._limits, mounts=self.mounts)
 
     async def _request(
         self,
@@ -162,7 +168,7 @@ class ProcessBackend:
         )
         cancelled = False
         try:
-            reply, _ = await asyncio.shield(request)
+            reply, blob = await asyncio.shield(request)
         except asyncio.CancelledError:
             if request.done() or worker is None:
                 raise
@@ -172,13 +178,13 @@ class ProcessBackend:
             with contextlib.suppress(_Died, OSError):
                 await worker.send_control({"op": "cancel"})
             try:
-                reply, _ = await asyncio.wait_for(request, limits.grace_s + 1.0)
+                reply, blob = await asyncio.wait_for(request, limits.grace_s + 1.0)
             except (TimeoutError, WorkerLost):
                 # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
                 await self.discard()
                 raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
         try:
-            result = _run_result(reply, limits, calls)
+            result = _run_result(reply, limits, calls, blob)
         except (MalformedMessage, ValueError, TypeError) as exc:
             raise await self._malformed("run", exc) from None
         if worker is not None:
@@ -188,6 +194,35 @@ class ProcessBackend:
         if cancelled:
             raise RunCancelled(result)
         return result
+
+    async def write_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        await self._request({"op": "ws_write", "path": path}, [data], expect="ws_written", timeout_s=_CONTROL_TIMEOUT_S)
+
+    async def read_file(self, path: str, *, max_bytes: int | None) -> bytes:
+        reply, blob = await self._request(
+            {"op": "ws_read", "path": path, "max_bytes": max_bytes}, expect="ws_read", timeout_s=_CONTROL_TIMEOUT_S
+        )
+        if reply.get("size") != len(blob) or (max_bytes is not None and len(blob) > max_bytes):
+            raise await self._malformed("ws_read", MalformedMessage("a file of another size than it says"))
+        return bytes(blob)
+
+    async def list_files(self) -> list[tuple[str, int]]:
+        reply, _ = await self._request({"op": "ws_list"}, expect="ws_listed", timeout_s=_CONTROL_TIMEOUT_S)
+        listing = reply.get("files")
+        if type(listing) is not list or len(listing) > MAX_LIST_FILES:
+            raise await self._malformed("ws_list", MalformedMessage(f"a listing of more than {MAX_LIST_FILES}"))
+        out = []
+        for item in listing:
+            if (
+                type(item) is not list
+                or len(item) != 2
+                or type(item[0]) is not str
+                or type(item[1]) is not int
+                or item[1] < 0
+            ):
+                raise await self._malformed("ws_list", MalformedMessage("a listing entry is not [path, size]"))
+            out.append((item[0], item[1]))
+        return out
 
     async def dump(
         self,
@@ -245,7 +280,7 @@ class ProcessBackend:
     async def close(self) -> None:
         if self.worker is not None:
             worker, self.worker = self.worker, None
-            await self._pool.release(worker, reuse_for=(self._policy, self._limits))
+            await self._pool.release(worker, reuse_for=None if self.mounts else (self._policy, self._limits))
 
     async def discard(self) -> None:
         if self.worker is not None:
@@ -319,11 +354,38 @@ def _text(reply: dict[str, Any], key: str) -> str:
     return value
 
 
-def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) -> RunResult:
-    """The `RunResult` in a worker's ``ran`` reply.
+def _artifacts(reply: dict[str, Any], limits: Limits, blob: bytearray) -> tuple[Artifact, ...]:
+    """The artifacts a ``ran`` reply describes, their bytes cut from its blob (checked: sizes add up, within caps).
+
+    Raises:
+        MalformedMessage: The descriptions or their bytes are malformed.
+    """
+    described = reply.get("files") or []
+    if type(described) is not list or len(described) > MAX_ARTIFACTS:
+        raise MalformedMessage(f"files must be a list of at most {MAX_ARTIFACTS}")
+    found, offset = [], 0
+    for item in described:
+        if type(item) is not dict:
+            raise MalformedMessage("an artifact must be described by a dict")
+        path, size, media, data_bytes = (item.get(k) for k in ("path", "size", "media_type", "data_bytes"))
+        if type(path) is not str or type(media) is not str or type(size) is not int or type(data_bytes) is not int:
+            raise MalformedMessage("an artifact needs a path, size, media type and data size")
+        if not path.startswith("out/") or check_path(path) != path or not 0 <= data_bytes <= size or len(media) > 100:
+            raise MalformedMessage(f"artifact {path[:100]!r} is malformed")
+        data = bytes(blob[offset : offset + data_bytes]) if data_bytes or size == 0 else None
+        offset += data_bytes
+        found.append(Artifact(path=path, size_bytes=size, media_type=media, data=data))
+    if offset != len(blob) or offset > limits.max_artifact_bytes:
+        raise MalformedMessage("the artifacts' bytes do not add up")
+    return tuple(found)
+
+
+def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall], blob: bytearray) -> RunResult:
+    """The `RunResult` in a worker's ``ran`` reply, with the artifacts in its blob.
 
     Raises:
         MalformedMessage: The reply is not one.
+        WorkspacePathError: An artifact's path is malformed.
     """
     error = error_from_plain(reply["error"]) if reply.get("error") is not None else None
     if error is not None and not isinstance(error, ScriptError):
@@ -348,6 +410,7 @@ def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall]) ->
         memory_bytes=memory if type(memory) is int else None,
         namespace_summary=str(reply.get("namespace_summary") or "")[:MAX_SUMMARY_CHARS],
         assigned=tuple(str(name)[:MAX_ASSIGNED_CHARS] for name in assigned),
+        files=_artifacts(reply, limits, blob),
     )
 
 

@@ -154,8 +154,11 @@ class WorkerProcess:
             await self.kill()
             raise SessionError(f"a worker process sent {str(message.get('op'))[:40]!r} instead of starting")
 
-    async def init(self, *, policy: Policy, limits: Limits) -> None:
-        """Give the worker its session settings; it applies its sandbox and reports the layers."""
+    async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
+        """Give the worker its session settings; it applies its sandbox and reports the layers.
+
+        ``mounts`` (name to a checked host directory) appear read-only in the worker's workspace.
+        """
         self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
         sandbox_settings = worker_sandbox_settings(self.pid or 0, self._scratch_root)
         memory = limits.memory_bytes
@@ -167,6 +170,7 @@ class WorkerProcess:
                 "policy": policy_to_plain(policy),
                 "limits": to_plain(dataclasses.asdict(limits)),
                 "scratch_dir": self.scratch_dir,
+                "mounts": dict(mounts or {}),
                 **sandbox_settings,
             }
         )

@@ -8,9 +8,27 @@ from typing import Any, Literal
 from snapcell.errors import RunCancelledError, ScriptError, TimeLimitExceeded
 from snapcell.runner._host import HostCall
 
-__all__ = ["RunResult", "RunStatus"]
+__all__ = ["Artifact", "RunResult", "RunStatus"]
 
 RunStatus = Literal["ok", "error", "timeout", "cancelled", "lost"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Artifact:
+    """A file the script wrote under ``out/`` in its workspace during a run (process mode).
+
+    Attributes:
+        path: Its path in the workspace (``"out/chart.png"``).
+        size_bytes: Its size.
+        media_type: Its media type, from the extension (``"image/png"``; ``application/octet-stream`` if unknown).
+        data: Its bytes, or None when they did not fit in ``Limits.max_artifact_bytes`` (read it with
+            ``session.read_file(path)``).
+    """
+
+    path: str
+    size_bytes: int
+    media_type: str
+    data: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +47,7 @@ class RunResult:
         error: The script's error, or None when it succeeded.
         memory_bytes: Memory in use by the session after the run: the worker's resident set size in process mode;
             None in inline mode, where the process is the host's and its size says nothing about the session.
+        files: Artifacts: the files the run wrote under ``out/`` (process mode), with their bytes up to a cap.
         namespace_summary: One line on the namespace after the run: how many variables, their estimated size and
             the largest ones (``"4 variables, ~7.7 MiB; largest: rows (list, ~7.6 MiB), ..."``); empty when there
             are none. Sizes are cheap estimates (sampled for containers); see ``Manifest`` for exact pickled sizes.
@@ -55,6 +74,7 @@ class RunResult:
     memory_bytes: int | None = None
     variables: tuple[str, ...] = field(default=())
     namespace_summary: str = ""
+    files: tuple[Artifact, ...] = ()
     status: RunStatus | None = None
     restarted: bool = False
     cpu_time_s: float | None = None

@@ -50,7 +50,7 @@ from snapcell.runner._guard import (
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
 from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
 from snapcell.runner._limits import Limits
-from snapcell.runner._policy import Policy
+from snapcell.runner._policy import Policy, with_file_access
 from snapcell.runner._result import RunResult
 
 __all__ = ["Runner", "checkpoint_rule"]
@@ -92,12 +92,16 @@ class Runner:
     Args:
         policy: What scripts may import and touch.
         limits: Default limits for each run.
+        file_access: Give scripts ``open`` and ``pathlib`` (a worker, confined to its workspace by Landlock).
     """
 
-    def __init__(self, *, policy: Policy, limits: Limits) -> None:
+    def __init__(self, *, policy: Policy, limits: Limits, file_access: bool = False) -> None:
+        if file_access:
+            policy = with_file_access(policy)
         self.policy = policy
         self.limits = limits
-        self.builtins = policy.make_builtins()
+        self.file_access = file_access
+        self.builtins = policy.make_builtins(file_access=file_access)
         self.builtins[TICK_NAME] = tick
         self.namespace: dict[str, Any] = self._fresh_namespace()
         self.cells: list[str] = []

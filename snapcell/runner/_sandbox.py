@@ -38,7 +38,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,7 @@ def apply_sandbox(
     gid: int | None = None,
     quota_scratch: bool = False,
     require: Sequence[str] = (),
+    prepare_scratch: Callable[[str], Sequence[str]] | None = None,
 ) -> SandboxReport:
     """Confine the calling process for good; call once, before any other thread exists.
 
@@ -163,6 +164,8 @@ def apply_sandbox(
             the caller must unmount it when the process ends (`_privileges.release_scratch`).
         require: Layers that must not end up ``"unavailable"`` (see `parse_required`); ``"off"`` (configured
             off by the caller) is accepted.
+        prepare_scratch: Called with the scratch path once it is mounted, before any privilege is dropped (the
+            workspace lays out its directories and mounts there); returns more read-only paths for Landlock.
 
     Returns:
         Which layers are active; unavailable ones carry the reason.
@@ -190,13 +193,18 @@ def apply_sandbox(
         layers["scratch_quota"] = mount_scratch(scratch, size_bytes=limits.max_scratch_bytes, uid=uid, gid=gid)
     if ids is not None and not is_active(layers["scratch_quota"]):
         os.chown(scratch, *ids)
+    if prepare_scratch is not None:
+        paths = [*paths, *prepare_scratch(scratch)]
     layers["rlimits"] = _apply_rlimits(limits, notes, threads=switch)
     layers["no_new_privs"] = _apply_no_new_privs()
     if switch:
         pinned = pin_import_paths()
         notes.append(f"imports: {len(pinned)} import roots reached through /proc/self/fd")
     # Landlock needs no_new_privs (or CAP_SYS_ADMIN), and is set up while every path can still be opened.
-    layers["landlock"] = _apply_landlock(scratch, paths, notes)
+    # A mounted scratch is also the current directory (`mount_scratch` moved there): its rule is taken through that,
+    # so it names the mount this worker writes to even if the path no longer leads there (detached meanwhile).
+    here = os.curdir if is_active(layers["scratch_quota"]) else scratch
+    layers["landlock"] = _apply_landlock(here, paths, notes)
     layers["privileges"] = drop_privileges(uid=uid, gid=gid, arch=arch)
     layers["pdeathsig"] = _apply_pdeathsig(parent_pid)
     layers["seccomp"] = _apply_seccomp(arch, deny_fork=limits.max_processes == 0, notes=notes)

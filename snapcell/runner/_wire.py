@@ -74,6 +74,11 @@ MAX_CHECKPOINT_REPLY_BYTES = 32 * 1024 * 1024
 MAX_MANIFEST_ITEMS = 1_000_000
 MAX_DUMP_BLOBS = 65_536
 MAX_DECLARATIONS_CHARS = 1024 * 1024
+# Workspace: artifacts per run and the size of each one's description; files and bytes of a listing.
+MAX_ARTIFACTS = 256
+MAX_ARTIFACT_FIELD_BYTES = 2048
+MAX_LIST_FILES = 10_000
+MAX_LIST_BYTES = 64 * 1024 * 1024
 # Bytes a str character may take in a message: JSON is written as ASCII, and a character outside the BMP
 # becomes a surrogate pair of escapes (``\ud83d\ude00``).
 _CHAR_BYTES = 12
@@ -146,10 +151,19 @@ def reply_budget(kind: str, limits: Limits, blob_bytes: int = 0) -> Budget:
             MAX_ASSIGNED * MAX_ASSIGNED_CHARS,
         )
         size = None if value is None or text is None else value + text + _ERROR_BYTES + _FIELDS_BYTES
-        return _bounded(size, value_items(limits) + MAX_NOTES + MAX_ASSIGNED + _ERROR_ITEMS + _FIELDS_ITEMS)
+        if size is not None:  # the artifacts' descriptions (path, size, media type)
+            size += MAX_ARTIFACTS * MAX_ARTIFACT_FIELD_BYTES
+        items = value_items(limits) + MAX_NOTES + MAX_ASSIGNED + _ERROR_ITEMS + _FIELDS_ITEMS + 6 * MAX_ARTIFACTS
+        return _bounded(size, items, limits.max_artifact_bytes)
     if kind in ("dump", "load"):
         items = 3 * MAX_DUMP_BLOBS + _ERROR_ITEMS + _FIELDS_ITEMS
         return _bounded(MAX_CHECKPOINT_REPLY_BYTES, items, blob_bytes if kind == "dump" else 0)
+    if kind == "ws_read":
+        return _bounded(_ERROR_BYTES + _FIELDS_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS, blob_bytes)
+    if kind == "ws_list":
+        return _bounded(
+            _ERROR_BYTES + _FIELDS_BYTES + MAX_LIST_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS + 4 * MAX_LIST_FILES
+        )
     if kind == "declarations":
         return _bounded((_text_bytes(MAX_DECLARATIONS_CHARS) or 0) + _ERROR_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS)
     # Control requests (init, queue, reset, recycle, close) and start-up: a few short fields, or an error.
@@ -509,7 +523,12 @@ _ERRORS: dict[str, type[errors.ScriptError]] = {
         errors.MemoryLimitExceeded,
         errors.OutputLimitExceeded,
         errors.RunCancelledError,
+        errors.WorkspaceQuotaExceeded,
     )
+}
+# Workspace errors a worker reports for a file request (a bad path, a missing file).
+_WORKSPACE_ERRORS: dict[str, type[errors.WorkspaceError]] = {
+    cls.__name__: cls for cls in (errors.WorkspaceError, errors.WorkspacePathError)
 }
 _CHECKPOINT_ERRORS: dict[str, type[errors.SnapcellError]] = {
     cls.__name__: cls
@@ -549,7 +568,7 @@ def error_to_plain(error: BaseException) -> dict[str, Any]:
         "class": cut_text(type(error).__name__, MAX_NAME_CHARS),
         "message": cut_text(str(error), MAX_ERROR_TEXT_CHARS),
     }
-    for name in (*_FIELDS, "limit", "value", "variable_names"):
+    for name in (*_FIELDS, "limit", "value", "variable_names", "path", "used_bytes"):
         if hasattr(error, name):
             try:
                 data[name] = _cut_field(name, to_plain(getattr(error, name)))
@@ -582,7 +601,19 @@ def error_from_plain(data: Any) -> errors.SnapcellError:
                 raise MalformedMessage("variable_names must be a list")
             return errors.UnpicklableValue(message, variable_names=[str(n) for n in (names or ())[:MAX_ERROR_NAMES]])
         return cls(message)
+    if name in _WORKSPACE_ERRORS:
+        path = data.get("path")
+        return _WORKSPACE_ERRORS[name](message, path=cut_text(path, MAX_NAME_CHARS) if type(path) is str else None)
     cls_script = _ERRORS.get(name, errors.ScriptError)
+    if cls_script is errors.WorkspaceQuotaExceeded:
+        used, value = data.get("used_bytes"), data.get("value")
+        return errors.WorkspaceQuotaExceeded(
+            message,
+            limit="workspace_bytes",
+            value=value if type(value) is int else None,
+            used_bytes=used if type(used) is int else 0,
+            **fields,
+        )
     if issubclass(cls_script, errors.LimitExceeded):
         value = data.get("value")
         return cls_script(

@@ -12,14 +12,14 @@ import contextlib
 import decimal
 import os
 import queue
-import shutil
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from snapcell.checkpoint import BlobRef
+from snapcell.checkpoint import BlobRef, parse_container
 from snapcell.errors import (
     CheckpointError,
     ConfigError,
@@ -27,6 +27,7 @@ from snapcell.errors import (
     SandboxError,
     SnapcellError,
     TimeLimitExceeded,
+    WorkspaceError,
 )
 from snapcell.runner._host import CallBudget
 from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
@@ -56,6 +57,9 @@ from snapcell.runner._wire import (
     to_plain,
     value_items,
 )
+from snapcell.workspace import effective_quota
+from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
+from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
 
 __all__ = ["main"]
 
@@ -206,9 +210,10 @@ def _unpack_result(message: dict[str, Any]) -> Any:
 class Worker:
     """Serves one session's requests."""
 
-    def __init__(self, channel: Channel, runner: Runner) -> None:
+    def __init__(self, channel: Channel, runner: Runner, workspace: Workspace | None = None) -> None:
         self.channel = channel
         self.runner = runner
+        self.workspace = workspace
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.requests: queue.Queue[tuple[dict[str, Any], bytearray] | None] = queue.Queue()
@@ -283,39 +288,15 @@ class Worker:
         self, op: Any, message: dict[str, Any], blob: bytearray
     ) -> tuple[dict[str, Any] | bytes, list[bytes | bytearray]]:
         if op == "run":
-            return self.run(message), []
+            return self.run(message)
         if op == "dump":
-            known = [BlobRef.model_validate(ref) for ref in message.get("known_blobs", ())]
-            with self.watched("dump", "dump_time_s", self.runner.limits.dump_time_s):
-                dumped = self.runner.dump(
-                    created_at=float(message["created_at"]),
-                    level=int(message["level"]),
-                    on_unpicklable="fail" if message.get("on_unpicklable") == "fail" else "skip",
-                    known_blobs={ref.hash: ref for ref in known},
-                )
-            if len(dumped.new_blobs) > MAX_DUMP_BLOBS:
-                raise CheckpointError(f"the checkpoint needs more than {MAX_DUMP_BLOBS} new blobs")
-            # The body, then each new blob, sent back to back; the reply says where each part ends.
-            out: list[bytes | bytearray] = [dumped.body, *dumped.new_blobs.values()]
-            reply: dict[str, Any] = {
-                "op": "dumped",
-                "manifest": dumped.manifest.model_dump_json(),
-                "new_blobs": list(dumped.new_blobs),
-                "parts": [len(part) for part in out],
-                "refresh": dumped.refresh,
-            }
-            return reply, out
+            return self.dump(message)
         if op == "load":
-            names = [str(n) for n in message.get("blobs", ())]
-            try:
-                views = split_parts(blob, message.get("parts", [len(blob)]))
-            except ValueError as exc:
-                raise ConfigError(f"malformed load request: {exc}") from None
-            if len(views) != len(names) + 1:
-                raise ConfigError("malformed load request: a part for each blob and the body")
-            with self.watched("load", "load_time_s", self.runner.limits.load_time_s):
-                manifest = self.runner.load(views[0], dict(zip(names, views[1:], strict=True)))
-            return {"op": "loaded", "manifest": manifest.model_dump_json()}, []
+            return self.load(message, blob)
+        if op in ("ws_read", "ws_write", "ws_list"):
+            if self.workspace is None:
+                raise WorkspaceError("this worker has no workspace")
+            return self.workspace.serve(op, message, blob)
         if op == "queue":
             self.runner.pending_notes.extend(str(n) for n in message.get("notes", ()))
             self.runner.pending_setup.extend(str(c) for c in message.get("setup_cells", ()))
@@ -326,7 +307,10 @@ class Worker:
                 text = text[: text.rfind("\n", 0, MAX_DECLARATIONS_CHARS) + 1]
             return {"op": "declarations", "text": text}, []
         if op == "reset":
-            self.runner = Runner(policy=self.runner.policy, limits=self.runner.limits)
+            self.runner = self.new_runner()
+            if self.workspace is not None:
+                with contextlib.suppress(OSError):
+                    self.workspace.clear()  # a fresh session has no files either
             return {"op": "reset"}, []
         if op == "recycle":
             self.recycle()
@@ -335,24 +319,95 @@ class Worker:
             return {"op": "closed"}, []
         raise ConfigError(f"unknown request {op!r}")
 
+    def dump(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | bytearray]]:
+        """Dump the namespace and the workspace's files: the reply, then the body and each new blob."""
+        known = [BlobRef.model_validate(ref) for ref in message.get("known_blobs", ())]
+        known_blobs = {ref.hash: ref for ref in known}
+        created_at, level = float(message["created_at"]), int(message["level"])
+        with self.watched("dump", "dump_time_s", self.runner.limits.dump_time_s):
+            # Files first: a workspace over its quota stops the dump before any script code runs.
+            snap = (
+                self.workspace.snapshot(known=known_blobs, level=level, created_at=created_at)
+                if (self.workspace is not None)
+                else None
+            )
+            dumped = self.runner.dump(
+                created_at=created_at,
+                level=level,
+                on_unpicklable="fail" if message.get("on_unpicklable") == "fail" else "skip",
+                known_blobs=known_blobs,
+            )
+            if snap is not None:
+                dumped = attach_snapshot(dumped, snap)
+                if snap.skipped:
+                    self.runner.pending_notes.append(snap.skipped_note())
+        if len(dumped.new_blobs) > MAX_DUMP_BLOBS:
+            raise CheckpointError(f"the checkpoint needs more than {MAX_DUMP_BLOBS} new blobs")
+        # The body, then each new blob, sent back to back; the reply says where each part ends.
+        out: list[bytes | bytearray] = [dumped.body, *dumped.new_blobs.values()]
+        reply: dict[str, Any] = {
+            "op": "dumped",
+            "manifest": dumped.manifest.model_dump_json(),
+            "new_blobs": list(dumped.new_blobs),
+            "parts": [len(part) for part in out],
+            "refresh": dumped.refresh,
+        }
+        return reply, out
+
+    def load(self, message: dict[str, Any], blob: bytearray) -> tuple[dict[str, Any], list[bytes | bytearray]]:
+        """Load a verified checkpoint: its files are staged (and checked) first, then the namespace, then the swap."""
+        names = [str(n) for n in message.get("blobs", ())]
+        try:
+            views = split_parts(blob, message.get("parts", [len(blob)]))
+        except ValueError as exc:
+            raise ConfigError(f"malformed load request: {exc}") from None
+        if len(views) != len(names) + 1:
+            raise ConfigError("malformed load request: a part for each blob and the body")
+        blobs = dict(zip(names, views[1:], strict=True))
+        with self.watched("load", "load_time_s", self.runner.limits.load_time_s):
+            files = parse_container(views[0]).manifest.files
+            if self.workspace is not None:
+                self.workspace.stage(files, blobs)  # checked before anything changes
+            try:
+                manifest = self.runner.load(views[0], blobs)
+            except BaseException:
+                if self.workspace is not None:
+                    self.workspace.discard_staging()
+                raise
+            if self.workspace is not None:
+                hidden = self.workspace.commit_staging()
+                if hidden:
+                    self.runner.pending_notes.append(
+                        f"saved files under {', '.join(hidden)} are hidden by this session's read-only mounts"
+                    )
+        return {"op": "loaded", "manifest": manifest.model_dump_json()}, []
+
+    def new_runner(self) -> Runner:
+        """A runner with an empty namespace and this worker's policy, limits and file access."""
+        return Runner(policy=self.runner.policy, limits=self.runner.limits, file_access=self.runner.file_access)
+
     def recycle(self) -> None:
         """Forget the session: a new namespace, an empty scratch directory, the default decimal context."""
-        self.runner = Runner(policy=self.runner.policy, limits=self.runner.limits)
+        self.runner = self.new_runner()
         decimal.setcontext(decimal.Context())
-        for entry in os.scandir("."):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+        if self.workspace is not None:
+            self.workspace.clear()
+            self.workspace.discard_staging()
+            empty_dir(os.path.join("..", TMP_DIR))
+        else:
+            empty_dir(".")
 
-    def run(self, message: dict[str, Any]) -> bytes:
-        """Run a cell; the encoded ``ran`` reply, kept within what the host accepts for the run's limits."""
+    def run(self, message: dict[str, Any]) -> tuple[bytes, list[bytes | bytearray]]:
+        """Run a cell; the encoded ``ran`` reply (within what the host accepts for the run's limits) and the
+        bytes of its artifacts."""
         # Never str() what came instead of a script: the runner answers anything but text with a ScriptSyntaxError.
         code: Any = message.get("code")
         limits = Limits(**message["limits"])
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
         self.bridge = WorkerBridge(self.channel, host, self.loop, limits)
+        if self.workspace is not None:
+            with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
+                self.workspace.before_run()
         try:
             result = self.loop.run_until_complete(
                 self.runner.run(
@@ -389,6 +444,10 @@ class Worker:
             "namespace_summary": cut_text(result.namespace_summary, MAX_SUMMARY_CHARS),
             "assigned": [name[:MAX_ASSIGNED_CHARS] for name in result.assigned[:MAX_ASSIGNED]],
         }
+        parts: list[bytes | bytearray] = []
+        if self.workspace is not None:
+            with contextlib.suppress(WorkspaceError):
+                reply["files"], parts = self.workspace.artifacts(max_bytes=limits.max_artifact_bytes)
         payload = encode(reply)
         # A reply over the host's budget would cost this worker its life: the value (the only part without a cap
         # of its own) stays behind instead. Both checks are free for a reply smaller than the value limit.
@@ -399,7 +458,7 @@ class Worker:
                 reply["value"] = None
                 reply["notes"] = [*notes[-(MAX_NOTES - 1) :], too_large]
                 payload = encode(reply)
-        return payload
+        return payload, parts
 
 
 # Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.
@@ -441,6 +500,19 @@ def _apply_sandbox(
     from snapcell.runner._sandbox import apply_sandbox
 
     uid, gid = settings.get("uid"), settings.get("gid")
+    mounts = settings.get("mounts") or {}
+    mount_notes: list[str] = []
+
+    def prepare(scratch: str) -> list[str]:
+        paths, notes = prepare_scratch(
+            scratch,
+            mounts={str(k): str(v) for k, v in mounts.items()},
+            uid=uid if isinstance(uid, int) else None,
+            gid=gid if isinstance(gid, int) else None,
+        )
+        mount_notes.extend(notes)
+        return paths
+
     report = apply_sandbox(
         limits=limits,
         scratch_dir=str(settings["scratch_dir"]),
@@ -451,8 +523,10 @@ def _apply_sandbox(
         gid=gid if isinstance(gid, int) else None,
         quota_scratch=bool(settings.get("quota_scratch")),
         require=[str(name) for name in settings.get("require", ())],
+        prepare_scratch=prepare,
     )
     layers: dict[str, str] = report.to_dict()
+    layers["workspace"] = "active: " + ("; ".join(mount_notes) or "no mounts")
     return layers
 
 
@@ -509,8 +583,23 @@ def main(argv: list[str] | None = None) -> int:
         failure = {"layer": getattr(exc, "layer", None), "errno": getattr(exc, "errno", None)}
         channel.send({"op": "sandbox_failed", "message": str(exc), **failure})
         return 4
-    runner = Runner(policy=policy, limits=limits)
-    worker = Worker(channel, runner)
+    # The workspace (laid out by the sandbox's prepare step) is the script's working directory.
+    # Reached from the current directory (the scratch tmpfs), never again by absolute path: the worker's own
+    # mount is what matters, whatever happens to the path in the host's mount table.
+    scratch = str(settings["scratch_dir"])
+    os.chdir(WORKSPACE_DIR)
+    os.environ["TMPDIR"] = os.path.join(scratch, TMP_DIR)
+    os.environ["MPLCONFIGDIR"] = os.path.join(scratch, TMP_DIR, "matplotlib")
+    os.environ.setdefault("MPLBACKEND", "Agg")  # charts are files here: no display
+    tempfile.tempdir = os.environ["TMPDIR"]
+    workspace = Workspace(
+        ".",
+        staging=os.path.join("..", STAGING_DIR),
+        mounts=[str(name) for name in (settings.get("mounts") or {})],
+        quota_bytes=effective_quota(limits.workspace_bytes, limits.max_scratch_bytes),
+    )
+    runner = Runner(policy=policy, limits=limits, file_access=True)
+    worker = Worker(channel, runner, workspace)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
     threading.Thread(target=worker.read_forever, name="snapcell-reader", daemon=True).start()
     channel.send({"op": "ready", "sandbox": report})

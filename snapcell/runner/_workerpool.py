@@ -13,7 +13,7 @@ import contextlib
 import os
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from snapcell.errors import ConfigError, Overloaded, SandboxError, SessionError
 from snapcell.runner._limits import Limits
@@ -223,15 +223,19 @@ class WorkerPool:
         """Give back the slot `admit` took, to the next checkout in the queue."""
         self.queue.leave()
 
-    async def acquire(self, *, policy: Policy, limits: Limits) -> WorkerProcess:
+    async def acquire(
+        self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None
+    ) -> WorkerProcess:
         """Take a warm worker (or start one), give it its settings, and mark it busy.
+
+        A worker with ``mounts`` (read-only host directories in its workspace) is never reused.
 
         Raises:
             SessionError: No worker became free within ``checkout_timeout_s``, or one failed to start.
         """
         if self._closed:
             raise SessionError("the pool is closed")
-        reused = self._idle.get((policy, limits))
+        reused = None if mounts else self._idle.get((policy, limits))
         if reused:
             again = reused.pop(0)
             self._busy.add(again)
@@ -266,7 +270,7 @@ class WorkerPool:
         # the CPU, which the session's first run (usually right now) should not pay for.
         asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
         try:
-            await worker.init(policy=policy, limits=limits)
+            await worker.init(policy=policy, limits=limits, mounts=mounts)
         except (SandboxError, ConfigError):  # a layer failed, or the host's sandbox settings are invalid
             await self.release(worker)
             raise

@@ -797,10 +797,11 @@ def test_default_limits_reach_the_worker(attack_pool):
     if os.geteuid() == 0:
         nproc = next(line for line in limits.splitlines() if line.startswith("Max processes"))
         assert nproc.split()[2] == str(defaults.max_threads)
-        tmpfs = [line.split() for line in mounts if line.split()[1] == cwd]
+        scratch = os.path.dirname(cwd)  # the working directory is the workspace, inside the scratch tmpfs
+        tmpfs = [line.split() for line in mounts if line.split()[1] == scratch]
         assert tmpfs and tmpfs[-1][2] == "tmpfs", mounts
         assert f"size={defaults.max_scratch_bytes // 1024}k" in tmpfs[-1][3]
-    assert not os.path.ismount(cwd)  # unmounted when the session ended
+    assert not os.path.ismount(os.path.dirname(cwd))  # unmounted when the session ended
 
 
 def test_a_busy_c_loop_hits_the_cpu_limit_and_the_session_recovers():
@@ -992,7 +993,8 @@ def test_a_scratch_tmpfs_left_by_a_killed_host_is_swept_by_the_next_pool():
     host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert host.stdout is not None
-        pid, scratch = json.loads(host.stdout.readline())
+        pid, workspace = json.loads(host.stdout.readline())
+        scratch = os.path.dirname(workspace)  # the working directory is the workspace, inside the scratch tmpfs
         assert os.path.ismount(scratch)
         host.kill()
         host.wait(10)

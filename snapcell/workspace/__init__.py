@@ -1,0 +1,20 @@
+"""Session files: a workspace directory persisted with the checkpoint as blobs, read-only mounts, artifacts.
+
+The worker owns the directory (`Workspace`); the host checks what the worker reports (`check_files`) and never
+opens a file in it.
+"""
+
+from snapcell.workspace._check import ForgedFiles, check_files, effective_quota
+from snapcell.workspace._paths import MAX_FILES, OUT_DIR, FileInfo, check_mounts, check_path, media_type
+
+__all__ = [
+    "MAX_FILES",
+    "OUT_DIR",
+    "FileInfo",
+    "ForgedFiles",
+    "check_files",
+    "check_mounts",
+    "check_path",
+    "effective_quota",
+    "media_type",
+]

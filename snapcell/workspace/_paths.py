@@ -1,0 +1,137 @@
+"""Workspace paths: one rule for what a path may be, applied by the host and by the worker alike.
+
+A workspace path is relative, POSIX, made of non-empty components other than ``.`` and ``..``, without NUL,
+at most 1024 characters and 64 components, each at most 255 bytes. ``a//b`` and ``./a`` are normalized to
+``a/b`` and ``a``; the checkpoint stores only normalized paths.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from snapcell.errors import ConfigError, WorkspacePathError
+
+__all__ = [
+    "FileInfo",
+    "MAX_FILES",
+    "MAX_MOUNTS",
+    "MAX_PATH_CHARS",
+    "OUT_DIR",
+    "check_mounts",
+    "check_path",
+    "media_type",
+]
+
+MAX_PATH_CHARS = 1024
+MAX_DEPTH = 64
+MAX_FILES = 10_000
+MAX_MOUNTS = 16
+# Files the script writes here during a run come back as artifacts (`RunResult.files`).
+OUT_DIR = "out"
+_MOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_MEDIA_TYPES = {
+    "png": "image/png",
+    "jpg": "image/jpeg",
+    "jpeg": "image/jpeg",
+    "gif": "image/gif",
+    "svg": "image/svg+xml",
+    "webp": "image/webp",
+    "pdf": "application/pdf",
+    "csv": "text/csv",
+    "tsv": "text/tab-separated-values",
+    "txt": "text/plain",
+    "md": "text/markdown",
+    "html": "text/html",
+    "json": "application/json",
+    "xml": "application/xml",
+    "parquet": "application/vnd.apache.parquet",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "zip": "application/zip",
+}
+
+
+def media_type(path: str) -> str:
+    """The media type of a file by its extension (a fixed table: the system's mime.types is not readable here)."""
+    _, dot, ext = path.rpartition(".")
+    return _MEDIA_TYPES.get(ext.lower(), "application/octet-stream") if dot else "application/octet-stream"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileInfo:
+    """A file in a session's workspace.
+
+    Attributes:
+        path: Its path relative to the workspace (``"data/clean.csv"``).
+        size_bytes: Its size.
+        media_type: Its media type from the extension (``"text/csv"``).
+    """
+
+    path: str
+    size_bytes: int
+    media_type: str
+
+
+def check_path(path: object, *, mounts: Collection[str] = (), writing: bool = False) -> str:
+    """Return the normalized form of a workspace path, or refuse it.
+
+    Args:
+        path: The path (text or a path object), relative to the workspace.
+        mounts: Names of the session's read-only mounts (top-level directories).
+        writing: The path is to be written: a path inside a mount is refused.
+
+    Raises:
+        WorkspacePathError: The path is empty, absolute, climbs out with ``..``, is too long, or writes into a mount.
+    """
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str):
+        raise WorkspacePathError(f"a workspace path must be text, not {type(path).__name__}")
+    shown = text[:200]
+    if not text or len(text) > MAX_PATH_CHARS or "\x00" in text:
+        raise WorkspacePathError(
+            f"workspace path {shown!r} must be 1 to {MAX_PATH_CHARS} characters without NUL", path=shown
+        )
+    if text.startswith("/"):
+        raise WorkspacePathError(
+            f"workspace path {shown!r} is absolute; give a path relative to the workspace, such as 'data.csv'",
+            path=shown,
+        )
+    parts = [part for part in text.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise WorkspacePathError(f"workspace path {shown!r} climbs out of the workspace with '..'", path=shown)
+    if not parts or len(parts) > MAX_DEPTH or any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in parts):
+        raise WorkspacePathError(f"workspace path {shown!r} names no file, or is too deep or long", path=shown)
+    if writing and parts[0] in mounts:
+        raise WorkspacePathError(
+            f"workspace path {shown!r} is inside the read-only mount {parts[0]!r}; write elsewhere", path=shown
+        )
+    return "/".join(parts)
+
+
+def check_mounts(mounts: object) -> dict[str, str]:
+    """Validate ``checkout(mounts=...)``: names to host directories, resolved to real absolute paths.
+
+    Raises:
+        ConfigError: ``mounts`` is not a mapping of simple names to existing absolute directories.
+    """
+    if mounts is None:
+        return {}
+    if not isinstance(mounts, Mapping):
+        raise ConfigError(f"mounts must map names to host directories, not {type(mounts).__name__}")
+    if len(mounts) > MAX_MOUNTS:
+        raise ConfigError(f"at most {MAX_MOUNTS} mounts per session, not {len(mounts)}")
+    checked: dict[str, str] = {}
+    for name, source in mounts.items():
+        if not isinstance(name, str) or not _MOUNT_NAME.match(name) or name == OUT_DIR:
+            raise ConfigError(
+                f"mount name {name!r} must be a simple name such as 'data' (letters, digits, '.', '_', '-'; not 'out')"
+            )
+        if not isinstance(source, str | os.PathLike) or not os.path.isabs(os.fspath(source)):
+            raise ConfigError(f"mount {name!r}: the host directory must be an absolute path, not {source!r}")
+        real = os.path.realpath(os.fspath(source))
+        if not os.path.isdir(real):
+            raise ConfigError(f"mount {name!r}: {os.fspath(source)!r} is not an existing directory")
+        checked[name] = real
+    return checked
