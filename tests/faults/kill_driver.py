@@ -5,7 +5,8 @@ Usage: ``python -m tests.faults.kill_driver CONFIG_JSON`` (see `DriverConfig` fo
 Each conversation runs turns 1..N in order, one at a time; turn ``k`` of conversation ``c`` has the turn ID
 ``c-turn-k`` and runs `turn_code`: it appends ``k`` to the list ``log`` in the namespace and calls the host
 function ``record(c, k)``, which appends a line ``c k token`` to the ``calls`` file (so a turn that ran twice shows)
-and returns ``token``, a name for that very run, which the answer then shows. Once ``run_code`` answers, the
+and returns ``token``, a name for that very run, which the answer then shows (and a number of loops to spin, 0
+but at the ``spinning`` hook). Once ``run_code`` answers, the
 driver appends ``c k token`` to the ``acks`` file. A restarted driver starts each conversation at its first turn
 without an ack: the turn that was interrupted runs again with the same turn ID, which is the retry the tool
 promises to make safe.
@@ -14,7 +15,9 @@ With ``pause`` set, the driver stops for good (until killed) the first time it r
 ``>= pause.turn`` of ``pause.conversation``, after printing ``paused HOOK CONVERSATION TURN``:
 
 - ``leased``: the lease was taken, nothing else happened (the killed turn's lease stays behind).
-- ``running``: inside the script's host call (its worker is alive, mid-run).
+- ``running``: inside the script's host call (its worker is alive, mid-run, waiting for the host's reply).
+- ``spinning``: the host call returns and tells the script to spin (its worker is busy in a loop and does not
+  notice that its host is gone; only pdeathsig stops it, as the run's wall-time limit is two minutes).
 - ``dumped``: the checkpoint was stored, the head not moved yet.
 - ``committed``: the head moved, the answer not returned yet.
 - ``answered``: ``run_code`` returned, the ack is not written yet.
@@ -37,11 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snapcell import AsyncPool, CodeTool, StorageError, TurnOutcomeUnknown
+from snapcell import AsyncPool, CodeTool, Limits, StorageError, TurnOutcomeUnknown
 from snapcell.storage import HeadStore, S3Config, S3Heads, S3Store, SQLiteHeads, Store, open_store
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION
 
-HOOKS = ("leased", "running", "dumped", "committed", "answered")
+HOOKS = ("leased", "running", "spinning", "dumped", "committed", "answered")
 TOKEN = re.compile(r"'(run-\d+-\d+)'")
 # A retried turn may meet a store that is still slow after a restart; more than this many tries is a bug.
 _ATTEMPTS = 5
@@ -86,7 +89,10 @@ def turn_id(conversation: str, turn: int) -> str:
 
 
 def turn_code(conversation: str, turn: int) -> str:
-    return f"try:\n    log\nexcept NameError:\n    log = []\nlog.append({turn})\nrecord({conversation!r}, {turn})"
+    return (
+        f"try:\n    log\nexcept NameError:\n    log = []\nlog.append({turn})\n"
+        f"token, spin = record({conversation!r}, {turn})\nfor _ in range(spin):\n    pass\ntoken"
+    )
 
 
 def read_lines(path: Path) -> list[tuple[str, int, str]]:
@@ -151,23 +157,29 @@ class Driver:
         self._calls = os.open(self.state / "calls", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._acks = os.open(self.state / "acks", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
-    def pause(self, hook: str, conversation: str) -> None:
-        """Stop here for good if the config names this hook, conversation and (at least) this turn."""
+    def at(self, hook: str, conversation: str) -> bool:
+        """Whether the config names this hook, conversation and (at least) this turn; if so, say so on stdout."""
         if self.config.pause is None:
-            return
+            return False
         want_hook, want_conversation, want_turn = self.config.pause
         turn = self.current.get(conversation, 0)
         if hook == want_hook and conversation == want_conversation and turn >= want_turn:
             os.write(1, f"paused {hook} {conversation} {turn}\n".encode())
-            while True:  # until the parent's SIGKILL
+            return True
+        return False
+
+    def pause(self, hook: str, conversation: str) -> None:
+        """Stop here for good (until the parent's SIGKILL) at the configured hook."""
+        if self.at(hook, conversation):
+            while True:
                 time.sleep(3600)
 
-    def record(self, conversation: str, turn: int) -> str:
-        """The script's host function: note this run in ``calls`` and name it."""
+    def record(self, conversation: str, turn: int) -> list[object]:
+        """The script's host function: note this run in ``calls``; return its name and the loops to spin."""
         token = f"run-{os.getpid()}-{next(self._runs)}"
         os.write(self._calls, f"{conversation} {turn} {token}\n".encode())
         self.pause("running", conversation)
-        return token
+        return [token, 10**15 if self.at("spinning", conversation) else 0]
 
     async def conversation(self, tool: CodeTool, conversation: str, first: int) -> None:
         for turn in range(first, self.config.turns + 1):
@@ -208,7 +220,8 @@ class Driver:
         first = next_turns(self.state, self.config.conversations)
         store = self.store()
         heads = self.heads(store)
-        pool = AsyncPool(store, max_workers=self.config.max_workers, min_warm_workers=1)
+        limits = Limits(wall_time_s=120.0)
+        pool = AsyncPool(store, max_workers=self.config.max_workers, min_warm_workers=1, limits=limits)
         async with pool:
             tool = CodeTool(pool, heads=heads, tools={"record": self.record}, holder_id=self.config.holder_id)
             os.write(1, b"ready\n")
