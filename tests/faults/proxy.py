@@ -10,6 +10,8 @@ Modes:
     ``delay``: forward, but hold each response back ``delay_s`` seconds before its first byte.
     ``slowdown``: answer every request ``503 SlowDown`` (an S3 error body) without contacting the server.
     ``cut``: forward the request, forward the first ``cut_after_bytes`` of the response, then reset the connection.
+        An interim ``100 Continue`` is passed whole and not counted, so a PUT that waits for it still reaches the
+        server: the write is applied and only its answer is lost.
     ``cut_request``: forward the first ``cut_after_bytes`` of the request, then reset both sides.
 
 With ``times=N``, only the next N connections get the fault; later ones pass (a transient fault).
@@ -214,6 +216,16 @@ class FaultProxy:
                 data = await up_reader.read(_CHUNK)
                 if not data:
                     return
+                if mode == "cut" and sent == 0 and data.startswith(b"HTTP/1.1 100 "):
+                    # An interim "100 Continue" lets the client send its body: pass it whole and count from the
+                    # answer after it, so a cut PUT is applied by the server and only its answer is lost.
+                    end = data.find(b"\r\n\r\n")
+                    if end >= 0:
+                        writer.write(data[: end + 4])
+                        await writer.drain()
+                        data = data[end + 4 :]
+                        if not data:
+                            continue
                 if mode == "delay" and request_sent.is_set():
                     request_sent.clear()  # the first bytes of the answer to a new request: hold them back
                     await asyncio.sleep(self.delay_s)
