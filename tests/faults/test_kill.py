@@ -41,7 +41,7 @@ from tests.s3server import TEST_CREDENTIALS, TEST_REGION
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "kill-test-signing-key-0123456789abcdef"
 CONVERSATIONS = ("c0", "c1", "c2")
-KILLS = 12
+KILLS = 10
 SOAK_KILLS = 120
 HANG_GUARD_S = 90.0
 # A killed host's workers die with it (pdeathsig); allow a loaded machine this long to deliver and reap.
@@ -353,7 +353,7 @@ class KillRun:
 
 def _kill_run(backend: Backend, tmp_path: Path, seed: int, kills: int) -> None:
     rng = random.Random(seed)
-    run = KillRun(backend, tmp_path, rng, turns=kills + 5)
+    run = KillRun(backend, tmp_path, rng, turns=kills + 4)
     try:
         run.run(kills)
         run.check()
