@@ -197,6 +197,7 @@ class Tally:
     kills: int = 0
     by_hook: dict[str, int] = field(default_factory=dict)
     dirs_left_by_kills: int = 0
+    mounts_left_by_kills: int = 0
     workers_killed_with_host: int = 0
     driver_runs: int = 0
 
@@ -246,6 +247,7 @@ class KillRun:
         assert_no_worker_outlives(driver.pid)
         self.tally.workers_killed_with_host += had_workers
         self.tally.dirs_left_by_kills += any(self.temp.glob(f"snapcell-workers-{driver.pid}-*"))
+        self.tally.mounts_left_by_kills += len(scratch_mounts(self.temp / f"snapcell-workers-{driver.pid}-"))
 
     def kill_at_hook(self, hook: str) -> None:
         """Kill the driver when it reaches ``hook`` in the next turn of a conversation with turns to go."""
@@ -288,7 +290,9 @@ class KillRun:
             time.sleep(0.02)
 
     def run(self, kills: int) -> None:
-        plan = [*HOOKS, *["random"] * max(kills - len(HOOKS), 0)]
+        # Every hook at least once (a soak: about one kill in three at a hook), the rest at random.
+        at_hooks = [*HOOKS] * max(1, kills // (3 * len(HOOKS)))
+        plan = [*at_hooks, *["random"] * max(kills - len(at_hooks), 0)]
         self.rng.shuffle(plan)
         for step in plan:
             if step == "random":
@@ -348,6 +352,8 @@ class KillRun:
         self.check_leftovers()
         # The checks above could not have failed had no kill left anything to clean up.
         assert self.tally.dirs_left_by_kills > 0 and self.tally.workers_killed_with_host > 0, self.tally
+        if os.geteuid() == 0:  # only root mounts a tmpfs for each worker's scratch
+            assert self.tally.mounts_left_by_kills > 0, self.tally
         assert set(self.tally.by_hook) >= set(HOOKS), self.tally
 
 
