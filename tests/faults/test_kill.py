@@ -197,6 +197,7 @@ class Tally:
     kills: int = 0
     by_hook: dict[str, int] = field(default_factory=dict)
     dirs_left_by_kills: int = 0
+    # Informative only: any worker start on the machine sweeps a dead worker's mount, maybe before it is counted.
     mounts_left_by_kills: int = 0
     workers_killed_with_host: int = 0
     driver_runs: int = 0
@@ -352,8 +353,6 @@ class KillRun:
         self.check_leftovers()
         # The checks above could not have failed had no kill left anything to clean up.
         assert self.tally.dirs_left_by_kills > 0 and self.tally.workers_killed_with_host > 0, self.tally
-        if os.geteuid() == 0:  # only root mounts a tmpfs for each worker's scratch
-            assert self.tally.mounts_left_by_kills > 0, self.tally
         assert set(self.tally.by_hook) >= set(HOOKS), self.tally
 
 
