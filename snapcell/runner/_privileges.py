@@ -137,18 +137,19 @@ def release_scratch(path: str) -> None:
 
 
 def _worker_alive(pid: int, uid: int) -> bool:
-    """Whether process ``pid`` runs with real uid ``uid``, or 0 while it sets up (a zombie, or a reused pid, is not
-    the worker)."""
+    """Whether process ``pid`` runs with real uid ``uid``, or still with the host's (a zombie is not the worker).
+
+    A worker mounts its scratch as root and only then switches to ``uid``: in between, a sweep by any other
+    worker start on the machine must not take it for dead. A pid reused by another process of the host's uid
+    keeps the mount until that process ends: a mount kept a while, never a live worker's unmounted.
+    """
     try:
         with open(f"/proc/{pid}/status") as status:
             fields = dict(line.split(":", 1) for line in status.read().splitlines() if ":" in line)
     except OSError:
         return False
-    # Uid 0: a worker between mounting its scratch and dropping privileges (its set-up), not a stale mount.
-    return not fields.get("State", "").strip().startswith(("Z", "X")) and fields.get("Uid", "").split()[:1] in (
-        [str(uid)],
-        ["0"],
-    )
+    real_uid = fields.get("Uid", "").split()[:1]
+    return not fields.get("State", "").strip().startswith(("Z", "X")) and real_uid in ([str(uid)], [str(os.getuid())])
 
 
 def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:

@@ -10,6 +10,8 @@ Modes:
     ``delay``: forward, but hold each response back ``delay_s`` seconds before its first byte.
     ``slowdown``: answer every request ``503 SlowDown`` (an S3 error body) without contacting the server.
     ``cut``: forward the request, forward the first ``cut_after_bytes`` of the response, then reset the connection.
+        An interim ``100 Continue`` is passed whole and not counted, so a PUT that waits for it still reaches the
+        server: the write is applied and only its answer is lost.
     ``cut_request``: forward the first ``cut_after_bytes`` of the request, then reset both sides.
 
 With ``times=N``, only the next N connections get the fault; later ones pass (a transient fault).
@@ -32,6 +34,7 @@ __all__ = ["MODES", "FaultProxy"]
 
 MODES = frozenset({"pass", "refuse", "hang", "delay", "slowdown", "cut", "cut_request"})
 _CHUNK = 65536
+_CONTINUE = b"HTTP/1.1 100 "
 _SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message><RequestId>fault-proxy</RequestId></Error>"
@@ -210,10 +213,15 @@ class FaultProxy:
 
         async def downstream() -> None:
             sent = 0
+            interim = bytearray()
             while True:
                 data = await up_reader.read(_CHUNK)
                 if not data:
                     return
+                if mode == "cut" and sent == 0:
+                    data = await _pass_interim(interim, data, writer)
+                    if not data:
+                        continue
                 if mode == "delay" and request_sent.is_set():
                     request_sent.clear()  # the first bytes of the answer to a new request: hold them back
                     await asyncio.sleep(self.delay_s)
@@ -236,3 +244,24 @@ class FaultProxy:
                     await task
             self._writers.discard(up_writer)
             up_writer.transport.abort()
+
+
+async def _pass_interim(pending: bytearray, data: bytes, writer: asyncio.StreamWriter) -> bytes:
+    """Forward an interim ``100 Continue`` whole and return what follows it (the answer to count and cut).
+
+    The interim answer lets the client send its body, so a cut PUT is applied and only its answer is lost. It may
+    come in pieces: they wait in ``pending`` until it is complete.
+    """
+    pending += data
+    if not (pending.startswith(_CONTINUE) or _CONTINUE.startswith(pending)):
+        rest = bytes(pending)
+        pending.clear()
+        return rest
+    end = pending.find(b"\r\n\r\n")
+    if end < 0:
+        return b""
+    writer.write(bytes(pending[: end + 4]))
+    await writer.drain()
+    rest = bytes(pending[end + 4 :])
+    pending.clear()
+    return rest
