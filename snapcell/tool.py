@@ -43,6 +43,7 @@ from snapcell.errors import (
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
 from snapcell.runner._host import validate_lookup
+from snapcell.runner._runner import dropped_note
 from snapcell.session import AsyncSession
 from snapcell.storage import (
     AsyncHeads,
@@ -262,6 +263,8 @@ class CodeTool:
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
                 new_id = await session.dump()
+                if session.manifest is not None and session.manifest.dropped:
+                    notes.append(dropped_note(session.manifest))  # this turn's answer says what was not saved
             except WorkerLost as exc:
                 notes.append(lost_note(exc))
                 return render_answer(RunResult(), notes, max_chars=self.max_answer_chars)

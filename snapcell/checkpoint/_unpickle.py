@@ -11,7 +11,7 @@ import importlib
 import io
 import pickle
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,20 @@ from snapcell.checkpoint._rule import (
 from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import CheckpointCorrupt
 
-__all__ = ["FindGlobal", "LoadedNamespace", "load_namespace", "make_find_global", "scan_body"]
+__all__ = [
+    "FindGlobal",
+    "LoadedNamespace",
+    "UnscannedFrame",
+    "check_frame_blobs",
+    "scanned_frames",
+    "frame_blob_hashes",
+    "frame_parts",
+    "scan_frame_blob",
+    "load_namespace",
+    "make_find_global",
+    "make_trial_load",
+    "scan_body",
+]
 
 # Pickles name snapcell's own reconstruction helpers by this module path.
 _PICKLE_MODULE = "snapcell.checkpoint._pickle"
@@ -212,8 +225,9 @@ def load_namespace(
     """Restore variables from a verified checkpoint body.
 
     Only call this with a body whose signature was verified. Functions come back with ``namespace``
-    as their globals. A variable that cannot be restored is reported in ``failed``; because the
-    stream shares one memo, so are the stream variables after it.
+    as their globals. A variable that cannot be restored is reported in ``failed`` with the reason. In format 3
+    each frame (variables that share objects) restores on its own, so a failure costs only that frame's
+    variables; in formats 1 and 2 one stream shares one memo, so the stream variables after it fail too.
 
     Args:
         body: The verified body.
@@ -228,31 +242,16 @@ def load_namespace(
     """
     container = parse_container(body, max_raw_bytes=max_raw_bytes)
     _check_blob_total(container.sections, blobs or {})
-    streams = [s for s in container.sections if s.kind is SectionKind.STREAM]
-    if len(streams) != 1:
-        raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
-    stream = _decompress(streams[0].codec, streams[0].data, streams[0].raw_size, writable=False)
-    buffers: list[bytes | bytearray | memoryview] = []
-    for section in container.sections:
-        if section.kind is SectionKind.BUFFER:
-            buffers.append(_decompress(section.codec, section.data, section.raw_size, writable=True))
-        elif section.kind is SectionKind.BLOB:
-            buffers.append(_assemble(section.data, section.raw_size, blobs or {}))
+    manifest = container.manifest
     dill_data = [s for s in container.sections if s.kind is SectionKind.DILL]
-    cloud_vars = [v for v in container.manifest.variables if v.serializer == "cloudpickle"]
-    dill_vars = [v for v in container.manifest.variables if v.serializer == "dill"]
+    dill_vars = [v for v in manifest.variables if v.serializer == "dill"]
     if len(dill_vars) != len(dill_data):
         raise CheckpointCorrupt("the checkpoint manifest does not match its sections")
-    result = LoadedNamespace({}, container.manifest)
-    unpickler = _RestrictedUnpickler(io.BytesIO(stream), find_global=find_global, namespace=namespace, buffers=buffers)
-    for index, info in enumerate(cloud_vars):
-        try:
-            result.variables[info.name] = unpickler.load()
-        except Exception as exc:  # restoring runs reducers from the checkpoint
-            reason = _describe(exc)
-            for later in cloud_vars[index:]:
-                result.failed[later.name] = reason if later is info else f"not restored after {info.name} failed"
-            break
+    result = LoadedNamespace({}, manifest)
+    if container.header.format_version >= 3:
+        _load_frames(container.sections, manifest, result, namespace, find_global, blobs or {})
+    else:
+        _load_stream(container.sections, manifest, result, namespace, find_global, blobs or {})
     for info, section in zip(dill_vars, dill_data, strict=True):
         data = _decompress(section.codec, section.data, section.raw_size, writable=False)
         try:
@@ -262,6 +261,161 @@ def load_namespace(
         except Exception as exc:  # as above
             result.failed[info.name] = _describe(exc)
     return result
+
+
+def _load_stream(
+    sections: list[Section],
+    manifest: Manifest,
+    result: LoadedNamespace,
+    namespace: dict[str, Any],
+    find_global: FindGlobal,
+    blobs: Mapping[str, bytes | bytearray | memoryview],
+) -> None:
+    """Formats 1 and 2: one stream for every variable, sharing one memo (a failure stops the rest)."""
+    streams = [s for s in sections if s.kind is SectionKind.STREAM]
+    if len(streams) != 1:
+        raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
+    stream = _decompress(streams[0].codec, streams[0].data, streams[0].raw_size, writable=False)
+    buffers: list[bytes | bytearray | memoryview] = []
+    for section in sections:
+        if section.kind is SectionKind.BUFFER:
+            buffers.append(_decompress(section.codec, section.data, section.raw_size, writable=True))
+        elif section.kind is SectionKind.BLOB:
+            buffers.append(_assemble(section.data, section.raw_size, blobs))
+    cloud_vars = [v for v in manifest.variables if v.serializer == "cloudpickle"]
+    unpickler = _RestrictedUnpickler(io.BytesIO(stream), find_global=find_global, namespace=namespace, buffers=buffers)
+    for index, info in enumerate(cloud_vars):
+        try:
+            result.variables[info.name] = unpickler.load()
+        except Exception as exc:  # restoring runs reducers from the checkpoint
+            reason = _describe(exc)
+            for later in cloud_vars[index:]:
+                result.failed[later.name] = reason if later is info else f"not restored after {info.name} failed"
+            break
+
+
+def frame_parts(sections: list[Section], manifest: Manifest) -> list[list[tuple[Section, list[Section]]]]:
+    """Format 3: each frame's parts, as (pickle section, its buffer sections), checked against the manifest.
+
+    Raises:
+        CheckpointCorrupt: The sections do not match the manifest's frames.
+    """
+    pickles = [s for s in sections if s.kind is not SectionKind.DILL]
+    frames: list[list[tuple[Section, list[Section]]]] = []
+    position = 0
+    names = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
+    if sorted(names) != sorted(n for frame in manifest.frames for n in frame.names):
+        raise CheckpointCorrupt("the checkpoint's frames do not match its variables")
+    for frame in manifest.frames:
+        if frame.layout != "values" and len(frame.names) != 1:
+            raise CheckpointCorrupt("the checkpoint has a frame of items that holds more than one variable")
+        parts = []
+        for count in frame.buffers:
+            if position + 1 + count > len(pickles):
+                raise CheckpointCorrupt("the checkpoint's frames do not match its sections")
+            head, buffers = pickles[position], pickles[position + 1 : position + 1 + count]
+            if head.kind not in (SectionKind.STREAM, SectionKind.FRAME_BLOB) or any(
+                b.kind not in (SectionKind.BUFFER, SectionKind.BLOB) for b in buffers
+            ):
+                raise CheckpointCorrupt("the checkpoint's frames do not match its sections")
+            parts.append((head, buffers))
+            position += 1 + count
+        frames.append(parts)
+    if position != len(pickles):
+        raise CheckpointCorrupt("the checkpoint has sections outside its frames")
+    return frames
+
+
+def _pickle_bytes(
+    section: Section, manifest: Manifest, blobs: Mapping[str, bytes | bytearray | memoryview]
+) -> bytes | bytearray | memoryview:
+    if section.kind is SectionKind.STREAM:
+        return _decompress(section.codec, section.data, section.raw_size, writable=False)
+    digest = bytes(section.data)
+    stored = blobs.get(digest.hex())
+    if stored is None or not any(ref.hash == digest.hex() for ref in manifest.blobs):
+        raise CheckpointCorrupt(f"frame blob {digest.hex()} of the checkpoint is missing; it cannot be loaded")
+    if blob_raw_size(stored) != section.raw_size:
+        raise CheckpointCorrupt(f"frame blob {digest.hex()} does not hold the bytes the checkpoint says")
+    out = bytearray(section.raw_size)
+    decode_blob(stored, digest=digest, into=memoryview(out))
+    return out
+
+
+def _load_frames(
+    sections: list[Section],
+    manifest: Manifest,
+    result: LoadedNamespace,
+    namespace: dict[str, Any],
+    find_global: FindGlobal,
+    blobs: Mapping[str, bytes | bytearray | memoryview],
+) -> None:
+    """Format 3: each frame restored on its own; one that fails costs only its own variables, named with why."""
+    for frame, parts in zip(manifest.frames, frame_parts(sections, manifest), strict=True):
+        # Bytes first, for every part: a missing or altered blob is the whole checkpoint's problem.
+        loaded_parts = []
+        for head, buffer_sections in parts:
+            data = _pickle_bytes(head, manifest, blobs)
+            buffers: list[bytes | bytearray | memoryview] = [
+                _decompress(b.codec, b.data, b.raw_size, writable=True)
+                if b.kind is SectionKind.BUFFER
+                else _assemble(b.data, b.raw_size, blobs)
+                for b in buffer_sections
+            ]
+            loaded_parts.append((data, buffers))
+        try:
+            values = [
+                _RestrictedUnpickler(
+                    io.BytesIO(data), find_global=find_global, namespace=namespace, buffers=buffers
+                ).load()
+                for data, buffers in loaded_parts
+            ]
+            result.variables.update(_assemble_frame(frame.names, frame.layout, values))
+        except Exception as exc:  # restoring runs reducers from the checkpoint
+            reason = _describe(exc)
+            for name in frame.names:
+                result.failed[name] = reason
+
+
+def _assemble_frame(names: list[str], layout: str, values: list[Any]) -> dict[str, Any]:
+    if layout == "values":
+        (value,) = values
+        if not isinstance(value, tuple) or len(value) != len(names):
+            raise pickle.UnpicklingError("a frame does not hold one value per variable")
+        return dict(zip(names, value, strict=True))
+    if not all(isinstance(v, list) for v in values):
+        raise pickle.UnpicklingError("a frame part of items is not a list")
+    if layout == "dict":
+        return {names[0]: dict(pair for part in values for pair in part)}
+    return {names[0]: [item for part in values for item in part]}
+
+
+def make_trial_load(find_global: FindGlobal, builtins_table: Any) -> Callable[[bytes, list[Any]], Any]:
+    """The loader's unpickler for a dump's own check that a frame restores, with no effect on live objects.
+
+    Restored functions get a throwaway namespace; a class the stream names by its tracker id is the live class,
+    whose state is not set again (the state itself is still unpickled, and so checked).
+    """
+
+    def trial(data: bytes, buffers: list[Any]) -> Any:
+        unpickler = _TrialUnpickler(
+            io.BytesIO(data), find_global=find_global, namespace={"__builtins__": builtins_table}, buffers=buffers
+        )
+        return unpickler.load()
+
+    return trial
+
+
+class _TrialUnpickler(_RestrictedUnpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name)
+        if (module, name) == ("cloudpickle.cloudpickle", "_class_setstate"):
+            return functools.partial(self._set_state, _keep_class)
+        return found
+
+
+def _keep_class(obj: Any, _state: Any) -> Any:
+    return obj
 
 
 def scan_body(
@@ -289,24 +443,115 @@ def scan_body(
     """
     container = parse_container(body, max_raw_bytes=max_raw_bytes)
     manifest = container.manifest
-    cloud_vars = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
     dill_vars = [v.name for v in manifest.variables if v.serializer == "dill"]
+    if container.header.format_version >= 3:
+        for frame, parts in zip(manifest.frames, frame_parts(container.sections, manifest), strict=True):
+            for head, _buffers in parts:
+                if head.kind is not SectionKind.STREAM:
+                    continue  # a frame blob: the host scans it when it is new (`scan_frame_blob`)
+                data = _decompress(head.codec, head.data, head.raw_size, writable=False)
+                refusal = scan_pickle(data, rule)
+                del data
+                if refusal is not None:
+                    return refusal, frame.names[0] if len(frame.names) == 1 else None
+        cloud_vars: list[str] = []
+    else:
+        cloud_vars = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
     dill_index = 0
     for section in container.sections:
-        if section.kind not in (SectionKind.STREAM, SectionKind.DILL):
-            continue
-        data = _decompress(section.codec, section.data, section.raw_size, writable=False)
-        refusal = scan_pickle(data, rule)
-        del data
-        if section.kind is SectionKind.STREAM:
-            names = cloud_vars
-        else:
-            names, dill_index = dill_vars[dill_index : dill_index + 1], dill_index + 1
+        if section.kind is SectionKind.DILL or (section.kind is SectionKind.STREAM and cloud_vars):
+            data = _decompress(section.codec, section.data, section.raw_size, writable=False)
+            refusal = scan_pickle(data, rule)
+            del data
+            if section.kind is SectionKind.STREAM:
+                names = cloud_vars
+            else:
+                names, dill_index = dill_vars[dill_index : dill_index + 1], dill_index + 1
+                if refusal is not None:
+                    refusal = Refusal(refusal.module, refusal.name, refusal.reason, refusal.offset, 0)
             if refusal is not None:
-                refusal = Refusal(refusal.module, refusal.name, refusal.reason, refusal.offset, 0)
-        if refusal is not None:
-            return refusal, names[refusal.index] if refusal.index < len(names) else None
+                return refusal, names[refusal.index] if refusal.index < len(names) else None
     return None
+
+
+def frame_blob_hashes(body: bytes | bytearray | memoryview) -> dict[str, int]:
+    """The frame blobs (pickles stored as blobs) a body refers to: hash hex to raw size; parses, never unpickles.
+
+    Raises:
+        CheckpointCorrupt: The body is malformed.
+        CheckpointVersionError: The body is in a format this release does not read.
+    """
+    container = parse_container(body)
+    return {bytes(s.data).hex(): s.raw_size for s in container.sections if s.kind is SectionKind.FRAME_BLOB}
+
+
+def scan_frame_blob(
+    stored: bytes | bytearray | memoryview, digest_hex: str, raw_size: int, rule: GlobalRule | Callable[[str], bool]
+) -> Refusal | None:
+    """Decode a stored frame blob (checking its hash) and apply the loader's rule to its pickle.
+
+    Raises:
+        CheckpointCorrupt: The blob is malformed or does not match its hash.
+    """
+    if blob_raw_size(stored) != raw_size:
+        raise CheckpointCorrupt(f"frame blob {digest_hex} does not hold the {raw_size} bytes its checkpoint says")
+    out = bytearray(raw_size)
+    decode_blob(stored, digest=bytes.fromhex(digest_hex), into=memoryview(out))
+    return scan_pickle(out, rule)
+
+
+class UnscannedFrame(Exception):
+    """A dump refers to a frame blob that is neither new (sent to be scanned) nor one the host scanned before."""
+
+
+def check_frame_blobs(
+    body: bytes | bytearray | memoryview,
+    new_blobs: Mapping[str, bytes | bytearray | memoryview],
+    scanned: Collection[str],
+    rule: GlobalRule | Callable[[str], bool],
+) -> tuple[tuple[Refusal, str] | None, set[str]]:
+    """The host's check of the pickles a dump stores as blobs, before it signs (`scan_body` covers the body's own).
+
+    A frame blob the dump sends is new: it is decoded (its hash checked) and scanned. One it only refers to must be
+    one the host scanned before (``scanned``: frames of its earlier dumps and of the checkpoint it loaded): a worker
+    may not pass off a blob stored as data (an array's bytes) as a pickle. The signature then covers the list of
+    frame hashes, each scanned once.
+
+    Returns:
+        The first refusal with the frame's hash (or None), and every frame hash the body refers to.
+
+    Raises:
+        CheckpointCorrupt: The body or a new frame blob is malformed or does not match its hash.
+        UnscannedFrame: The body refers to a frame blob the host never scanned.
+    """
+    frames = frame_blob_hashes(body)
+    for digest, raw_size in frames.items():
+        stored = new_blobs.get(digest)
+        if stored is None:
+            if digest not in scanned:
+                raise UnscannedFrame(f"the dump refers to frame blob {digest}, which the host never scanned")
+            continue
+        refusal = scan_frame_blob(stored, digest, raw_size, rule)
+        if refusal is not None:
+            return (refusal, digest), set(frames)
+    return None, set(frames)
+
+
+def scanned_frames(
+    body: bytes | bytearray | memoryview,
+    blobs: Mapping[str, bytes | bytearray | memoryview],
+    rule: GlobalRule | Callable[[str], bool],
+) -> set[str]:
+    """The frame blobs of a loaded checkpoint that pass the rule (a later dump may refer to them unchanged)."""
+    passed = set()
+    for digest, raw_size in frame_blob_hashes(body).items():
+        stored = blobs.get(digest)
+        try:
+            if stored is not None and scan_frame_blob(stored, digest, raw_size, rule) is None:
+                passed.add(digest)
+        except CheckpointCorrupt:
+            continue  # the load reports it
+    return passed
 
 
 # A buffer may repeat a chunk (a zero-filled array): at most this many times the distinct chunks' bytes in all.
