@@ -10,6 +10,7 @@ import functools
 import importlib
 import io
 import pickle
+import sys
 import types
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -248,6 +249,8 @@ def load_namespace(
     if len(dill_vars) != len(dill_data):
         raise CheckpointCorrupt("the checkpoint manifest does not match its sections")
     result = LoadedNamespace({}, manifest)
+    if container.header.python != sys.version_info[:2]:
+        find_global = _without_code(find_global, container.header.python)
     if container.header.format_version >= 3:
         _load_frames(container.sections, manifest, result, namespace, find_global, blobs or {})
     else:
@@ -261,6 +264,35 @@ def load_namespace(
         except Exception as exc:  # as above
             result.failed[info.name] = _describe(exc)
     return result
+
+
+_CODE_MAKERS = frozenset(
+    {("cloudpickle.cloudpickle", "_builtin_type"), ("dill._dill", "_load_type"), ("dill._dill", "_create_code")}
+)
+
+
+def _without_code(find_global: FindGlobal, python: tuple[int, int]) -> FindGlobal:
+    """``find_global`` for a checkpoint of another Python minor version: its bytecode is refused, not run.
+
+    Another minor version's bytecode may construct fine and crash the interpreter when it runs; the frames that
+    hold functions or classes fail instead, and their definitions are re-created from source.
+    """
+
+    def refuse(*args: Any) -> Any:
+        raise pickle.UnpicklingError(
+            f"it holds bytecode of Python {python[0]}.{python[1]}, which Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} cannot run"
+        )
+
+    def find(module: str, name: str) -> Any:
+        found = find_global(module, name)
+        if (module, name) not in _CODE_MAKERS:
+            return found
+        if name == "_create_code":
+            return refuse
+        return lambda type_name, *rest: refuse() if type_name == "CodeType" else found(type_name, *rest)
+
+    return find
 
 
 def _load_stream(
