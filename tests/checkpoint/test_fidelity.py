@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import zstandard
 
 from snapcell import MemoryHeads, Policy, Pool, SyncCodeTool
+from snapcell.checkpoint import Keyring
 from snapcell.checkpoint._format import SectionKind, parse_container
 from snapcell.storage import MemoryStore
 
@@ -214,3 +217,23 @@ def test_a_growing_dict_is_stored_about_once() -> None:
     final = {f"k{i:06d}": hashlib.sha1(str(i).encode()).hexdigest() for i in range(turns * per_turn)}
     once = len(zstandard.compress(pickle.dumps(final, protocol=5), 1))
     assert total < 2 * once + turns * 16 * 1024, (total, once)
+
+
+def test_the_format_3_golden_checkpoint_still_loads() -> None:
+    folder = Path(__file__).parent / "golden" / "v3-py311"
+    meta = json.loads((folder / "meta.json").read_text())
+    store = MemoryStore("golden-v3")
+    for key, name in meta["objects"].items():
+        store.put(key, (folder / name).read_bytes())
+    clock = Clock()
+    clock.now = Keyring([meta["key"]]).parse_id(bytes.fromhex(meta["id"])).created_at + 60
+    policy = Policy().with_modules(["numpy"])
+    with Pool(store, isolation="inline", policy=policy, signing_keys=[meta["key"]], clock=clock) as pool:
+        with pool.checkout() as session:
+            session.load_session(bytes.fromhex(meta["id"]))
+            value = session.feed_run(
+                "total, round(area(1), 5), boxes is same, [b.n for b in boxes], int(big.sum()), len(table), table[2999]"
+            )
+            manifest = session.manifest
+    assert manifest is not None and any(f.layout == "dict" for f in manifest.frames)
+    assert value == (42, 3.14159, True, [1, 2], sum(range(20_000)), 3000, "2999")
