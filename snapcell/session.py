@@ -10,7 +10,7 @@ from snapcell._blobio import BlobIO, ForgedBlob
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
 from snapcell.checkpoint._format import MAX_MANIFEST_BYTES
-from snapcell.checkpoint._unpickle import UnscannedFrame, check_frame_blobs, scanned_frames
+from snapcell.checkpoint._hostscan import UnscannedFrame, check_frame_blobs, scanned_frames
 from snapcell.errors import (
     CheckpointCorrupt,
     CheckpointExpired,

@@ -11,7 +11,7 @@ import ast
 import types
 from collections.abc import Collection, Iterable, Mapping
 
-__all__ = ["Definitions", "bound_names"]
+__all__ = ["Definitions", "bound_names", "setup_cells_assigning"]
 
 # Most statements kept, newest first; a session defining more keeps the latest ones.
 _MAX_KEPT = 500
@@ -82,3 +82,32 @@ class Definitions:
         chosen = [text for name, text in self._by_name.items() if name in names]
         covered = [name for name in self._by_name if name in names]
         return list(dict.fromkeys(chosen)), covered
+
+
+def setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
+    """The setup cells that bind any of ``names`` at top level, in order."""
+    if not names:
+        return []
+    chosen = []
+    for source in setup_cells:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        bound = (
+            {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+            | {
+                node.name
+                for node in tree.body
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            }
+            | {
+                (alias.asname or alias.name).split(".")[0]
+                for node in tree.body
+                if isinstance(node, ast.Import | ast.ImportFrom)
+                for alias in node.names
+            }
+        )
+        if bound & names:
+            chosen.append(source)
+    return chosen

@@ -6,7 +6,6 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import itertools
 import sys
@@ -25,7 +24,7 @@ from snapcell.checkpoint import (
     load_namespace,
     make_find_global,
 )
-from snapcell.checkpoint._unpickle import make_trial_load
+from snapcell.checkpoint._trial import make_trial_load
 from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
@@ -37,7 +36,7 @@ from snapcell.errors import (
 )
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
-from snapcell.runner._definitions import Definitions
+from snapcell.runner._definitions import Definitions, setup_cells_assigning
 from snapcell.runner._guard import (
     GUARD_GLOBALS,
     INTERNAL_NAMES,
@@ -360,7 +359,7 @@ class Runner:
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
         notes = [dropped_note(manifest)] if manifest.dropped else []
-        rebuild = _setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
+        rebuild = setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
         if rebuild:
             self.pending_setup.extend(rebuild)
             notes.append("dropped variables are rebuilt by running again the setup cells that assign them")
@@ -385,35 +384,6 @@ def dropped_note(manifest: Manifest) -> str:
     """One line naming the variables a dump did not save, each with its type and why."""
     names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in manifest.dropped)
     return f"not saved in the checkpoint, so gone next turn: {names}; recreate them if needed"
-
-
-def _setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
-    """The setup cells that bind any of ``names`` at top level, in order."""
-    if not names:
-        return []
-    chosen = []
-    for source in setup_cells:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        bound = (
-            {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-            | {
-                node.name
-                for node in tree.body
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            }
-            | {
-                (alias.asname or alias.name).split(".")[0]
-                for node in tree.body
-                if isinstance(node, ast.Import | ast.ImportFrom)
-                for alias in node.names
-            }
-        )
-        if bound & names:
-            chosen.append(source)
-    return chosen
 
 
 def _host_function(name: str) -> HostFunction:
