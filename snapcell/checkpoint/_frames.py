@@ -12,8 +12,9 @@ inside a class's own dict (methods, dataclass fields): cloudpickle restores a cl
 tracker) however many frames hold it, and counting them would merge every pair of variables holding instances
 of one class.
 
-A large exact ``dict`` or ``list`` is cut into parts of `CHUNK_ITEMS` items (key-value pairs or a slice), each its
-own pickle, when no object is shared between parts. A part's bytes depend only on its items, so a turn that appends
+A large exact ``dict`` or ``list`` is cut into parts of a fixed number of items (key-value pairs or a slice; the
+count is sized from its first items to make parts of about `PART_BYTES`), each its own pickle, when no object is
+shared between parts. A part's bytes depend only on its items, so a turn that appends
 to the list or adds keys to the dict changes the last part only; the others hash the same and are stored once as
 blobs (`_pickle`). Fixed-count chunks keep appends (the common growth of an agent's state) cheap; an insertion in
 the middle of a list re-stores the parts after it, which is no worse than storing the whole value.
@@ -29,9 +30,25 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-__all__ = ["CHUNK_ITEMS", "Frame", "Part", "chunk_candidates", "group_names", "shared_ids"]
+__all__ = [
+    "CHUNK_ITEMS",
+    "PART_BYTES",
+    "Frame",
+    "Part",
+    "chunkable",
+    "cut",
+    "group_names",
+    "items_per_part",
+    "shared_ids",
+]
 
+# The first this many items of a large dict or list are pickled to size its parts.
 CHUNK_ITEMS = 512
+# Parts are about this large (pickled): big enough that a value is a few store objects, small enough that an
+# appending turn stores little.
+PART_BYTES = 32 * 1024
+_MIN_PART_ITEMS = 64
+_MAX_PART_ITEMS = 1 << 16
 # Values with fewer items than this stay one pickle.
 _CHUNK_MIN_ITEMS = 2 * CHUNK_ITEMS
 
@@ -107,20 +124,27 @@ def _is_method(obj: types.FunctionType) -> bool:
     return "." in qualname and "<locals>" not in qualname.rsplit(".", 1)[0].rsplit(".", 1)[-1]
 
 
-def chunk_candidates(value: object) -> tuple[str, list[Any]] | None:
-    """A large exact dict or list as its layout and item chunks (each a list), or None to pickle it whole."""
-    if type(value) is dict and len(value) >= _CHUNK_MIN_ITEMS:
-        items: Iterable[Any] = iter(value.items())
-        layout = "dict"
-    elif type(value) is list and len(value) >= _CHUNK_MIN_ITEMS:
-        items = iter(value)
-        layout = "list"
-    else:
-        return None
-    chunks = []
-    while chunk := list(islice(items, CHUNK_ITEMS)):
-        chunks.append(chunk)
-    return layout, chunks
+def chunkable(value: object) -> bool:
+    """True for an exact dict or list large enough to be cut into parts."""
+    return type(value) in (dict, list) and len(value) >= _CHUNK_MIN_ITEMS  # type: ignore[arg-type]
+
+
+def items_per_part(sample_bytes: int) -> int:
+    """Items per part, from the pickled size of the first `CHUNK_ITEMS` items: parts of about `PART_BYTES`.
+
+    A power of two, so that small changes to the first items do not move every later part boundary.
+    """
+    wanted = CHUNK_ITEMS * PART_BYTES // max(sample_bytes, 1)
+    return max(_MIN_PART_ITEMS, min(_MAX_PART_ITEMS, 1 << max(wanted, 1).bit_length() - 1))
+
+
+def cut(value: dict[Any, Any] | list[Any], per_part: int) -> tuple[str, list[list[Any]]]:
+    """A dict or list as its layout and its parts of ``per_part`` items (key-value pairs, or slices)."""
+    items: Iterable[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
+    parts = []
+    while part := list(islice(items, per_part)):
+        parts.append(part)
+    return ("dict" if isinstance(value, dict) else "list"), parts
 
 
 def group_names(names: list[str], ids: dict[str, set[int]]) -> list[list[str]]:

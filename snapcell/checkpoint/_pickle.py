@@ -11,6 +11,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Literal
 
 import cloudpickle
@@ -37,7 +38,17 @@ from snapcell.checkpoint._format import (
     VariableInfo,
     pack_container,
 )
-from snapcell.checkpoint._frames import Frame, Part, chunk_candidates, group_names, overlapping, shared_ids
+from snapcell.checkpoint._frames import (
+    CHUNK_ITEMS,
+    Frame,
+    Part,
+    chunkable,
+    cut,
+    group_names,
+    items_per_part,
+    overlapping,
+    shared_ids,
+)
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import UnpicklableValue
@@ -55,7 +66,7 @@ _INCOMPRESSIBLE_RATIO = 0.9
 _MAX_KEPT_CELLS = 200
 _CELL_PREFIX = "<cell-"
 # Frame parts at least this large are stored once as content-addressed blobs (unchanged ones cost a reference).
-FRAME_BLOB_BYTES = 4 * 1024
+FRAME_BLOB_BYTES = 16 * 1024
 
 
 def _rebuild_lru_cache(func: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
@@ -291,9 +302,9 @@ class _Builder:
     def single(self, name: str, value: object) -> Frame | None:
         """``value`` alone as a frame (cut into item parts when large), or None when it cannot be pickled."""
         try:
-            chunked = chunk_candidates(value)
-            if chunked is not None:
-                layout, chunks = chunked
+            if isinstance(value, dict | list) and chunkable(value):
+                first = value[:CHUNK_ITEMS] if isinstance(value, list) else list(islice(value.items(), CHUNK_ITEMS))
+                layout, chunks = cut(value, items_per_part(len(_pickle_part(first, self.namespace).data)))
                 parts = [_pickle_part(chunk, self.namespace) for chunk in chunks]
                 if overlapping(parts):
                     parts, layout = [_pickle_part((value,), self.namespace)], "values"

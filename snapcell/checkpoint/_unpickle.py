@@ -350,13 +350,13 @@ def frame_parts(sections: list[Section], manifest: Manifest) -> list[list[tuple[
 
 
 def _pickle_bytes(
-    section: Section, manifest: Manifest, blobs: Mapping[str, bytes | bytearray | memoryview]
+    section: Section, listed: set[str], blobs: Mapping[str, bytes | bytearray | memoryview]
 ) -> bytes | bytearray | memoryview:
     if section.kind is SectionKind.STREAM:
         return _decompress(section.codec, section.data, section.raw_size, writable=False)
     digest = bytes(section.data)
     stored = blobs.get(digest.hex())
-    if stored is None or not any(ref.hash == digest.hex() for ref in manifest.blobs):
+    if stored is None or digest.hex() not in listed:
         raise CheckpointCorrupt(f"frame blob {digest.hex()} of the checkpoint is missing; it cannot be loaded")
     if blob_raw_size(stored) != section.raw_size:
         raise CheckpointCorrupt(f"frame blob {digest.hex()} does not hold the bytes the checkpoint says")
@@ -374,11 +374,12 @@ def _load_frames(
     blobs: Mapping[str, bytes | bytearray | memoryview],
 ) -> None:
     """Format 3: each frame restored on its own; one that fails costs only its own variables, named with why."""
+    listed = {ref.hash for ref in manifest.blobs}
     for frame, parts in zip(manifest.frames, frame_parts(sections, manifest), strict=True):
         # Bytes first, for every part: a missing or altered blob is the whole checkpoint's problem.
         loaded_parts = []
         for head, buffer_sections in parts:
-            data = _pickle_bytes(head, manifest, blobs)
+            data = _pickle_bytes(head, listed, blobs)
             buffers: list[bytes | bytearray | memoryview] = [
                 _decompress(b.codec, b.data, b.raw_size, writable=True)
                 if b.kind is SectionKind.BUFFER
