@@ -53,6 +53,7 @@ from snapcell.runner._result import RunResult
 
 __all__ = ["Runner", "checkpoint_rule"]
 
+_TRIAL_TIME_S = 15.0
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
 
 
@@ -316,13 +317,31 @@ class Runner:
             future_flags=self.future_flags,
             known_blobs=known_blobs,
             rule=self.rule,
-            trial=self._trial,
+            trial=self._bounded_trial,
             restored=self._restored,
             definitions=self.definitions.sources(),
         )
         if dumped.manifest.dropped:
             self.pending_notes.append(dropped_note(dumped.manifest))
         return dumped
+
+    def _bounded_trial(self, data: bytes, buffers: list[Any]) -> Any:
+        """The dump's trial restore of one frame, interrupted after a quarter of the dump's time limit.
+
+        A value whose restore loops (a script ``__setstate__``) is then dropped and named, not the whole dump lost.
+        """
+        if not self.cell_count or self.limits.wall_time_s is None:
+            # No script has run, or scripts run unbounded here (the worker's warm-up, before its sandbox: the
+            # watchdog's thread must not start there); the dump's own watchdog still bounds the worker.
+            return self._trial(data, buffers)
+        budget = self.limits.dump_time_s / 4 if self.limits.dump_time_s is not None else _TRIAL_TIME_S
+        watchdog = Watchdog(budget, self.namespace)
+        try:
+            return self._trial(data, buffers)
+        except ScriptInterrupt as exc:
+            raise TimeoutError(f"restoring it did not finish within {budget:g} s") from exc
+        finally:
+            watchdog.stop()
 
     def load(
         self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes | bytearray | memoryview] | None = None
