@@ -13,6 +13,7 @@ from snapcell._blobio import BlobIO, ForgedBlob
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
 from snapcell.checkpoint._format import MAX_MANIFEST_BYTES
+from snapcell.checkpoint._hostscan import UnscannedFrame, check_frame_blobs, scanned_frames
 from snapcell.errors import (
     CheckpointCorrupt,
     CheckpointExpired,
@@ -89,6 +90,9 @@ class AsyncSession:
         self._setup_since_checkpoint: list[str] = []
         # Blobs this session wrote or loaded: a later dump refers to them instead of storing them again.
         self._blobs: dict[str, BlobRef] = {}
+        # Frame blobs (pickles stored as blobs) the host scanned: a dump may refer to these without sending them.
+        self._frames: set[str] = set()
+        self._dump_frames: set[str] = set()
         self._blob_io = BlobIO(store, keyring.blob_namespace())
         self.checkpoint_id: bytes | None = None
         self.checkpoint_bytes: int | None = None
@@ -186,6 +190,7 @@ class AsyncSession:
         # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
         blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
         self.manifest = await self._backend.load(body, blobs)
+        self._frames = await asyncio.to_thread(scanned_frames, body, blobs, self._rule) if key_index == 0 else set()
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = len(blob)
         # Only blobs in the signing key's namespace can be referred to by the next dump.
@@ -368,6 +373,7 @@ class AsyncSession:
             self.manifest = manifest
             self._setup_since_checkpoint = []
             self._blobs = {ref.hash: ref for ref in manifest.blobs}
+            self._frames = self._dump_frames
             return cid.raw
         finally:
             self._busy = False
@@ -387,7 +393,15 @@ class AsyncSession:
             # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
         if found is None:
-            return
+            try:
+                frame_found, self._dump_frames = await asyncio.to_thread(
+                    check_frame_blobs, dumped.body, dumped.new_blobs, self._frames, self._rule
+                )
+            except (CheckpointCorrupt, UnscannedFrame) as exc:
+                raise ForgedBlob(f"the worker sent a checkpoint the host cannot verify: {exc}") from exc
+            if frame_found is None:
+                return
+            found = frame_found[0], None
         refusal, variable = found
         where = f"variable {variable!r}" if variable else "the checkpoint"
         raise CheckpointRefused(
@@ -484,6 +498,7 @@ class AsyncSession:
             self.manifest = None
             self._setup_since_checkpoint = []
             self._blobs = {}
+            self._frames = set()
         finally:
             self._busy = False
 

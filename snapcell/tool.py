@@ -49,6 +49,7 @@ from snapcell.errors import (
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
 from snapcell.runner._host import validate_lookup
+from snapcell.runner._runner import dropped_note
 from snapcell.session import AsyncSession
 from snapcell.storage import (
     AsyncHeads,
@@ -356,6 +357,8 @@ class CodeTool:
         """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
         try:
             new_id = await session.dump()
+            if session.manifest is not None and session.manifest.dropped:
+                notes.append(dropped_note(session.manifest))  # this turn's answer says what was not saved
         except WorkspaceQuotaExceeded as exc:
             notes.append(f"{exc}; this call was not saved: the next call starts from the state before it")
             if conversation is not None:

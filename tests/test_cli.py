@@ -154,7 +154,7 @@ def test_a_failed_restore_is_not_reported_as_restored_and_moves_no_head(tmp_path
         repl = Repl(tool, pool, "c", out=out)  # type: ignore[arg-type]
         banner = repl.banner()
         assert "restored after turn" not in banner, banner
-        assert "NOT restored: could not be restored: numpy" in banner and "--allow" in banner
+        assert "NOT restored: could not be restored: rows (numpy.ndarray" in banner and "--allow" in banner
         repl.turn("n = 6")
         assert tool.head("c") == before  # the checkpoint with rows and n is still the head
         assert "not run" in out.text

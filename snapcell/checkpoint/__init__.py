@@ -14,11 +14,12 @@ from snapcell.checkpoint._format import (
     WorkspaceFile,
     parse_container,
 )
+from snapcell.checkpoint._hostscan import scan_body
 from snapcell.checkpoint._pickle import Dumped, dump_namespace
 from snapcell.checkpoint._rule import HELPERS, GlobalRule, Refusal, global_refusal
 from snapcell.checkpoint._scan import scan_pickle
 from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
-from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global, scan_body
+from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global
 
 __all__ = [
     "BLOB_PREFIX",

@@ -21,6 +21,7 @@ __all__ = [
     "MAGIC",
     "Container",
     "DroppedVariable",
+    "FrameInfo",
     "BlobRef",
     "Header",
     "Manifest",
@@ -32,9 +33,11 @@ __all__ = [
 ]
 
 MAGIC = b"SNAPCELL"
-FORMAT_VERSION = 2
-# Versions this release reads: 1 had no blob references.
-READABLE_VERSIONS = frozenset({1, 2})
+FORMAT_VERSION = 3
+# Versions this release reads: 1 had no blob references; 1 and 2 hold one pickle stream for every variable, 3 one
+# frame per group of variables that share objects (`Manifest.frames`).
+READABLE_VERSIONS = frozenset({1, 2, 3})
+DIGEST_BYTES = 16
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 BLOB_REF_MIN_BYTES = 4 + 16
 MAX_SECTIONS = 1_000_000
@@ -52,6 +55,7 @@ class SectionKind(IntEnum):
     BUFFER = 1  # one out-of-band buffer of the stream (numpy, pandas, arrow)
     DILL = 2  # one variable cloudpickle could not serialize, pickled alone by dill
     BLOB = 3  # a reference (16-byte content hash) to a large buffer stored as a blob
+    FRAME_BLOB = 4  # a reference (16-byte content hash) to one pickle frame stored once as a blob (format 3)
 
 
 class Codec(IntEnum):
@@ -85,7 +89,10 @@ class Header:
 
         Raises:
             CheckpointCorrupt: Not a snapcell checkpoint, or cut short.
-            CheckpointVersionError: Written by another format version or Python minor version.
+            CheckpointVersionError: Written in a container format this release cannot read.
+
+        ``check_python`` is kept for callers: another Python minor version is not refused (format 3 restores
+        what it can, frame by frame, and names the rest).
         """
         if len(data) - offset < _FIXED.size:
             raise CheckpointCorrupt("the checkpoint is truncated: its header is incomplete")
@@ -96,11 +103,6 @@ class Header:
             raise CheckpointVersionError(
                 f"checkpoint format version {version} is not supported by this snapcell "
                 f"(reads versions {sorted(READABLE_VERSIONS)}); load it with the snapcell release that wrote it"
-            )
-        if check_python and (major, minor) != (sys.version_info.major, sys.version_info.minor):
-            raise CheckpointVersionError(
-                f"checkpoint was written by Python {major}.{minor} and this is Python "
-                f"{sys.version_info.major}.{sys.version_info.minor}; load it with Python {major}.{minor}"
             )
         offset += _FIXED.size
         strings = []
@@ -138,6 +140,25 @@ class DroppedVariable(BaseModel):
     name: str
     type_name: str
     reason: str
+
+
+class FrameInfo(BaseModel):
+    """One frame of a format-3 checkpoint: variables that share objects, pickled together, apart from the rest.
+
+    A frame is one or more parts, each an independent pickle (a STREAM section, or a FRAME_BLOB reference to a
+    pickle stored once as a blob) followed by its own out-of-band buffer sections (BUFFER or BLOB).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    names: list[str] = Field(min_length=1)
+    layout: str = Field(
+        default="values",
+        pattern="^(values|dict|list)$",
+        description="values: one part holding a tuple of the variables' values; dict/list: one large variable cut "
+        "into parts of items (lists of key-value pairs, or slices), each part its own pickle.",
+    )
+    buffers: list[int] = Field(min_length=1, description="Per part, how many buffer sections follow it.")
 
 
 class BlobRef(BaseModel):
@@ -180,6 +201,12 @@ class Manifest(BaseModel):
     hash_algorithm: str | None = None
     blobs: list[BlobRef] = Field(default=[], description="Blobs the checkpoint refers to, once each.")
     files: list[WorkspaceFile] = Field(default=[], description="The workspace's files; their chunks are blobs.")
+    frames: list[FrameInfo] = Field(default=[], description="Format 3: how the pickle sections group variables.")
+    definitions: list[str] = Field(
+        default=[],
+        description="Top-level def/class/import statements of the cells, latest per name: re-run when a function "
+        "or class cannot be restored (another Python, a narrower policy).",
+    )
 
     def to_json(self) -> bytes:
         """Encode as stable JSON (field order fixed by the model)."""
@@ -226,12 +253,12 @@ def parse_container(
     Args:
         body: The verified body (signature already stripped).
         max_raw_bytes: Refuse a checkpoint whose sections would decompress to more than this.
-        check_python: Refuse a checkpoint written by another Python minor version (it could not be unpickled);
-            off for tools that only read the manifest.
+        check_python: Kept for callers; another Python minor version is no longer refused (format 3 restores
+            what it can, frame by frame, and names the rest).
 
     Raises:
         CheckpointCorrupt: The bytes are malformed, truncated or declare too much data.
-        CheckpointVersionError: Another format or Python version wrote them.
+        CheckpointVersionError: A container format this release cannot read.
     """
     view = memoryview(body)
     header, offset = Header.unpack(view, check_python=check_python)
@@ -262,10 +289,8 @@ def parse_container(
             section = Section(SectionKind(kind), Codec(codec), raw_size, view[offset : offset + stored])
         except ValueError as exc:
             raise CheckpointCorrupt(f"the checkpoint has an unknown section type: {exc}") from exc
-        if section.kind is SectionKind.BLOB:
-            # The reference (chunk size and hashes) is checked where it is read: `unpack_blob_ref`.
-            if stored < BLOB_REF_MIN_BYTES or header.format_version < 2:
-                raise CheckpointCorrupt("the checkpoint has a malformed blob reference")
+        if section.kind in (SectionKind.FRAME_BLOB, SectionKind.BLOB):
+            _check_reference(section, header.format_version)
             sections.append(section)
             offset += stored
             total_raw += raw_size
@@ -283,6 +308,15 @@ def parse_container(
             "raise the memory limit to load it"
         )
     return Container(header, manifest, sections)
+
+
+def _check_reference(section: Section, version: int) -> None:
+    """A reference section's own shape (the blob reference's chunks are checked where it is read)."""
+    if section.kind is SectionKind.FRAME_BLOB:
+        if len(section.data) != DIGEST_BYTES or version < 3 or section.codec is not Codec.RAW:
+            raise CheckpointCorrupt("the checkpoint has a malformed frame reference")
+    elif len(section.data) < BLOB_REF_MIN_BYTES or version < 2:
+        raise CheckpointCorrupt("the checkpoint has a malformed blob reference")
 
 
 def _pack_str(text: str) -> bytes:

@@ -11,6 +11,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Literal
 
 import cloudpickle
@@ -30,17 +31,29 @@ from snapcell.checkpoint._format import (
     BlobRef,
     Codec,
     DroppedVariable,
+    FrameInfo,
     Header,
     Manifest,
     SectionKind,
     VariableInfo,
     pack_container,
 )
+from snapcell.checkpoint._frames import (
+    CHUNK_ITEMS,
+    Frame,
+    Part,
+    chunkable,
+    cut,
+    group_names,
+    items_per_part,
+    overlapping,
+    shared_ids,
+)
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import UnpicklableValue
 
-__all__ = ["Dumped", "dump_namespace"]
+__all__ = ["FRAME_BLOB_BYTES", "Dumped", "TrialLoad", "dump_namespace"]
 
 
 _PROTOCOL = 5
@@ -52,6 +65,8 @@ _SAMPLE_BYTES = 256 * 1024
 _INCOMPRESSIBLE_RATIO = 0.9
 _MAX_KEPT_CELLS = 200
 _CELL_PREFIX = "<cell-"
+# Frame parts at least this large are stored once as content-addressed blobs (unchanged ones cost a reference).
+FRAME_BLOB_BYTES = 16 * 1024
 
 
 def _rebuild_lru_cache(func: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
@@ -105,13 +120,6 @@ class _RefusedGlobal(Exception):
         super().__init__(f"it refers to {refusal.describe()}, which the checkpoint loader refuses")
 
 
-class _Failed(Exception):
-    def __init__(self, name: str, cause: Exception) -> None:
-        super().__init__(name)
-        self.name = name
-        self.cause = cause
-
-
 def _session_namespace() -> dict[str, Any]:
     raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
 
@@ -157,37 +165,29 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj)
 
 
-@dataclass(slots=True)
-class _Stream:
-    data: bytes
-    buffers: list[pickle.PickleBuffer]
-    sizes: dict[str, int]
-
-
-def _pickle_stream(items: list[tuple[str, object]], namespace: dict[str, Any]) -> _Stream:
+def _pickle_part(obj: object, namespace: dict[str, Any]) -> Part:
+    """Pickle one object with a fresh pickler (its own memo): an independent pickle, plus the ids it shares."""
     out = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
-    buffer_bytes = 0
 
     def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
-        nonlocal buffer_bytes
-        size = buf.raw().nbytes
-        if size < _MIN_OOB_BYTES:
+        if buf.raw().nbytes < _MIN_OOB_BYTES:
             return True  # true means "serialize in band"
         buffers.append(buf)
-        buffer_bytes += size
         return False
 
     pickler = _NamespacePickler(out, namespace, keep_out_of_band)
-    sizes: dict[str, int] = {}
-    for name, value in items:
-        start, start_buffers = out.tell(), buffer_bytes
-        try:
-            pickler.dump(value)
-        except Exception as exc:  # __reduce__ of script objects may raise anything
-            raise _Failed(name, exc) from exc
-        sizes[name] = out.tell() - start + (buffer_bytes - start_buffers)
-    return _Stream(out.getvalue(), buffers, sizes)
+    pickler.dump(obj)
+    ids, keep = shared_ids(pickler.memo.copy(), namespace, _is_token)
+    return Part(out.getvalue(), buffers, ids, keep)
+
+
+def _is_token(obj: object) -> bool:
+    return obj is _NAMESPACE_TOKEN
+
+
+def _part_bytes(part: Part) -> int:
+    return len(part.data) + sum(buf.raw().nbytes for buf in part.buffers)
 
 
 def _compress(data: bytes | memoryview, level: int) -> tuple[Codec, bytes | memoryview]:
@@ -239,11 +239,11 @@ def _blob_sections(
     created_at: float,
     known: Mapping[str, BlobRef],
     threshold: int | None,
-) -> tuple[list[tuple[SectionKind, Codec, int, bytes | memoryview]], dict[str, BlobRef], Dumped]:
+    refs: dict[str, BlobRef],
+    out: Dumped,
+) -> list[tuple[SectionKind, Codec, int, bytes | memoryview]]:
     """Turn out-of-band buffers into sections: large ones become references to chunks stored once as blobs."""
     sections: list[tuple[SectionKind, Codec, int, bytes | memoryview]] = []
-    refs: dict[str, BlobRef] = {}
-    out = Dumped(bytearray(), None)  # type: ignore[arg-type]
     for buf in buffers:
         raw = buf.raw()
         if threshold is None or raw.nbytes < threshold:
@@ -257,7 +257,7 @@ def _blob_sections(
             digests.append(digest)
             _add_blob(digest.hex(), chunk, refs, out, known=known, level=level, created_at=created_at)
         sections.append((SectionKind.BLOB, Codec.RAW, raw.nbytes, pack_blob_ref(digests)))
-    return sections, refs, out
+    return sections
 
 
 def _add_blob(
@@ -285,6 +285,104 @@ def _add_blob(
         refs[key] = BlobRef(hash=key, raw_bytes=chunk.nbytes, stored_bytes=len(stored), stamp=created_at)
 
 
+TrialLoad = Callable[[bytes, list[Any]], Any]
+
+
+@dataclass(slots=True)
+class _Builder:
+    """Pickles variables into frames, dropping (by name, with the reason) what cannot be pickled or restored."""
+
+    namespace: dict[str, Any]
+    rule: GlobalRule | Callable[[str], bool] | None
+    trial: TrialLoad | None
+    restored: set[bytes] | None
+    failed: dict[str, Exception] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def single(self, name: str, value: object) -> Frame | None:
+        """``value`` alone as a frame (cut into item parts when large), or None when it cannot be pickled."""
+        try:
+            if isinstance(value, dict | list) and chunkable(value):
+                first = value[:CHUNK_ITEMS] if isinstance(value, list) else list(islice(value.items(), CHUNK_ITEMS))
+                layout, chunks = cut(value, items_per_part(len(_pickle_part(first, self.namespace).data)))
+                parts = [_pickle_part(chunk, self.namespace) for chunk in chunks]
+                if overlapping(parts):
+                    parts, layout = [_pickle_part((value,), self.namespace)], "values"
+            else:
+                parts, layout = [_pickle_part((value,), self.namespace)], "values"
+        except Exception as exc:  # __reduce__ of script objects may raise anything
+            self.failed[name] = exc
+            return None
+        if self.rule is not None:
+            for part in parts:
+                refusal = scan_pickle(part.data, self.rule)
+                if refusal is not None:
+                    self.failed[name] = _RefusedGlobal(refusal)
+                    return None
+        self.sizes[name] = sum(_part_bytes(part) for part in parts)
+        return Frame([name], layout, parts)
+
+    def together(self, names: list[str], variables: Mapping[str, object]) -> Frame | None:
+        """Variables that share objects, pickled as one tuple; None when that fails (then each goes alone)."""
+        try:
+            part = _pickle_part(tuple(variables[n] for n in names), self.namespace)
+        except Exception:  # as in `single`: each variable alone then says which one fails
+            return None
+        return Frame(names, "values", [part])
+
+    def restores(self, frame: Frame) -> Exception | None:
+        """Restore each part with the loader's own unpickler (the worker's, right after pickling); None if all do."""
+        if self.trial is None:
+            return None
+        for part in frame.parts:
+            digest = hash_buffer(part.data) if not part.buffers else None
+            if digest is not None and self.restored is not None and digest in self.restored:
+                continue  # the same bytes restored before in this worker
+            try:
+                self.trial(part.data, [buf.raw() for buf in part.buffers])
+            except Exception as exc:  # restoring runs reducers of script objects
+                return exc
+            if digest is not None and self.restored is not None:
+                if len(self.restored) > _MAX_RESTORED:
+                    self.restored.clear()
+                self.restored.add(digest)
+        return None
+
+    def frames(self, variables: Mapping[str, object]) -> list[Frame]:
+        alone: dict[str, Frame] = {}
+        for name, value in variables.items():
+            frame = self.single(name, value)
+            if frame is not None:
+                alone[name] = frame
+        names = list(alone)
+        groups = group_names(names, {n: set().union(*(p.ids for p in alone[n].parts)) for n in names})
+        frames: list[Frame] = []
+        for group in groups:
+            joint = self.together(group, variables) if len(group) > 1 else alone[group[0]]
+            if joint is not None and (problem := self.restores(joint)) is None:
+                frames.append(joint)
+                continue
+            for name in group:  # apart, so one value that does not restore costs only itself
+                problem = self.restores(alone[name])
+                if problem is None:
+                    frames.append(alone[name])
+                else:
+                    self.failed[name] = _Unrestorable(problem)
+                    self.sizes.pop(name, None)
+        for frame in frames:  # the memo objects were kept alive only for grouping
+            for part in frame.parts:
+                part.keep = []
+        return frames
+
+
+_MAX_RESTORED = 100_000
+
+
+class _Unrestorable(Exception):
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"it would not restore at load ({_describe(cause)})")
+
+
 def dump_namespace(
     variables: Mapping[str, object],
     *,
@@ -299,12 +397,17 @@ def dump_namespace(
     known_blobs: Mapping[str, BlobRef] | None = None,
     blob_threshold: int | None = BLOB_THRESHOLD_BYTES,
     rule: GlobalRule | Callable[[str], bool] | None = None,
+    trial: TrialLoad | None = None,
+    restored: set[bytes] | None = None,
+    definitions: Iterable[str] = (),
+    frame_blob_threshold: int | None = FRAME_BLOB_BYTES,
 ) -> Dumped:
     """Serialize variables into an unsigned checkpoint body.
 
-    All variables go into one cloudpickle stream, so shared references survive. A variable
-    cloudpickle cannot serialize is pickled alone by dill; one neither can is dropped and named
-    in the manifest (or, with ``on_unpicklable="fail"``, nothing is written).
+    Each variable goes into its own frame (an independent pickle), except that variables sharing objects go into
+    one frame together, so shared references survive (`snapcell.checkpoint._frames`). A variable cloudpickle
+    cannot serialize is pickled alone by dill; one neither can, or whose pickle would not restore at load, is
+    dropped and named in the manifest (or, with ``on_unpicklable="fail"``, nothing is written).
 
     Args:
         variables: Name to value, in the order to store them.
@@ -322,6 +425,14 @@ def dump_namespace(
         rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
             the loader would refuse (`snapcell.checkpoint._scan`) is dropped and named, as the host would refuse
             the whole checkpoint before signing it.
+        trial: The loader's restricted unpickler (pickle bytes and buffers to a value, raising when it would
+            fail at load); each new frame is restored by it right after pickling, and a variable whose frame
+            fails is dropped and named.
+        restored: Hashes of frames that ``trial`` restored before (kept by the caller across dumps).
+        definitions: Top-level def/class/import statements of the cells, re-run at load when a function or
+            class cannot be restored.
+        frame_blob_threshold: Smallest frame part stored once as a content-addressed blob; None keeps every
+            frame inside the body.
 
     Returns:
         The body, its manifest, the blobs to store first, and the blobs to refresh.
@@ -329,29 +440,24 @@ def dump_namespace(
     Raises:
         UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
     """
-    items = list(variables.items())
-    failed: dict[str, Exception] = {}
-    while True:
-        kept = [(n, v) for n, v in items if n not in failed]
-        try:
-            stream = _pickle_stream(kept, namespace)
-        except _Failed as exc:
-            failed[exc.name] = exc.cause
-            continue
-        refusal = scan_pickle(stream.data, rule) if rule is not None else None
-        if refusal is None:
-            break
-        failed[kept[min(refusal.index, len(kept) - 1)][0]] = _RefusedGlobal(refusal)
+    builder = _Builder(namespace, rule, trial, restored)
+    frames = builder.frames(variables)
+    failed = builder.failed
     dill_sections: list[tuple[str, bytes]] = []
     dropped: list[DroppedVariable] = []
     for name, cause in failed.items():
         value = variables[name]
         try:
+            if isinstance(cause, _Unrestorable):
+                raise cause
             data = dill.dumps(value, protocol=_PROTOCOL, recurse=True)
             refusal = scan_pickle(data, rule) if rule is not None else None
             if refusal is not None:
                 raise _RefusedGlobal(refusal)
             dill_sections.append((name, data))
+        except _Unrestorable as exc:
+            reason = f"cannot be saved: {exc}"
+            dropped.append(DroppedVariable(name=name, type_name=_type_name(value), reason=reason))
         except Exception as exc:  # same boundary as above
             reason = f"cannot be serialized ({_describe(cause)}; dill: {_describe(exc)})"
             dropped.append(DroppedVariable(name=name, type_name=_type_name(value), reason=reason))
@@ -361,22 +467,45 @@ def dump_namespace(
             f"cannot serialize {', '.join(names)}; delete them or recreate them in a setup cell",
             variable_names=names,
         )
+    in_frames = {n for frame in frames for n in frame.names}
     infos = [
-        VariableInfo(name=n, type_name=_type_name(v), size_bytes=stream.sizes[n], serializer="cloudpickle")
-        for n, v in items
-        if n in stream.sizes
+        VariableInfo(name=n, type_name=_type_name(v), size_bytes=builder.sizes.get(n, 0), serializer="cloudpickle")
+        for n, v in variables.items()
+        if n in in_frames
     ]
     infos += [
         VariableInfo(name=n, type_name=_type_name(variables[n]), size_bytes=len(data), serializer="dill")
         for n, data in dill_sections
     ]
     sections: list[tuple[SectionKind, Codec, int, bytes | memoryview]] = []
-    codec, payload = _compress(stream.data, level)
-    sections.append((SectionKind.STREAM, codec, len(stream.data), payload))
-    buffer_sections, refs, dumped = _blob_sections(
-        stream.buffers, level=level, created_at=created_at, known=known_blobs or {}, threshold=blob_threshold
-    )
-    sections += buffer_sections
+    refs: dict[str, BlobRef] = {}
+    dumped = Dumped(bytearray(), None)  # type: ignore[arg-type]
+    known = known_blobs or {}
+    frame_infos: list[FrameInfo] = []
+    for frame in frames:
+        counts = []
+        for part in frame.parts:
+            size = len(part.data)
+            if frame_blob_threshold is not None and frame_blob_threshold <= size <= CHUNK_BYTES:
+                digest = hash_buffer(part.data)
+                view = memoryview(part.data)
+                _add_blob(digest.hex(), view, refs, dumped, known=known, level=level, created_at=created_at)
+                sections.append((SectionKind.FRAME_BLOB, Codec.RAW, size, digest))
+            else:
+                codec, payload = _compress(part.data, level)
+                sections.append((SectionKind.STREAM, codec, size, payload))
+            buffer_sections = _blob_sections(
+                part.buffers,
+                level=level,
+                created_at=created_at,
+                known=known,
+                threshold=blob_threshold,
+                refs=refs,
+                out=dumped,
+            )
+            sections += buffer_sections
+            counts.append(len(buffer_sections))
+        frame_infos.append(FrameInfo(names=frame.names, layout=frame.layout, buffers=counts))
     for _name, data in dill_sections:
         codec, payload = _compress(data, level)
         sections.append((SectionKind.DILL, codec, len(data), payload))
@@ -397,6 +526,8 @@ def dump_namespace(
         future_flags=future_flags,
         hash_algorithm=HASH_ALGORITHM if refs else None,
         blobs=list(refs.values()),
+        frames=frame_infos,
+        definitions=list(definitions),
     )
     dumped.body = pack_container(Header(compression_level=level), manifest, sections)
     dumped.manifest = manifest

@@ -10,6 +10,7 @@ import functools
 import importlib
 import io
 import pickle
+import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,17 +46,21 @@ from snapcell.checkpoint._rule import (
     PLAIN,
     TYPE_CALL,
     GlobalRule,
-    Refusal,
     attribute_refusal,
     call_refusal,
     code_refusal,
     global_refusal,
     module_refusal,
 )
-from snapcell.checkpoint._scan import scan_pickle
 from snapcell.errors import CheckpointCorrupt
 
-__all__ = ["FindGlobal", "LoadedNamespace", "load_namespace", "make_find_global", "scan_body"]
+__all__ = [
+    "FindGlobal",
+    "LoadedNamespace",
+    "frame_parts",
+    "load_namespace",
+    "make_find_global",
+]
 
 # Pickles name snapcell's own reconstruction helpers by this module path.
 _PICKLE_MODULE = "snapcell.checkpoint._pickle"
@@ -212,8 +217,9 @@ def load_namespace(
     """Restore variables from a verified checkpoint body.
 
     Only call this with a body whose signature was verified. Functions come back with ``namespace``
-    as their globals. A variable that cannot be restored is reported in ``failed``; because the
-    stream shares one memo, so are the stream variables after it.
+    as their globals. A variable that cannot be restored is reported in ``failed`` with the reason. In format 3
+    each frame (variables that share objects) restores on its own, so a failure costs only that frame's
+    variables; in formats 1 and 2 one stream shares one memo, so the stream variables after it fail too.
 
     Args:
         body: The verified body.
@@ -228,31 +234,18 @@ def load_namespace(
     """
     container = parse_container(body, max_raw_bytes=max_raw_bytes)
     _check_blob_total(container.sections, blobs or {})
-    streams = [s for s in container.sections if s.kind is SectionKind.STREAM]
-    if len(streams) != 1:
-        raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
-    stream = _decompress(streams[0].codec, streams[0].data, streams[0].raw_size, writable=False)
-    buffers: list[bytes | bytearray | memoryview] = []
-    for section in container.sections:
-        if section.kind is SectionKind.BUFFER:
-            buffers.append(_decompress(section.codec, section.data, section.raw_size, writable=True))
-        elif section.kind is SectionKind.BLOB:
-            buffers.append(_assemble(section.data, section.raw_size, blobs or {}))
+    manifest = container.manifest
     dill_data = [s for s in container.sections if s.kind is SectionKind.DILL]
-    cloud_vars = [v for v in container.manifest.variables if v.serializer == "cloudpickle"]
-    dill_vars = [v for v in container.manifest.variables if v.serializer == "dill"]
+    dill_vars = [v for v in manifest.variables if v.serializer == "dill"]
     if len(dill_vars) != len(dill_data):
         raise CheckpointCorrupt("the checkpoint manifest does not match its sections")
-    result = LoadedNamespace({}, container.manifest)
-    unpickler = _RestrictedUnpickler(io.BytesIO(stream), find_global=find_global, namespace=namespace, buffers=buffers)
-    for index, info in enumerate(cloud_vars):
-        try:
-            result.variables[info.name] = unpickler.load()
-        except Exception as exc:  # restoring runs reducers from the checkpoint
-            reason = _describe(exc)
-            for later in cloud_vars[index:]:
-                result.failed[later.name] = reason if later is info else f"not restored after {info.name} failed"
-            break
+    result = LoadedNamespace({}, manifest)
+    if container.header.python != sys.version_info[:2]:
+        find_global = _without_code(find_global, container.header.python)
+    if container.header.format_version >= 3:
+        _load_frames(container.sections, manifest, result, namespace, find_global, blobs or {})
+    else:
+        _load_stream(container.sections, manifest, result, namespace, find_global, blobs or {})
     for info, section in zip(dill_vars, dill_data, strict=True):
         data = _decompress(section.codec, section.data, section.raw_size, writable=False)
         try:
@@ -264,49 +257,161 @@ def load_namespace(
     return result
 
 
-def scan_body(
-    body: bytes | bytearray | memoryview,
-    *,
-    rule: GlobalRule | Callable[[str], bool],
-    max_raw_bytes: int | None = None,
-) -> tuple[Refusal, str | None] | None:
-    """Apply the loader's rule to every pickle of an unsigned body, without unpickling (the host, before it signs).
+_CODE_MAKERS = frozenset(
+    {("cloudpickle.cloudpickle", "_builtin_type"), ("dill._dill", "_load_type"), ("dill._dill", "_create_code")}
+)
 
-    Each pickle section is decompressed in turn (declared sizes are checked first, as at load) and scanned by
-    `scan_pickle`; buffers and blob references hold no pickles.
 
-    Args:
-        body: The unsigned body.
-        rule: The policy's part of the loader's rule.
-        max_raw_bytes: Refuse a body whose sections would decompress to more than this.
+def _without_code(find_global: FindGlobal, python: tuple[int, int]) -> FindGlobal:
+    """``find_global`` for a checkpoint of another Python minor version: its bytecode is refused, not run.
 
-    Returns:
-        None when every global passes; else the first refusal and the variable whose pickle holds it (when known).
+    Another minor version's bytecode may construct fine and crash the interpreter when it runs; the frames that
+    hold functions or classes fail instead, and their definitions are re-created from source.
+    """
+
+    def refuse(*args: Any) -> Any:
+        raise pickle.UnpicklingError(
+            f"it holds bytecode of Python {python[0]}.{python[1]}, which Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} cannot run"
+        )
+
+    def find(module: str, name: str) -> Any:
+        found = find_global(module, name)
+        if (module, name) not in _CODE_MAKERS:
+            return found
+        if name == "_create_code":
+            return refuse
+        return lambda type_name, *rest: refuse() if type_name == "CodeType" else found(type_name, *rest)
+
+    return find
+
+
+def _load_stream(
+    sections: list[Section],
+    manifest: Manifest,
+    result: LoadedNamespace,
+    namespace: dict[str, Any],
+    find_global: FindGlobal,
+    blobs: Mapping[str, bytes | bytearray | memoryview],
+) -> None:
+    """Formats 1 and 2: one stream for every variable, sharing one memo (a failure stops the rest)."""
+    streams = [s for s in sections if s.kind is SectionKind.STREAM]
+    if len(streams) != 1:
+        raise CheckpointCorrupt("the checkpoint must hold exactly one pickle stream")
+    stream = _decompress(streams[0].codec, streams[0].data, streams[0].raw_size, writable=False)
+    buffers: list[bytes | bytearray | memoryview] = []
+    for section in sections:
+        if section.kind is SectionKind.BUFFER:
+            buffers.append(_decompress(section.codec, section.data, section.raw_size, writable=True))
+        elif section.kind is SectionKind.BLOB:
+            buffers.append(_assemble(section.data, section.raw_size, blobs))
+    cloud_vars = [v for v in manifest.variables if v.serializer == "cloudpickle"]
+    unpickler = _RestrictedUnpickler(io.BytesIO(stream), find_global=find_global, namespace=namespace, buffers=buffers)
+    for index, info in enumerate(cloud_vars):
+        try:
+            result.variables[info.name] = unpickler.load()
+        except Exception as exc:  # restoring runs reducers from the checkpoint
+            reason = _describe(exc)
+            for later in cloud_vars[index:]:
+                result.failed[later.name] = reason if later is info else f"not restored after {info.name} failed"
+            break
+
+
+def frame_parts(sections: list[Section], manifest: Manifest) -> list[list[tuple[Section, list[Section]]]]:
+    """Format 3: each frame's parts, as (pickle section, its buffer sections), checked against the manifest.
 
     Raises:
-        CheckpointCorrupt: The body is malformed.
-        CheckpointVersionError: The body is in a format this release does not read.
+        CheckpointCorrupt: The sections do not match the manifest's frames.
     """
-    container = parse_container(body, max_raw_bytes=max_raw_bytes)
-    manifest = container.manifest
-    cloud_vars = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
-    dill_vars = [v.name for v in manifest.variables if v.serializer == "dill"]
-    dill_index = 0
-    for section in container.sections:
-        if section.kind not in (SectionKind.STREAM, SectionKind.DILL):
-            continue
-        data = _decompress(section.codec, section.data, section.raw_size, writable=False)
-        refusal = scan_pickle(data, rule)
-        del data
-        if section.kind is SectionKind.STREAM:
-            names = cloud_vars
-        else:
-            names, dill_index = dill_vars[dill_index : dill_index + 1], dill_index + 1
-            if refusal is not None:
-                refusal = Refusal(refusal.module, refusal.name, refusal.reason, refusal.offset, 0)
-        if refusal is not None:
-            return refusal, names[refusal.index] if refusal.index < len(names) else None
-    return None
+    pickles = [s for s in sections if s.kind is not SectionKind.DILL]
+    frames: list[list[tuple[Section, list[Section]]]] = []
+    position = 0
+    names = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
+    if sorted(names) != sorted(n for frame in manifest.frames for n in frame.names):
+        raise CheckpointCorrupt("the checkpoint's frames do not match its variables")
+    for frame in manifest.frames:
+        if frame.layout != "values" and len(frame.names) != 1:
+            raise CheckpointCorrupt("the checkpoint has a frame of items that holds more than one variable")
+        parts = []
+        for count in frame.buffers:
+            if position + 1 + count > len(pickles):
+                raise CheckpointCorrupt("the checkpoint's frames do not match its sections")
+            head, buffers = pickles[position], pickles[position + 1 : position + 1 + count]
+            if head.kind not in (SectionKind.STREAM, SectionKind.FRAME_BLOB) or any(
+                b.kind not in (SectionKind.BUFFER, SectionKind.BLOB) for b in buffers
+            ):
+                raise CheckpointCorrupt("the checkpoint's frames do not match its sections")
+            parts.append((head, buffers))
+            position += 1 + count
+        frames.append(parts)
+    if position != len(pickles):
+        raise CheckpointCorrupt("the checkpoint has sections outside its frames")
+    return frames
+
+
+def _pickle_bytes(
+    section: Section, listed: set[str], blobs: Mapping[str, bytes | bytearray | memoryview]
+) -> bytes | bytearray | memoryview:
+    if section.kind is SectionKind.STREAM:
+        return _decompress(section.codec, section.data, section.raw_size, writable=False)
+    digest = bytes(section.data)
+    stored = blobs.get(digest.hex())
+    if stored is None or digest.hex() not in listed:
+        raise CheckpointCorrupt(f"frame blob {digest.hex()} of the checkpoint is missing; it cannot be loaded")
+    if blob_raw_size(stored) != section.raw_size:
+        raise CheckpointCorrupt(f"frame blob {digest.hex()} does not hold the bytes the checkpoint says")
+    out = bytearray(section.raw_size)
+    decode_blob(stored, digest=digest, into=memoryview(out))
+    return out
+
+
+def _load_frames(
+    sections: list[Section],
+    manifest: Manifest,
+    result: LoadedNamespace,
+    namespace: dict[str, Any],
+    find_global: FindGlobal,
+    blobs: Mapping[str, bytes | bytearray | memoryview],
+) -> None:
+    """Format 3: each frame restored on its own; one that fails costs only its own variables, named with why."""
+    listed = {ref.hash for ref in manifest.blobs}
+    for frame, parts in zip(manifest.frames, frame_parts(sections, manifest), strict=True):
+        # Bytes first, for every part: a missing or altered blob is the whole checkpoint's problem.
+        loaded_parts = []
+        for head, buffer_sections in parts:
+            data = _pickle_bytes(head, listed, blobs)
+            buffers: list[bytes | bytearray | memoryview] = [
+                _decompress(b.codec, b.data, b.raw_size, writable=True)
+                if b.kind is SectionKind.BUFFER
+                else _assemble(b.data, b.raw_size, blobs)
+                for b in buffer_sections
+            ]
+            loaded_parts.append((data, buffers))
+        try:
+            values = [
+                _RestrictedUnpickler(
+                    io.BytesIO(data), find_global=find_global, namespace=namespace, buffers=buffers
+                ).load()
+                for data, buffers in loaded_parts
+            ]
+            result.variables.update(_assemble_frame(frame.names, frame.layout, values))
+        except Exception as exc:  # restoring runs reducers from the checkpoint
+            reason = _describe(exc)
+            for name in frame.names:
+                result.failed[name] = reason
+
+
+def _assemble_frame(names: list[str], layout: str, values: list[Any]) -> dict[str, Any]:
+    if layout == "values":
+        (value,) = values
+        if not isinstance(value, tuple) or len(value) != len(names):
+            raise pickle.UnpicklingError("a frame does not hold one value per variable")
+        return dict(zip(names, value, strict=True))
+    if not all(isinstance(v, list) for v in values):
+        raise pickle.UnpicklingError("a frame part of items is not a list")
+    if layout == "dict":
+        return {names[0]: dict(pair for part in values for pair in part)}
+    return {names[0]: [item for part in values for item in part]}
 
 
 # A buffer may repeat a chunk (a zero-filled array): at most this many times the distinct chunks' bytes in all.

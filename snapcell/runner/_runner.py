@@ -6,7 +6,6 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import itertools
 import sys
@@ -25,6 +24,7 @@ from snapcell.checkpoint import (
     load_namespace,
     make_find_global,
 )
+from snapcell.checkpoint._trial import make_trial_load
 from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
@@ -39,6 +39,7 @@ from snapcell.errors import (
 from snapcell.runner._assigned import UNBOUND, assigned_names, bindable_names
 from snapcell.runner._capture import capture_output
 from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
+from snapcell.runner._definitions import Definitions, setup_cells_assigning
 from snapcell.runner._guard import (
     GUARD_GLOBALS,
     INTERNAL_NAMES,
@@ -55,6 +56,7 @@ from snapcell.runner._result import RunResult
 
 __all__ = ["Runner", "checkpoint_rule"]
 
+_TRIAL_TIME_S = 15.0
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
 
 
@@ -118,6 +120,12 @@ class Runner:
             {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
             resolve=policy.global_resolver(),
         )
+        # dump() restores each new frame with the loader's unpickler, so what would fail at load is dropped now.
+        self._trial = make_trial_load(self._find_global, self.builtins)
+        self._restored: set[bytes] = set()
+        self.definitions = Definitions()
+        # Definitions to run again before the next cell: their bytecode did not restore at load.
+        self.pending_definitions: list[str] = []
 
     def _fresh_namespace(self) -> dict[str, Any]:
         return {"__name__": "__main__", "__builtins__": self.builtins}
@@ -146,6 +154,13 @@ class Runner:
             The result; ``error`` is set when the script failed, was blocked or timed out.
         """
         limits = limits or self.limits
+        redefine, self.pending_definitions = self.pending_definitions, []
+        for source in redefine:
+            redone = await self._run_one(source, bridge, host_names, False, limits, [])
+            if redone.error is not None:
+                self.pending_notes.append(
+                    f"re-running a definition failed ({redone.error.exc_type}: {redone.error.exc_message})"[:300]
+                )
         backlog, self.pending_setup = self.pending_setup, []
         if backlog:
             failed = []
@@ -226,6 +241,7 @@ class Runner:
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
             )
+        self.definitions.record(code, self.namespace)
         if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
@@ -344,10 +360,31 @@ class Runner:
             future_flags=self.future_flags,
             known_blobs=known_blobs,
             rule=self.rule,
+            trial=self._bounded_trial,
+            restored=self._restored,
+            definitions=self.definitions.sources(),
         )
         if dumped.manifest.dropped:
-            self.pending_notes.append(_dropped_note(dumped.manifest))
+            self.pending_notes.append(dropped_note(dumped.manifest))
         return dumped
+
+    def _bounded_trial(self, data: bytes, buffers: list[Any]) -> Any:
+        """The dump's trial restore of one frame, interrupted after a quarter of the dump's time limit.
+
+        A value whose restore loops (a script ``__setstate__``) is then dropped and named, not the whole dump lost.
+        """
+        if not self.cell_count or self.limits.wall_time_s is None:
+            # No script has run, or scripts run unbounded here (the worker's warm-up, before its sandbox: the
+            # watchdog's thread must not start there); the dump's own watchdog still bounds the worker.
+            return self._trial(data, buffers)
+        budget = self.limits.dump_time_s / 4 if self.limits.dump_time_s is not None else _TRIAL_TIME_S
+        watchdog = Watchdog(budget, self.namespace)
+        try:
+            return self._trial(data, buffers)
+        except ScriptInterrupt as exc:
+            raise TimeoutError(f"restoring it did not finish within {budget:g} s") from exc
+        finally:
+            watchdog.stop()
 
     def load(
         self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes | bytearray | memoryview] | None = None
@@ -383,50 +420,32 @@ class Runner:
         first = manifest.cell_count - len(manifest.cells) + 1
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
-        notes = [_dropped_note(manifest)] if manifest.dropped else []
-        rebuild = _setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
+        notes = [dropped_note(manifest)] if manifest.dropped else []
+        rebuild = setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
         if rebuild:
             self.pending_setup.extend(rebuild)
             notes.append("dropped variables are rebuilt by running again the setup cells that assign them")
-        if loaded.failed:
-            names = ", ".join(f"{name} ({reason})" for name, reason in loaded.failed.items())
+        self.definitions = Definitions(manifest.definitions)
+        sources, covered = self.definitions.for_names(loaded.failed)
+        self.pending_definitions = sources
+        if covered:
+            notes.append(
+                f"re-created from their source (their saved form did not restore): {', '.join(covered)}; "
+                "objects made by the old definitions are not restored with them"
+            )
+        lost = {name: reason for name, reason in loaded.failed.items() if name not in covered}
+        if lost:
+            types_of = {v.name: v.type_name for v in manifest.variables}
+            names = ", ".join(f"{name} ({types_of.get(name, '?')}: {reason})" for name, reason in lost.items())
             notes.append(f"could not be restored: {names}")
         self.pending_notes.extend(notes)
         return manifest
 
 
-def _dropped_note(manifest: Manifest) -> str:
-    names = ", ".join(f"{d.name} ({d.type_name})" for d in manifest.dropped)
-    return f"not saved in the checkpoint because they cannot be serialized: {names}; recreate them if needed"
-
-
-def _setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
-    """The setup cells that bind any of ``names`` at top level, in order."""
-    if not names:
-        return []
-    chosen = []
-    for source in setup_cells:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        bound = (
-            {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-            | {
-                node.name
-                for node in tree.body
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            }
-            | {
-                (alias.asname or alias.name).split(".")[0]
-                for node in tree.body
-                if isinstance(node, ast.Import | ast.ImportFrom)
-                for alias in node.names
-            }
-        )
-        if bound & names:
-            chosen.append(source)
-    return chosen
+def dropped_note(manifest: Manifest) -> str:
+    """One line naming the variables a dump did not save, each with its type and why."""
+    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in manifest.dropped)
+    return f"not saved in the checkpoint, so gone next turn: {names}; recreate them if needed"
 
 
 def _host_function(name: str) -> HostFunction:

@@ -74,7 +74,10 @@ class _Trap:
 def crafted_body(
     stream: bytes | None = None, *, header: Header | None = None, raw_size: int | None = None
 ) -> bytearray:
-    """An unsigned body with one stream section holding ``x`` (by default a pickle that calls `canary`)."""
+    """An unsigned body with one stream section holding ``x`` (by default a pickle that calls `canary`).
+
+    The header says format 2 (one stream for every variable) unless given: the stream is a bare pickle.
+    """
     import pickle
 
     if stream is None:
@@ -86,7 +89,7 @@ def crafted_body(
         variables=[VariableInfo(name="x", type_name="str", size_bytes=len(stream), serializer="cloudpickle")],
     )
     section = (SectionKind.STREAM, Codec.RAW, len(stream) if raw_size is None else raw_size, stream)
-    return pack_container(header or Header(), manifest, [section])
+    return pack_container(header or Header(format_version=2), manifest, [section])
 
 
 def sign_and_store(store: Any, keyring: Keyring, body: bytes | bytearray, *, now: float | None = None) -> bytes:

@@ -152,8 +152,8 @@ def _resign_with_header_bytes(store: MemoryStore, checkpoint_id: bytes, offset: 
 
 @pytest.mark.parametrize(
     ("offset", "value", "match"),
-    [(8, b"\x00\x03", "format version 3"), (8, b"\xff\xff", "format version 65535"), (11, b"\x63", "Python 3.99")],
-    ids=["next-format", "far-format", "python-minor"],
+    [(8, b"\x00\x04", "format version 4"), (8, b"\xff\xff", "format version 65535")],
+    ids=["next-format", "far-format"],
 )
 def test_version_mismatch_is_refused_before_unpickling(
     trusting_pool: Pool, store: MemoryStore, offset: int, value: bytes, match: str, no_unpickling: None
@@ -178,7 +178,7 @@ def _zstd_body(declared: int, frame: bytes) -> bytearray:
         libraries={},
         variables=[VariableInfo(name="x", type_name="bytes", size_bytes=declared, serializer="cloudpickle")],
     )
-    return pack_container(Header(), manifest, [(SectionKind.STREAM, Codec.ZSTD, declared, frame)])
+    return pack_container(Header(format_version=2), manifest, [(SectionKind.STREAM, Codec.ZSTD, declared, frame)])
 
 
 @pytest.mark.parametrize("memory_bytes", [Limits().memory_bytes, None], ids=["default-cap", "no-cap"])

@@ -361,7 +361,20 @@ class Busy:
 busy = Busy()
 """
 
+# The dump restores each new frame to check it, with the live class (cloudpickle's tracker); a __setstate__ that
+# loops only for a class made by the load passes that check and hangs only at load.
 _LOOPS_AT_LOAD = """
+class Sleeper:
+    def __getstate__(self):
+        return {"n": 1}
+    def __setstate__(self, state):
+        while id(type(self)) != Sleeper.origin:
+            pass
+Sleeper.origin = id(Sleeper)
+sleeper = Sleeper()
+"""
+
+_LOOPS_AT_TRIAL = """
 class Sleeper:
     def __getstate__(self):
         return {"n": 1}
@@ -369,7 +382,21 @@ class Sleeper:
         while True:
             pass
 sleeper = Sleeper()
+kept = [1, 2]
 """
+
+
+def test_a_value_whose_restore_hangs_is_dropped_at_dump_and_named(plain_pool: Pool) -> None:
+    with plain_pool.checkout() as session:
+        session.feed_run(_LOOPS_AT_TRIAL)
+        checkpoint = session.dump()
+        manifest = session.manifest
+    assert manifest is not None
+    (dropped,) = manifest.dropped
+    assert dropped.name == "sleeper" and "did not finish" in dropped.reason
+    with plain_pool.checkout() as session:
+        session.load_session(checkpoint)
+        assert session.feed_run("kept, 'sleeper' in dir()") == ([1, 2], False)
 
 
 @pytest.mark.parametrize("cell", [_LOOPS_AT_DUMP, _C_LEVEL_AT_DUMP], ids=["python-loop", "c-level-loop"])

@@ -1,0 +1,181 @@
+"""Frames: the variables of a namespace cut into independent pickles, grouped only where they share objects.
+
+Each variable is pickled alone first, by a fresh pickler. The pickler's memo lists every object the pickle holds
+(by id); two variables whose memos hold the same mutable object (a list both refer to, a function and the dict it
+reads) must come back sharing it, so they are merged (union-find over those ids) and pickled again together as one
+frame. Everything else is its own frame: a value that fails to pickle, or to restore, costs only its own frame.
+
+Only objects whose identity can matter are counted (`shared_ids`): containers, script functions and instances,
+arrays. Atoms (str, numbers, tuples, classes, modules, code) and library objects pickled by reference are left
+out: sharing them carries no meaning, and interned strings would otherwise merge everything. So are the objects
+inside a class's own dict (methods, dataclass fields): cloudpickle restores a class once per process (its
+tracker) however many frames hold it, and counting them would merge every pair of variables holding instances
+of one class.
+
+A large exact ``dict`` or ``list`` is cut into parts of a fixed number of items (key-value pairs or a slice; the
+count is sized from its first items to make parts of about `PART_BYTES`), each its own pickle, when no object is
+shared between parts. A part's bytes depend only on its items, so a turn that appends
+to the list or adds keys to the dict changes the last part only; the others hash the same and are stored once as
+blobs (`_pickle`). Fixed-count chunks keep appends (the common growth of an agent's state) cheap; an insertion in
+the middle of a list re-stores the parts after it, which is no worse than storing the whole value.
+"""
+
+from __future__ import annotations
+
+import pickle
+import types
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+__all__ = [
+    "CHUNK_ITEMS",
+    "PART_BYTES",
+    "Frame",
+    "Part",
+    "chunkable",
+    "cut",
+    "group_names",
+    "items_per_part",
+    "shared_ids",
+]
+
+# The first this many items of a large dict or list are pickled to size its parts.
+CHUNK_ITEMS = 512
+# Parts are about this large (pickled): big enough that a value is a few store objects, small enough that an
+# appending turn stores little.
+PART_BYTES = 32 * 1024
+_MIN_PART_ITEMS = 64
+_MAX_PART_ITEMS = 1 << 16
+# Values with fewer items than this stay one pickle.
+_CHUNK_MIN_ITEMS = 2 * CHUNK_ITEMS
+
+
+@dataclass(slots=True)
+class Part:
+    """One independent pickle: its bytes, out-of-band buffers, and the shareable objects it holds (by id)."""
+
+    data: bytes
+    buffers: list[pickle.PickleBuffer]
+    ids: set[int]
+    # The memo's objects, kept alive until grouping is done so that no id is reused by a later temporary.
+    keep: list[Any] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Frame:
+    """Variables pickled together; ``layout`` says how the parts make their values (see `FrameInfo`)."""
+
+    names: list[str]
+    layout: str
+    parts: list[Part]
+
+
+def shared_ids(
+    memo: dict[int, tuple[int, Any]], namespace: dict[str, Any], skip: Callable[[object], bool]
+) -> tuple[set[int], list[Any]]:
+    """The ids of a pickler memo's objects whose identity can matter across variables, and the objects themselves.
+
+    Counted: containers (list, dict, set, bytearray, deque), closure cells, script functions (their globals are
+    the session namespace) other than methods, instances of script classes, numpy arrays and pandas frames.
+    Not counted: atoms, anything of a library pickled by reference, and what lives inside a class (its dict's
+    values and their own dicts, annotations and defaults).
+    """
+    objects = [obj for _index, obj in memo.values()]
+    inside: set[int] = set()
+    for obj in objects:
+        if isinstance(obj, type) and obj.__module__ != "builtins":
+            for value in vars(obj).values():
+                _add_internals(value, inside)
+    ids = {id(obj) for obj in objects if id(obj) not in inside and not skip(obj) and _identity_matters(obj, namespace)}
+    return ids, objects
+
+
+def _add_internals(value: object, inside: set[int]) -> None:
+    inside.add(id(value))
+    if isinstance(value, dict):
+        inside.update(id(v) for v in value.values())
+    function = getattr(value, "__func__", value)  # classmethod / staticmethod
+    if isinstance(function, types.FunctionType):
+        inside.add(id(function))
+        for part in (function.__dict__, function.__annotations__, function.__defaults__, function.__kwdefaults__):
+            if part is not None:
+                inside.add(id(part))
+
+
+_CONTAINERS = (list, dict, set, bytearray, deque, types.CellType)
+_DATA_TYPES = frozenset({("numpy", "ndarray"), ("pandas", "DataFrame"), ("pandas", "Series")})
+
+
+def _identity_matters(obj: object, namespace: dict[str, Any]) -> bool:
+    if isinstance(obj, types.FunctionType):
+        return obj.__globals__ is namespace and not _is_method(obj)
+    if isinstance(obj, _CONTAINERS):
+        return True
+    cls = type(obj)
+    module = cls.__module__
+    return module == "__main__" or (module.split(".")[0], cls.__name__) in _DATA_TYPES
+
+
+def _is_method(obj: types.FunctionType) -> bool:
+    qualname = obj.__qualname__
+    return "." in qualname and "<locals>" not in qualname.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+
+
+def chunkable(value: object) -> bool:
+    """True for an exact dict or list large enough to be cut into parts."""
+    return type(value) in (dict, list) and len(value) >= _CHUNK_MIN_ITEMS  # type: ignore[arg-type]
+
+
+def items_per_part(sample_bytes: int) -> int:
+    """Items per part, from the pickled size of the first `CHUNK_ITEMS` items: parts of about `PART_BYTES`.
+
+    A power of two, so that small changes to the first items do not move every later part boundary.
+    """
+    wanted = CHUNK_ITEMS * PART_BYTES // max(sample_bytes, 1)
+    return max(_MIN_PART_ITEMS, min(_MAX_PART_ITEMS, 1 << max(wanted, 1).bit_length() - 1))
+
+
+def cut(value: dict[Any, Any] | list[Any], per_part: int) -> tuple[str, list[list[Any]]]:
+    """A dict or list as its layout and its parts of ``per_part`` items (key-value pairs, or slices)."""
+    items: Iterable[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
+    parts = []
+    while part := list(islice(items, per_part)):
+        parts.append(part)
+    return ("dict" if isinstance(value, dict) else "list"), parts
+
+
+def group_names(names: list[str], ids: dict[str, set[int]]) -> list[list[str]]:
+    """Union-find: names whose id sets meet end up in one group; groups and their members keep ``names``' order."""
+    parent = {name: name for name in names}
+
+    def find(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    owner: dict[int, str] = {}
+    for name in names:
+        for obj_id in ids.get(name, ()):
+            other = owner.setdefault(obj_id, name)
+            if other != name:
+                a, b = find(other), find(name)
+                if a != b:
+                    parent[b] = a
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(find(name), []).append(name)
+    return list(groups.values())
+
+
+def overlapping(parts: list[Part]) -> bool:
+    """True when two parts hold one shareable object (the value cannot be cut there without losing identity)."""
+    seen: set[int] = set()
+    for part in parts:
+        if not seen.isdisjoint(part.ids):
+            return True
+        seen |= part.ids
+    return False

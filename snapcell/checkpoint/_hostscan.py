@@ -1,0 +1,154 @@
+"""The host's side of the checkpoint rule: every pickle of a dump is scanned before the host signs it.
+
+`scan_body` covers the pickles inside a body; `check_frame_blobs` the frames a format-3 body stores as blobs (new
+ones are scanned; ones only referred to must be frames the host scanned before). Nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+
+from snapcell.checkpoint._blobs import blob_raw_size, decode_blob
+from snapcell.checkpoint._format import SectionKind, parse_container
+from snapcell.checkpoint._rule import GlobalRule, Refusal
+from snapcell.checkpoint._scan import scan_pickle
+from snapcell.checkpoint._unpickle import _decompress, frame_parts
+from snapcell.errors import CheckpointCorrupt
+
+__all__ = ["UnscannedFrame", "check_frame_blobs", "frame_blob_hashes", "scan_body", "scan_frame_blob", "scanned_frames"]
+
+
+def scan_body(
+    body: bytes | bytearray | memoryview,
+    *,
+    rule: GlobalRule | Callable[[str], bool],
+    max_raw_bytes: int | None = None,
+) -> tuple[Refusal, str | None] | None:
+    """Apply the loader's rule to every pickle of an unsigned body, without unpickling (the host, before it signs).
+
+    Each pickle section is decompressed in turn (declared sizes are checked first, as at load) and scanned by
+    `scan_pickle`; buffers and blob references hold no pickles.
+
+    Args:
+        body: The unsigned body.
+        rule: The policy's part of the loader's rule.
+        max_raw_bytes: Refuse a body whose sections would decompress to more than this.
+
+    Returns:
+        None when every global passes; else the first refusal and the variable whose pickle holds it (when known).
+
+    Raises:
+        CheckpointCorrupt: The body is malformed.
+        CheckpointVersionError: The body is in a format this release does not read.
+    """
+    container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    manifest = container.manifest
+    dill_vars = [v.name for v in manifest.variables if v.serializer == "dill"]
+    if container.header.format_version >= 3:
+        for frame, parts in zip(manifest.frames, frame_parts(container.sections, manifest), strict=True):
+            for head, _buffers in parts:
+                if head.kind is not SectionKind.STREAM:
+                    continue  # a frame blob: the host scans it when it is new (`scan_frame_blob`)
+                data = _decompress(head.codec, head.data, head.raw_size, writable=False)
+                refusal = scan_pickle(data, rule)
+                del data
+                if refusal is not None:
+                    return refusal, frame.names[0] if len(frame.names) == 1 else None
+        cloud_vars: list[str] = []
+    else:
+        cloud_vars = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]
+    dill_index = 0
+    for section in container.sections:
+        if section.kind is SectionKind.DILL or (section.kind is SectionKind.STREAM and cloud_vars):
+            data = _decompress(section.codec, section.data, section.raw_size, writable=False)
+            refusal = scan_pickle(data, rule)
+            del data
+            if section.kind is SectionKind.STREAM:
+                names = cloud_vars
+            else:
+                names, dill_index = dill_vars[dill_index : dill_index + 1], dill_index + 1
+                if refusal is not None:
+                    refusal = Refusal(refusal.module, refusal.name, refusal.reason, refusal.offset, 0)
+            if refusal is not None:
+                return refusal, names[refusal.index] if refusal.index < len(names) else None
+    return None
+
+
+def frame_blob_hashes(body: bytes | bytearray | memoryview) -> dict[str, int]:
+    """The frame blobs (pickles stored as blobs) a body refers to: hash hex to raw size; parses, never unpickles.
+
+    Raises:
+        CheckpointCorrupt: The body is malformed.
+        CheckpointVersionError: The body is in a format this release does not read.
+    """
+    container = parse_container(body)
+    return {bytes(s.data).hex(): s.raw_size for s in container.sections if s.kind is SectionKind.FRAME_BLOB}
+
+
+def scan_frame_blob(
+    stored: bytes | bytearray | memoryview, digest_hex: str, raw_size: int, rule: GlobalRule | Callable[[str], bool]
+) -> Refusal | None:
+    """Decode a stored frame blob (checking its hash) and apply the loader's rule to its pickle.
+
+    Raises:
+        CheckpointCorrupt: The blob is malformed or does not match its hash.
+    """
+    if blob_raw_size(stored) != raw_size:
+        raise CheckpointCorrupt(f"frame blob {digest_hex} does not hold the {raw_size} bytes its checkpoint says")
+    out = bytearray(raw_size)
+    decode_blob(stored, digest=bytes.fromhex(digest_hex), into=memoryview(out))
+    return scan_pickle(out, rule)
+
+
+class UnscannedFrame(Exception):
+    """A dump refers to a frame blob that is neither new (sent to be scanned) nor one the host scanned before."""
+
+
+def check_frame_blobs(
+    body: bytes | bytearray | memoryview,
+    new_blobs: Mapping[str, bytes | bytearray | memoryview],
+    scanned: Collection[str],
+    rule: GlobalRule | Callable[[str], bool],
+) -> tuple[tuple[Refusal, str] | None, set[str]]:
+    """The host's check of the pickles a dump stores as blobs, before it signs (`scan_body` covers the body's own).
+
+    A frame blob the dump sends is new: it is decoded (its hash checked) and scanned. One it only refers to must be
+    one the host scanned before (``scanned``: frames of its earlier dumps and of the checkpoint it loaded): a worker
+    may not pass off a blob stored as data (an array's bytes) as a pickle. The signature then covers the list of
+    frame hashes, each scanned once.
+
+    Returns:
+        The first refusal with the frame's hash (or None), and every frame hash the body refers to.
+
+    Raises:
+        CheckpointCorrupt: The body or a new frame blob is malformed or does not match its hash.
+        UnscannedFrame: The body refers to a frame blob the host never scanned.
+    """
+    frames = frame_blob_hashes(body)
+    for digest, raw_size in frames.items():
+        stored = new_blobs.get(digest)
+        if stored is None:
+            if digest not in scanned:
+                raise UnscannedFrame(f"the dump refers to frame blob {digest}, which the host never scanned")
+            continue
+        refusal = scan_frame_blob(stored, digest, raw_size, rule)
+        if refusal is not None:
+            return (refusal, digest), set(frames)
+    return None, set(frames)
+
+
+def scanned_frames(
+    body: bytes | bytearray | memoryview,
+    blobs: Mapping[str, bytes | bytearray | memoryview],
+    rule: GlobalRule | Callable[[str], bool],
+) -> set[str]:
+    """The frame blobs of a loaded checkpoint that pass the rule (a later dump may refer to them unchanged)."""
+    passed = set()
+    for digest, raw_size in frame_blob_hashes(body).items():
+        stored = blobs.get(digest)
+        try:
+            if stored is not None and scan_frame_blob(stored, digest, raw_size, rule) is None:
+                passed.add(digest)
+        except CheckpointCorrupt:
+            continue  # the load reports it
+    return passed

@@ -1,0 +1,113 @@
+"""The top-level ``def``/``class``/``import`` statements of a session's cells, kept to re-create definitions.
+
+A function or class travels in a checkpoint as bytecode, which another Python minor version (or a narrower policy,
+or a serializer failure) may not restore. Its source does not have that problem: the checkpoint keeps the latest
+top-level statement that bound each such name, and a load that cannot restore the name runs that statement again.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from collections.abc import Collection, Iterable, Mapping
+
+__all__ = ["Definitions", "bound_names", "setup_cells_assigning"]
+
+# Most statements kept, newest first; a session defining more keeps the latest ones.
+_MAX_KEPT = 500
+_MAX_SOURCE_CHARS = 200_000
+
+
+def bound_names(node: ast.stmt) -> set[str]:
+    """The names a top-level def, class or import statement binds (empty for any other statement)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Import):
+        return {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    if isinstance(node, ast.ImportFrom):
+        return {alias.asname or alias.name for alias in node.names if alias.name != "*"}
+    return set()
+
+
+def _segment(source: str, node: ast.stmt) -> str | None:
+    lines = source.splitlines(keepends=True)
+    decorators = getattr(node, "decorator_list", [])
+    first = min([node.lineno, *(d.lineno for d in decorators)])
+    last = node.end_lineno or node.lineno
+    text = "".join(lines[first - 1 : last])
+    return text if len(text) <= _MAX_SOURCE_CHARS else None
+
+
+class Definitions:
+    """Name to the source of the latest top-level statement that defined it, in definition order."""
+
+    def __init__(self, sources: Iterable[str] = ()) -> None:
+        self._by_name: dict[str, str] = {}
+        for source in sources:
+            self._add(source, None)
+
+    def record(self, code: str, namespace: Mapping[str, object]) -> None:
+        """Keep the def/class/import statements of a cell that ran, for the names they bound that still exist."""
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            return
+        for node in tree.body:
+            if bound_names(node):
+                text = _segment(code, node)
+                if text is not None:
+                    self._add(text, namespace)
+
+    def _add(self, text: str, namespace: Mapping[str, object] | None) -> None:
+        try:
+            (node,) = ast.parse(text).body
+        except (SyntaxError, ValueError):
+            return
+        for name in bound_names(node):
+            if namespace is not None and not isinstance(
+                namespace.get(name), types.FunctionType | type | types.ModuleType
+            ):
+                continue  # not reached, or rebound since: not a definition to re-create
+            self._by_name.pop(name, None)  # moved to the end: later definitions may use earlier ones
+            self._by_name[name] = text
+        while len(self._by_name) > _MAX_KEPT:
+            del self._by_name[next(iter(self._by_name))]
+
+    def sources(self) -> list[str]:
+        """The kept statements, once each, oldest first."""
+        return list(dict.fromkeys(self._by_name.values()))
+
+    def for_names(self, names: Collection[str]) -> tuple[list[str], list[str]]:
+        """The statements that define any of ``names`` (in order), and the names they cover."""
+        chosen = [text for name, text in self._by_name.items() if name in names]
+        covered = [name for name in self._by_name if name in names]
+        return list(dict.fromkeys(chosen)), covered
+
+
+def setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
+    """The setup cells that bind any of ``names`` at top level, in order."""
+    if not names:
+        return []
+    chosen = []
+    for source in setup_cells:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        bound = (
+            {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+            | {
+                node.name
+                for node in tree.body
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            }
+            | {
+                (alias.asname or alias.name).split(".")[0]
+                for node in tree.body
+                if isinstance(node, ast.Import | ast.ImportFrom)
+                for alias in node.names
+            }
+        )
+        if bound & names:
+            chosen.append(source)
+    return chosen
