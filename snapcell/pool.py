@@ -166,6 +166,7 @@ class AsyncPool:
                 max_workers=self.max_workers,
                 checkout_timeout_s=self.checkout_timeout_s,
                 recycle_after=self.recycle_after,
+                preload=WorkerPool.preload_for(self.policy),
             )
         return self._workers
 
@@ -179,7 +180,7 @@ class AsyncPool:
         backend = ProcessBackend(self._worker_pool(), policy=self.policy, limits=self.limits)
         await backend.start()
         try:
-            return {"process": "active", **backend.sandbox}
+            return {"process": "active", "start": backend.start_path, **backend.sandbox}
         finally:
             await backend.close()
 

@@ -218,6 +218,17 @@ class ProcessBackend:
             await self._pool.release(worker)  # killed, never reused
 
     @property
+    def start_path(self) -> str:
+        """How the current worker started: "zygote (pid N, preloaded ...)" or "spawn"."""
+        worker = self.worker
+        if worker is None:
+            return "none"
+        zygote = worker.zygote
+        if worker.forked is None or zygote is None:
+            return "spawn"
+        return f"zygote (pid {zygote.pid}, preloaded: {', '.join(zygote.preloaded) or 'nothing'})"
+
+    @property
     def sandbox(self) -> dict[str, str]:
         """The sandbox layers of the current worker."""
         return dict(self.worker.sandbox) if self.worker is not None else {}

@@ -47,6 +47,7 @@ from snapcell.runner._wire import (
     reply_budget,
     to_plain,
 )
+from snapcell.runner._zygotehost import ForkedChild, Zygote
 
 __all__ = ["WorkerProcess", "policy_to_plain"]
 
@@ -96,13 +97,18 @@ def policy_to_plain(policy: Policy) -> dict[str, Any]:
 class WorkerProcess:
     """One worker process and the channel to it. Use `start`, then `init`, then requests."""
 
-    def __init__(self, scratch_root: str, *, command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, scratch_root: str, *, command: Sequence[str] | None = None, zygote: Zygote | None = None
+    ) -> None:
         # The interpreter and module to start; the socket's descriptor and the host's pid are appended.
         self._command = (
             list(command) if command is not None else [sys.executable, "-I", "-m", "snapcell.runner._worker"]
         )
         self._scratch_root = scratch_root
         self.scratch_dir = ""
+        # Forked by this zygote instead of spawned (then `process` stays None and `forked` names the child).
+        self.zygote = zygote
+        self.forked: ForkedChild | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.pid: int | None = None
         self.sandbox: dict[str, str] = {}
@@ -121,10 +127,32 @@ class WorkerProcess:
         self.limits = Limits()
         self._inherited_rss = 0
 
+    @property
+    def start_path(self) -> str:
+        """How this worker was started: ``"zygote"`` (forked from a clean zygote) or ``"spawn"``."""
+        return "zygote" if self.forked is not None else "spawn"
+
     async def start(self) -> None:
-        """Spawn the interpreter and wait until it has imported snapcell."""
+        """Start the worker (forked from the zygote, or spawned) and wait until it has imported snapcell.
+
+        Raises:
+            ZygoteError: The zygote could not fork a worker (the caller may spawn one instead).
+            SessionError: A spawned worker could not start.
+        """
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._stderr = tempfile.TemporaryFile()
+        if self.zygote is not None:
+            try:
+                self.forked = await self.zygote.fork(child, self._stderr)
+            except BaseException:
+                parent.close()
+                raise
+            finally:
+                child.close()
+            self.pid = self.forked.pid
+            self._inherited_rss = self.forked.inherited_rss
+            await self._wait_started(parent)
+            return
         try:
             self.process = subprocess.Popen(
                 [*self._command, str(child.fileno()), str(os.getpid())],
@@ -146,13 +174,16 @@ class WorkerProcess:
         # A child's peak RSS (from wait4) starts at the host's own, inherited across fork and exec: only a peak
         # above this is the worker's own doing.
         self._inherited_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        parent.setblocking(False)
-        self._sock = parent
+        await self._wait_started(parent)
+
+    async def _wait_started(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
         async with _deadline(_STARTUP_TIMEOUT_S, self):
             message, _, _ = await self._receive(reply_budget("start", self.limits))
-        if message.get("op") != "started":
+        if message.get("op") != "started" or (self.forked is not None and message.get("pid") != self.pid):
             await self.kill()
-            raise SessionError(f"a worker process sent {str(message.get('op'))[:40]!r} instead of starting")
+            raise SessionError(f"a worker process sent {str(message)[:80]!r} instead of starting")
 
     async def init(self, *, policy: Policy, limits: Limits) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers."""
@@ -385,10 +416,10 @@ class WorkerProcess:
 
     async def _death_reason(self) -> str:
         """Why the worker died, from what the host saw: its exit status and its peak memory (never its stderr)."""
-        if self.process is None:
+        if self.process is None and self.forked is None:
             return "crash"
         try:
-            code, peak_bytes = await asyncio.wait_for(asyncio.to_thread(self._reap), _EXIT_WAIT_S)
+            code, peak_bytes = await asyncio.wait_for(self._wait_exit(), _EXIT_WAIT_S)
         except TimeoutError:  # it closed its channel but lives on: not a worker any more
             await self.kill()
             return "crash"
@@ -410,6 +441,14 @@ class WorkerProcess:
         if code < 0 and -code == signal.SIGXCPU:
             return "timeout"
         return "crash"
+
+    async def _wait_exit(self) -> tuple[int, int | None]:
+        """Wait for the worker to exit: its exit code (negative for a signal) and peak RSS in bytes, if known."""
+        if self.forked is not None:
+            # Reaped by the zygote, its parent, which reports what wait4 said.
+            status, peak = await asyncio.shield(self.forked.exited)
+            return os.waitstatus_to_exitcode(status), peak
+        return await asyncio.to_thread(self._reap)
 
     def _reap(self) -> tuple[int, int | None]:
         """Wait for the worker to exit: its exit code (negative for a signal) and peak RSS in bytes, if known."""
@@ -440,6 +479,11 @@ class WorkerProcess:
     async def kill(self) -> None:
         """Kill the worker and remove its scratch directory; safe to call twice."""
         self.dead = True
+        if self.forked is not None:
+            self.forked.kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.forked.exited), _KILL_WAIT_S)
+            self.forked.close()
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)

@@ -430,7 +430,12 @@ def _read_paths(policy: Policy) -> list[str]:
 
 
 def _apply_sandbox(
-    settings: dict[str, Any], limits: Limits, policy: Policy, keep_fds: tuple[int, ...], parent_pid: int | None
+    settings: dict[str, Any],
+    limits: Limits,
+    policy: Policy,
+    keep_fds: tuple[int, ...],
+    parent_pid: int | None,
+    host_pid: int | None = None,
 ) -> dict[str, str]:
     from snapcell.runner._sandbox import apply_sandbox
 
@@ -441,6 +446,7 @@ def _apply_sandbox(
         read_paths=_read_paths(policy),
         allow_fds=keep_fds,
         parent_pid=parent_pid,
+        host_pid=host_pid,
         uid=uid if isinstance(uid, int) else None,
         gid=gid if isinstance(gid, int) else None,
         quota_scratch=bool(settings.get("quota_scratch")),
@@ -473,12 +479,26 @@ def _warm_up() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of a worker process."""
+    """Entry point of a spawned worker process: ``FD [HOST_PID]``."""
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
-    channel = Channel(sock)
     _warm_up()
+    parent_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
+    return serve_session(sock, parent_pid=parent_pid)
+
+
+def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
+    """Serve one session on ``sock``: say "started", take the settings, apply the sandbox, answer requests.
+
+    A spawned worker calls it after its imports; a child forked from a zygote (`_zygote`) calls it right after the
+    fork, with ``parent_pid`` the zygote's pid and ``host_pid`` the host's. Workspace or other per-session set-up that
+    must happen before the sandbox goes between receiving ``init`` and `_apply_sandbox` below.
+
+    Returns:
+        The process's exit code.
+    """
+    channel = Channel(sock)
     channel.send({"op": "started", "pid": os.getpid()})
     try:
         settings, _ = channel.receive()
@@ -495,9 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         _statm_fd = None
     keep = (sock.fileno(),) if _statm_fd is None else (sock.fileno(), _statm_fd)
-    parent_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
     try:
-        report = _apply_sandbox(settings, limits, policy, keep, parent_pid)
+        report = _apply_sandbox(settings, limits, policy, keep, parent_pid, host_pid)
     except (SandboxError, ConfigError) as exc:
         # No script may run half-confined: say why, and stop.
         failure = {"layer": getattr(exc, "layer", None), "errno": getattr(exc, "errno", None)}

@@ -12,12 +12,15 @@ from snapcell.errors import ConfigError, SandboxError, SessionError
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._process import (
+    _ENV,
     _KILL_WAIT_S,
     _REFILL_DELAY_S,
     WorkerProcess,
     _Died,
     log,
 )
+from snapcell.runner._zygote import HEAVY_MODULES, preload_modules
+from snapcell.runner._zygotehost import Zygote, ZygoteError
 
 __all__ = ["WorkerPool"]
 
@@ -34,7 +37,12 @@ class WorkerPool:
             namespace, scratch directory and decimal context are reset, but it is the same interpreter, so
             use it only where the sessions trust each other (one tenant).
         worker_command: The interpreter and module a worker is started as (tests start stand-ins); the default
-            is ``python -I -m snapcell.runner._worker``.
+            is ``python -I -m snapcell.runner._worker``. Given, every worker is spawned with it (no zygote).
+        zygote: Fork workers from a clean zygote interpreter per set of preloaded modules (see `_zygote`), the
+            default; False spawns a fresh interpreter per worker. A zygote that cannot start or fork falls back
+            to spawning, and a dead one is restarted on the next checkout.
+        preload: Heavy modules (numpy, pandas) the warm workers' zygote imports; a checkout whose policy allows
+            others gets a worker from a zygote of its own.
     """
 
     def __init__(
@@ -45,6 +53,8 @@ class WorkerPool:
         checkout_timeout_s: float,
         recycle_after: int = 1,
         worker_command: Sequence[str] | None = None,
+        zygote: bool = True,
+        preload: Sequence[str] = (),
     ) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
@@ -52,6 +62,10 @@ class WorkerPool:
             raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
         self.recycle_after = recycle_after
         self._worker_command = worker_command
+        self.use_zygote = zygote and worker_command is None
+        self.preload = tuple(name for name in HEAVY_MODULES if name in preload)
+        self._zygotes: dict[tuple[str, ...], Zygote] = {}
+        self._zygote_lock = asyncio.Lock()
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
         self.min_warm = min_warm
@@ -95,19 +109,64 @@ class WorkerPool:
                 self._warm.append(worker)
                 self._changed.notify_all()
 
-    async def _spawn(self) -> WorkerProcess | None:
-        self._starting += 1
+    @staticmethod
+    def preload_for(policy: Policy) -> tuple[str, ...]:
+        """The heavy modules a zygote serving ``policy`` imports."""
+        return preload_modules(policy.modules if policy.restricted else frozenset(HEAVY_MODULES))
+
+    async def _zygote(self, preload: tuple[str, ...]) -> Zygote | None:
+        """The running zygote for ``preload``, started (or restarted, if it died) now; None to spawn instead."""
+        if not self.use_zygote:
+            return None
+        async with self._zygote_lock:
+            zygote = self._zygotes.get(preload)
+            if zygote is not None and zygote.alive:
+                return zygote
+            if zygote is not None:
+                log.warning("snapcell: the zygote (pid %s) died; starting a new one", zygote.pid)
+                await zygote.close()
+            zygote = Zygote(preload, cwd=self.scratch_root, env=_ENV)
+            try:
+                await zygote.start()
+            except ZygoteError as exc:
+                log.warning("snapcell: %s; spawning workers instead", exc)
+                self._zygotes.pop(preload, None)
+                return None
+            if self._closed:
+                await zygote.close()
+                return None
+            self._zygotes[preload] = zygote
+            return zygote
+
+    async def _start_worker(self, preload: tuple[str, ...]) -> WorkerProcess:
+        """Fork a worker from the zygote for ``preload``, or spawn one if that is not possible."""
+        zygote = await self._zygote(preload)
+        if zygote is not None:
+            worker = WorkerProcess(self.scratch_root, zygote=zygote)
+            try:
+                await worker.start()
+                return worker
+            except ZygoteError as exc:
+                log.warning("snapcell: %s; spawning a worker instead", exc)
+                await worker.kill()
+            except BaseException:
+                await asyncio.shield(worker.kill())
+                raise
         worker = WorkerProcess(self.scratch_root, command=self._worker_command)
         try:
             await worker.start()
-            return worker
-        except (SessionError, _Died) as exc:
-            log.warning("snapcell: a worker process failed to start: %s", exc)
-            await worker.kill()
-            return None
         except BaseException:
-            await asyncio.shield(worker.kill())  # cancelled mid-start (pool closing): leave no process
+            await asyncio.shield(worker.kill())
             raise
+        return worker
+
+    async def _spawn(self, preload: tuple[str, ...] | None = None) -> WorkerProcess | None:
+        self._starting += 1
+        try:
+            return await self._start_worker(self.preload if preload is None else preload)
+        except (SessionError, _Died) as exc:  # the worker was killed; cancelled mid-start, too (pool closing)
+            log.warning("snapcell: a worker process failed to start: %s", exc)
+            return None
         finally:
             self._starting -= 1
 
@@ -119,31 +178,16 @@ class WorkerPool:
         """
         if self._closed:
             raise SessionError("the pool is closed")
+        preload = self.preload_for(policy)
         reused = self._idle.get((policy, limits))
         if reused:
             again = reused.pop(0)
             self._busy.add(again)
             again.checkouts += 1
             return again
-        worker: WorkerProcess | None = None
         try:
             async with asyncio.timeout(self.checkout_timeout_s):
-                async with self._changed:
-                    while True:
-                        if self._warm:
-                            worker = self._warm.pop(0)
-                            break
-                        if self._live() < self.max_workers:
-                            self._starting += 1  # reserve the slot while we start one
-                            break
-                        if await self._evict_idle():
-                            continue
-                        await self._changed.wait()
-                if worker is None:
-                    self._starting -= 1
-                    worker = await self._spawn()
-                    if worker is None:
-                        raise SessionError("a worker process failed to start; see the snapcell log")
+                worker = await self._claim(preload)
         except TimeoutError:
             raise SessionError(
                 f"no worker process became free within {self.checkout_timeout_s:g} s "
@@ -166,6 +210,35 @@ class WorkerPool:
             if state.startswith("unavailable") and layer not in self._warned:
                 self._warned.add(layer)
                 log.warning("snapcell: sandbox layer %s is %s", layer, state)
+        return worker
+
+    async def _claim(self, preload: tuple[str, ...]) -> WorkerProcess:
+        """Take a warm worker of the zygote for ``preload``, or start one in a free slot (waiting for one).
+
+        Raises:
+            SessionError: A worker failed to start.
+        """
+        async with self._changed:
+            while True:
+                if self._warm and preload == self.preload:
+                    warm = self._warm.pop(0)
+                    if not warm.dead and (warm.zygote is None or warm.zygote.alive):
+                        return warm
+                    await warm.kill()  # its zygote died, and it with it
+                    continue
+                if self._live() < self.max_workers:
+                    self._starting += 1  # reserve the slot while we start one
+                    break
+                if await self._evict_idle():
+                    continue
+                if self._warm:  # warm, but from another zygote: its slot goes to this checkout
+                    await self._warm.pop(0).kill()
+                    continue
+                await self._changed.wait()
+        self._starting -= 1
+        worker = await self._spawn(preload)
+        if worker is None:
+            raise SessionError("a worker process failed to start; see the snapcell log")
         return worker
 
     async def release(self, worker: WorkerProcess, *, reuse_for: tuple[Policy, Limits] | None = None) -> None:
@@ -199,4 +272,7 @@ class WorkerPool:
         self._busy.clear()
         self._idle.clear()
         await asyncio.gather(*(w.kill() for w in workers))
+        zygotes = list(self._zygotes.values())
+        self._zygotes.clear()
+        await asyncio.gather(*(z.close() for z in zygotes))
         shutil.rmtree(self.scratch_root, ignore_errors=True)
