@@ -13,6 +13,7 @@ import re
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from snapcell._answer import (
 )
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
+from snapcell._warm import WarmSessions
 from snapcell.errors import (
     CheckpointExpired,
     CheckpointNotFound,
@@ -104,6 +106,12 @@ class CodeTool:
             the same holder ID takes over such a lease at once, so a server that restarts with a stable ID (its
             host name, a pod name) finds its conversations free; never give two live tools the same ID. Default: a
             new ID per tool (host name, process ID, random).
+        keep_warm_s: Seconds a conversation's live session is kept after its turn (0, the default, keeps none). The
+            next turn reuses it, without loading, when the head still names the checkpoint it saved; otherwise it
+            is checked in and the turn loads as usual. A kept session holds a worker process (and its memory).
+        max_warm_sessions: Sessions kept warm at once (the oldest is checked in first); warm sessions also give up
+            their workers whenever a new checkout would otherwise wait for one.
+        max_warm_bytes: Worker memory all warm sessions may hold together, in bytes (None: no bound).
 
     Raises:
         ConfigError: A setting is invalid, or the pool's store has no default head store.
@@ -124,6 +132,9 @@ class CodeTool:
         lease_wait_s: float = 30.0,
         storage_timeout_s: float | None = 10.0,
         holder_id: str | None = None,
+        keep_warm_s: float = 0.0,
+        max_warm_sessions: int = 16,
+        max_warm_bytes: int | None = 1024**3,
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
@@ -136,6 +147,7 @@ class CodeTool:
             )
         if holder_id is not None and (not isinstance(holder_id, str) or not _HOLDER_ID.match(holder_id)):
             raise ConfigError(f"holder_id must be 1 to 96 letters, digits, '_', ':', '.' or '-', not {holder_id!r}")
+        _check_warm(keep_warm_s, max_warm_sessions, max_warm_bytes)
         if not isinstance(pool, AsyncPool):
             raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
         if heads is not None and not isinstance(heads, HeadStore):
@@ -164,6 +176,9 @@ class CodeTool:
         host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
         self.description = _DESCRIPTION + (
             "\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else ""
+        )
+        self._warm = WarmSessions(
+            keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
         )
         self._aheads = AsyncHeads(self.heads)
         self._leases = TurnLeases(
@@ -256,11 +271,18 @@ class CodeTool:
         if done is not None:
             return replayed(done)
         notes: list[str] = []
-        async with self.pool.checkout(**self._checkout) as session:
-            history = await self._load(session, head, notes)
+        at = head.checkpoint_id if head is not None else None
+        async with self._warm.turn(conversation_id, at, self._new_session, room_needed=self._pool_full) as warm:
+            session = warm.session
+            # A warm session holds exactly the head's checkpoint: nothing to load.
+            if warm.reused and head is not None and at is not None:
+                history: tuple[bytes, ...] = (at, *head.history)
+            else:
+                history = await self._load(session, head, notes)
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
                 new_id = await session.dump()
+                warm.dumped(new_id, result.memory_bytes)
             except WorkerLost as exc:
                 notes.append(
                     f"the Python session crashed and restarted ({exc.reason}: {exc}); this code's changes are lost "
@@ -302,6 +324,13 @@ class CodeTool:
             return committed.answer if committed is not None and committed.answer is not None else answer
         owner.clear()  # released with the head
         return answer
+
+    def _new_session(self) -> AbstractAsyncContextManager[AsyncSession]:
+        return self.pool.checkout(**self._checkout)
+
+    def _pool_full(self) -> bool:
+        """Whether every worker slot of the pool is checked out (warm sessions give theirs up then)."""
+        return self.pool.isolation == "process" and len(self.pool._sessions) >= self.pool.max_workers
 
     async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
         """Load the newest checkpoint of the head that still exists; return the history the next head keeps.
@@ -386,6 +415,7 @@ class CodeTool:
     async def aclose(self) -> None:
         """Finish giving back leases (for up to ``storage_timeout_s``), then close the head store if the tool
         opened it (the default one); a head store passed in stays open."""
+        await self._warm.aclose()
         await self._leases.aclose()
         if self._owns_heads:
             await asyncio.to_thread(self.heads.close)
@@ -533,3 +563,19 @@ class SyncCodeTool:
     def close(self) -> None:
         """See `CodeTool.aclose`."""
         self._pool.call(self._inner.aclose())
+
+
+def _check_warm(keep_warm_s: object, max_warm_sessions: object, max_warm_bytes: object) -> None:
+    """Validate the warm-session settings of `CodeTool`.
+
+    Raises:
+        ConfigError: A setting is invalid.
+    """
+    if isinstance(keep_warm_s, bool) or not isinstance(keep_warm_s, int | float) or not 0 <= keep_warm_s < 1e9:
+        raise ConfigError(f"keep_warm_s must be a number of seconds >= 0, not {keep_warm_s!r}")
+    if isinstance(max_warm_sessions, bool) or not isinstance(max_warm_sessions, int) or max_warm_sessions < 0:
+        raise ConfigError(f"max_warm_sessions must be a whole number >= 0, not {max_warm_sessions!r}")
+    if max_warm_bytes is not None and (
+        isinstance(max_warm_bytes, bool) or not isinstance(max_warm_bytes, int) or max_warm_bytes < 0
+    ):
+        raise ConfigError(f"max_warm_bytes must be a whole number of bytes >= 0 or None, not {max_warm_bytes!r}")
