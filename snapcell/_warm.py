@@ -67,6 +67,7 @@ class WarmSessions:
         self.max_bytes = max_bytes
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
+        self._waiting = 0  # turns waiting for a new checkout
         self.reused = 0
 
     def __len__(self) -> int:
@@ -102,14 +103,19 @@ class WarmSessions:
             while self._kept and room_needed():
                 await self._evict(next(iter(self._kept)))
             stack = AsyncExitStack()
-            session = await stack.enter_async_context(checkout())
+            self._waiting += 1
+            try:
+                session = await stack.enter_async_context(checkout())
+            finally:
+                self._waiting -= 1
             turn = WarmTurn(session, False, stack)
         try:
             yield turn
         except BaseException as exc:
             await turn._stack.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        if turn._dumped is None or self.keep_warm_s <= 0 or self.max_sessions < 1:
+        # A turn waiting for a checkout gets this session's worker rather than waiting behind a warm session.
+        if turn._dumped is None or self.keep_warm_s <= 0 or self.max_sessions < 1 or self._waiting:
             await turn._stack.aclose()
             return
         await self._keep(conversation_id, _Kept(turn._stack, turn.session, turn._dumped, turn._memory_bytes))
