@@ -207,6 +207,43 @@ def mount_scratch(scratch: str, *, size_bytes: int, uid: int | None, gid: int | 
     return f"active: tmpfs of {size_bytes} bytes, {inodes} inodes"
 
 
+# Resolved import paths, filled by `warm_import_paths` in a zygote so that its forked workers need not resolve the
+# same few hundred package directories again (an lstat per path component) on every checkout.
+_REALPATHS: dict[str, str] = {}
+
+
+def _realpath(path: str) -> str:
+    real = _REALPATHS.get(path)
+    if real is None:
+        real = _REALPATHS[path] = os.path.realpath(path)
+    return real
+
+
+# Which imported modules are packages, by name and module object (a getattr may run a module's lazy __getattr__).
+_PACKAGES: dict[str, tuple[object, bool]] = {}
+
+
+def _is_package(name: str, module: object) -> bool:
+    known = _PACKAGES.get(name)
+    if known is not None and known[0] is module:
+        return known[1]
+    return isinstance(getattr(module, "__path__", None), list)
+
+
+def warm_import_paths() -> None:
+    """Resolve ``sys.path`` and every imported package's ``__path__`` now, for `pin_import_paths` after a fork."""
+    for entry in sys.path:
+        if entry:
+            _realpath(entry)
+    for name, module in list(sys.modules.items()):
+        paths = getattr(module, "__path__", None)
+        _PACKAGES[name] = (module, isinstance(paths, list))
+        if isinstance(paths, list):
+            for entry in paths:
+                if isinstance(entry, str):
+                    _realpath(entry)
+
+
 def pin_import_paths() -> list[int]:
     """Point ``sys.path`` and packages' ``__path__`` at ``/proc/self/fd/N`` links to open directories.
 
@@ -214,16 +251,17 @@ def pin_import_paths() -> list[int]:
         The descriptors opened; they must stay open.
     """
     roots: dict[str, int] = {}
+    realpath = _realpath
 
     def pinned(path: str) -> str | None:
-        real = os.path.realpath(path)
+        real = realpath(path)
         for root, fd in roots.items():
             if real == root or real.startswith(root + os.sep):
                 return f"/proc/self/fd/{fd}{real[len(root) :]}"
         return None
 
     def add_root(path: str) -> None:
-        real = os.path.realpath(path)
+        real = realpath(path)
         if real in roots or pinned(real) is not None or not os.path.isdir(real):
             return
         roots[real] = os.open(real, os.O_PATH | os.O_DIRECTORY)
@@ -231,7 +269,7 @@ def pin_import_paths() -> list[int]:
     for entry in sys.path:
         if entry:
             add_root(entry)
-    packages = [m for m in list(sys.modules.values()) if isinstance(getattr(m, "__path__", None), list)]
+    packages = [m for name, m in list(sys.modules.items()) if _is_package(name, m)]
     for module in packages:
         for entry in module.__path__:
             if isinstance(entry, str) and pinned(entry) is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -160,9 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
                 preloaded.append(name)
-    from snapcell.runner import _worker
+    from snapcell.runner import _privileges, _worker
 
     _worker._warm_up()
+    _privileges.warm_import_paths()
+    # Everything imported so far is shared with the children copy-on-write; a child's garbage collector would
+    # touch (and so copy) every page of it on its first pass. Frozen objects are never traversed.
+    gc.collect()
+    gc.freeze()
     threads = len(os.listdir("/proc/self/task"))
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
