@@ -498,9 +498,15 @@ class WorkerProcess:
             self._stderr.close()
             self._stderr = None
         if self.scratch_dir:
-            release_scratch(self.scratch_dir)
-            shutil.rmtree(self.scratch_dir, ignore_errors=True)
-            self.scratch_dir = ""
+            scratch, self.scratch_dir = self.scratch_dir, ""
+            # Unmounting the scratch tmpfs and removing its directory take milliseconds that the event loop,
+            # shared by every session, should not wait for.
+            await asyncio.shield(asyncio.to_thread(_remove_scratch, scratch))
+
+
+def _remove_scratch(scratch: str) -> None:
+    release_scratch(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager

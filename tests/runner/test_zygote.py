@@ -120,8 +120,9 @@ def test_the_zygote_reports_a_childs_exit_status_and_peak_memory() -> None:
 
     status, peak, inherited = asyncio.run(main())
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSEGV
-    # The child's own 200 MiB, seen through the zygote's wait4 (the zygote's own peak may exceed what it held at fork).
-    assert peak - inherited >= 100 * 2**20, (peak, inherited)
+    # The child's own 200 MiB, seen through the zygote's wait4. The inherited figure is the zygote's own peak, which
+    # starts at the host's RSS when it was spawned (a long test run's), so only "above it" is asserted.
+    assert peak >= 200 * 2**20 and peak > inherited, (peak, inherited)
 
 
 _HOST = textwrap.dedent(
