@@ -167,6 +167,7 @@ class AsyncPool:
                 checkout_timeout_s=self.checkout_timeout_s,
                 recycle_after=self.recycle_after,
                 preload=WorkerPool.preload_for(self.policy),
+                settle=(self.policy, self.limits),
             )
         return self._workers
 

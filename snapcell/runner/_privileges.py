@@ -148,11 +148,17 @@ def _worker_alive(pid: int, uid: int) -> bool:
     ]
 
 
+# Pids of the workers this host process has started and not yet released: their mounts are never stale, even in
+# the moment between a worker mounting its scratch and switching to its uid (when it still runs as root).
+LIVE_WORKER_PIDS: set[int] = set()
+
+
 def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:
     """Unmount scratch tmpfs mounts left by workers that are gone (their host was killed before it could).
 
     Only mounts this module made (device ``snapcell-scratch``) with an automatic worker uid are touched,
-    and only when the worker they name (``uid - WORKER_UID_BASE``) no longer exists.
+    and only when the worker they name (``uid - WORKER_UID_BASE``) no longer exists and is not one of this
+    process's own (`LIVE_WORKER_PIDS`).
 
     Returns:
         The mount points unmounted.
@@ -168,7 +174,8 @@ def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:
         if len(fields) < 4 or fields[0] != _SCRATCH_DEVICE or fields[2] != "tmpfs":
             continue
         uid = next((int(o[4:]) for o in fields[3].split(",") if o.startswith("uid=") and o[4:].isdigit()), 0)
-        if uid > WORKER_UID_BASE and not _worker_alive(uid - WORKER_UID_BASE, uid):
+        pid = uid - WORKER_UID_BASE
+        if uid > WORKER_UID_BASE and pid not in LIVE_WORKER_PIDS and not _worker_alive(pid, uid):
             point = fields[1].encode().decode("unicode_escape")  # mounts escapes spaces as \040
             if _libc.umount2(os.fsencode(point), ctypes.c_int(_MNT_DETACH)) == 0:
                 swept.append(point)

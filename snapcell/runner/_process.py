@@ -37,6 +37,7 @@ from snapcell.errors import OutputLimitExceeded, SessionError
 from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
+from snapcell.runner._privileges import LIVE_WORKER_PIDS
 from snapcell.runner._sandbox import release_scratch, sandbox_failure, worker_sandbox_settings
 from snapcell.runner._wire import (
     FRAME,
@@ -113,6 +114,8 @@ class WorkerProcess:
         self.pid: int | None = None
         self.sandbox: dict[str, str] = {}
         self.checkouts = 0
+        # The (policy, limits) this worker was set up for ahead of a checkout (see `WorkerPool`), if any.
+        self.settled: tuple[Policy, Limits] | None = None
         self._sock: socket.socket | None = None
         # Received bytes not yet consumed live in _rbuf[_rstart:_rend].
         self._rbuf = bytearray(_READ_CHUNK)
@@ -188,6 +191,8 @@ class WorkerProcess:
     async def init(self, *, policy: Policy, limits: Limits) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers."""
         self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
+        if self.pid is not None:
+            LIVE_WORKER_PIDS.add(self.pid)  # its scratch mount is not stale while it sets up (see the sweep)
         sandbox_settings = worker_sandbox_settings(self.pid or 0, self._scratch_root)
         memory = limits.memory_bytes
         self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
@@ -499,6 +504,7 @@ class WorkerProcess:
             self._stderr = None
         if self.scratch_dir:
             scratch, self.scratch_dir = self.scratch_dir, ""
+            LIVE_WORKER_PIDS.discard(self.pid or 0)
             # Unmounting the scratch tmpfs and removing its directory take milliseconds that the event loop,
             # shared by every session, should not wait for.
             await asyncio.shield(asyncio.to_thread(_remove_scratch, scratch))

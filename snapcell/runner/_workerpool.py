@@ -43,6 +43,8 @@ class WorkerPool:
             to spawning, and a dead one is restarted on the next checkout.
         preload: Heavy modules (numpy, pandas) the warm workers' zygote imports; a checkout whose policy allows
             others gets a worker from a zygote of its own.
+        settle: The (policy, limits) most checkouts use (the pool's own): warm workers get them, and so apply
+            their sandbox, ahead of time; a checkout with other settings gets a worker of its own.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class WorkerPool:
         worker_command: Sequence[str] | None = None,
         zygote: bool = True,
         preload: Sequence[str] = (),
+        settle: tuple[Policy, Limits] | None = None,
     ) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
@@ -66,6 +69,7 @@ class WorkerPool:
         self.preload = tuple(name for name in HEAVY_MODULES if name in preload)
         self._zygotes: dict[tuple[str, ...], Zygote] = {}
         self._zygote_lock = asyncio.Lock()
+        self.settle = settle
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
         self.min_warm = min_warm
@@ -102,6 +106,22 @@ class WorkerPool:
             worker = await self._spawn()
             if worker is None:
                 return
+            if self.settle is not None:
+                self._starting += 1  # still counted while it sets up
+                try:
+                    await worker.init(policy=self.settle[0], limits=self.settle[1])
+                except (SandboxError, ConfigError, SessionError, _Died) as exc:
+                    # A checkout with these settings will fail the same way, and say why: stop settling ahead.
+                    log.debug("snapcell: a warm worker could not be set up ahead of time: %s", exc)
+                    self.settle = None
+                    await worker.kill()
+                    return
+                except BaseException:
+                    await asyncio.shield(worker.kill())  # cancelled (the pool is closing): leave no process
+                    raise
+                finally:
+                    self._starting -= 1
+                worker.settled = self.settle
             async with self._changed:
                 if self._closed:
                     await worker.kill()
@@ -187,7 +207,7 @@ class WorkerPool:
             return again
         try:
             async with asyncio.timeout(self.checkout_timeout_s):
-                worker = await self._claim(preload)
+                worker = await self._claim(preload, (policy, limits))
         except TimeoutError:
             raise SessionError(
                 f"no worker process became free within {self.checkout_timeout_s:g} s "
@@ -198,7 +218,8 @@ class WorkerPool:
         # the CPU, which the session's first run (usually right now) should not pay for.
         asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
         try:
-            await worker.init(policy=policy, limits=limits)
+            if worker.settled != (policy, limits):
+                await worker.init(policy=policy, limits=limits)
         except (SandboxError, ConfigError):  # a layer failed, or the host's sandbox settings are invalid
             await self.release(worker)
             raise
@@ -212,16 +233,18 @@ class WorkerPool:
                 log.warning("snapcell: sandbox layer %s is %s", layer, state)
         return worker
 
-    async def _claim(self, preload: tuple[str, ...]) -> WorkerProcess:
-        """Take a warm worker of the zygote for ``preload``, or start one in a free slot (waiting for one).
+    async def _claim(self, preload: tuple[str, ...], settings: tuple[Policy, Limits]) -> WorkerProcess:
+        """Take a warm worker fit for ``settings`` (from the zygote for ``preload``), or start one in a free slot.
 
         Raises:
             SessionError: A worker failed to start.
         """
         async with self._changed:
             while True:
-                if self._warm and preload == self.preload:
-                    warm = self._warm.pop(0)
+                fit = [w for w in self._warm if w.settled in (None, settings)] if preload == self.preload else []
+                if fit:
+                    warm = fit[0]
+                    self._warm.remove(warm)
                     if not warm.dead and (warm.zygote is None or warm.zygote.alive):
                         return warm
                     await warm.kill()  # its zygote died, and it with it
@@ -231,7 +254,7 @@ class WorkerPool:
                     break
                 if await self._evict_idle():
                     continue
-                if self._warm:  # warm, but from another zygote: its slot goes to this checkout
+                if self._warm:  # warm, but from another zygote or for other settings: its slot goes to this checkout
                     await self._warm.pop(0).kill()
                     continue
                 await self._changed.wait()
