@@ -128,8 +128,23 @@ def _fork(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], host_pid: 
     for fd in fds:
         os.close(fd)
     if pid > 0:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        _send(ctrl, {"op": "forked", "pid": pid, "rss": rss})
+        _send(ctrl, {"op": "forked", "pid": pid, "rss": _high_water_rss()})
+
+
+def _high_water_rss() -> int:
+    """This process's own peak RSS in bytes (VmHWM), which a forked child's peak starts from.
+
+    Not ``ru_maxrss``: that also counts the peak inherited from the host across the zygote's own fork and exec,
+    which a child does not inherit.
+    """
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _reap(ctrl: socket.socket) -> None:

@@ -120,9 +120,9 @@ def test_the_zygote_reports_a_childs_exit_status_and_peak_memory() -> None:
 
     status, peak, inherited = asyncio.run(main())
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSEGV
-    # The child's own 200 MiB, seen through the zygote's wait4. The inherited figure is the zygote's own peak, which
-    # starts at the host's RSS when it was spawned (a long test run's), so only "above it" is asserted.
-    assert peak >= 200 * 2**20 and peak > inherited, (peak, inherited)
+    # The child's own 200 MiB, seen through the zygote's wait4, above what it started from (the zygote's own peak, not
+    # the host's, which a long test run makes large).
+    assert peak - inherited >= 150 * 2**20, (peak, inherited)
 
 
 _HOST = textwrap.dedent(
@@ -163,3 +163,16 @@ def test_worker_command_bypasses_the_zygote() -> None:
             await workers.close()
 
     assert asyncio.run(main()) == ("spawn", 2)
+
+
+def test_a_zygote_that_cannot_start_falls_back_to_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from snapcell.runner import _zygotehost
+
+    async def broken(self: _zygotehost.Zygote) -> None:
+        raise _zygotehost.ZygoteError("no zygote here")
+
+    monkeypatch.setattr(_zygotehost.Zygote, "start", broken)
+    with Pool("memory://", isolation="process") as pool:
+        assert pool.isolation_report()["start"] == "spawn"
+        with pool.checkout() as session:
+            assert session.feed_run("1 + 1") == 2
