@@ -160,15 +160,19 @@ class WorkerPool:
 
     async def _start_worker(self, preload: tuple[str, ...]) -> WorkerProcess:
         """Fork a worker from the zygote for ``preload``, or spawn one if that is not possible."""
-        zygote = await self._zygote(preload)
-        if zygote is not None:
+        for attempt in range(2):  # a zygote found dead while forking is restarted once
+            zygote = await self._zygote(preload)
+            if zygote is None:
+                break
             worker = WorkerProcess(self.scratch_root, zygote=zygote)
             try:
                 await worker.start()
                 return worker
             except ZygoteError as exc:
-                log.warning("snapcell: %s; spawning a worker instead", exc)
                 await worker.kill()
+                if attempt or zygote.alive:
+                    log.warning("snapcell: %s; spawning a worker instead", exc)
+                    break
             except BaseException:
                 await asyncio.shield(worker.kill())
                 raise
