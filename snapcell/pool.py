@@ -187,6 +187,8 @@ class AsyncPool:
                 checkout_timeout_s=self.checkout_timeout_s,
                 recycle_after=self.recycle_after,
                 max_queued=self.max_queued_checkouts,
+                preload=WorkerPool.preload_for(self.policy),
+                settle=(self.policy, self.limits),
             )
         return self._workers
 
@@ -203,7 +205,7 @@ class AsyncPool:
             backend = ProcessBackend(workers, policy=self.policy, limits=self.limits)
             await backend.start()
             try:
-                return {"process": "active", **backend.sandbox}
+                return {"process": "active", "start": backend.start_path, **backend.sandbox}
             finally:
                 await backend.close()
         finally:

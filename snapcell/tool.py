@@ -14,6 +14,7 @@ import re
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from snapcell._answer import (
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
 from snapcell._tool_files import files_at_head, put_file
+from snapcell._warm import WarmSessions
 from snapcell.conversation import Conversation
 from snapcell.conversation._turns import CANCELLED_NOTE, cancelled_notes, conversation_head, count_run
 from snapcell.errors import (
@@ -120,6 +122,12 @@ class CodeTool:
             the same holder ID takes over such a lease at once, so a server that restarts with a stable ID (its
             host name, a pod name) finds its conversations free; never give two live tools the same ID. Default: a
             new ID per tool (host name, process ID, random).
+        keep_warm_s: Seconds a conversation's live session is kept after its turn (0, the default, keeps none). The
+            next turn reuses it, without loading, when the head still names the checkpoint it saved; otherwise it
+            is checked in and the turn loads as usual. A kept session holds a worker process (and its memory).
+        max_warm_sessions: Sessions kept warm at once (the oldest is checked in first); warm sessions also give up
+            their workers whenever a new checkout would otherwise wait for one.
+        max_warm_bytes: Worker memory all warm sessions may hold together, in bytes (None: no bound).
 
     Raises:
         ConfigError: A setting is invalid, or the pool's store has no default head store.
@@ -141,6 +149,9 @@ class CodeTool:
         storage_timeout_s: float | None = 10.0,
         holder_id: str | None = None,
         mounts: Mapping[str, str] | None = None,
+        keep_warm_s: float = 0.0,
+        max_warm_sessions: int = 16,
+        max_warm_bytes: int | None = 1024**3,
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
@@ -153,6 +164,7 @@ class CodeTool:
             )
         if holder_id is not None and (not isinstance(holder_id, str) or not _HOLDER_ID.match(holder_id)):
             raise ConfigError(f"holder_id must be 1 to 96 letters, digits, '_', ':', '.' or '-', not {holder_id!r}")
+        _check_warm(keep_warm_s, max_warm_sessions, max_warm_bytes)
         if not isinstance(pool, AsyncPool):
             raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
         if heads is not None and not isinstance(heads, HeadStore):
@@ -183,6 +195,9 @@ class CodeTool:
             f"{_DESCRIPTION} {modules_text(pool.policy)}"
             + (_FILES if pool.isolation == "process" else " There is no file access (open() is not available).")
             + ("\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else "")
+        )
+        self._warm = WarmSessions(
+            keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
         )
         self._aheads = AsyncHeads(self.heads)
         self._leases = TurnLeases(
@@ -307,9 +322,15 @@ class CodeTool:
             return replayed(done)
         notes: list[str] = cancelled_notes(head)
         cancelled: BaseException | None = None
-        async with self.pool.checkout(**self._checkout) as session:
-            start = head if conversation is None else conversation_head(conversation)
-            history = await self._load(session, start, notes)
+        start = head if conversation is None else conversation_head(conversation)
+        at = start.checkpoint_id if start is not None else None
+        async with self._warm.turn(conversation_id, at, self._new_session, room_needed=self._pool_full) as warm:
+            session = warm.session
+            # A warm session holds exactly the checkpoint this turn starts from: nothing to load.
+            if warm.reused and start is not None and at is not None:
+                history: tuple[bytes, ...] = (at, *start.history)
+            else:
+                history = await self._load(session, start, notes)
             try:
                 result = await session.run(code, external_lookup=self.tools, setup=setup)
             except RunCancelled as exc:
@@ -327,7 +348,18 @@ class CodeTool:
                 return self._lost_answer(exc, notes)
             # The state is saved even when the turn is being cancelled: shielded, and awaited to its end.
             save = asyncio.ensure_future(
-                self._save(session, conversation_id, head, history, result, notes, owner, turn_id, conversation)
+                self._save(
+                    session,
+                    conversation_id,
+                    head,
+                    history,
+                    result,
+                    notes,
+                    owner,
+                    turn_id,
+                    conversation,
+                    on_dumped=lambda new_id: warm.dumped(new_id, result.memory_bytes),
+                )
             )
             try:
                 answer = await asyncio.shield(save)
@@ -353,10 +385,14 @@ class CodeTool:
         owner: list[str],
         turn_id: str,
         conversation: Conversation | None,
+        *,
+        on_dumped: Callable[[bytes], None] | None = None,
     ) -> str:
         """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
         try:
             new_id = await session.dump()
+            if on_dumped is not None:
+                on_dumped(new_id)
             if session.manifest is not None and session.manifest.dropped:
                 notes.append(dropped_note(session.manifest))  # this turn's answer says what was not saved
         except WorkspaceQuotaExceeded as exc:
@@ -421,6 +457,13 @@ class CodeTool:
             return committed.answer if committed is not None and committed.answer is not None else answer
         owner.clear()  # released with the head
         return answer
+
+    def _new_session(self) -> AbstractAsyncContextManager[AsyncSession]:
+        return self.pool.checkout(**self._checkout)
+
+    def _pool_full(self) -> bool:
+        """Whether every worker slot of the pool is checked out (warm sessions give theirs up then)."""
+        return self.pool.isolation == "process" and len(self.pool._sessions) >= self.pool.max_workers
 
     async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
         """Load the newest checkpoint of the head that still exists; return the history the next head keeps.
@@ -505,6 +548,7 @@ class CodeTool:
     async def aclose(self) -> None:
         """Finish giving back leases (for up to ``storage_timeout_s``), then close the head store if the tool
         opened it (the default one); a head store passed in stays open."""
+        await self._warm.aclose()
         await self._leases.aclose()
         if self._owns_heads:
             await asyncio.to_thread(self.heads.close)
@@ -650,6 +694,9 @@ class SyncCodeTool:
         storage_timeout_s: float | None = 10.0,
         holder_id: str | None = None,
         mounts: Mapping[str, str] | None = None,
+        keep_warm_s: float = 0.0,
+        max_warm_sessions: int = 16,
+        max_warm_bytes: int | None = 1024**3,
     ) -> None:
         if not isinstance(pool, Pool):
             raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
@@ -667,6 +714,9 @@ class SyncCodeTool:
             storage_timeout_s=storage_timeout_s,
             holder_id=holder_id,
             mounts=mounts,
+            keep_warm_s=keep_warm_s,
+            max_warm_sessions=max_warm_sessions,
+            max_warm_bytes=max_warm_bytes,
         )
 
     @property
@@ -727,3 +777,19 @@ class SyncCodeTool:
     def close(self) -> None:
         """See `CodeTool.aclose`."""
         self._pool.call(self._inner.aclose())
+
+
+def _check_warm(keep_warm_s: object, max_warm_sessions: object, max_warm_bytes: object) -> None:
+    """Validate the warm-session settings of `CodeTool`.
+
+    Raises:
+        ConfigError: A setting is invalid.
+    """
+    if isinstance(keep_warm_s, bool) or not isinstance(keep_warm_s, int | float) or not 0 <= keep_warm_s < 1e9:
+        raise ConfigError(f"keep_warm_s must be a number of seconds >= 0, not {keep_warm_s!r}")
+    if isinstance(max_warm_sessions, bool) or not isinstance(max_warm_sessions, int) or max_warm_sessions < 0:
+        raise ConfigError(f"max_warm_sessions must be a whole number >= 0, not {max_warm_sessions!r}")
+    if max_warm_bytes is not None and (
+        isinstance(max_warm_bytes, bool) or not isinstance(max_warm_bytes, int) or max_warm_bytes < 0
+    ):
+        raise ConfigError(f"max_warm_bytes must be a whole number of bytes >= 0 or None, not {max_warm_bytes!r}")

@@ -152,11 +152,17 @@ def _worker_alive(pid: int, uid: int) -> bool:
     return not fields.get("State", "").strip().startswith(("Z", "X")) and real_uid in ([str(uid)], [str(os.getuid())])
 
 
+# Pids of the workers this host process has started and not yet released: their mounts are never stale, even in
+# the moment between a worker mounting its scratch and switching to its uid (when it still runs as root).
+LIVE_WORKER_PIDS: set[int] = set()
+
+
 def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:
     """Unmount scratch tmpfs mounts left by workers that are gone (their host was killed before it could).
 
     Only mounts this module made (device ``snapcell-scratch``) with an automatic worker uid are touched,
-    and only when the worker they name (``uid - WORKER_UID_BASE``) no longer exists.
+    and only when the worker they name (``uid - WORKER_UID_BASE``) no longer exists and is not one of this
+    process's own (`LIVE_WORKER_PIDS`).
 
     Returns:
         The mount points unmounted.
@@ -172,7 +178,8 @@ def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:
         if len(fields) < 4 or fields[0] != _SCRATCH_DEVICE or fields[2] != "tmpfs":
             continue
         uid = next((int(o[4:]) for o in fields[3].split(",") if o.startswith("uid=") and o[4:].isdigit()), 0)
-        if uid > WORKER_UID_BASE and not _worker_alive(uid - WORKER_UID_BASE, uid):
+        pid = uid - WORKER_UID_BASE
+        if uid > WORKER_UID_BASE and pid not in LIVE_WORKER_PIDS and not _worker_alive(pid, uid):
             point = fields[1].encode().decode("unicode_escape")  # mounts escapes spaces as \040
             if _libc.umount2(os.fsencode(point), ctypes.c_int(_MNT_DETACH)) == 0:
                 swept.append(point)
@@ -211,6 +218,43 @@ def mount_scratch(scratch: str, *, size_bytes: int, uid: int | None, gid: int | 
     return f"active: tmpfs of {size_bytes} bytes, {inodes} inodes"
 
 
+# Resolved import paths, filled by `warm_import_paths` in a zygote so that its forked workers need not resolve the
+# same few hundred package directories again (an lstat per path component) on every checkout.
+_REALPATHS: dict[str, str] = {}
+
+
+def _realpath(path: str) -> str:
+    real = _REALPATHS.get(path)
+    if real is None:
+        real = _REALPATHS[path] = os.path.realpath(path)
+    return real
+
+
+# Which imported modules are packages, by name and module object (a getattr may run a module's lazy __getattr__).
+_PACKAGES: dict[str, tuple[object, bool]] = {}
+
+
+def _is_package(name: str, module: object) -> bool:
+    known = _PACKAGES.get(name)
+    if known is not None and known[0] is module:
+        return known[1]
+    return isinstance(getattr(module, "__path__", None), list)
+
+
+def warm_import_paths() -> None:
+    """Resolve ``sys.path`` and every imported package's ``__path__`` now, for `pin_import_paths` after a fork."""
+    for entry in sys.path:
+        if entry:
+            _realpath(entry)
+    for name, module in list(sys.modules.items()):
+        paths = getattr(module, "__path__", None)
+        _PACKAGES[name] = (module, isinstance(paths, list))
+        if isinstance(paths, list):
+            for entry in paths:
+                if isinstance(entry, str):
+                    _realpath(entry)
+
+
 def pin_import_paths() -> list[int]:
     """Point ``sys.path`` and packages' ``__path__`` at ``/proc/self/fd/N`` links to open directories.
 
@@ -218,16 +262,17 @@ def pin_import_paths() -> list[int]:
         The descriptors opened; they must stay open.
     """
     roots: dict[str, int] = {}
+    realpath = _realpath
 
     def pinned(path: str) -> str | None:
-        real = os.path.realpath(path)
+        real = realpath(path)
         for root, fd in roots.items():
             if real == root or real.startswith(root + os.sep):
                 return f"/proc/self/fd/{fd}{real[len(root) :]}"
         return None
 
     def add_root(path: str) -> None:
-        real = os.path.realpath(path)
+        real = realpath(path)
         if real in roots or pinned(real) is not None or not os.path.isdir(real):
             return
         roots[real] = os.open(real, os.O_PATH | os.O_DIRECTORY)
@@ -235,7 +280,7 @@ def pin_import_paths() -> list[int]:
     for entry in sys.path:
         if entry:
             add_root(entry)
-    packages = [m for m in list(sys.modules.values()) if isinstance(getattr(m, "__path__", None), list)]
+    packages = [m for name, m in list(sys.modules.items()) if _is_package(name, m)]
     for module in packages:
         for entry in module.__path__:
             if isinstance(entry, str) and pinned(entry) is None:

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -177,6 +178,9 @@ class ProcessBackend:
             cancelled = True
             with contextlib.suppress(_Died, OSError):
                 await worker.send_control({"op": "cancel"})
+            if worker.pid is not None and not worker.dead:
+                with contextlib.suppress(OSError):  # it is mid-run, so alive: the pid is still its own
+                    os.kill(worker.pid, signal.SIGUSR1)
             try:
                 reply, blob = await asyncio.wait_for(request, limits.grace_s + 1.0)
             except (TimeoutError, WorkerLost):
@@ -286,6 +290,17 @@ class ProcessBackend:
         if self.worker is not None:
             worker, self.worker = self.worker, None
             await self._pool.release(worker)  # killed, never reused
+
+    @property
+    def start_path(self) -> str:
+        """How the current worker started: "zygote (pid N, preloaded ...)" or "spawn"."""
+        worker = self.worker
+        if worker is None:
+            return "none"
+        zygote = worker.zygote
+        if worker.forked is None or zygote is None:
+            return "spawn"
+        return f"zygote (pid {zygote.pid}, preloaded: {', '.join(zygote.preloaded) or 'nothing'})"
 
     @property
     def sandbox(self) -> dict[str, str]:

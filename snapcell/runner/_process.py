@@ -37,6 +37,7 @@ from snapcell.errors import OutputLimitExceeded, SessionError
 from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
+from snapcell.runner._privileges import LIVE_WORKER_PIDS
 from snapcell.runner._sandbox import release_scratch, sandbox_failure, worker_sandbox_settings
 from snapcell.runner._wire import (
     FRAME,
@@ -47,6 +48,7 @@ from snapcell.runner._wire import (
     reply_budget,
     to_plain,
 )
+from snapcell.runner._zygotehost import ForkedChild, Zygote
 
 __all__ = ["WorkerProcess", "policy_to_plain"]
 
@@ -96,17 +98,24 @@ def policy_to_plain(policy: Policy) -> dict[str, Any]:
 class WorkerProcess:
     """One worker process and the channel to it. Use `start`, then `init`, then requests."""
 
-    def __init__(self, scratch_root: str, *, command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, scratch_root: str, *, command: Sequence[str] | None = None, zygote: Zygote | None = None
+    ) -> None:
         # The interpreter and module to start; the socket's descriptor and the host's pid are appended.
         self._command = (
             list(command) if command is not None else [sys.executable, "-I", "-m", "snapcell.runner._worker"]
         )
         self._scratch_root = scratch_root
         self.scratch_dir = ""
+        # Forked by this zygote instead of spawned (then `process` stays None and `forked` names the child).
+        self.zygote = zygote
+        self.forked: ForkedChild | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.pid: int | None = None
         self.sandbox: dict[str, str] = {}
         self.checkouts = 0
+        # The (policy, limits) this worker was set up for ahead of a checkout (see `WorkerPool`), if any.
+        self.settled: tuple[Policy, Limits] | None = None
         self._sock: socket.socket | None = None
         # Received bytes not yet consumed live in _rbuf[_rstart:_rend].
         self._rbuf = bytearray(_READ_CHUNK)
@@ -121,10 +130,32 @@ class WorkerProcess:
         self.limits = Limits()
         self._inherited_rss = 0
 
+    @property
+    def start_path(self) -> str:
+        """How this worker was started: ``"zygote"`` (forked from a clean zygote) or ``"spawn"``."""
+        return "zygote" if self.forked is not None else "spawn"
+
     async def start(self) -> None:
-        """Spawn the interpreter and wait until it has imported snapcell."""
+        """Start the worker (forked from the zygote, or spawned) and wait until it has imported snapcell.
+
+        Raises:
+            ZygoteError: The zygote could not fork a worker (the caller may spawn one instead).
+            SessionError: A spawned worker could not start.
+        """
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._stderr = tempfile.TemporaryFile()
+        if self.zygote is not None:
+            try:
+                self.forked = await self.zygote.fork(child, self._stderr)
+            except BaseException:
+                parent.close()
+                raise
+            finally:
+                child.close()
+            self.pid = self.forked.pid
+            self._inherited_rss = self.forked.inherited_rss
+            await self._wait_started(parent)
+            return
         try:
             self.process = subprocess.Popen(
                 [*self._command, str(child.fileno()), str(os.getpid())],
@@ -146,13 +177,16 @@ class WorkerProcess:
         # A child's peak RSS (from wait4) starts at the host's own, inherited across fork and exec: only a peak
         # above this is the worker's own doing.
         self._inherited_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        parent.setblocking(False)
-        self._sock = parent
+        await self._wait_started(parent)
+
+    async def _wait_started(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
         async with _deadline(_STARTUP_TIMEOUT_S, self):
             message, _, _ = await self._receive(reply_budget("start", self.limits))
-        if message.get("op") != "started":
+        if message.get("op") != "started" or (self.forked is not None and message.get("pid") != self.pid):
             await self.kill()
-            raise SessionError(f"a worker process sent {str(message.get('op'))[:40]!r} instead of starting")
+            raise SessionError(f"a worker process sent {str(message)[:80]!r} instead of starting")
 
     async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers.
@@ -160,6 +194,8 @@ class WorkerProcess:
         ``mounts`` (name to a checked host directory) appear read-only in the worker's workspace.
         """
         self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
+        if self.pid is not None:
+            LIVE_WORKER_PIDS.add(self.pid)  # its scratch mount is not stale while it sets up (see the sweep)
         sandbox_settings = worker_sandbox_settings(self.pid or 0, self._scratch_root)
         memory = limits.memory_bytes
         self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
@@ -408,10 +444,10 @@ class WorkerProcess:
 
     async def _death_reason(self) -> str:
         """Why the worker died, from what the host saw: its exit status and its peak memory (never its stderr)."""
-        if self.process is None:
+        if self.process is None and self.forked is None:
             return "crash"
         try:
-            code, peak_bytes = await asyncio.wait_for(asyncio.to_thread(self._reap), _EXIT_WAIT_S)
+            code, peak_bytes = await asyncio.wait_for(self._wait_exit(), _EXIT_WAIT_S)
         except TimeoutError:  # it closed its channel but lives on: not a worker any more
             await self.kill()
             return "crash"
@@ -433,6 +469,14 @@ class WorkerProcess:
         if code < 0 and -code == signal.SIGXCPU:
             return "timeout"
         return "crash"
+
+    async def _wait_exit(self) -> tuple[int, int | None]:
+        """Wait for the worker to exit: its exit code (negative for a signal) and peak RSS in bytes, if known."""
+        if self.forked is not None:
+            # Reaped by the zygote, its parent, which reports what wait4 said.
+            status, peak = await asyncio.shield(self.forked.exited)
+            return os.waitstatus_to_exitcode(status), peak
+        return await asyncio.to_thread(self._reap)
 
     def _reap(self) -> tuple[int, int | None]:
         """Wait for the worker to exit: its exit code (negative for a signal) and peak RSS in bytes, if known."""
@@ -463,6 +507,11 @@ class WorkerProcess:
     async def kill(self) -> None:
         """Kill the worker and remove its scratch directory; safe to call twice."""
         self.dead = True
+        if self.forked is not None:
+            self.forked.kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.forked.exited), _KILL_WAIT_S)
+            self.forked.close()
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -477,9 +526,16 @@ class WorkerProcess:
             self._stderr.close()
             self._stderr = None
         if self.scratch_dir:
-            release_scratch(self.scratch_dir)
-            shutil.rmtree(self.scratch_dir, ignore_errors=True)
-            self.scratch_dir = ""
+            scratch, self.scratch_dir = self.scratch_dir, ""
+            LIVE_WORKER_PIDS.discard(self.pid or 0)
+            # Unmounting the scratch tmpfs and removing its directory take milliseconds that the event loop,
+            # shared by every session, should not wait for.
+            await asyncio.shield(asyncio.to_thread(_remove_scratch, scratch))
+
+
+def _remove_scratch(scratch: str) -> None:
+    release_scratch(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager

@@ -133,6 +133,7 @@ def apply_sandbox(
     read_paths: Sequence[str],
     allow_fds: Sequence[int] = (),
     parent_pid: int | None = None,
+    host_pid: int | None = None,
     uid: int | None = None,
     gid: int | None = None,
     quota_scratch: bool = False,
@@ -157,6 +158,8 @@ def apply_sandbox(
         parent_pid: The host's pid; if the worker's parent is already another process when
             pdeathsig is set (the host died during start-up), the worker kills itself. Defaults
             to the parent seen when this module was imported.
+        host_pid: The host's pid when ``parent_pid`` is a zygote between the host and this process (a forked
+            worker): pdeathsig then fires when the zygote dies, and the zygote itself dies with the host.
         uid: When this process is root, the uid to switch to (with ``gid``); None keeps uid 0 and
             reports ``privileges`` as ``"off"``. Ignored for a process that is not root.
         gid: The gid to switch to, with ``uid``.
@@ -206,7 +209,7 @@ def apply_sandbox(
     here = os.curdir if is_active(layers["scratch_quota"]) else scratch
     layers["landlock"] = _apply_landlock(here, paths, notes)
     layers["privileges"] = drop_privileges(uid=uid, gid=gid, arch=arch)
-    layers["pdeathsig"] = _apply_pdeathsig(parent_pid)
+    layers["pdeathsig"] = _apply_pdeathsig(parent_pid, host_pid)
     layers["seccomp"] = _apply_seccomp(arch, deny_fork=limits.max_processes == 0, notes=notes)
     report = SandboxReport(layers={name: layers[name] for name in LAYERS}, notes=tuple(notes))
     for name in required:
@@ -339,7 +342,7 @@ def _unavailable_or_raise(layer: str, what: str, exc: OSError) -> str:
     raise layer_error(layer, what, exc.errno) from None
 
 
-def _apply_pdeathsig(parent_pid: int | None) -> str:
+def _apply_pdeathsig(parent_pid: int | None, host_pid: int | None = None) -> str:
     try:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError as exc:
@@ -348,6 +351,9 @@ def _apply_pdeathsig(parent_pid: int | None) -> str:
     if (parent_pid is not None or os.getpid() == _PID_AT_IMPORT) and os.getppid() != expected:
         # The host died before the signal was armed: die as if it had died a moment later.
         os.kill(os.getpid(), signal.SIGKILL)
+    if host_pid is not None and host_pid != os.getppid():
+        # A zygote's child: the zygote has its own pdeathsig on the host, so the host's death reaches it in two steps.
+        return f"active: SIGKILL when the zygote (pid {os.getppid()}) dies, which dies with the host (pid {host_pid})"
     return f"active: SIGKILL when the host (pid {os.getppid()}) dies"
 
 

@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import decimal
 import os
-import queue
+import select
+import signal
 import socket
 import sys
 import tempfile
@@ -72,6 +73,9 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._send_lock = threading.Lock()
+        # Frames are read by whichever thread needs one (the main thread between requests and in a run's
+        # event loop, a thread waiting for a host-function result); one at a time.
+        self.receive_lock = threading.Lock()
 
     def send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
         self.send_payload(encode(message), *parts)
@@ -95,7 +99,16 @@ class Channel:
             got += n
         return buf
 
+    def fileno(self) -> int:
+        """The socket's descriptor."""
+        return self._sock.fileno()
+
+    def readable(self, timeout_s: float) -> bool:
+        """Whether a frame has started to arrive within ``timeout_s``."""
+        return bool(select.select([self._sock], [], [], timeout_s)[0])
+
     def receive(self) -> tuple[dict[str, Any], bytearray]:
+        """Read one frame (the host sends each frame whole, so a frame that has started arrives promptly)."""
         size, blob_size = FRAME.unpack(self._read_exactly(FRAME.size))
         if size > MAX_MESSAGE_BYTES:
             raise EOFError  # a broken host; nothing sensible to do but stop
@@ -157,9 +170,10 @@ class WorkerBridge:
 
         call_id = self._request(name, args, kwargs, deliver)
         try:
-            # Short waits keep the thread interruptible by the wall-time watchdog.
-            while not done.wait(_WAIT_SLICE_S):
-                pass
+            # The waiting thread reads the result itself (no reader thread to hand it over); short waits keep
+            # it interruptible by the wall-time watchdog.
+            while not done.is_set():
+                self.read_one(_WAIT_SLICE_S)
         finally:
             with self._lock:
                 self._waiting.pop(call_id, None)
@@ -179,11 +193,30 @@ class WorkerBridge:
                 self._waiting.pop(call_id, None)
 
     def deliver(self, message: dict[str, Any]) -> None:
-        """Hand a host result to the call waiting for it (called by the reader thread)."""
+        """Hand a host result to the call waiting for it."""
         with self._lock:
             deliver = self._waiting.get(message.get("id", -1))
         if deliver is not None:
             deliver(message)
+
+    def read_one(self, timeout_s: float) -> None:
+        """Read and deliver one host result if one arrives within ``timeout_s`` (any thread; one at a time).
+
+        A closed channel means the host is gone: the worker exits at once, as nothing of its session may
+        outlive the host.
+        """
+        if not self._channel.receive_lock.acquire(timeout=timeout_s):
+            return
+        try:
+            if not self._channel.readable(timeout_s):
+                return
+            message, _ = self._channel.receive()
+        except (EOFError, OSError, ValueError):
+            os._exit(0)
+        finally:
+            self._channel.receive_lock.release()
+        if message.get("op") == "result":
+            self.deliver(message)
 
 
 def _settle(future: asyncio.Future[dict[str, Any]], message: dict[str, Any]) -> None:
@@ -216,33 +249,28 @@ class Worker:
         self.workspace = workspace
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.requests: queue.Queue[tuple[dict[str, Any], bytearray] | None] = queue.Queue()
         self.bridge: WorkerBridge | None = None
+        # The host cancels a run with SIGUSR1 (and a "cancel" frame, skipped when read): no thread reads the channel
+        # while a synchronous cell runs, but a signal handler runs between its bytecodes.
+        signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.runner.cancel())
 
-    def read_forever(self) -> None:
-        """Reader thread: results of host calls go to the bridge, requests to the main thread."""
-        try:
-            while True:
-                message, blob = self.channel.receive()
-                if message.get("op") == "result":
-                    if self.bridge is not None:
-                        self.bridge.deliver(message)
-                elif message.get("op") == "cancel":
-                    # No reply of its own: the run in progress ends as cancelled and its "ran" reply says so.
-                    self.runner.cancel()
-                else:
-                    self.requests.put((message, blob))
-        except (EOFError, OSError, ValueError):
-            pass
-        # The host is gone or closed the channel: nothing of this session may outlive it.
-        os._exit(0)
+    def next_request(self) -> tuple[dict[str, Any], bytearray]:
+        """Read the next request in this (the main) thread; results of finished host calls are skipped.
+
+        The host is gone or closed the channel: the worker exits, as nothing of its session may outlive it.
+        """
+        while True:
+            try:
+                with self.channel.receive_lock:
+                    message, blob = self.channel.receive()
+            except (EOFError, OSError, ValueError):
+                os._exit(0)
+            if message.get("op") not in ("result", "cancel"):  # a cancel arrives as SIGUSR1 (see __init__)
+                return message, blob
 
     def serve(self) -> None:
         while True:
-            item = self.requests.get()
-            if item is None:
-                return
-            message, blob = item
+            message, blob = self.next_request()
             op = message.get("op")
             try:
                 reply, out = self.handle(op, message, blob)
@@ -404,7 +432,9 @@ class Worker:
         code: Any = message.get("code")
         limits = Limits(**message["limits"])
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
-        self.bridge = WorkerBridge(self.channel, host, self.loop, limits)
+        self.bridge = bridge = WorkerBridge(self.channel, host, self.loop, limits)
+        # Results of async host calls are read by the run's own event loop when they arrive.
+        self.loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
         if self.workspace is not None:
             with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
                 self.workspace.before_run()
@@ -419,6 +449,7 @@ class Worker:
                 )
             )
         finally:
+            self.loop.remove_reader(self.channel.fileno())
             self.bridge = None
         notes = [cut_text(str(n), MAX_NOTE_CHARS) for n in result.notes]
         too_large = (
@@ -495,7 +526,12 @@ def _read_paths(policy: Policy) -> list[str]:
 
 
 def _apply_sandbox(
-    settings: dict[str, Any], limits: Limits, policy: Policy, keep_fds: tuple[int, ...], parent_pid: int | None
+    settings: dict[str, Any],
+    limits: Limits,
+    policy: Policy,
+    keep_fds: tuple[int, ...],
+    parent_pid: int | None,
+    host_pid: int | None = None,
 ) -> dict[str, str]:
     from snapcell.runner._sandbox import apply_sandbox
 
@@ -519,6 +555,7 @@ def _apply_sandbox(
         read_paths=_read_paths(policy),
         allow_fds=keep_fds,
         parent_pid=parent_pid,
+        host_pid=host_pid,
         uid=uid if isinstance(uid, int) else None,
         gid=gid if isinstance(gid, int) else None,
         quota_scratch=bool(settings.get("quota_scratch")),
@@ -553,12 +590,26 @@ def _warm_up() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of a worker process."""
+    """Entry point of a spawned worker process: ``FD [HOST_PID]``."""
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
-    channel = Channel(sock)
     _warm_up()
+    parent_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
+    return serve_session(sock, parent_pid=parent_pid)
+
+
+def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
+    """Serve one session on ``sock``: say "started", take the settings, apply the sandbox, answer requests.
+
+    A spawned worker calls it after its imports; a child forked from a zygote (`_zygote`) calls it right after the
+    fork, with ``parent_pid`` the zygote's pid and ``host_pid`` the host's. Workspace or other per-session set-up that
+    must happen before the sandbox goes between receiving ``init`` and `_apply_sandbox` below.
+
+    Returns:
+        The process's exit code.
+    """
+    channel = Channel(sock)
     channel.send({"op": "started", "pid": os.getpid()})
     try:
         settings, _ = channel.receive()
@@ -575,9 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         _statm_fd = None
     keep = (sock.fileno(),) if _statm_fd is None else (sock.fileno(), _statm_fd)
-    parent_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
     try:
-        report = _apply_sandbox(settings, limits, policy, keep, parent_pid)
+        report = _apply_sandbox(settings, limits, policy, keep, parent_pid, host_pid)
     except (SandboxError, ConfigError) as exc:
         # No script may run half-confined: say why, and stop.
         failure = {"layer": getattr(exc, "layer", None), "errno": getattr(exc, "errno", None)}
@@ -601,7 +651,6 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(policy=policy, limits=limits, file_access=True)
     worker = Worker(channel, runner, workspace)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
-    threading.Thread(target=worker.read_forever, name="snapcell-reader", daemon=True).start()
     channel.send({"op": "ready", "sandbox": report})
     worker.serve()
     return 0

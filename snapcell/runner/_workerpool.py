@@ -19,6 +19,7 @@ from snapcell.errors import ConfigError, Overloaded, SandboxError, SessionError
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._process import (
+    _ENV,
     _KILL_WAIT_S,
     _REFILL_DELAY_S,
     WorkerProcess,
@@ -26,6 +27,8 @@ from snapcell.runner._process import (
     log,
 )
 from snapcell.runner._scratch import make_scratch_root, reclaim_scratch_dirs, remove_scratch_root
+from snapcell.runner._zygote import HEAVY_MODULES, preload_modules
+from snapcell.runner._zygotehost import Zygote, ZygoteError
 
 __all__ = ["CheckoutQueue", "WorkerPool"]
 
@@ -122,6 +125,14 @@ class WorkerPool:
         worker_command: The interpreter and module a worker is started as (tests start stand-ins); the default
             is ``python -I -m snapcell.runner._worker``.
         max_queued: Checkouts that may wait in `admit` for a free worker (default: 4 per worker).
+            is ``python -I -m snapcell.runner._worker``. Given, every worker is spawned with it (no zygote).
+        zygote: Fork workers from a clean zygote interpreter per set of preloaded modules (see `_zygote`), the
+            default; False spawns a fresh interpreter per worker. A zygote that cannot start or fork falls back
+            to spawning, and a dead one is restarted on the next checkout.
+        preload: Heavy modules (numpy, pandas) the warm workers' zygote imports; a checkout whose policy allows
+            others gets a worker from a zygote of its own.
+        settle: The (policy, limits) most checkouts use (the pool's own): warm workers get them, and so apply
+            their sandbox, ahead of time; a checkout with other settings gets a worker of its own.
     """
 
     def __init__(
@@ -133,6 +144,9 @@ class WorkerPool:
         recycle_after: int = 1,
         worker_command: Sequence[str] | None = None,
         max_queued: int | None = None,
+        zygote: bool = True,
+        preload: Sequence[str] = (),
+        settle: tuple[Policy, Limits] | None = None,
     ) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
@@ -144,6 +158,11 @@ class WorkerPool:
         self.queue = CheckoutQueue(slots=max_workers, max_queued=max_queued)
         self.recycle_after = recycle_after
         self._worker_command = worker_command
+        self.use_zygote = zygote and worker_command is None
+        self.preload = tuple(name for name in HEAVY_MODULES if name in preload)
+        self._zygotes: dict[tuple[str, ...], Zygote] = {}
+        self._zygote_lock = asyncio.Lock()
+        self.settle = settle
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
         self.min_warm = min_warm
@@ -185,6 +204,22 @@ class WorkerPool:
                 async with self._changed:
                     self._changed.notify_all()  # a checkout waiting for this start-up must not wait out its timeout
                 return
+            if self.settle is not None:
+                self._starting += 1  # still counted while it sets up
+                try:
+                    await worker.init(policy=self.settle[0], limits=self.settle[1])
+                except (SandboxError, ConfigError, SessionError, _Died) as exc:
+                    # A checkout with these settings will fail the same way, and say why: stop settling ahead.
+                    log.debug("snapcell: a warm worker could not be set up ahead of time: %s", exc)
+                    self.settle = None
+                    await worker.kill()
+                    return
+                except BaseException:
+                    await asyncio.shield(worker.kill())  # cancelled (the pool is closing): leave no process
+                    raise
+                finally:
+                    self._starting -= 1
+                worker.settled = self.settle
             async with self._changed:
                 if self._closed:
                     await worker.kill()
@@ -192,19 +227,68 @@ class WorkerPool:
                 self._warm.append(worker)
                 self._changed.notify_all()
 
-    async def _spawn(self) -> WorkerProcess | None:
-        self._starting += 1
+    @staticmethod
+    def preload_for(policy: Policy) -> tuple[str, ...]:
+        """The heavy modules a zygote serving ``policy`` imports."""
+        return preload_modules(policy.modules if policy.restricted else frozenset(HEAVY_MODULES))
+
+    async def _zygote(self, preload: tuple[str, ...]) -> Zygote | None:
+        """The running zygote for ``preload``, started (or restarted, if it died) now; None to spawn instead."""
+        if not self.use_zygote:
+            return None
+        async with self._zygote_lock:
+            zygote = self._zygotes.get(preload)
+            if zygote is not None and zygote.alive:
+                return zygote
+            if zygote is not None:
+                log.warning("snapcell: the zygote (pid %s) died; starting a new one", zygote.pid)
+                await zygote.close()
+            zygote = Zygote(preload, cwd=self.scratch_root, env=_ENV)
+            try:
+                await zygote.start()
+            except ZygoteError as exc:
+                log.warning("snapcell: %s; spawning workers instead", exc)
+                self._zygotes.pop(preload, None)
+                return None
+            if self._closed:
+                await zygote.close()
+                return None
+            self._zygotes[preload] = zygote
+            return zygote
+
+    async def _start_worker(self, preload: tuple[str, ...]) -> WorkerProcess:
+        """Fork a worker from the zygote for ``preload``, or spawn one if that is not possible."""
+        for attempt in range(2):  # a zygote found dead while forking is restarted once
+            zygote = await self._zygote(preload)
+            if zygote is None:
+                break
+            worker = WorkerProcess(self.scratch_root, zygote=zygote)
+            try:
+                await worker.start()
+                return worker
+            except ZygoteError as exc:
+                await worker.kill()
+                if attempt or zygote.alive:
+                    log.warning("snapcell: %s; spawning a worker instead", exc)
+                    break
+            except BaseException:
+                await asyncio.shield(worker.kill())
+                raise
         worker = WorkerProcess(self.scratch_root, command=self._worker_command)
         try:
             await worker.start()
-            return worker
-        except (SessionError, _Died) as exc:
-            log.warning("snapcell: a worker process failed to start: %s", exc)
-            await worker.kill()
-            return None
         except BaseException:
-            await asyncio.shield(worker.kill())  # cancelled mid-start (pool closing): leave no process
+            await asyncio.shield(worker.kill())
             raise
+        return worker
+
+    async def _spawn(self, preload: tuple[str, ...] | None = None) -> WorkerProcess | None:
+        self._starting += 1
+        try:
+            return await self._start_worker(self.preload if preload is None else preload)
+        except (SessionError, _Died) as exc:  # the worker was killed; cancelled mid-start, too (pool closing)
+            log.warning("snapcell: a worker process failed to start: %s", exc)
+            return None
         finally:
             self._starting -= 1
 
@@ -235,31 +319,17 @@ class WorkerPool:
         """
         if self._closed:
             raise SessionError("the pool is closed")
+        preload = self.preload_for(policy)
         reused = None if mounts else self._idle.get((policy, limits))
         if reused:
             again = reused.pop(0)
             self._busy.add(again)
             again.checkouts += 1
             return again
-        worker: WorkerProcess | None = None
         try:
             async with asyncio.timeout(self.checkout_timeout_s):
-                async with self._changed:
-                    while True:
-                        if self._warm:
-                            worker = self._warm.pop(0)
-                            break
-                        if self._live() < self.max_workers:
-                            self._starting += 1  # reserve the slot while we start one
-                            break
-                        if await self._evict_idle():
-                            continue
-                        await self._changed.wait()
-                if worker is None:
-                    self._starting -= 1
-                    worker = await self._spawn()
-                    if worker is None:
-                        raise SessionError("a worker process failed to start; see the snapcell log")
+                # A session with mounts needs a worker not yet set up: mounts are attached before the privilege drop.
+                worker = await self._claim(preload, None if mounts else (policy, limits))
         except TimeoutError:
             raise SessionError(
                 f"no worker process became free within {self.checkout_timeout_s:g} s "
@@ -270,7 +340,8 @@ class WorkerPool:
         # the CPU, which the session's first run (usually right now) should not pay for.
         asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
         try:
-            await worker.init(policy=policy, limits=limits, mounts=mounts)
+            if mounts or worker.settled != (policy, limits):
+                await worker.init(policy=policy, limits=limits, mounts=mounts)
         except (SandboxError, ConfigError):  # a layer failed, or the host's sandbox settings are invalid
             await self.release(worker)
             raise
@@ -282,6 +353,37 @@ class WorkerPool:
             if state.startswith("unavailable") and layer not in self._warned:
                 self._warned.add(layer)
                 log.warning("snapcell: sandbox layer %s is %s", layer, state)
+        return worker
+
+    async def _claim(self, preload: tuple[str, ...], settings: tuple[Policy, Limits] | None) -> WorkerProcess:
+        """Take a warm worker fit for ``settings`` (from the zygote for ``preload``), or start one in a free slot.
+
+        Raises:
+            SessionError: A worker failed to start.
+        """
+        async with self._changed:
+            while True:
+                fit = [w for w in self._warm if w.settled in (None, settings)] if preload == self.preload else []
+                if fit:
+                    warm = fit[0]
+                    self._warm.remove(warm)
+                    if not warm.dead and (warm.zygote is None or warm.zygote.alive):
+                        return warm
+                    await warm.kill()  # its zygote died, and it with it
+                    continue
+                if self._live() < self.max_workers:
+                    self._starting += 1  # reserve the slot while we start one
+                    break
+                if await self._evict_idle():
+                    continue
+                if self._warm:  # warm, but from another zygote or for other settings: its slot goes to this checkout
+                    await self._warm.pop(0).kill()
+                    continue
+                await self._changed.wait()
+        self._starting -= 1
+        worker = await self._spawn(preload)
+        if worker is None:
+            raise SessionError("a worker process failed to start; see the snapcell log")
         return worker
 
     async def release(self, worker: WorkerProcess, *, reuse_for: tuple[Policy, Limits] | None = None) -> None:
@@ -316,4 +418,7 @@ class WorkerPool:
         self._busy.clear()
         self._idle.clear()
         await asyncio.gather(*(w.kill() for w in workers))
+        zygotes = list(self._zygotes.values())
+        self._zygotes.clear()
+        await asyncio.gather(*(z.close() for z in zygotes))
         self._remove_scratch()

@@ -234,12 +234,14 @@ E2E_LIMITS = Limits(wall_time_s=10.0, grace_s=0.3, dump_time_s=0.5, load_time_s=
 # Current RSS of the host may grow this much over an attack that claims (or sends) far more.
 RSS_BOUND = 64 * MIB
 
+# The worker's module is __main__ in a spawned worker and snapcell.runner._worker in one forked from a zygote.
 _SEND = """
-import gc, __main__
-channel = next(o for o in gc.get_objects() if type(o) is __main__.Channel)
+import gc, sys
+channel = next(o for o in gc.get_objects() if type(o).__name__ == "Channel" and hasattr(o, "_send_lock"))
+worker = sys.modules[type(channel).__module__]
 payload = {payload}
 with channel._send_lock:
-    channel._sock.sendall(__main__.FRAME.pack({length}, 0) + payload)
+    channel._sock.sendall(worker.FRAME.pack({length}, 0) + payload)
 """
 
 
@@ -323,9 +325,9 @@ def test_host_calls_beyond_max_host_calls_are_refused_by_the_host(hijack_pool: P
 
     # The script switches off the worker's own count, as a compromised worker would.
     attack = (
-        "import gc, __main__\n"
+        "import gc\n"
         "from snapcell.runner._host import CallBudget\n"
-        "bridge = next(o for o in gc.get_objects() if type(o) is __main__.WorkerBridge)\n"
+        "bridge = next(o for o in gc.get_objects() if type(o).__name__ == 'WorkerBridge')\n"
         "bridge._budget = CallBudget(None)\n"
         "for n in range(20):\n"
         "    record(n)\n"

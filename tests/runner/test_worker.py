@@ -327,15 +327,17 @@ def test_the_worker_refuses_a_script_that_is_not_text() -> None:
     assert reply["error"]["class"] == "ScriptSyntaxError" and reply["value"] is None
 
 
+# The worker's module is __main__ in a spawned worker and snapcell.runner._worker in one forked from a zygote.
 _PATCH_DUMP_REPLY = """
-import __main__
-_handle = __main__.Worker.handle
+import sys
+worker = sys.modules["snapcell.runner._worker"] if "snapcell.runner._worker" in sys.modules else sys.modules["__main__"]
+_handle = worker.Worker.handle
 def handle(self, op, message, blob):
     reply, out = _handle(self, op, message, blob)
     if op == "dump":
         {change}
     return reply, out
-__main__.Worker.handle = handle
+worker.Worker.handle = handle
 """
 
 
@@ -367,10 +369,11 @@ def test_a_malformed_dump_reply_loses_the_worker_and_the_session_is_restored(ope
 
 
 _SEND_FRAME = """
-import gc, os, __main__
-channel = next(o for o in gc.get_objects() if type(o) is __main__.Channel)
+import gc, os, sys
+channel = next(o for o in gc.get_objects() if type(o).__name__ == "Channel" and hasattr(o, "_send_lock"))
+worker = sys.modules[type(channel).__module__]
 with channel._send_lock:
-    channel._sock.sendall(__main__.FRAME.pack(2, {blob_size}) + b"{{}}" + b"x" * {sent})
+    channel._sock.sendall(worker.FRAME.pack(2, {blob_size}) + b"{{}}" + b"x" * {sent})
 if {exit}:
     os._exit(0)
 """

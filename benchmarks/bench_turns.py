@@ -1,0 +1,257 @@
+"""How close is a sandboxed ``run_code`` turn to monty's, and how many turns per second does a pool serve?
+
+Side by side in one event loop, alternating every repetition (issue 16):
+
+- ``turn``: one ``run_code`` turn back to back on a conversation with a small namespace (a 100-item list of
+  dicts, a counter): lease, head read, checkout, load, run, dump, head write, on a local store with SQLite
+  heads. monty's row is its checkout + load + run + dump with the state kept as bytes in the host.
+- ``turn_dataframe``: the same with a 1,000-row DataFrame in the namespace (monty cannot import pandas: its
+  ratio is to monty's ``turn``).
+- ``turn_warm`` / ``turn_warm_dataframe``: the same turns with ``keep_warm_s`` set, so the conversation's
+  session stays live between turns and nothing is loaded.
+- ``throughput``: ``CONVERSATIONS`` conversations of ``TURNS`` turns each, all at once on one tool (default
+  pool: one worker per CPU): turns per second, p50/p99 turn latency, turns lost, and the resident memory of each
+  worker (RSS, and PSS/USS from ``/proc/<pid>/smaps_rollup``: the zygote's pages a worker still shares
+  count in its PSS only by share, and not at all in its USS).
+
+Ratios are to monty's ``turn`` (x > 1: slower than monty). Run from the repository root:
+``python -m benchmarks.bench_turns [--quick]``; JSON lines go to ``benchmarks/results/turns.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import alternate_async, parse_args, print_table, ratio, summarize_ms, write_jsonl
+from snapcell import AsyncPool, CodeTool, Policy, SQLiteHeads
+from snapcell.storage import LocalStore
+
+try:
+    import pydantic_monty
+except ImportError:  # the bench extra is optional; monty rows are left out
+    pydantic_monty = None  # type: ignore[assignment]
+
+REPS = 20
+QUICK_REPS = 8
+WARMUP = 2
+CONVERSATIONS = 50
+TURNS = 10
+KEY = "benchmark-signing-key-0123456789"
+POLICY = Policy().with_modules(["pandas", "numpy"])
+SETUP_CODE = 'rows = [{"id": i, "name": f"row-{i}", "v": i * 0.5} for i in range(100)]\nturns = 0\n'
+TURN_CODE = 'turns += 1\ntotal = sum(r["v"] for r in rows)\n[turns, total]'
+DF_SETUP = (
+    "import pandas as pd\n"
+    "df = pd.DataFrame({'id': range(1000), 'name': [f'row-{i}' for i in range(1000)], 'v': [i * 0.5 for i in "
+    "range(1000)]})\nturns = 0\n"
+)
+DF_TURN = "turns += 1\ntotal = float(df['v'].sum())\n[turns, total]"
+BASELINE = "monty"
+
+
+class Tools:
+    """The snapcell tools measured: cold (load every turn) and warm (``keep_warm_s``), on one process pool."""
+
+    def __init__(self, root: Path) -> None:
+        # Two warm conversations hold a worker each; the cold tool needs its own.
+        self.pool = AsyncPool(LocalStore(root), isolation="process", policy=POLICY, signing_keys=[KEY], max_workers=4)
+        self.heads = SQLiteHeads(root / ".heads.sqlite3")
+        self.cold = CodeTool(self.pool, heads=self.heads)
+        self.warm = CodeTool(self.pool, heads=self.heads, keep_warm_s=600)
+
+    async def open(self) -> None:
+        await self.pool.__aenter__()
+        for tool, prefix in ((self.cold, "cold"), (self.warm, "warm")):
+            await tool.run_code(f"{prefix}-small", SETUP_CODE)
+            await tool.run_code(f"{prefix}-df", DF_SETUP)
+
+    async def close(self) -> None:
+        await self.warm.aclose()
+        await self.cold.aclose()
+        await self.pool.__aexit__(None, None, None)
+
+    async def trial(self) -> dict[str, float]:
+        out = {}
+        for metric, tool, conversation, code in (
+            ("turn", self.cold, "cold-small", TURN_CODE),
+            ("turn_dataframe", self.cold, "cold-df", DF_TURN),
+            ("turn_warm", self.warm, "warm-small", TURN_CODE),
+            ("turn_warm_dataframe", self.warm, "warm-df", DF_TURN),
+        ):
+            start = time.perf_counter()
+            answer = await tool.run_code(conversation, code)
+            out[metric] = time.perf_counter() - start
+            if "Error" in answer:
+                raise RuntimeError(f"{metric}: {answer}")
+        return out
+
+
+class Monty:
+    """monty's turn: checkout, load the previous dump, run, dump (state kept as bytes in the host)."""
+
+    def __init__(self) -> None:
+        self.pool: Any = pydantic_monty.AsyncMonty(min_processes=1) if pydantic_monty is not None else None
+        self.state: Any = None
+
+    async def open(self) -> None:
+        await self.pool.__aenter__()
+        async with self.pool.checkout() as session:
+            await session.feed_run(SETUP_CODE)
+            self.state = await session.dump()
+
+    async def close(self) -> None:
+        await self.pool.__aexit__(None, None, None)
+
+    async def trial(self) -> dict[str, float]:
+        start = time.perf_counter()
+        async with self.pool.checkout() as session:
+            await session.load_session(self.state)
+            await session.feed_run(TURN_CODE)
+            self.state = await session.dump()
+        return {"turn": time.perf_counter() - start}
+
+
+def _memory(pid: int) -> dict[str, int]:
+    """RSS, PSS and USS of ``pid`` in bytes, from /proc/<pid>/smaps_rollup (empty where unreadable)."""
+    fields: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                parts = line.split()
+                if len(parts) >= 2 and parts[1].isdigit():
+                    fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    except OSError:
+        return {}
+    return {
+        "rss": fields.get("Rss", 0),
+        "pss": fields.get("Pss", 0),
+        "uss": fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0),
+    }
+
+
+def _worker_pids(pool: AsyncPool) -> tuple[list[int], list[int]]:
+    """The pids of the pool's zygotes and of their live children."""
+    workers = pool._workers
+    zygotes = [z.pid for z in workers._zygotes.values()] if workers is not None else []
+    children = []
+    for zygote in zygotes:
+        try:
+            for task in os.listdir(f"/proc/{zygote}/task"):
+                with open(f"/proc/{zygote}/task/{task}/children") as listing:
+                    children += [int(pid) for pid in listing.read().split()]
+        except OSError:
+            continue
+    return zygotes, children
+
+
+async def throughput(root: Path) -> dict[str, Any]:
+    """``CONVERSATIONS`` x ``TURNS`` turns at once on a fresh pool and tool; latencies, losses and memory."""
+    pool = AsyncPool(LocalStore(root), isolation="process", signing_keys=[KEY])
+    latencies: list[float] = []
+    lost = 0
+    memory: list[dict[str, int]] = []
+    zygote_memory: list[dict[str, int]] = []
+    async with pool:
+        tool = CodeTool(pool, heads=SQLiteHeads(root / ".heads.sqlite3"), keep_warm_s=600)
+
+        async def conversation(n: int) -> None:
+            nonlocal lost
+            for turn in range(TURNS):
+                code = SETUP_CODE if turn == 0 else TURN_CODE
+                start = time.perf_counter()
+                try:
+                    answer = await tool.run_code(f"conversation-{n}", code)
+                except Exception:  # counted as lost; the benchmark goes on
+                    lost += 1
+                    continue
+                latencies.append(time.perf_counter() - start)
+                if "Error" in answer or "restarted" in answer:
+                    lost += 1
+
+        async def sample() -> None:
+            while True:
+                await asyncio.sleep(0.2)
+                zygotes, children = _worker_pids(pool)
+                memory.extend(m for m in map(_memory, children) if m)
+                zygote_memory.extend(m for m in map(_memory, zygotes) if m)
+
+        sampler = asyncio.ensure_future(sample())
+        start = time.perf_counter()
+        await asyncio.gather(*(conversation(n) for n in range(CONVERSATIONS)))
+        elapsed = time.perf_counter() - start
+        sampler.cancel()
+        await tool.aclose()
+    ordered = sorted(latencies)
+
+    def median_mb(samples: list[dict[str, int]], key: str) -> float | None:
+        return round(statistics.median(m[key] for m in samples) / 2**20, 1) if samples else None
+
+    return {
+        "conversations": CONVERSATIONS,
+        "turns_per_conversation": TURNS,
+        "turns_per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(ordered[len(ordered) // 2] * 1000, 1) if ordered else None,
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 1) if ordered else None,
+        "lost": lost,
+        "worker_rss_mb": median_mb(memory, "rss"),
+        "worker_pss_mb": median_mb(memory, "pss"),
+        "worker_uss_mb": median_mb(memory, "uss"),
+        "zygote_rss_mb": median_mb(zygote_memory, "rss"),
+        "workers": pool.max_workers,
+    }
+
+
+async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
+    tools = Tools(root / "turns")
+    monty = Monty()
+    trials: dict[str, Callable[[], Any]] = {"snapcell process": tools.trial}
+    try:
+        await tools.open()
+        if monty.pool is not None:
+            await monty.open()
+            trials["monty"] = monty.trial
+        samples = await alternate_async(trials, QUICK_REPS if quick else REPS, warmup=WARMUP)
+    finally:
+        await tools.close()
+        if monty.pool is not None:
+            await monty.close()
+    return samples, await throughput(root / "throughput")
+
+
+def main() -> None:
+    args = parse_args(__doc__, "fewer repetitions")
+    with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
+        samples, load = asyncio.run(measure(args.quick, Path(tmp)))
+    base = summarize_ms(samples[BASELINE]["turn"])["median"] if BASELINE in samples else None
+    rows, records = [], []
+    for name, metrics in samples.items():
+        for metric, seconds in metrics.items():
+            summary = summarize_ms(seconds)
+            x = ratio(summary["median"], base) if base else None
+            rows.append({"metric": metric, "method": name, **summary, "ratio": x})
+            records.append({"method": name, "metric": metric, f"{metric}_ms": summary, "monty_ratio": x})
+    print_table(
+        rows,
+        [("metric", "metric"), ("method", "method"), ("min ms", "min"), ("median", "median"), ("max", "max")]
+        + [("x monty turn", "ratio")],
+    )
+    print(
+        f"\nthroughput: {load['conversations']} conversations x {load['turns_per_conversation']} turns on "
+        f"{load['workers']} workers: {load['turns_per_s']} turns/s, p50 {load['p50_ms']} ms, p99 {load['p99_ms']} "
+        f"ms, {load['lost']} lost; per worker RSS {load['worker_rss_mb']} MB, PSS {load['worker_pss_mb']} MB, "
+        f"USS {load['worker_uss_mb']} MB (zygote RSS {load['zygote_rss_mb']} MB)"
+    )
+    records.append({"method": "snapcell process", "metric": "throughput", **load})
+    path = write_jsonl("turns", [r | {"reps": QUICK_REPS if args.quick else REPS} for r in records])
+    print(f"\nratios are to monty's turn (checkout+load+run+dump); results appended to {path}")
+
+
+if __name__ == "__main__":
+    main()

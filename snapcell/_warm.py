@@ -1,0 +1,158 @@
+"""Warm conversations: a conversation's live session kept for a while after its turn, to skip the next load.
+
+A kept session is reused only when the conversation's head still names the checkpoint that session dumped at
+the end of its turn (and dropped nothing from it), so the namespace it holds is exactly what a load would
+restore. Any other head (another server's turn, a rewind, a failed head write) checks the warm session in and
+the turn loads as usual. Sessions are kept for ``keep_warm_s``, at most ``max_sessions`` of them and at most
+``max_bytes`` of worker memory in all; the oldest go first. Evicted sessions are checked in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass, field
+
+from snapcell.errors import SnapcellError
+from snapcell.session import AsyncSession
+
+__all__ = ["WarmSessions", "WarmTurn"]
+
+log = logging.getLogger("snapcell")
+
+
+@dataclass(slots=True)
+class _Kept:
+    stack: AsyncExitStack
+    session: AsyncSession
+    checkpoint_id: bytes
+    memory_bytes: int
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(slots=True)
+class WarmTurn:
+    """One turn's session: reused warm (``reused``) or freshly checked out; call `dumped` once it is saved."""
+
+    session: AsyncSession
+    reused: bool
+    _stack: AsyncExitStack
+    _dumped: bytes | None = field(default=None)
+    _memory_bytes: int = field(default=0)
+
+    def dumped(self, checkpoint_id: bytes, memory_bytes: int | None) -> None:
+        """Offer the session for keeping: its namespace is now exactly checkpoint ``checkpoint_id``."""
+        manifest = self.session.manifest
+        if self.session.checkpoint_id == checkpoint_id and manifest is not None and not manifest.dropped:
+            self._dumped = checkpoint_id
+            self._memory_bytes = memory_bytes or 0
+
+
+class WarmSessions:
+    """Keeps live sessions of recent conversations (see the module docstring).
+
+    Args:
+        keep_warm_s: Seconds a session is kept after its turn; 0 keeps none.
+        max_sessions: Sessions kept at once.
+        max_bytes: Worker memory (as last reported by each run) the kept sessions may hold in all; None: no bound.
+    """
+
+    def __init__(self, *, keep_warm_s: float, max_sessions: int, max_bytes: int | None) -> None:
+        self.keep_warm_s = keep_warm_s
+        self.max_sessions = max_sessions
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._waiting = 0  # turns waiting for a new checkout
+        self.reused = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self,
+        conversation_id: str,
+        head_checkpoint: bytes | None,
+        checkout: Callable[[], AbstractAsyncContextManager[AsyncSession]],
+        *,
+        room_needed: Callable[[], bool] = lambda: False,
+    ) -> AsyncIterator[WarmTurn]:
+        """Give the turn its session: the warm one if it still matches the head, else a new checkout.
+
+        Args:
+            conversation_id: The conversation.
+            head_checkpoint: The checkpoint the conversation's head names (None before its first turn).
+            checkout: Checks out a new session (``pool.checkout(...)``).
+            room_needed: True while a new checkout would wait for a slot that a warm session holds; the
+                oldest warm sessions are checked in until it is False.
+        """
+        kept = self._kept.pop(conversation_id, None)
+        if kept is not None and kept.timer is not None:
+            kept.timer.cancel()
+        if kept is not None and head_checkpoint is not None and kept.checkpoint_id == head_checkpoint:
+            self.reused += 1
+            turn = WarmTurn(kept.session, True, kept.stack)
+        else:
+            if kept is not None:
+                await kept.stack.aclose()
+            while self._kept and room_needed():
+                await self._evict(next(iter(self._kept)))
+            stack = AsyncExitStack()
+            self._waiting += 1
+            try:
+                session = await stack.enter_async_context(checkout())
+            finally:
+                self._waiting -= 1
+            turn = WarmTurn(session, False, stack)
+        try:
+            yield turn
+        except BaseException as exc:
+            await turn._stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        # A turn waiting for a checkout gets this session's worker rather than waiting behind a warm session.
+        if turn._dumped is None or self.keep_warm_s <= 0 or self.max_sessions < 1 or self._waiting:
+            await turn._stack.aclose()
+            return
+        await self._keep(conversation_id, _Kept(turn._stack, turn.session, turn._dumped, turn._memory_bytes))
+
+    async def _keep(self, conversation_id: str, kept: _Kept) -> None:
+        self._kept[conversation_id] = kept
+        kept.timer = asyncio.get_running_loop().call_later(self.keep_warm_s, self._expire, conversation_id, kept)
+        while len(self._kept) > self.max_sessions or (
+            self.max_bytes is not None and len(self._kept) > 1 and self._bytes() > self.max_bytes
+        ):
+            await self._evict(next(iter(self._kept)))
+        if self.max_bytes is not None and self._bytes() > self.max_bytes:
+            await self._evict(conversation_id)  # alone over the bound
+
+    def _bytes(self) -> int:
+        return sum(kept.memory_bytes for kept in self._kept.values())
+
+    def _expire(self, conversation_id: str, kept: _Kept) -> None:
+        if self._kept.get(conversation_id) is kept:
+            task = asyncio.ensure_future(self._evict(conversation_id))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _evict(self, conversation_id: str) -> None:
+        kept = self._kept.pop(conversation_id, None)
+        if kept is None:
+            return
+        if kept.timer is not None:
+            kept.timer.cancel()
+        try:
+            await kept.stack.aclose()
+        except SnapcellError as exc:  # checking in a session whose worker is gone; nothing is lost
+            log.debug("snapcell: checking in a warm session failed: %s", exc)
+
+    async def aclose(self) -> None:
+        """Check every warm session in."""
+        while self._kept:
+            await self._evict(next(iter(self._kept)))
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,214 @@
+"""The zygote: a clean interpreter that has imported the worker and forks one worker per checkout.
+
+Started as ``python -I -m snapcell.runner._zygote CTRL_FD HOST_PID [MODULE,...]`` exactly like a spawned
+worker (empty environment, no key, no credentials, no session data, BLAS/OpenMP pools limited to one
+thread so that fork is safe), it imports the worker, the policy's heavy modules (numpy, pandas) and runs
+snapcell's own warm-up cell. It never runs script code. Then it waits on its control socket:
+
+- host -> zygote: a one-byte ``F`` datagram carrying two descriptors (SCM_RIGHTS): the new worker's end
+  of a fresh socketpair and the file its stderr goes to. The zygote forks; the child starts a session of
+  its own (`_worker.serve_session`), which applies every sandbox layer to the child itself after the
+  fork: its own uid (derived by the host from the child's pid), Landlock, a seccomp filter naming the
+  child's pid, rlimits, pdeathsig on the zygote. The zygote closes both descriptors.
+- zygote -> host: ``{"op": "forked", "pid": P, "rss": R}`` per fork, in order; ``{"op": "exited", "pid":
+  P, "status": S, "maxrss": M}`` when a child is reaped (the zygote is the parent: only it can wait for
+  its children); ``{"op": "fork_failed", "error": ...}``.
+
+The zygote carries pdeathsig on the host; each child carries pdeathsig on the zygote. The host's death
+kills the zygote and with it every child; a zygote's death (only an outside kill or the OOM killer could
+do it) kills its children too, whose sessions are then restored like any lost worker's, and the host
+starts a new zygote. Nothing a child does reaches the zygote but its exit status: after its sandbox it
+cannot signal, trace or open anything outside itself.
+
+Hash randomization is fixed when an interpreter starts, so every child of one zygote shares its
+``PYTHONHASHSEED``; `random` and `numpy.random`'s global state are reseeded from the OS in each child,
+and `secrets`, `os.urandom` and `uuid` read the OS anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+__all__ = ["THREAD_ENV", "main", "preload_modules", "reseed"]
+
+# Thread pools of numerical libraries are started at import: with one thread each, nothing runs in the
+# zygote but its main thread, and a fork copies no lock held by another thread.
+THREAD_ENV = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+}
+# Modules worth importing in the zygote when the policy allows them (costly to import on every checkout).
+HEAVY_MODULES = ("numpy", "pandas")
+_PR_SET_PDEATHSIG = 1
+_MAX_CONTROL_BYTES = 16
+
+
+def preload_modules(allowed: frozenset[str]) -> tuple[str, ...]:
+    """The heavy modules a zygote for a policy allowing ``allowed`` imports (those installed)."""
+    import importlib.util
+
+    return tuple(name for name in HEAVY_MODULES if name in allowed and importlib.util.find_spec(name) is not None)
+
+
+def reseed() -> None:
+    """Give this process random streams of its own: a forked child starts with its zygote's."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # the legacy global RandomState; Generators made later seed from the OS
+
+
+def _send(ctrl: socket.socket, message: dict[str, Any]) -> None:
+    ctrl.send(json.dumps(message).encode())
+
+
+def _arm_pdeathsig(host_pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0))
+    if os.getppid() != host_pid:  # the host died before the signal was armed
+        os._exit(1)
+
+
+def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pid: int, host_pid: int) -> None:
+    """In the forked child: drop the zygote's descriptors and handlers, reseed, serve one session; never returns."""
+    code = 70
+    try:
+        os.setsid()  # its own process group, so the zygote can kill anything it starts
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        ctrl.close()
+        for fd in wake:
+            os.close(fd)
+        channel_fd, stderr_fd = fds
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
+        reseed()
+        from snapcell.runner._worker import serve_session
+
+        sock = socket.socket(fileno=channel_fd)
+        sock.setblocking(True)
+        code = serve_session(sock, parent_pid=zygote_pid, host_pid=host_pid)
+    except BaseException:  # the child must never fall back into the zygote's loop
+        with contextlib.suppress(BaseException):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _fork(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], host_pid: int) -> None:
+    zygote_pid = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _send(ctrl, {"op": "fork_failed", "error": str(exc)[:500]})
+        pid = -1
+    if pid == 0:
+        _child(ctrl, wake, fds, zygote_pid, host_pid)
+    for fd in fds:
+        os.close(fd)
+    if pid > 0:
+        _send(ctrl, {"op": "forked", "pid": pid, "rss": _high_water_rss()})
+
+
+def _high_water_rss() -> int:
+    """This process's own peak RSS in bytes (VmHWM), which a forked child's peak starts from.
+
+    Not ``ru_maxrss``: that also counts the peak inherited from the host across the zygote's own fork and exec,
+    which a child does not inherit.
+    """
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reap(ctrl: socket.socket) -> None:
+    """Report every child that has exited, after killing its process group (held by the zombie until reaped)."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        pid = info.si_pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        _, status, usage = os.wait4(pid, 0)
+        _send(ctrl, {"op": "exited", "pid": pid, "status": status, "maxrss": usage.ru_maxrss * 1024})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a zygote process: ``CTRL_FD HOST_PID [MODULE,...]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    ctrl = socket.socket(fileno=int(argv[0]))
+    ctrl.setblocking(True)
+    host_pid = int(argv[1])
+    _arm_pdeathsig(host_pid)
+    preloaded = []
+    for name in argv[2].split(",") if len(argv) > 2 and argv[2] else ():
+        if name in HEAVY_MODULES:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+                preloaded.append(name)
+    from snapcell.runner import _privileges, _worker
+
+    _worker._warm_up()
+    _privileges.warm_import_paths()
+    # Everything imported so far is shared with the children copy-on-write; a child's garbage collector would
+    # touch (and so copy) every page of it on its first pass. Frozen objects are never traversed.
+    gc.collect()
+    gc.freeze()
+    threads = len(os.listdir("/proc/self/task"))
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    _send(ctrl, {"op": "ready", "pid": os.getpid(), "preloaded": preloaded, "threads": threads})
+    while True:
+        ready, _, _ = select.select([ctrl.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_r, 512):
+                    pass
+            _reap(ctrl)
+        if ctrl.fileno() in ready:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(ctrl, _MAX_CONTROL_BYTES, 2)
+            except InterruptedError:
+                continue
+            if not data:
+                return 0  # the host closed the channel: the children die with us (pdeathsig)
+            if data == b"F" and len(fds) == 2:
+                _fork(ctrl, (wake_r, wake_w), fds, host_pid)
+            else:
+                for fd in fds:
+                    os.close(fd)
+
+
+if __name__ == "__main__":
+    os._exit(main())

@@ -1,0 +1,52 @@
+"""The worker's request path: read by the thread that needs the frame, no reader thread in between."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from snapcell import Policy, Pool
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+async def later(x: int) -> int:
+    await asyncio.sleep(0.01)
+    return x + 100
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    with Pool("memory://", isolation="process", policy=Policy.unrestricted()) as opened:
+        yield opened
+
+
+def test_no_thread_hands_requests_over(pool: Pool) -> None:
+    with pool.checkout() as session:
+        names = session.feed_run("import threading\nsorted(t.name for t in threading.enumerate())")
+    assert "snapcell-reader" not in names and len(names) <= 2, names  # the main thread and the watchdog
+
+
+def test_a_sync_call_delivers_the_results_of_async_calls_in_flight(pool: Pool) -> None:
+    # While a sync call waits for its own result, the frames it reads may be results of async calls the
+    # event loop has in flight: they must reach their awaiting coroutines.
+    code = textwrap.dedent(
+        """
+        import asyncio
+        async def mixed(i):
+            pending = asyncio.ensure_future(later(i))
+            await asyncio.sleep(0)
+            return double(i), await pending
+        await asyncio.gather(*(mixed(i) for i in range(20)))
+        """
+    )
+    with pool.checkout() as session:
+        for _ in range(3):
+            got = session.feed_run(code, external_lookup={"double": double, "later": later})
+            assert got == [(2 * i, i + 100) for i in range(20)]
+        assert session.feed_run("1 + 1") == 2

@@ -1,0 +1,178 @@
+"""Workers forked from a clean zygote: every sandbox layer in the child, fresh random streams, restarts, deaths."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from snapcell import Limits, Policy, Pool, WorkerLost
+from snapcell.runner._procbackend import ProcessBackend
+from snapcell.runner._workerpool import WorkerPool
+from snapcell.runner._zygote import preload_modules
+
+NUMPY = Policy.unrestricted()  # os, to see pids; numpy and pandas preloaded
+HANG_GUARD_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def numpy_pool() -> Iterator[Pool]:
+    if not preload_modules(frozenset({"numpy"})):
+        pytest.skip("numpy is not installed")
+    with Pool("memory://", isolation="process", policy=NUMPY, max_workers=3) as pool:
+        yield pool
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is not alive
+        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if _alive(pid)]
+
+
+def _zygote_pid(pool: Pool) -> int:
+    start = pool.isolation_report()["start"]
+    assert start.startswith("zygote (pid "), start
+    return int(start.split()[2].rstrip(","))
+
+
+_DRAW = (
+    "import os, random, numpy\n"
+    "(os.getpid(), os.getppid(), [random.random() for _ in range(4)], numpy.random.rand(4).tolist())"
+)
+
+
+def test_two_children_of_one_zygote_get_different_random_streams(numpy_pool: Pool) -> None:
+    zygote = _zygote_pid(numpy_pool)
+    with numpy_pool.checkout() as one, numpy_pool.checkout() as two:
+        first, second = one.feed_run(_DRAW), two.feed_run(_DRAW)
+    assert first[0] != second[0] and first[1] == second[1] == zygote  # two children of the same zygote
+    assert first[2] != second[2]  # random's global generator was reseeded in each child
+    assert first[3] != second[3]  # so was numpy.random's legacy global state
+
+
+def test_every_layer_names_the_child_itself(numpy_pool: Pool) -> None:
+    report = numpy_pool.isolation_report()
+    assert "numpy" in report["start"]
+    with numpy_pool.checkout() as session:
+        pid, ppid = session.feed_run("import os\nos.getpid(), os.getppid()")
+        uid = session.feed_run("import os\nos.getuid()")
+        layers = session._inner._backend.sandbox
+    # The uid, the seccomp filter and pdeathsig are the child's own, derived after the fork.
+    assert uid == 1_000_000_000 + pid, (uid, pid)
+    assert f"uid {uid} " in layers["privileges"]
+    assert f"only for pid {pid}," in layers["seccomp"]
+    assert f"zygote (pid {ppid}) dies, which dies with the host (pid {os.getpid()})" in layers["pdeathsig"]
+    assert layers["landlock"].startswith("active")
+
+
+def test_a_killed_zygote_is_restarted_and_its_sessions_restored(numpy_pool: Pool) -> None:
+    with numpy_pool.checkout() as session:
+        session.feed_run("kept = 'from the checkpoint'")
+        session.dump()
+        zygote, child = session.feed_run("import os\nos.getppid(), os.getpid()")
+        os.kill(zygote, signal.SIGKILL)
+        assert _wait_gone([zygote, child]) == []  # its children die with it (pdeathsig)
+        with pytest.raises(WorkerLost):
+            session.feed_run("1 + 1")
+        again = session.run("import os\nkept, os.getppid()")
+        assert again.error is None and again.value[0] == "from the checkpoint"
+        assert again.value[1] not in (zygote, os.getpid())  # a new zygote
+    assert _zygote_pid(numpy_pool) not in (zygote, os.getpid())
+    with numpy_pool.checkout() as session:
+        assert session.feed_run("import numpy\nint(numpy.arange(4).sum())") == 6
+
+
+def test_the_zygote_reports_a_childs_exit_status_and_peak_memory() -> None:
+    async def main() -> tuple[int, int, int]:
+        workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S)
+        backend = ProcessBackend(workers, policy=Policy.unrestricted(), limits=Limits())
+        try:
+            await backend.start()
+            worker = backend.worker
+            assert worker is not None and worker.forked is not None and worker.process is None
+            forked = worker.forked
+            code = "import os, signal\nb = bytearray(200 * 2**20)\nos.kill(os.getpid(), signal.SIGSEGV)"
+            with pytest.raises(WorkerLost) as lost:
+                await backend.run(code, lookup={}, setup=False, limits=Limits())
+            assert lost.value.reason == "crash", lost.value
+            status, peak = await asyncio.wait_for(forked.exited, HANG_GUARD_S)
+            assert peak is not None
+            return status, peak, forked.inherited_rss
+        finally:
+            await workers.close()
+
+    status, peak, inherited = asyncio.run(main())
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSEGV
+    # The child's own 200 MiB, seen through the zygote's wait4, above what it started from (the zygote's own peak, not
+    # the host's, which a long test run makes large).
+    assert peak - inherited >= 150 * 2**20, (peak, inherited)
+
+
+_HOST = textwrap.dedent(
+    """
+    import os, sys
+    import snapcell
+    pool = snapcell.Pool("memory://", isolation="process", policy=snapcell.Policy.unrestricted())
+    with pool.checkout() as session:
+        print(*session.feed_run("import os\\nos.getppid(), os.getpid()"), flush=True)
+        os.kill(os.getpid(), 9)
+    """
+)
+
+
+def test_the_host_dying_takes_the_zygote_and_its_children_with_it() -> None:
+    host = subprocess.run(
+        [sys.executable, "-c", _HOST], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+    )
+    assert host.returncode == -signal.SIGKILL, host.stderr
+    zygote, child = (int(word) for word in host.stdout.split())
+    assert _wait_gone([zygote, child]) == []
+
+
+def test_worker_command_bypasses_the_zygote() -> None:
+    async def main() -> tuple[str, int]:
+        workers = WorkerPool(
+            min_warm=0,
+            max_workers=1,
+            checkout_timeout_s=HANG_GUARD_S,
+            worker_command=[sys.executable, "-I", "-m", "snapcell.runner._worker"],
+        )
+        backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
+        try:
+            await backend.start()
+            result = await backend.run("1 + 1", lookup={}, setup=False, limits=Limits())
+            return backend.start_path, result.value
+        finally:
+            await workers.close()
+
+    assert asyncio.run(main()) == ("spawn", 2)
+
+
+def test_a_zygote_that_cannot_start_falls_back_to_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from snapcell.runner import _zygotehost
+
+    async def broken(self: _zygotehost.Zygote) -> None:
+        raise _zygotehost.ZygoteError("no zygote here")
+
+    monkeypatch.setattr(_zygotehost.Zygote, "start", broken)
+    with Pool("memory://", isolation="process") as pool:
+        assert pool.isolation_report()["start"] == "spawn"
+        with pool.checkout() as session:
+            assert session.feed_run("1 + 1") == 2

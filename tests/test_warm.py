@@ -1,0 +1,160 @@
+"""Warm conversations: the next turn reuses the live session while the head names its checkpoint, loads otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from snapcell import AsyncPool, CodeTool, ConfigError, MemoryHeads, Policy
+from snapcell.session import AsyncSession
+from snapcell.storage import MemoryStore
+
+KEY = "warm-test-signing-key-0123456789"
+HANG_GUARD_S = 30.0
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """Every checkpoint ID a session loads during the test."""
+    seen: list[bytes] = []
+    original = AsyncSession.load_session
+
+    async def counted(self: AsyncSession, checkpoint_id: bytes) -> None:
+        seen.append(checkpoint_id)
+        await original(self, checkpoint_id)
+
+    monkeypatch.setattr(AsyncSession, "load_session", counted)
+    yield seen
+
+
+def _pool(store: MemoryStore, **options: object) -> AsyncPool:
+    return AsyncPool(store=store, signing_keys=[KEY], isolation="inline", **options)  # type: ignore[arg-type]
+
+
+def test_a_warm_conversation_skips_the_load(loads: list[bytes]) -> None:
+    async def main() -> tuple[list[str], list[str]]:
+        store, heads = MemoryStore(), MemoryHeads()
+        async with _pool(store) as pool:
+            warm = CodeTool(pool, heads=heads, keep_warm_s=60)
+            hot = [await warm.run_code("a", "x = 1"), *[await warm.run_code("a", "x += 1\nx") for _ in range(3)]]
+            await warm.aclose()
+            cold = CodeTool(pool, heads=heads)
+            again = [await cold.run_code("a", "x += 1\nx"), await cold.run_code("a", "x")]
+            await cold.aclose()
+        return hot, again
+
+    hot, again = asyncio.run(main())
+    assert [answer.split()[-1] for answer in hot[1:]] == ["2", "3", "4"]
+    assert [answer.split()[-1] for answer in again] == ["5", "5"]
+    assert len(loads) == 2  # none while warm; one per turn of the tool without warm sessions
+
+
+def test_a_moved_head_forces_a_load(loads: list[bytes]) -> None:
+    async def main() -> list[str]:
+        store, heads = MemoryStore(), MemoryHeads()
+        async with _pool(store) as pool:
+            one = CodeTool(pool, heads=heads, keep_warm_s=60)
+            other = CodeTool(pool, heads=heads, keep_warm_s=60)
+            answers = [await one.run_code("a", "x = 'one'")]
+            answers.append(await other.run_code("a", "x = x + ', other'\nx"))  # the head moves under `one`
+            assert len(loads) == 1
+            answers.append(await one.run_code("a", "x = x + ', one again'\nx"))
+            assert len(loads) == 2  # the warm session no longer matched the head: it was checked in, and loaded
+            await one.rewind("a")  # back to other's checkpoint, which `one` does not hold
+            answers.append(await one.run_code("a", "x"))
+            assert len(loads) == 3
+            await one.aclose()
+            await other.aclose()
+        return answers
+
+    answers = asyncio.run(main())
+    assert "one, other" in answers[1]
+    assert "one, other, one again" in answers[2]
+    assert "'one, other'" in answers[3] and "again" not in answers[3]
+
+
+def test_warm_sessions_are_bounded_and_evicted_ones_checked_in(loads: list[bytes]) -> None:
+    async def main() -> tuple[int, int, int]:
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60, max_warm_sessions=2)
+            for conversation in ("a", "b", "c"):
+                await tool.run_code(conversation, "x = 1")
+            kept, open_sessions = len(tool._warm), len(pool._sessions)
+            await tool.run_code("a", "x")  # evicted: loads
+            await tool.run_code("c", "x")  # still warm
+            await tool.aclose()
+            return kept, open_sessions, len(pool._sessions)
+
+    kept, open_sessions, after_close = asyncio.run(main())
+    assert (kept, open_sessions, after_close) == (2, 2, 0)
+    assert len(loads) == 1
+
+
+def test_warm_sessions_expire_and_are_checked_in() -> None:
+    async def main() -> int:
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=0.01)
+            await tool.run_code("a", "x = 1")
+            deadline = time.monotonic() + HANG_GUARD_S
+            while pool._sessions and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await tool.aclose()
+            return len(pool._sessions)
+
+    assert asyncio.run(main()) == 0
+
+
+def test_a_session_that_dropped_a_variable_is_not_kept_warm(loads: list[bytes]) -> None:
+    async def main() -> str:
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60)
+            await tool.run_code("a", "g = (i for i in range(3))")  # a generator is not saved
+            answer = await tool.run_code("a", "try:\n    g\n    seen = True\nexcept NameError:\n    seen = False\nseen")
+            await tool.aclose()
+            return answer
+
+    # Warm, the live generator would still be there: the next turn must see what a load restores.
+    answer = asyncio.run(main())
+    assert "False" in answer and "True" not in answer, answer
+    assert len(loads) == 1
+
+
+def test_warm_sessions_give_their_worker_to_a_new_conversation() -> None:
+    async def main() -> tuple[list[int], str]:
+        pool = AsyncPool(
+            store=MemoryStore(),
+            signing_keys=[KEY],
+            isolation="process",
+            policy=Policy.unrestricted(),
+            max_workers=1,
+            checkout_timeout_s=HANG_GUARD_S,
+        )
+        async with pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60)
+            pids = []
+            for _ in range(2):
+                answer = await tool.run_code("a", "import os\nos.getpid()")
+                pids.append(int(answer.split()[-1]))
+            other = await tool.run_code("b", "'b ran'")  # the only worker is warm for "a": it is checked in
+            await tool.aclose()
+        return pids, other
+
+    pids, other = asyncio.run(main())
+    assert pids[0] == pids[1]  # the same worker served both turns of "a"
+    assert "b ran" in other
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"keep_warm_s": -1}, {"keep_warm_s": "5"}, {"max_warm_sessions": -1}, {"max_warm_bytes": 1.5}],
+)
+def test_warm_settings_are_checked(options: dict[str, object]) -> None:
+    async def main() -> None:
+        async with _pool(MemoryStore()) as pool:
+            CodeTool(pool, heads=MemoryHeads(), **options)  # type: ignore[arg-type]
+
+    with pytest.raises(ConfigError):
+        asyncio.run(main())
