@@ -43,7 +43,7 @@ from snapcell.errors import (
     WorkerLost,
 )
 from snapcell.pool import AsyncPool, Pool
-from snapcell.runner import HostCall, Limits, Policy, RunResult
+from snapcell.runner import HostCall, Limits, Policy, RunResult, ScriptValue
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import (
     HeadStore,
@@ -100,6 +100,7 @@ __all__ = [
     "S3Store",
     "SQLiteHeads",
     "SandboxError",
+    "ScriptValue",
     "ScriptError",
     "ScriptSyntaxError",
     "Session",

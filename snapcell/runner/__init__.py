@@ -9,6 +9,7 @@ from snapcell.runner._limits import Limits
 from snapcell.runner._policy import DEFAULT_MODULES, Policy
 from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
+from snapcell.runner._values import ScriptValue
 
 __all__ = [
     "DEFAULT_MODULES",
@@ -20,4 +21,5 @@ __all__ = [
     "Policy",
     "RunResult",
     "Runner",
+    "ScriptValue",
 ]
