@@ -3,8 +3,9 @@
 - Attributes whose rule depends on the object (`TYPED_NAMES`): ``x.replace`` is ``str.replace`` or
   ``date.replace`` unless ``x`` is a code object; namedtuple's documented API (``_replace``, ``_asdict``,
   ``_fields``, ``_make``, ``_field_defaults``) on namedtuples and the script's own objects; ``x.__dict__`` of
-  the script's own objects (and of what ``vars(x)`` may read). Loads of these names are rewritten to
-  `typed_attr`, and ``getattr``/``hasattr``/``attrgetter``/``methodcaller`` apply the same rule.
+  the script's own objects (and of what ``vars(x)`` may read); ``other._x`` read in a method of the script's
+  class, when ``other`` is one of the script's own objects (``self._c < other._c``). Loads of these names are
+  rewritten to `typed_attr`, and ``getattr``/``hasattr``/``attrgetter``/``methodcaller`` apply the same rule.
 - ``globals()`` returns the session's variables (`SessionGlobals`): a live mapping over the namespace that
   hides and refuses dunder names (``__builtins__`` holds the guard's own functions).
 - ``asyncio.run(coro)`` at the top level of a script awaits ``coro`` in the run's task, as top-level
@@ -23,6 +24,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 from snapcell.runner._guard import (
+    INTERNAL_NAMES,
     attribute_hint,
     attribute_problem,
     check_attr,
@@ -77,6 +79,8 @@ def typed_attr(obj: Any, name: str, /) -> Any:
     if name in _NAMEDTUPLE_API and (_namedtuple(obj) or _own(obj)):
         value = getattr(obj, name)
         return dict(value) if name == "_field_defaults" and type(value) is dict else value
+    if name.startswith("_") and not is_dunder(name) and name not in INTERNAL_NAMES and _own(obj):
+        return getattr(obj, name)  # ``other._x`` in a method of the script's class, on one of its own objects
     raise _refuse(name)
 
 

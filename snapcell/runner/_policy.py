@@ -419,13 +419,13 @@ class _Checker(ast.NodeVisitor):
                     if isinstance(item, ast.AST):
                         if isinstance(item, ast.With | ast.AsyncWith):
                             plan.after.append((value, item))
-                        elif needs_format_check(item):
+                        elif needs_format_check(item) or self._other_private(item):
                             plan.formats.append((node, name, index, item))  # type: ignore[arg-type]
                         elif self._top_level_run(item):
                             plan.awaits.append((node, name, index, item))  # type: ignore[arg-type]
                         self.visit(item)
             elif isinstance(value, ast.AST):
-                if needs_format_check(value):
+                if needs_format_check(value) or self._other_private(value):
                     plan.formats.append((node, name, None, value))  # type: ignore[arg-type]
                 elif self._top_level_run(value):
                     plan.awaits.append((node, name, None, value))  # type: ignore[arg-type]
@@ -461,10 +461,24 @@ class _Checker(ast.NodeVisitor):
         store = not isinstance(node.ctx, ast.Load)
         problem = attribute_problem(node.attr, store=store)
         if problem and not self._own_private(node) and (store or node.attr not in TYPED_NAMES):
+            if self._other_private(node):
+                self.generic_visit(node)  # `other._x` in a method: checked at runtime (the script's own objects only)
+                return
             raise self.fail(node, problem, attribute_hint(node.attr))
         if store:
             self.plan.stores.append(node)
         self.generic_visit(node)
+
+    def _other_private(self, node: ast.AST) -> bool:
+        """True for ``other._x`` read in a method of the script's class (``other`` not its first parameter)."""
+        return (
+            bool(self.selves)
+            and isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Load)
+            and node.attr.startswith("_")
+            and not is_dunder(node.attr)
+            and not self._own_private(node)
+        )
 
     def _own_private(self, node: ast.Attribute) -> bool:
         name = node.attr

@@ -93,9 +93,10 @@ def needs_format_check(node: ast.AST) -> bool:
 def format_call(node: ast.Attribute) -> ast.Call:
     """``__snapcell_format_attr__(x, "format")`` in place of ``x.format``, at the same location.
 
-    An attribute of `TYPED_NAMES` becomes ``__snapcell_typed_attr__(x, name)`` instead.
+    An attribute of `TYPED_NAMES`, or a private one, becomes ``__snapcell_typed_attr__(x, name)`` instead.
     """
-    helper = TYPED_ATTR_NAME if node.attr in TYPED_NAMES else FORMAT_ATTR_NAME
+    typed = node.attr in TYPED_NAMES or node.attr.startswith("_")  # a private name: checked with its object
+    helper = TYPED_ATTR_NAME if typed else FORMAT_ATTR_NAME
     call = ast.Call(func=ast.Name(id=helper, ctx=ast.Load()), args=[node.value, ast.Constant(node.attr)], keywords=[])
     for new in (call, call.func, call.args[1]):
         ast.copy_location(new, node)
