@@ -123,7 +123,11 @@ async def _conversation(pool: AsyncPool, turns: list[str], gate: asyncio.Semapho
 async def _run_corpus(mode: str) -> dict[str, list[Outcome] | BaseException]:
     gate = asyncio.Semaphore(CONCURRENCY)
     pool = AsyncPool(
-        "memory://", isolation=mode, policy=Policy.process_default(), min_warm_workers=CONCURRENCY, max_workers=6
+        "memory://",
+        isolation=mode,
+        policy=Policy.process_default(),
+        min_warm_workers=CONCURRENCY,
+        max_workers=CONCURRENCY + 2,
     )
     async with pool:
         results = await asyncio.gather(
