@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import types
+from collections.abc import Iterator
 
 import pytest
 
-from snapcell import Policy, PolicyError, Pool
+from snapcell import Policy, PolicyError, Pool, RunResult, Session
 from snapcell.runner._fidelity import typed_attr
 
 # Each was refused by the policy before issue 14; the value is what plain CPython gives.
@@ -80,9 +81,16 @@ ORDINARY: dict[str, tuple[str, object]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def shared(pool: Pool) -> Iterator[Session]:
+    """One session per mode for these checks (a checkout costs a worker start in process mode)."""
+    with pool.checkout() as session:
+        yield session
+
+
 @pytest.mark.parametrize(("code", "expected"), list(ORDINARY.values()), ids=list(ORDINARY))
-def test_ordinary_code_is_not_refused(run, code: str, expected: object) -> None:
-    result = run(code)
+def test_ordinary_code_is_not_refused(shared: Session, code: str, expected: object) -> None:
+    result: RunResult = shared.run(code)
     assert result.error is None, result.error.for_model()
     assert result.value == expected
 
@@ -103,8 +111,8 @@ CLOSED = {
 
 
 @pytest.mark.parametrize("code", list(CLOSED.values()), ids=list(CLOSED))
-def test_what_stays_closed(run, code: str) -> None:
-    result = run(code)
+def test_what_stays_closed(shared: Session, code: str) -> None:
+    result = shared.run(code)
     assert result.error is not None
     assert result.error.exc_type in ("PolicyError", "TypeError", "RuntimeError"), result.error.for_model()
     if result.error.exc_type == "RuntimeError":
