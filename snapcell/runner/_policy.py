@@ -80,13 +80,10 @@ from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, in
 from snapcell.runner._rewrite import (
     TYPED_NAMES,
     AsyncioRunNames,
-    async_run_call,
-    format_call,
+    Plan,
     is_type_call,
     needs_format_check,
     rewrite_format_calls,
-    store_call,
-    type_call,
 )
 from snapcell.runner._standins import stand_in_builtins
 
@@ -206,21 +203,7 @@ class Policy:
             rewrite_format_calls(tree)
             instrument(tree)
             return
-        # Formats first: type calls shift argument indices and stores wrap whatever their value is by then.
-        for parent, name, index, node in plan.formats:
-            if index is None:
-                setattr(parent, name, format_call(node))
-            else:
-                getattr(parent, name)[index] = format_call(node)
-        for call in plan.type_calls:
-            type_call(call)
-        for target in plan.stores:
-            target.value = store_call(target.value)
-        for parent, name, index, call in plan.awaits:
-            if index is None:
-                setattr(parent, name, async_run_call(call))
-            else:
-                getattr(parent, name)[index] = async_run_call(call)
+        plan.apply_rewrites()
         apply_checks(plan.first, plan.after)
 
     def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError:
@@ -381,19 +364,7 @@ def _first_param(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
     return name
 
 
-@dataclass(slots=True)
-class _Plan:
-    """Edits `Policy.transform` makes, recorded by the check's walk so the tree is walked once."""
-
-    formats: list[tuple[ast.AST, str, int | None, ast.Attribute]] = field(default_factory=list)
-    stores: list[ast.Attribute] = field(default_factory=list)
-    type_calls: list[ast.Call] = field(default_factory=list)
-    first: list[tuple[list[ast.stmt], ast.AST]] = field(default_factory=list)
-    after: list[tuple[list[ast.stmt], ast.stmt]] = field(default_factory=list)
-    awaits: list[tuple[ast.AST, str, int | None, ast.Call]] = field(default_factory=list)
-
-
-_plans: weakref.WeakKeyDictionary[ast.Module, _Plan] = weakref.WeakKeyDictionary()
+_plans: weakref.WeakKeyDictionary[ast.Module, Plan] = weakref.WeakKeyDictionary()
 _LOOPS = (ast.While, ast.For, ast.AsyncFor, ast.ExceptHandler)
 
 
@@ -404,7 +375,7 @@ class _Checker(ast.NodeVisitor):
         self.policy = policy
         self.source = source
         self.selves: list[str] = []
-        self.plan = _Plan()
+        self.plan = Plan()
         self.nested = 0  # inside a def, lambda, class or generator expression: no top-level await there
         self.asyncio_run = AsyncioRunNames()
 

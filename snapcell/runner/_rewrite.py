@@ -9,10 +9,12 @@ call (no ``__del__``). The names the rewritten code calls are entries of the ses
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass, field
 
 __all__ = [
     "ASYNC_RUN_NAME",
     "AsyncioRunNames",
+    "Plan",
     "FORMAT_ATTR_NAME",
     "TYPED_ATTR_NAME",
     "TYPED_NAMES",
@@ -161,3 +163,37 @@ def rewrite_format_calls(tree: ast.Module) -> None:
     assignment through ``store_target``, and calls that may create a class through the checked call.
     """
     _FormatRewriter().visit(tree)
+
+
+@dataclass(slots=True)
+class Plan:
+    """Edits the policy makes to a checked script, recorded by the check's walk so the tree is walked once.
+
+    ``first`` and ``after`` are the interrupt checks' places (applied by the policy with ``apply_checks``).
+    """
+
+    formats: list[tuple[ast.AST, str, int | None, ast.Attribute]] = field(default_factory=list)
+    stores: list[ast.Attribute] = field(default_factory=list)
+    type_calls: list[ast.Call] = field(default_factory=list)
+    first: list[tuple[list[ast.stmt], ast.AST]] = field(default_factory=list)
+    after: list[tuple[list[ast.stmt], ast.stmt]] = field(default_factory=list)
+    awaits: list[tuple[ast.AST, str, int | None, ast.Call]] = field(default_factory=list)
+
+    def apply_rewrites(self) -> None:
+        """Make the recorded rewrites (all but the interrupt checks) in place."""
+        # Formats first: type calls shift argument indices and stores wrap whatever their value is by then.
+        for parent, name, index, node in self.formats:
+            _replace(parent, name, index, format_call(node))
+        for call in self.type_calls:
+            type_call(call)
+        for target in self.stores:
+            target.value = store_call(target.value)
+        for parent, name, index, run in self.awaits:
+            _replace(parent, name, index, async_run_call(run))
+
+
+def _replace(parent: ast.AST, name: str, index: int | None, new: ast.AST) -> None:
+    if index is None:
+        setattr(parent, name, new)
+    else:
+        getattr(parent, name)[index] = new

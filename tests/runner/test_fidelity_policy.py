@@ -35,6 +35,11 @@ ORDINARY: dict[str, tuple[str, object]] = {
         "        return list(self._fields)\nForm().names()",
         ["a"],
     ),
+    "other_private_in_method": (
+        "class T:\n    def __init__(self, c):\n        self._c = self.c = c\n    def __lt__(self, other):\n"
+        "        return self._c < other._c\n[t.c for t in sorted([T(3), T(1), T(2)])]",
+        [1, 2, 3],
+    ),
     "function_annotations": ("def f(x: int) -> str:\n    pass\nsorted(f.__annotations__)", ["return", "x"]),
     "class_annotations": ("class C:\n    a: int\n    b: str\nlist(C.__annotations__)", ["a", "b"]),
     "mro": ("class A:\n    pass\nclass B(A):\n    pass\n[c.__name__ for c in B.__mro__]", ["B", "A", "object"]),
@@ -104,6 +109,9 @@ CLOSED = {
     "shared_class_dict": "import json\njson.JSONEncoder.__dict__",
     "namedtuple_api_elsewhere": "import json\njson.JSONDecoder()._make",
     "private_on_shared": "import json\ngetattr(json.JSONDecoder(), '_fields')",
+    "other_private_on_shared_object": (
+        "import random\nclass T:\n    def peek(self, other):\n        return other._randbelow\nT().peek(random.Random())"
+    ),
     "asyncio_run_in_function": (
         "import asyncio\nasync def main():\n    return 1\ndef sync():\n    return asyncio.run(main())\nsync()"
     ),

@@ -234,10 +234,6 @@ BLOCKED = {
         "import random\nclass A:\n    def m(self):\n        self = random\n        return self._os",
         "private attribute ._os",
     ),
-    "private_on_other_instance": (
-        "class A:\n    def __eq__(self, other):\n        return self._x == other._x",
-        "private attribute ._x",
-    ),
     "private_on_staticmethod_arg": (
         "class A:\n    @staticmethod\n    def m(self):\n        return self._x",
         "private attribute ._x",
