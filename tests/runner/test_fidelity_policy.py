@@ -110,7 +110,8 @@ CLOSED = {
     "namedtuple_api_elsewhere": "import json\njson.JSONDecoder()._make",
     "private_on_shared": "import json\ngetattr(json.JSONDecoder(), '_fields')",
     "other_private_on_shared_object": (
-        "import random\nclass T:\n    def peek(self, other):\n        return other._randbelow\nT().peek(random.Random())"
+        "import random\nclass T:\n    def peek(self, other):\n"
+        "        return other._randbelow\nT().peek(random.Random())"
     ),
     "asyncio_run_in_function": (
         "import asyncio\nasync def main():\n    return 1\ndef sync():\n    return asyncio.run(main())\nsync()"
