@@ -9,7 +9,7 @@ script made:
   (``Counter``, ``OrderedDict``, a namedtuple) as the built-in container;
 - numpy scalars as Python numbers; numpy arrays of numbers, booleans, dates or fixed-size strings, and
   pandas DataFrames and Series, rebuilt on the host from their dtype, shape and buffer bytes when the host
-  has numpy / pandas (object arrays are not plain data);
+  has imported numpy / pandas, else a `ScriptValue` (object arrays are not plain data);
 - anything else as a `ScriptValue`: its type's name and its ``repr``, computed in the worker.
 
 The host checks every tag before building anything: dtypes against a fixed grammar (never ``object``),
@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import datetime
 import decimal
-import importlib.util
 import math
 import re
 import sys
@@ -334,13 +333,11 @@ def _script(value: Any) -> ScriptValue:
 
 
 def _has(module: str) -> Any:
-    """The module ``module`` if the host has it (imported on first use), else None."""
-    found = sys.modules.get(module)
-    if found is not None:
-        return found
-    if importlib.util.find_spec(module) is None:
-        return None
-    return importlib.import_module(module)
+    """The module ``module`` if the host has imported it, else None.
+
+    Never imported on a worker's behalf: a message must not make the host load pandas (tens of MiB).
+    """
+    return sys.modules.get(module)
 
 
 def _build_array(value: Any) -> Any:

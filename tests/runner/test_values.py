@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import datetime
 import decimal
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -200,3 +201,13 @@ def test_script_values_never_run_script_code_on_the_host(data_pool: Pool, data_s
         return
     assert value == [ScriptValue("Loud", "Loud()"), {ScriptValue("Loud", "Loud()")}]
     assert all(type(v) in (ScriptValue, set) for v in value)
+
+
+def test_a_host_that_has_not_imported_pandas_gets_script_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    frame = Tagged(("$df", [["a"], Tagged(("$r", [0, 1, 1])), None, [[1]], "   a\n0  1"]))
+    array = Tagged(("$nd", ["<i8", [1], b"\x01" + b"\x00" * 7, "array([1])"]))
+    monkeypatch.delitem(sys.modules, "pandas")
+    monkeypatch.delitem(sys.modules, "numpy")
+    value = decode(_message([frame, array]))["value"]
+    assert value == [ScriptValue("pandas.DataFrame", "   a\n0  1"), ScriptValue("numpy.ndarray", "array([1])")]
+    assert "pandas" not in sys.modules and "numpy" not in sys.modules  # not imported on the worker's behalf
