@@ -55,7 +55,7 @@ from snapcell.errors import (
     WorkspaceQuotaExceeded,
 )
 from snapcell.pool import AsyncPool, Pool
-from snapcell.runner import Artifact, HostCall, Limits, Policy, RunResult
+from snapcell.runner import Artifact, HostCall, Limits, Policy, RunResult, ScriptValue
 from snapcell.session import AsyncSession, Session
 from snapcell.storage import (
     HeadStore,
@@ -120,6 +120,7 @@ __all__ = [
     "S3Store",
     "SQLiteHeads",
     "SandboxError",
+    "ScriptValue",
     "ScriptError",
     "ScriptSyntaxError",
     "Session",

@@ -81,7 +81,9 @@ class AsyncPool:
         store: A `Store`, or a URL for `open_store` (``file://dir``, ``s3://bucket/prefix``, ``memory://``).
         signing_keys: Keys that sign and verify checkpoints (the first signs); see `resolve_keyring`.
         ttl_s: Seconds a checkpoint stays loadable (default 7 days); older IDs raise `CheckpointExpired`.
-        policy: What scripts may import and touch; the default allows safe standard-library modules.
+        policy: What scripts may import and touch. The default allows safe standard-library modules, plus numpy
+            and pandas in process mode when they are installed (`Policy.process_default`); pass
+            ``Policy.stdlib_only()`` to narrow it.
         limits: Default limits of every run.
         isolation: ``"process"`` (default) runs each session in its own sandboxed worker process, the
             security boundary; ``"inline"`` runs scripts in this process: fastest, and no protection at all
@@ -158,7 +160,7 @@ class AsyncPool:
         self.store = store
         self.keyring = resolve_keyring(self.store, signing_keys)
         self.ttl_s = float(ttl_s)
-        self.policy = policy or Policy()
+        self.policy = policy or (Policy.process_default() if isolation == "process" else Policy.stdlib_only())
         self.limits = limits or Limits()
         self.isolation = isolation
         self.compression_level = compression_level

@@ -57,7 +57,7 @@ async def _call(params: StdioServerParameters, *codes: str) -> list[str]:
 
 def test_stdio_turns_share_state_per_conversation_and_across_server_processes(tmp_path: Path) -> None:
     (tmp_path / "hosttools.py").write_text(HOST_MODULE)
-    env = {ENV["tools"]: "hosttools:TOOLS", ENV["allow"]: "colorsys"}
+    env = {ENV["tools"]: "hosttools:TOOLS", ENV["allow"]: "wave"}
     first = _server(tmp_path, "--conversation", "desktop", env=env)  # the default isolation: worker processes
 
     async def first_turns() -> tuple[str, list[str]]:
@@ -73,7 +73,7 @@ def test_stdio_turns_share_state_per_conversation_and_across_server_processes(tm
                 return tool.description or "", answers
 
     description, answers = anyio.run(first_turns)
-    assert "colorsys; and from the standard library: " in description
+    assert "wave; and from the standard library: " in description
     assert "Only safe standard-library modules" not in description
     assert "def charge_card(amount: int) -> str" in description
     assert answers[0] == "'charged 12'"

@@ -56,7 +56,7 @@ def test_the_description_lists_what_the_policy_allows_and_the_host_functions() -
     assert "async def refund(amount: int) -> str" in text
     with Pool("memory://", isolation="inline") as pool:
         plain = SyncCodeTool(pool, heads=MemoryHeads()).description
-    assert "numpy" not in plain and "from the standard library: abc, asyncio" in plain
+    assert "numpy" not in plain and "from the standard library: abc, array, asyncio" in plain
     assert "no network access" in plain and "Host functions" not in plain
     with Pool("memory://", isolation="inline", policy=Policy.unrestricted()) as pool:
         assert "Any installed module can be imported" in SyncCodeTool(pool, heads=MemoryHeads()).description

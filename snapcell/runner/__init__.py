@@ -9,6 +9,7 @@ from snapcell.runner._limits import Limits
 from snapcell.runner._policy import DEFAULT_MODULES, Policy
 from snapcell.runner._result import Artifact, RunResult
 from snapcell.runner._runner import Runner
+from snapcell.runner._values import ScriptValue
 
 __all__ = [
     "DEFAULT_MODULES",
@@ -21,4 +22,5 @@ __all__ = [
     "Artifact",
     "RunResult",
     "Runner",
+    "ScriptValue",
 ]

@@ -53,6 +53,7 @@ SAFE_DUNDERS = frozenset(
         "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
         "__ixor__", "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__complex__",
         "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__copy__", "__deepcopy__",
+        "__annotations__", "__mro__", "__slots__", "__version__",  # read-only (never assigned), issue 14
     }
 )  # fmt: skip
 
@@ -87,7 +88,7 @@ _MODULE_ALLOW: dict[str, frozenset[str]] = {
             "BrokenBarrierError", "CancelledError", "Condition", "Event", "Future", "InvalidStateError",
             "LifoQueue", "Lock", "PriorityQueue", "Queue", "QueueEmpty", "QueueFull", "Semaphore", "Task",
             "TaskGroup", "Timeout", "TimeoutError", "all_tasks", "as_completed", "create_task", "current_task",
-            "ensure_future", "gather", "iscoroutine", "iscoroutinefunction", "isfuture", "shield", "sleep",
+            "ensure_future", "gather", "iscoroutine", "iscoroutinefunction", "isfuture", "run", "shield", "sleep",
             "timeout", "timeout_at", "wait", "wait_for",
         }
     ),
@@ -416,6 +417,9 @@ def module_view(module: types.ModuleType, modules: frozenset[str]) -> ModuleView
                 _shared_ids.add(id(value))
                 _watched_types.add(type(value))
             content[name] = value
+        version = vars(module).get("__version__")
+        if type(version) is str:  # pd.__version__
+            content["__version__"] = version
         return view
 
 

@@ -9,13 +9,17 @@ Rules of the default (restricted) policy:
   names, modules outside the policy (``random._os``, ``typing.sys``, ``json.codecs``) and named
   dangerous members (``asyncio.create_subprocess_exec``, ``io.open``, ``typing.get_type_hints``) are
   absent. ``time.sleep`` sleeps in short slices so the wall-time limit can interrupt it.
-- Builtins: no ``open``, ``eval``, ``exec``, ``compile``, ``input``, ``breakpoint``, ``globals``,
-  ``locals``, ``help``, ``exit``, ``quit``; ``__import__`` goes through the policy; ``getattr``,
-  ``hasattr``, ``setattr``, ``delattr``, ``dir`` and ``vars`` apply the attribute rules at runtime.
+- Builtins: no ``open``, ``eval``, ``exec``, ``compile``, ``input``, ``breakpoint``, ``locals``,
+  ``help``, ``exit``, ``quit``; ``__import__`` goes through the policy; ``getattr``, ``hasattr``,
+  ``setattr``, ``delattr``, ``dir`` and ``vars`` apply the attribute rules at runtime; ``globals()``
+  returns the session's variables without the interpreter's dunder entries (`snapcell.runner._fidelity`).
 - Attributes (checked in the source, and again at runtime by the guarded builtins): dunder
   attributes only from a small set (``__name__``, ``__qualname__``, ``__doc__``, ``__class__``,
-  ``__module__``, ``__cause__``, ``__context__`` and protocol methods such as ``__init__``, ``__eq__``,
-  ``__enter__``), never assigned; no frame, code, generator, traceback or event-loop internals
+  ``__module__``, ``__cause__``, ``__context__``, the read-only ``__annotations__``, ``__mro__``,
+  ``__slots__``, ``__version__`` and protocol methods such as ``__init__``, ``__eq__``, ``__enter__``),
+  never assigned; a few names are decided by the object's type at runtime (``x.replace`` unless ``x`` is a
+  code object, namedtuple's ``_replace``/``_asdict``/``_fields``/``_make``/``_field_defaults``, ``__dict__``
+  of the script's own objects); no frame, code, generator, traceback or event-loop internals
   (``gi_frame``, ``f_back``, ``tb_frame``, ``get_loop`` ...). Private (``_name``) attributes only as
   ``self._name`` / ``cls._name`` inside a method of a class the script defines, where the first
   parameter is never rebound. Defining dunder methods in a class is fine, except ``__del__``
@@ -44,6 +48,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import os
 import pickle
 import sys
@@ -54,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapcell.errors import ConfigError, PolicyError
+from snapcell.runner._fidelity import fidelity_builtins
 from snapcell.runner._guard import (
     GUARD_GLOBALS,
     SAFE_DUNDERS,
@@ -73,25 +79,32 @@ from snapcell.runner._guard import (
 )
 from snapcell.runner._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
 from snapcell.runner._rewrite import (
-    format_call,
+    TYPED_NAMES,
+    AsyncioRunNames,
+    Plan,
     is_type_call,
     needs_format_check,
     rewrite_format_calls,
-    store_call,
-    type_call,
 )
 from snapcell.runner._standins import stand_in_builtins
 
-__all__ = ["DEFAULT_MODULES", "FILE_MODULES", "Policy", "with_file_access"]
+__all__ = ["DATA_MODULES", "DEFAULT_MODULES", "FILE_MODULES", "Policy", "with_file_access"]
 
 DEFAULT_MODULES = frozenset(
     {
-        "abc", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "copy", "csv", "dataclasses",
-        "datetime", "decimal", "difflib", "enum", "fractions", "functools", "hashlib", "heapq", "io", "itertools",
-        "json", "math", "numbers", "operator", "pprint", "random", "re", "statistics", "string", "struct",
-        "textwrap", "time", "traceback", "typing", "unicodedata", "uuid", "zoneinfo", "__future__",
+        "abc", "array", "asyncio", "base64", "binascii", "bisect", "calendar", "cmath", "collections", "colorsys",
+        "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "enum", "fnmatch",
+        "fractions", "functools", "graphlib", "hashlib", "heapq", "hmac", "html", "io", "ipaddress", "itertools",
+        "json", "keyword", "math", "numbers", "operator", "pprint", "random", "re", "secrets", "statistics",
+        "string", "struct", "textwrap", "time", "traceback", "typing", "unicodedata", "uuid", "zlib", "zoneinfo",
+        "__future__",
     }
 )  # fmt: skip
+# Admitted by the default policy of process mode when installed (`Policy.process_default`).
+DATA_MODULES = ("numpy", "pandas")
+# Private modules that C code of allowed modules imports while a script's frame is current (``datetime.strptime``
+# imports ``_strptime`` through the frame's ``__import__``): imported for it, and the script gets nothing back.
+_C_IMPORTS = frozenset({"_strptime"})
 
 _SAFE_NAMES = frozenset({"__name__", "__debug__", "__class__", "__slots__", "__match_args__"}) | SAFE_DUNDERS
 _FORMAT_HINT = "Use f-strings or plain {} / {0} / {name} fields; attribute paths like {0.attr} are not allowed."
@@ -129,6 +142,20 @@ class Policy:
     def unrestricted(cls) -> Policy:
         """A policy that checks nothing, for trusted code."""
         return cls(restricted=False)
+
+    @classmethod
+    def stdlib_only(cls) -> Policy:
+        """The restricted policy with the standard-library modules of `DEFAULT_MODULES` only (inline mode's default)."""
+        return cls()
+
+    @classmethod
+    def process_default(cls) -> Policy:
+        """The default policy of process mode: `stdlib_only` plus those of `DATA_MODULES` that are installed.
+
+        Pass ``policy=Policy.stdlib_only()`` (or ``Policy(extra_modules=...)`` with the modules you want) to
+        narrow it.
+        """
+        return cls(extra_modules=frozenset(m for m in DATA_MODULES if importlib.util.find_spec(m) is not None))
 
     def with_modules(self, names: Iterable[str]) -> Policy:
         """A copy that also allows the top-level modules ``names``.
@@ -177,16 +204,7 @@ class Policy:
             rewrite_format_calls(tree)
             instrument(tree)
             return
-        # Formats first: type calls shift argument indices and stores wrap whatever their value is by then.
-        for parent, name, index, node in plan.formats:
-            if index is None:
-                setattr(parent, name, format_call(node))
-            else:
-                getattr(parent, name)[index] = format_call(node)
-        for call in plan.type_calls:
-            type_call(call)
-        for target in plan.stores:
-            target.value = store_call(target.value)
+        plan.apply_rewrites()
         apply_checks(plan.first, plan.after)
 
     def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError:
@@ -214,6 +232,7 @@ class Policy:
             return dict(vars(builtins))
         table = guarded_builtins()
         table.update(stand_in_builtins())
+        table.update(fidelity_builtins())
         if file_access:
             table["open"] = _path_open
         for name, reason in _BLOCKED_BUILTINS.items():
@@ -243,6 +262,9 @@ class Policy:
             name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
         ) -> Any:
             name = exact_str(name)  # a str subclass could lie to the checks below
+            if name in _C_IMPORTS and not level and not fromlist:
+                importlib.import_module(name)
+                return None  # C callers (PyImport_Import) read sys.modules themselves
             if level or type(name) is not str or not self.allows_module(name):
                 raise runtime_policy_error(f"import of {name!r}", self.import_error(str(name)).hint)
             view = self.view(name)
@@ -350,18 +372,7 @@ def _first_param(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
     return name
 
 
-@dataclass(slots=True)
-class _Plan:
-    """Edits `Policy.transform` makes, recorded by the check's walk so the tree is walked once."""
-
-    formats: list[tuple[ast.AST, str, int | None, ast.Attribute]] = field(default_factory=list)
-    stores: list[ast.Attribute] = field(default_factory=list)
-    type_calls: list[ast.Call] = field(default_factory=list)
-    first: list[tuple[list[ast.stmt], ast.AST]] = field(default_factory=list)
-    after: list[tuple[list[ast.stmt], ast.stmt]] = field(default_factory=list)
-
-
-_plans: weakref.WeakKeyDictionary[ast.Module, _Plan] = weakref.WeakKeyDictionary()
+_plans: weakref.WeakKeyDictionary[ast.Module, Plan] = weakref.WeakKeyDictionary()
 _LOOPS = (ast.While, ast.For, ast.AsyncFor, ast.ExceptHandler)
 
 
@@ -372,7 +383,12 @@ class _Checker(ast.NodeVisitor):
         self.policy = policy
         self.source = source
         self.selves: list[str] = []
-        self.plan = _Plan()
+        self.plan = Plan()
+        self.nested = 0  # inside a def, lambda, class or generator expression: no top-level await there
+        self.asyncio_run = AsyncioRunNames()
+
+    def _top_level_run(self, node: ast.AST) -> bool:
+        return not self.nested and self.asyncio_run.matches(node)
 
     def generic_visit(self, node: ast.AST) -> None:
         plan = self.plan
@@ -382,12 +398,16 @@ class _Checker(ast.NodeVisitor):
                     if isinstance(item, ast.AST):
                         if isinstance(item, ast.With | ast.AsyncWith):
                             plan.after.append((value, item))
-                        elif needs_format_check(item):
+                        elif needs_format_check(item) or self._other_private(item):
                             plan.formats.append((node, name, index, item))  # type: ignore[arg-type]
+                        elif self._top_level_run(item):
+                            plan.awaits.append((node, name, index, item))  # type: ignore[arg-type]
                         self.visit(item)
             elif isinstance(value, ast.AST):
-                if needs_format_check(value):
+                if needs_format_check(value) or self._other_private(value):
                     plan.formats.append((node, name, None, value))  # type: ignore[arg-type]
+                elif self._top_level_run(value):
+                    plan.awaits.append((node, name, None, value))  # type: ignore[arg-type]
                 self.visit(value)
         if isinstance(node, _LOOPS):
             plan.first.append((node.body, node))
@@ -401,6 +421,7 @@ class _Checker(ast.NodeVisitor):
         for alias in node.names:
             if not self.policy.allows_module(alias.name):
                 raise self.policy.import_error(alias.name, lineno=node.lineno, line=_line(self.source, node.lineno))
+            self.asyncio_run.note_import(alias)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
@@ -409,6 +430,7 @@ class _Checker(ast.NodeVisitor):
         if not self.policy.allows_module(module):
             raise self.policy.import_error(module, lineno=node.lineno, line=_line(self.source, node.lineno))
         for alias in node.names:
+            self.asyncio_run.note_import(alias, module)
             if alias.name != "*" and name_denied(module, alias.name):
                 if module == "__future__" and not alias.name.startswith("_"):
                     continue
@@ -417,11 +439,25 @@ class _Checker(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         store = not isinstance(node.ctx, ast.Load)
         problem = attribute_problem(node.attr, store=store)
-        if problem and not self._own_private(node):
+        if problem and not self._own_private(node) and (store or node.attr not in TYPED_NAMES):
+            if self._other_private(node):
+                self.generic_visit(node)  # `other._x` in a method: checked at runtime (the script's own objects only)
+                return
             raise self.fail(node, problem, attribute_hint(node.attr))
         if store:
             self.plan.stores.append(node)
         self.generic_visit(node)
+
+    def _other_private(self, node: ast.AST) -> bool:
+        """True for ``other._x`` read in a method of the script's class (``other`` not its first parameter)."""
+        return (
+            bool(self.selves)
+            and isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Load)
+            and node.attr.startswith("_")
+            and not is_dunder(node.attr)
+            and not self._own_private(node)
+        )
 
     def _own_private(self, node: ast.Attribute) -> bool:
         name = node.attr
@@ -444,6 +480,7 @@ class _Checker(ast.NodeVisitor):
                 self.visit(item)
         for keyword in node.keywords:
             self.visit(keyword)
+        self.nested += 1
         for stmt in node.body:
             if isinstance(stmt, ast.With | ast.AsyncWith):
                 self.plan.after.append((node.body, stmt))
@@ -451,6 +488,7 @@ class _Checker(ast.NodeVisitor):
                 self._visit_function(stmt, _first_param(stmt))
             else:
                 self.visit(stmt)
+        self.nested -= 1
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self._visit_function(node, None)
@@ -464,11 +502,20 @@ class _Checker(ast.NodeVisitor):
             self._check_annotation(annotation)
         if self_name is not None:
             self.selves.append(self_name)
+        self.nested += 1
         try:
             self.generic_visit(node)
         finally:
+            self.nested -= 1
             if self_name is not None:
                 self.selves.pop()
+
+    def visit_Lambda(self, node: ast.Lambda | ast.GeneratorExp) -> None:
+        self.nested += 1
+        self.generic_visit(node)
+        self.nested -= 1  # no finally: a PolicyError ends the walk
+
+    visit_GeneratorExp = visit_Lambda
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         self._check_annotation(node.annotation)
@@ -493,14 +540,19 @@ class _Checker(ast.NodeVisitor):
         literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         if callee in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
             name = node.args[1]
-            if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                problem = attribute_problem(name.value, store=callee in ("setattr", "delattr"))
+            store = callee in ("setattr", "delattr")
+            if (
+                isinstance(name, ast.Constant)
+                and isinstance(name.value, str)
+                and (store or name.value not in TYPED_NAMES)
+            ):
+                problem = attribute_problem(name.value, store=store)
                 if problem:
                     raise self.fail(node, problem, attribute_hint(name.value))
         elif callee in ("attrgetter", "methodcaller"):
             for text in literal[: 1 if callee == "methodcaller" else None]:
                 for part in text.split("."):
-                    if attribute_problem(part):
+                    if attribute_problem(part) and part not in TYPED_NAMES:
                         raise self.fail(node, attribute_problem(part) or "", attribute_hint(part))
         if (
             isinstance(func, ast.Attribute)
@@ -554,7 +606,6 @@ _BLOCKED_BUILTINS = {
     "compile": "run code directly instead",
     "input": "scripts cannot read input",
     "breakpoint": "there is no debugger",
-    "globals": "use the variables by name",
     "locals": "use the variables by name",
     "exit": "scripts cannot end the session; return a value instead",
     "quit": "scripts cannot end the session; return a value instead",

@@ -36,8 +36,12 @@ class RunResult:
     """What one run did.
 
     Attributes:
-        value: Value of the script's trailing expression (None without one). In process mode it is
-            plain data, or None when the value is not plain data (see ``value_repr``).
+        value: Value of the script's trailing expression (None without one). Inline mode returns the object
+            itself. In process mode it crosses as plain data, as faithfully as that allows (see
+            `snapcell.runner._values`): containers, numbers, text, bytes, dates and Decimals as themselves, numpy
+            arrays and pandas frames rebuilt from their buffers (when the host has numpy / pandas), anything
+            else as a `ScriptValue` (type name and repr). A value over ``Limits.max_value_bytes`` is None, with a
+            note, and its capped ``value_repr``.
         value_repr: ``repr`` of the value, computed where the script ran and capped; None without a value.
         stdout: Captured standard output (the tail, when it was over the limit).
         stderr: Captured standard error.

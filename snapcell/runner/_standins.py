@@ -36,6 +36,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from snapcell.runner._fidelity import checked_name, typed_attr
 from snapcell.runner._guard import (
     attribute_problem,
     check_attr,
@@ -47,7 +48,7 @@ from snapcell.runner._guard import (
     script_function,
     store_target,
 )
-from snapcell.runner._rewrite import STORE_TARGET_NAME, TYPE_CALL_NAME
+from snapcell.runner._rewrite import STORE_TARGET_NAME, TYPE_CALL_NAME, TYPED_NAMES
 
 __all__ = ["stand_in_builtins"]
 
@@ -63,7 +64,9 @@ def _final(cls: type) -> None:
 
 
 def _get(obj: Any, name: str) -> Any:
-    name = check_attr(name)
+    name = checked_name(name)
+    if name in TYPED_NAMES:
+        return typed_attr(obj, name)
     return format_attr(obj, name) if name in _FORMAT_NAMES else getattr(obj, name)
 
 
@@ -78,7 +81,7 @@ class attrgetter:
             if type(name) is not str:
                 raise TypeError("attribute name must be a string")
             for part in name.split("."):
-                check_attr(part)
+                checked_name(part)
         self._attrs = names
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -109,7 +112,7 @@ class methodcaller:
         name = exact_str(name)
         if type(name) is not str:
             raise TypeError("method name must be a string")
-        self._name = check_attr(name)
+        self._name = checked_name(name)
         self._args = args
         self._kwargs = kwargs
 

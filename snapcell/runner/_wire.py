@@ -26,6 +26,7 @@ from typing import Any
 
 from snapcell import errors
 from snapcell.runner._limits import Limits
+from snapcell.runner._values import VALUE_TAGS, Tagged
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -173,7 +174,7 @@ def reply_budget(kind: str, limits: Limits, blob_bytes: int = 0) -> Budget:
 _JSON_SCALARS = frozenset((type(None), bool, int, float, str))
 _SCALARS = (type(None), bool, int, float, str, bytes)
 _VALUES = (datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone, decimal.Decimal)
-_CONTAINERS = frozenset((list, tuple, dict))
+_CONTAINERS = frozenset((list, tuple, dict, Tagged))
 _DATETIMES = (datetime.datetime, datetime.time)
 
 
@@ -261,6 +262,8 @@ def _tag_tree(value: Any) -> Any:
     A container of JSON scalars only is checked at C speed and not copied item by item.
     """
     kind = type(value)
+    if kind is Tagged:  # a run's value, tagged by snapcell.runner._values: written as is, never escaped
+        return {value[0]: _tag_tree(value[1])}
     if kind is list:
         kinds = set(map(type, value))
         if kinds <= _JSON_SCALARS:
@@ -315,7 +318,7 @@ def _depth(root: Any, max_depth: int) -> int:
     return depth
 
 
-_PLAIN_KINDS = frozenset((*_SCALARS, *_VALUES, list, tuple, dict))
+_PLAIN_KINDS = frozenset((*_SCALARS, *_VALUES, list, tuple, dict, Tagged))
 
 
 def _scan(root: Any, max_depth: int) -> tuple[int, set[type], set[type], bool]:
@@ -353,7 +356,7 @@ def encode(message: dict[str, Any]) -> bytes:
         odd = sorted(k.__qualname__ for k in (kinds - _PLAIN_KINDS) | (key_kinds - {str}))
         raise NotPlainData(f"the message holds what is not plain data: {', '.join(odd)}")
     # The JSON encoder writes a tuple as a list; a copy with tags is made only when a tuple is there.
-    tree = _tag_tree(message) if dollar or tuple in kinds else message
+    tree = _tag_tree(message) if dollar or tuple in kinds or Tagged in kinds else message
     try:
         return _ENCODER.encode(tree).encode("ascii")
     except (ValueError, RecursionError) as exc:  # an int too large for text, a cycle
@@ -400,6 +403,7 @@ _UNTAG: dict[str, Any] = {
     "$tz": _timezone,
     "$dec": lambda v: decimal.Decimal(_expect(v, str)),
     "$dict": _one_key,
+    **VALUE_TAGS,  # only in a run's value, from snapcell.runner._values.to_value
 }
 
 

@@ -36,6 +36,7 @@ from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._runner import Runner
 from snapcell.runner._typecheck import declarations_from_namespace
+from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
     FRAME,
     MAX_ASSIGNED,
@@ -457,11 +458,15 @@ class Worker:
             "repr came back; return a smaller piece of it"
         )
         try:
-            value = to_plain(result.value, max_items=value_items(limits))
-        except NotPlainData as exc:
+            value = to_value(
+                result.value,
+                max_items=value_items(limits),
+                max_bytes=limits.max_value_bytes,
+                top_repr=result.value_repr,
+            )
+        except OverflowError:
             value = None
-            if str(exc).startswith("more than"):
-                notes.append(too_large)
+            notes.append(too_large)
         reply = {
             "op": "ran",
             "value": value,

@@ -35,7 +35,8 @@ HOSTILE: dict[str, tuple[str, type[ScriptError] | str]] = {
     "compile_builtin": ("compile('1', 'x', 'eval')", POLICY),
     "open_descriptor": ("open(2, 'rb', closefd=False).fileno()", POLICY),  # never closes the host's fd
     "globals_builtin": ("globals()['__builtins__']", POLICY),
-    "globals_call": ("g = globals\ng()", POLICY),
+    "globals_call": ("g = globals\ng()['__builtins__']", POLICY),
+    "globals_set_builtins": ("globals()['__builtins__'] = {'getattr': getattr}", POLICY),
     "breakpoint_input": ("breakpoint()", POLICY),
     # --- builtins recovery
     "tuple_subclasses": ("().__class__.__base__.__subclasses__()", POLICY),

@@ -234,10 +234,6 @@ BLOCKED = {
         "import random\nclass A:\n    def m(self):\n        self = random\n        return self._os",
         "private attribute ._os",
     ),
-    "private_on_other_instance": (
-        "class A:\n    def __eq__(self, other):\n        return self._x == other._x",
-        "private attribute ._x",
-    ),
     "private_on_staticmethod_arg": (
         "class A:\n    @staticmethod\n    def m(self):\n        return self._x",
         "private attribute ._x",
@@ -280,7 +276,7 @@ RUNTIME_BLOCKED = {
     "str_format_unbound": ("t = '{0.real}'\nstr.format(t, 1)", "attribute path"),
     "format_bound_via_getattr": ("t = '{0.real}'\nm = getattr(t, 'format')\nm(1)", "attribute path"),
     "string_formatter": ("import string\nstring.Formatter().format('{0.real}', 1)", "attribute path"),
-    "attrgetter_dynamic": ("import operator\nn = '__' + 'dict__'\noperator.attrgetter('a', n)", ".__dict__"),
+    "attrgetter_dynamic": ("import operator\nn = '__' + 'code__'\noperator.attrgetter('a', n)", ".__code__"),
     "vars_no_args": ("vars()", "vars() without an argument"),
     "vars_of_class": ("vars(int)", "vars() of a class"),
     "module_is_read_only": ("import json\njson.dumps = print", "changing the module attribute json.dumps"),

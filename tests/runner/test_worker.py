@@ -23,6 +23,7 @@ from snapcell import (
     Pool,
     ScriptError,
     ScriptSyntaxError,
+    ScriptValue,
     WorkerLost,
 )
 
@@ -157,10 +158,10 @@ def test_host_function_error_is_catchable_with_its_message(open_pool: Pool) -> N
     assert "no customer c-9" in value
 
 
-def test_values_that_are_not_plain_data_come_back_as_repr(open_pool: Pool) -> None:
+def test_values_that_are_not_plain_data_come_back_as_script_values(open_pool: Pool) -> None:
     with open_pool.checkout() as session:
         result = session.run("class P:\n    def __repr__(self):\n        return 'P()'\nP()")
-    assert result.value is None
+    assert result.value == ScriptValue("P", "P()")
     assert result.value_repr == "P()"
 
 
