@@ -63,8 +63,10 @@ def test_stdio_turns_share_state_per_conversation_and_across_server_processes(tm
     async def first_turns() -> tuple[str, list[str]]:
         with anyio.fail_after(120):  # a hang guard, not a timing assertion
             async with Client(first) as client:
-                (tool,) = (await client.list_tools()).tools
-                assert tool.name == "run_code" and tool.input_schema["required"] == ["code"]
+                tools = {t.name: t for t in (await client.list_tools()).tools}
+                assert sorted(tools) == ["list_files", "read_file", "run_code", "write_file"]  # worker: a workspace
+                tool = tools["run_code"]
+                assert tool.input_schema["required"] == ["code"]
                 answers = []
                 for code in ("receipt = charge_card(12)\nreceipt", "charge_card(500)"):
                     result = await client.call_tool("run_code", {"code": code})
@@ -185,3 +187,50 @@ def test_tools_specs_fail_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     ]:
         with pytest.raises(ConfigError, match=message):
             load_tools([spec])
+
+
+def test_workspace_files_through_mcp_tools(tmp_path: Path) -> None:
+    """write_file, read_file and list_files reach the same workspace run_code works in (process mode only)."""
+
+    async def main() -> tuple[list[str], list[str]]:
+        async with AsyncPool(f"file://{tmp_path / 'store'}") as pool:
+            tool = CodeTool(pool)
+            with anyio.fail_after(120):
+                async with Client(build_server(tool)) as client:  # type: ignore[arg-type]
+                    names = sorted(t.name for t in (await client.list_tools()).tools)
+
+                    async def call(name: str, **args: object) -> str:
+                        return (await client.call_tool(name, args)).content[0].text  # type: ignore[union-attr]
+
+                    texts = [
+                        await call("write_file", path="in/n.txt", content="20"),
+                        await call(
+                            "run_code",
+                            code="import pathlib\nn = int(open('in/n.txt').read())\n"
+                            "pathlib.Path('out').mkdir()\nopen('out/double.txt', 'w').write(str(2 * n))",
+                        ),
+                        await call("read_file", path="out/double.txt"),
+                        await call("list_files"),
+                        await call("write_file", path="b.bin", content="//8=", base64=True),
+                        await call("read_file", path="b.bin"),
+                    ]
+                    bad = await client.call_tool("read_file", {"path": "../etc/passwd"})
+                    texts.append(str(bad.is_error) + " " + bad.content[0].text)  # type: ignore[union-attr]
+            return names, texts
+
+    names, texts = anyio.run(main)
+    assert names == ["list_files", "read_file", "run_code", "write_file"]
+    assert texts[0].startswith("wrote in/n.txt (2 bytes)")
+    assert texts[2] == "40"
+    assert "in/n.txt\t2 bytes" in texts[3] and "out/double.txt\t2 bytes" in texts[3]
+    assert texts[5].endswith("//8=\n") and "binary file of 2 bytes" in texts[5]
+    assert texts[6].startswith("True ") and "WorkspacePathError" in texts[6] and "climbs out" in texts[6]
+
+
+def test_inline_servers_offer_no_file_tools() -> None:
+    async def main() -> list[str]:
+        async with AsyncPool("memory://", isolation="inline") as pool:
+            async with Client(build_server(CodeTool(pool))) as client:  # type: ignore[arg-type]
+                return sorted(t.name for t in (await client.list_tools()).tools)
+
+    assert anyio.run(main) == ["run_code"]

@@ -12,6 +12,7 @@ The SDK is imported only when a server is built, so the command line works witho
 # its Context parameter and build the input schema.
 
 import argparse
+import binascii
 import hashlib
 import importlib
 import os
@@ -191,7 +192,60 @@ def build_server(tool: CodeTool, *, conversation: str | None = None) -> "MCPServ
         return answer if note is None else f"{answer}\n{note}"
 
     server.add_tool(run_code, name=tool.name, description=tool.description, structured_output=False)
+    if tool.pool.isolation == "process":  # only workers have a workspace
+        _add_file_tools(server, tool, conversations, ToolError)
     return server
+
+
+def _add_file_tools(server: Any, tool: CodeTool, conversations: _Conversations, tool_error: type[Exception]) -> None:
+    """The workspace as MCP tools: write, read and list the files ``run_code`` sees in its working directory."""
+    from mcp.server.mcpserver import Context
+
+    async def write_file(
+        path: Annotated[str, Field(description="Path relative to the workspace, e.g. 'data/input.csv'.")],
+        content: Annotated[str, Field(description="The file's text (UTF-8), or base64 when base64 is true.")],
+        ctx: Context,
+        base64: Annotated[bool, Field(description="True when content is base64 (binary files).")] = False,
+    ) -> str:
+        conversation, _ = conversations.of(ctx)
+        try:
+            data = binascii.a2b_base64(content, strict_mode=True) if base64 else content.encode()
+            await tool.put_file(conversation, path, data)
+        except binascii.Error as exc:
+            raise tool_error(f"content is not valid base64: {exc}") from exc
+        except SnapcellError as exc:
+            raise tool_error(f"{type(exc).__name__}: {exc}") from exc
+        return f"wrote {path} ({len(data):,} bytes); run_code sees it in its working directory"
+
+    async def read_file(
+        path: Annotated[str, Field(description="Path relative to the workspace, e.g. 'out/report.txt'.")],
+        ctx: Context,
+    ) -> str:
+        conversation, _ = conversations.of(ctx)
+        try:
+            data = await tool.get_file(conversation, path)
+        except SnapcellError as exc:
+            raise tool_error(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            return f"[base64 of a binary file of {len(data):,} bytes]\n" + binascii.b2a_base64(data).decode()
+
+    async def list_files(ctx: Context) -> str:
+        conversation, _ = conversations.of(ctx)
+        try:
+            files = await tool.list_files(conversation)
+        except SnapcellError as exc:
+            raise tool_error(f"{type(exc).__name__}: {exc}") from exc
+        lines = [f"{f.path}\t{f.size_bytes:,} bytes\t{f.media_type}" for f in files]
+        return "\n".join(lines) if lines else "(no files)"
+
+    for func, text in (
+        (write_file, "Write a file into the Python session's workspace (its working directory), kept across calls."),
+        (read_file, "Read a file from the Python session's workspace (text, or base64 for binary files)."),
+        (list_files, "List the files in the Python session's workspace, with sizes and media types."),
+    ):
+        server.add_tool(func, name=func.__name__, description=text, structured_output=False)
 
 
 async def serve(settings: McpSettings) -> None:
