@@ -365,14 +365,19 @@ busy = Busy()
 
 # The dump restores each new frame to check it, with the live class (cloudpickle's tracker); a __setstate__ that
 # loops only for a class made by the load passes that check and hangs only at load.
+# Restores at once in the worker that dumps it (its trial restore draws the first number after seed 7) and loops in
+# any other: a new worker draws from its own reseeded stream. (Comparing class ids is not enough: children forked from
+# one zygote lay out their heaps alike, so a class re-created at load can land at the address it had.)
 _LOOPS_AT_LOAD = """
+import random
+random.seed(7)
 class Sleeper:
     def __getstate__(self):
         return {"n": 1}
     def __setstate__(self, state):
-        while id(type(self)) != Sleeper.origin:
+        while random.random() != Sleeper.expect:
             pass
-Sleeper.origin = id(Sleeper)
+Sleeper.expect = random.Random(7).random()
 sleeper = Sleeper()
 """
 
