@@ -274,12 +274,23 @@ class KillRun:
                 pytest.fail(f"the driver ended before its pool was up:\n{driver.stderr()}")
             # A few more turns acknowledged (so kills land at every stage of a turn, not only the first), then a
             # random moment: progress, not time, bounds the turns a kill costs.
-            self.wait_for_acks(driver, self.rng.randint(0, 2))
-            time.sleep(self.rng.uniform(0.0, 0.4))
+            self.wait_for_acks(driver, self.rng.randint(0, 1))
+            # A random moment, but at most two more turns on: a fast driver (warm zygote workers) could otherwise
+            # finish every turn before the kill.
+            self.pause_at_most(driver, self.rng.uniform(0.0, 0.4), more_acks=2)
         if driver.proc.poll() is not None:
             driver.kill()
             pytest.fail(f"the driver ended before it was killed (code {driver.proc.returncode}):\n{driver.stderr()}")
         self.kill(driver, "random")
+
+    def pause_at_most(self, driver: Driver, seconds: float, *, more_acks: int) -> None:
+        """Let the driver run for ``seconds``, or until it acknowledged ``more_acks`` more turns or ended."""
+        target = len(read_lines(self.state / "acks")) + more_acks
+        until = time.monotonic() + seconds
+        while time.monotonic() < until and driver.proc.poll() is None:
+            if len(read_lines(self.state / "acks")) >= target:
+                return
+            time.sleep(0.005)
 
     def wait_for_acks(self, driver: Driver, more: int) -> None:
         target = len(read_lines(self.state / "acks")) + more
@@ -358,7 +369,7 @@ class KillRun:
 
 def _kill_run(backend: Backend, tmp_path: Path, seed: int, kills: int) -> None:
     rng = random.Random(seed)
-    run = KillRun(backend, tmp_path, rng, turns=kills + 4)
+    run = KillRun(backend, tmp_path, rng, turns=2 * kills + 4)
     try:
         run.run(kills)
         run.check()
