@@ -14,6 +14,7 @@ from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
 from snapcell.checkpoint._format import MAX_MANIFEST_BYTES
 from snapcell.checkpoint._hostscan import UnscannedFrame, check_frame_blobs, scanned_frames
+from snapcell.checkpoint._rule import Refusal
 from snapcell.errors import (
     CheckpointCorrupt,
     CheckpointExpired,
@@ -341,7 +342,6 @@ class AsyncSession:
                     created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
                 )
                 await self._verify(dumped)
-                self._check_files(dumped)
                 if not await self._blob_io.store(dumped, now + self._ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
@@ -349,7 +349,6 @@ class AsyncSession:
                         created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs={}
                     )
                     await self._verify(dumped)
-                    self._check_files(dumped)
                     await self._blob_io.store(dumped, now + self._ttl_s)
             except (ForgedBlob, ForgedFiles) as exc:
                 # Only a compromised worker sends a blob that is not what it claims: it goes, nothing is stored.
@@ -379,29 +378,19 @@ class AsyncSession:
             self._busy = False
 
     async def _verify(self, dumped: Dumped) -> None:
-        """Scan every pickle of a dump with the loader's rule before anything is stored or signed.
+        """Check a dump before anything is stored or signed: every pickle against the loader's rule, the files.
+
+        The body is parsed once, with its declared sizes capped, and every check reads that parse.
 
         Raises:
             CheckpointRefused: A pickle names a global the loader would refuse.
             ForgedBlob: The body is malformed (a compromised worker).
+            ForgedFiles: The workspace file list is malformed.
+            WorkspaceQuotaExceeded: The workspace files are over the quota.
         """
-        try:
-            found = await asyncio.to_thread(
-                scan_body, dumped.body, rule=self._rule, max_raw_bytes=self._limits.memory_bytes
-            )
-        except (CheckpointCorrupt, CheckpointVersionError) as exc:
-            # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
-            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
+        found = await asyncio.to_thread(self._scan, dumped)
         if found is None:
-            try:
-                frame_found, self._dump_frames = await asyncio.to_thread(
-                    check_frame_blobs, dumped.body, dumped.new_blobs, self._frames, self._rule
-                )
-            except (CheckpointCorrupt, UnscannedFrame) as exc:
-                raise ForgedBlob(f"the worker sent a checkpoint the host cannot verify: {exc}") from exc
-            if frame_found is None:
-                return
-            found = frame_found[0], None
+            return
         refusal, variable = found
         where = f"variable {variable!r}" if variable else "the checkpoint"
         raise CheckpointRefused(
@@ -413,16 +402,28 @@ class AsyncSession:
             variable_names=[variable] if variable else [],
         )
 
-    def _check_files(self, dumped: Dumped) -> None:
-        """Check the workspace files in the body the host is about to sign (the worker is not trusted).
+    def _scan(self, dumped: Dumped) -> tuple[Refusal, str | None] | None:
+        """Parse the body once, then scan its pickles and new frame blobs and check its files (CPU work: a thread).
 
-        Raises:
-            ForgedFiles: The file list is malformed.
-            WorkspaceQuotaExceeded: The files are over the quota.
+        The parse holds views of the body; it is not returned, so none is left when signing appends to the body.
         """
-        manifest = parse_container(dumped.body).manifest
+        try:
+            container = parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes)
+            found = scan_body(container, rule=self._rule)
+        except (CheckpointCorrupt, CheckpointVersionError) as exc:
+            # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
+            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
+        if found is not None:
+            return found
+        try:
+            frame_found, self._dump_frames = check_frame_blobs(container, dumped.new_blobs, self._frames, self._rule)
+        except (CheckpointCorrupt, UnscannedFrame) as exc:
+            raise ForgedBlob(f"the worker sent a checkpoint the host cannot verify: {exc}") from exc
+        if frame_found is not None:
+            return frame_found[0], None
         quota = effective_quota(self._limits.workspace_bytes, self._limits.max_scratch_bytes)
-        check_files(manifest, quota_bytes=quota, mounts=self._mounts)
+        check_files(container.manifest, quota_bytes=quota, mounts=self._mounts)
+        return None
 
     async def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
         """Write a file into the session's workspace, replacing any file at ``path`` (process mode).

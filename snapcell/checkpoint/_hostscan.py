@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 
 from snapcell.checkpoint._blobs import blob_raw_size, decode_blob
-from snapcell.checkpoint._format import SectionKind, parse_container
+from snapcell.checkpoint._format import Container, SectionKind, parse_container
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._scan import scan_pickle
 from snapcell.checkpoint._unpickle import _decompress, frame_parts
@@ -18,8 +18,13 @@ from snapcell.errors import CheckpointCorrupt
 __all__ = ["UnscannedFrame", "check_frame_blobs", "frame_blob_hashes", "scan_body", "scan_frame_blob", "scanned_frames"]
 
 
+def _parsed(body: bytes | bytearray | memoryview | Container, max_raw_bytes: int | None = None) -> Container:
+    """The body's container: parsed here, or as the caller already parsed it (one parse per dump on the host)."""
+    return body if isinstance(body, Container) else parse_container(body, max_raw_bytes=max_raw_bytes)
+
+
 def scan_body(
-    body: bytes | bytearray | memoryview,
+    body: bytes | bytearray | memoryview | Container,
     *,
     rule: GlobalRule | Callable[[str], bool],
     max_raw_bytes: int | None = None,
@@ -30,7 +35,7 @@ def scan_body(
     `scan_pickle`; buffers and blob references hold no pickles.
 
     Args:
-        body: The unsigned body.
+        body: The unsigned body, or its parsed container.
         rule: The policy's part of the loader's rule.
         max_raw_bytes: Refuse a body whose sections would decompress to more than this.
 
@@ -41,7 +46,7 @@ def scan_body(
         CheckpointCorrupt: The body is malformed.
         CheckpointVersionError: The body is in a format this release does not read.
     """
-    container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    container = _parsed(body, max_raw_bytes)
     manifest = container.manifest
     dill_vars = [v.name for v in manifest.variables if v.serializer == "dill"]
     if container.header.format_version >= 3:
@@ -74,14 +79,14 @@ def scan_body(
     return None
 
 
-def frame_blob_hashes(body: bytes | bytearray | memoryview) -> dict[str, int]:
+def frame_blob_hashes(body: bytes | bytearray | memoryview | Container) -> dict[str, int]:
     """The frame blobs (pickles stored as blobs) a body refers to: hash hex to raw size; parses, never unpickles.
 
     Raises:
         CheckpointCorrupt: The body is malformed.
         CheckpointVersionError: The body is in a format this release does not read.
     """
-    container = parse_container(body)
+    container = _parsed(body)
     return {bytes(s.data).hex(): s.raw_size for s in container.sections if s.kind is SectionKind.FRAME_BLOB}
 
 
@@ -105,7 +110,7 @@ class UnscannedFrame(Exception):
 
 
 def check_frame_blobs(
-    body: bytes | bytearray | memoryview,
+    body: bytes | bytearray | memoryview | Container,
     new_blobs: Mapping[str, bytes | bytearray | memoryview],
     scanned: Collection[str],
     rule: GlobalRule | Callable[[str], bool],
