@@ -5,9 +5,9 @@ local storage or S3 and returns an opaque ID; ``load_session(id)`` brings it bac
 process or on another server.
 """
 
+from snapcell._inspect import InspectReport, inspect_checkpoint
 from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
-from snapcell.cli._inspect import InspectReport, inspect_checkpoint
 from snapcell.conversation import (
     Conversation,
     ConversationStore,
