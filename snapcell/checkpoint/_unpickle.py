@@ -42,6 +42,8 @@ from snapcell.checkpoint._pickle import (
     _rebuild_recursive_repr,
 )
 from snapcell.checkpoint._rule import (
+    ALIASES,
+    CLASS_DUNDERS,
     HELPERS,
     PLAIN,
     TYPE_CALL,
@@ -464,15 +466,28 @@ _OWN_HELPERS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _public_getattr(obj: object, name: str, *default: object) -> Any:
-    """``getattr`` for checkpoints (enum members and ``object.__new__`` pickle through it): public names only."""
+def _public_getattr(rule: GlobalRule, obj: object, name: str, *default: object) -> Any:
+    """``getattr`` for checkpoints (enum members and ``object.__new__`` pickle through it): public names only.
+
+    An attribute of a module is the global ``module.name`` and follows the rule for globals, as in the host's scan
+    (``getattr(copy, 'dispatch_table')`` is refused like ``copy.dispatch_table``).
+    """
     problem = attribute_refusal(name)
+    if problem is None and isinstance(obj, types.ModuleType):
+        problem = global_refusal(obj.__name__, name, rule)
     if problem is not None:
         raise pickle.UnpicklingError(f"the checkpoint reads the attribute {name!r}, which is not allowed: {problem}")
     value = getattr(obj, name, *default)
     if isinstance(value, types.ModuleType) and not isinstance(obj, types.ModuleType):
         raise pickle.UnpicklingError(f"the checkpoint reads the module {name!r} through an attribute")
     return value
+
+
+def _class_dunder(owner: object, name: str) -> Any:
+    """A class's own dunder method of `CLASS_DUNDERS`, named by a dotted global; never another object's."""
+    if not isinstance(owner, type) or name not in CLASS_DUNDERS:
+        raise pickle.UnpicklingError(f"the checkpoint reads {name!r} of something other than a class")
+    return getattr(owner, name)
 
 
 def _guarded_subimport(rule: GlobalRule) -> Callable[[str], Any]:
@@ -540,7 +555,7 @@ def make_find_global(
     """
     rule = allow_module if isinstance(allow_module, GlobalRule) else GlobalRule(allow_module=allow_module)
     overrides = {
-        ("builtins", "getattr"): _public_getattr,
+        ("builtins", "getattr"): functools.partial(_public_getattr, rule),
         ("builtins", "type"): _guarded_type,
         # Code objects are checked as they are made: they arrive by value and no policy check ever saw them.
         ("cloudpickle.cloudpickle", "_builtin_type"): functools.partial(_builtin_type, rule),
@@ -554,6 +569,7 @@ def make_find_global(
         problem = global_refusal(module, name, rule)
         if problem is not None:
             raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
+        module, name = ALIASES.get((module, name), (module, name))  # ``_operator.getitem`` is ``operator.getitem``
         kind = HELPERS.get((module, name), PLAIN)
         if (module, name) in overrides:
             return _checked(kind, overrides[(module, name)], rule)
@@ -570,9 +586,10 @@ def make_find_global(
             return _checked(kind, getattr(target, name), rule)
         if resolve is not None and (module, name) not in HELPERS:
             owner, _, last = name.rpartition(".")
-            if owner and last == "__new__":
-                # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass).
-                return _public_getattr(resolve(module, owner), last)
+            if owner and last in CLASS_DUNDERS:
+                # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass),
+                # and a str-mixin Enum's dict holds ``enum.Enum.__format__`` (`CLASS_DUNDERS`).
+                return _class_dunder(resolve(module, owner), last)
             return _checked(kind, resolve(module, name), rule)
         target = importlib.import_module(module)
         for part in name.split("."):
