@@ -1,0 +1,277 @@
+"""Crafted streams against each entry the checkpoint rule gained for ordinary values (issue 14, fid-ckpt).
+
+The rule now admits ``subimport('copy')`` and ``copy.copy``/``deepcopy``, pure builtins such as ``pow``, a class's
+text dunders (``enum.Enum.__format__``, ``getattr(str, '__repr__')``), ``_operator.getitem`` as ``operator.getitem``,
+and ``dataclasses.replace`` as a guarded stand-in; compiled patterns now pickle as ``re.compile(pattern, flags)``.
+Each stream below uses one of those to reach something denied. Loaded by plain ``pickle.loads`` each creates a
+canary file (`test_every_stream_is_live_for_a_plain_unpickler`); the host's scanner refuses it, naming the global
+that gives it away, and a checkpoint holding it, signed directly with the key, loads without the variable in both
+isolation modes and without the canary firing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from snapcell import CheckpointRefused, Policy, PolicyError, Pool
+from snapcell.checkpoint import Dumped, Keyring, Manifest, scan_pickle
+from snapcell.runner._runner import checkpoint_rule
+from snapcell.runner._standins import replace as guarded_replace
+from snapcell.storage import MemoryStore
+
+from .helpers import KEY, crafted_body, sign_and_store
+from .test_unpickle_hostile import _Call, call, getattr_, getitem, glob, s, stream
+
+RULE = checkpoint_rule(Policy())
+SUBIMPORT = ("cloudpickle.cloudpickle", "subimport")
+
+
+def tup(*items: bytes) -> bytes:
+    return b"(" + b"".join(items) + b"t"
+
+
+def _open_file(builtins_dict: bytes, path: str) -> bytes:
+    return call(getitem(builtins_dict, "open"), s(path), s("w"))
+
+
+def _patch_encoder(reader: bytes, *args: bytes) -> bytes:
+    """``reader(*args)`` returns json.JSONEncoder; BUILD then sets its ``item_separator`` (a library class, patched)."""
+    return call(reader, *args) + b"N}(" + s("item_separator") + s("CANARY") + b"u\x86b"
+
+
+def _reconstruct_patch(reconstruct: bytes) -> bytes:
+    # copy._reconstruct(None, None, getitem, ((JSONEncoder,), 0), (None, {'item_separator': 'CANARY'})): the
+    # generic reconstructor calls setattr on what getitem returned, the library class, without any BUILD opcode.
+    args = tup(tup(glob("json", "JSONEncoder")), b"K\x00")
+    state = tup(b"N", b"}" + s("item_separator") + s("CANARY") + b"s")
+    return call(reconstruct, b"N", b"N", glob("operator", "getitem"), args, state)
+
+
+def _dispatch_table_patch(table: bytes) -> bytes:
+    # copy.dispatch_table[JSONEncoder] = partial(setattr, JSONEncoder, 'item_separator'): the next copy or pickle
+    # of an encoder, anywhere in the process, runs the checkpoint's reducer.
+    reducer = call(
+        glob("functools", "partial"), glob("builtins", "setattr"), glob("json", "JSONEncoder"), s("item_separator")
+    )
+    return call(glob("operator", "setitem"), table, glob("json", "JSONEncoder"), reducer)
+
+
+def _metaclass_replace_stream(path: str) -> bytes:
+    # A class whose metaclass is a dataclass with the field ``__getattribute__``: dataclasses.replace(C) reads
+    # getattr(C, '__getattribute__') -- object.__getattribute__, an attribute reader no check sees -- and hands it
+    # to the metaclass; from there to json.dumps.__globals__['__builtins__']['open'].
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(
+        "import dataclasses\n"
+        "def new(mcls, *args, **fields):\n"
+        "    return fields if fields else type.__new__(mcls, *args)\n"
+        "M = dataclasses.make_dataclass('M', [('__getattribute__', object)], bases=(type,), init=False, eq=False,\n"
+        "                               namespace={'__new__': new})\n"
+        "class C(metaclass=M):\n"
+        "    pass\n",
+        namespace,
+    )
+    fields = _Call(dataclasses.replace, namespace["C"])
+    reader = _Call(operator.getitem, fields, "__getattribute__")
+    globals_ = _Call(reader, json.dumps, "__globals__")
+    builtins_ = _Call(operator.getitem, _Call(operator.getitem, globals_, "__builtins__"), "open")
+    return cloudpickle.dumps(_Call(builtins_, path, "w"), protocol=5)
+
+
+def streams(path: str) -> dict[str, bytes]:
+    """Every crafted stream, each creating the file ``path`` (or patching json.JSONEncoder) when plain-unpickled."""
+    touch = s(f"touch {path}")
+    copy_module = call(glob(*SUBIMPORT), s("copy"))
+    partial = glob("functools", "partial")
+    return {
+        # functools.partial(pow, 2) admits pow; partial itself must not carry a denied or name-taking callable.
+        "partial_of_eval": stream(call(call(partial, glob("builtins", "eval"), s(f"open({path!r}, 'w').close()")))),
+        "partial_of_import": stream(
+            call(getattr_(call(call(partial, glob("builtins", "__import__"), s("os"))), "system"), touch)
+        ),
+        "partial_of_getattr": stream(
+            _open_file(
+                getitem(
+                    call(call(partial, glob("builtins", "getattr"), glob("json", "dumps")), s("__globals__")),
+                    "__builtins__",
+                ),
+                path,
+            )
+        ),
+        # subimport('copy') admits the module and copy.copy/deepcopy; not its reconstructor or copyreg's table.
+        "copy_reconstruct_global": stream(_reconstruct_patch(glob("copy", "_reconstruct"))),
+        "copy_reconstruct_via_getattr": stream(_reconstruct_patch(getattr_(copy_module, "_reconstruct"))),
+        "copy_dispatch_table_global": stream(_dispatch_table_patch(glob("copy", "dispatch_table"))),
+        "copy_dispatch_table_via_getattr": stream(_dispatch_table_patch(getattr_(copy_module, "dispatch_table"))),
+        # A class's text dunders by name; never their globals, another dunder, or a generic attribute reader.
+        "enum_format_globals": stream(
+            _open_file(getitem(getattr_(glob("enum", "Enum.__format__"), "__globals__"), "__builtins__"), path)
+        ),
+        "class_dunder_init_globals": stream(
+            _open_file(getitem(getattr_(glob("json", "JSONEncoder.__init__"), "__globals__"), "__builtins__"), path)
+        ),
+        "getattr_object_getattribute": stream(
+            _open_file(
+                getitem(
+                    call(
+                        getattr_(glob("builtins", "object"), "__getattribute__"),
+                        glob("json", "dumps"),
+                        s("__globals__"),
+                    ),
+                    "__builtins__",
+                ),
+                path,
+            )
+        ),
+        # _operator.getitem stands for operator.getitem: still a lookup (no BUILD on its result), and only that name.
+        "operator_alias_build_on_result": stream(
+            _patch_encoder(glob("_operator", "getitem"), tup(glob("json", "JSONEncoder")), b"K\x00")
+        ),
+        "operator_alias_other_name": stream(
+            _open_file(
+                getitem(
+                    call(call(glob("_operator", "attrgetter"), s("__globals__")), glob("json", "dumps")), "__builtins__"
+                ),
+                path,
+            )
+        ),
+        # typing.Optional[...] pickles through _operator.getitem; a string inside one must never be evaluated.
+        "typing_optional_forward_ref_eval": stream(
+            call(
+                glob("typing", "_eval_type"),
+                call(glob("_operator", "getitem"), glob("typing", "Optional"), s(f"open({path!r}, 'w').close()")),
+                b"}",
+                b"}",
+            )
+        ),
+        # dataclasses.replace reads every field of type(obj) by name.
+        "dataclass_metaclass_replace": _metaclass_replace_stream(path),
+    }
+
+
+# What the scanner's refusal names: the global (or helper argument) that gives each stream away.
+REFUSED_AT = {
+    "partial_of_eval": "builtins.eval",
+    "partial_of_import": "builtins.__import__",
+    "partial_of_getattr": "passed as a value",
+    "copy_reconstruct_global": "copy._reconstruct",
+    "copy_reconstruct_via_getattr": "'_reconstruct'",
+    "copy_dispatch_table_global": "copy.dispatch_table",
+    "copy_dispatch_table_via_getattr": "'dispatch_table'",
+    "enum_format_globals": "'__globals__'",
+    "class_dunder_init_globals": "JSONEncoder.__init__",
+    "getattr_object_getattribute": "'__getattribute__'",
+    "operator_alias_build_on_result": "BUILD on an object a lookup returned",
+    "operator_alias_other_name": "_operator.attrgetter",
+    "typing_optional_forward_ref_eval": "typing._eval_type",
+}
+# Only the loader can refuse this one: the metaclass and its fields arrive by value, as every script class does. The
+# loader does not look ``dataclasses.replace`` up by name; a script's ``replace`` is the guarded stand-in, pickled as
+# itself, which takes dataclass instances with ordinary field names only.
+LOAD_TIME_ONLY = {"dataclass_metaclass_replace"}
+# BUILD runs inside the C unpickler, where no hook sees its target: only the scanner refuses this one.
+SCAN_TIME_ONLY = {"operator_alias_build_on_result"}
+CASES = sorted(streams("/nonexistent"))
+
+
+def test_every_stream_is_live_for_a_plain_unpickler(tmp_path: Path) -> None:
+    """Without protection each stream runs: plain pickle.loads in a throwaway interpreter creates every canary."""
+    payloads = {name: (str(tmp_path / name), streams(str(tmp_path / name))[name].hex()) for name in CASES}
+    script = (
+        "import copy, copyreg, json, pickle, sys\n"
+        "for name, (path, data) in json.loads(sys.argv[1]).items():\n"
+        "    try:\n"
+        "        pickle.loads(bytes.fromhex(data))\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "    try:\n"
+        "        copy.copy(json.JSONEncoder())  # runs a reducer the stream put in the dispatch table\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "    copyreg.dispatch_table.pop(json.JSONEncoder, None)\n"
+        "    if json.JSONEncoder.item_separator != ', ':  # a library class patched in place\n"
+        "        open(path, 'w').close()\n"
+        "        json.JSONEncoder.item_separator = ', '\n"
+    )
+    subprocess.run([sys.executable, "-c", script, json.dumps(payloads)], check=True, timeout=60, cwd=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == CASES
+
+
+def test_every_case_says_where_it_is_refused() -> None:
+    assert sorted([*REFUSED_AT, *LOAD_TIME_ONLY]) == CASES
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_AT))
+def test_the_scanner_refuses_every_stream(tmp_path: Path, case: str) -> None:
+    refusal = scan_pickle(streams(str(tmp_path / case))[case], RULE)
+    assert refusal is not None, case
+    assert REFUSED_AT[case] in f"{refusal.module}.{refusal.name} ({refusal.reason})", refusal
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_AT))
+def test_the_host_never_signs_a_dump_holding_one(tmp_path: Path, case: str) -> None:
+    """A worker (here: a backend returning crafted bytes) sends the stream; the dump fails and nothing is stored."""
+    body = crafted_body(streams(str(tmp_path / case))[case])
+    store = MemoryStore()
+    with Pool(store, signing_keys=[KEY], isolation="inline") as pool, pool.checkout() as session:
+        manifest = Manifest(created_at=0.0, python="3", libraries={}, variables=[])
+
+        async def hostile_dump(**_options: Any) -> Dumped:
+            return Dumped(bytearray(body), manifest)
+
+        session._inner._backend.dump = hostile_dump  # type: ignore[method-assign]
+        with pytest.raises(CheckpointRefused) as caught:
+            session.dump()
+    assert caught.value.variable_names == ["x"]
+    assert list(store.scan()) == []
+
+
+@pytest.fixture(scope="module", params=["inline", "process"])
+def loading_pool(request: pytest.FixtureRequest) -> Any:
+    store = MemoryStore()
+    with Pool(store, signing_keys=[KEY], isolation=request.param) as pool:
+        yield pool, store
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in SCAN_TIME_ONLY])
+def test_the_loader_refuses_every_stream_even_when_signed(loading_pool: Any, tmp_path: Path, case: str) -> None:
+    pool, store = loading_pool
+    canary = tmp_path / case
+    checkpoint = sign_and_store(store, Keyring([KEY]), crafted_body(streams(str(canary))[case]))
+    with pool.checkout() as session:
+        session.load_session(checkpoint)
+        result = session.run("'x' in dir()")
+    assert result.value is False
+    assert any("x" in note for note in result.notes), result.notes
+    assert not canary.exists()
+    assert json.JSONEncoder.item_separator == ", "  # the host's library classes are untouched
+
+
+def test_the_replace_stand_in_refuses_what_dataclasses_replace_leaks() -> None:
+    """The real replace hands out object.__getattribute__ for a metaclass dataclass; the stand-in refuses it."""
+    namespace: dict[str, Any] = {}
+
+    def new(mcls: type, *args: Any, **fields: Any) -> Any:
+        return fields if fields else type.__new__(mcls, *args)
+
+    meta = dataclasses.make_dataclass(
+        "M", [("__getattribute__", object)], bases=(type,), init=False, eq=False, namespace={"__new__": new}
+    )
+    cls = meta("C", (), namespace)
+    assert dataclasses.replace(cls)["__getattribute__"] is object.__getattribute__
+    with pytest.raises(TypeError):
+        guarded_replace(cls)
+    dunder_field = dataclasses.make_dataclass("D", [("__getattribute__", object)], init=False)()
+    with pytest.raises(PolicyError):
+        guarded_replace(dunder_field)
+    point = dataclasses.make_dataclass("P", [("x", int), ("y", int)])(1, 2)
+    assert guarded_replace(point, y=5) == type(point)(1, 5)
