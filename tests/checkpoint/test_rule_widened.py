@@ -11,6 +11,7 @@ isolation modes and without the canary firing.
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import json
 import operator
@@ -57,12 +58,9 @@ def _reconstruct_patch(reconstruct: bytes) -> bytes:
 
 
 def _dispatch_table_patch(table: bytes) -> bytes:
-    # copy.dispatch_table[JSONEncoder] = partial(setattr, JSONEncoder, 'item_separator'): the next copy or pickle
-    # of an encoder, anywhere in the process, runs the checkpoint's reducer.
-    reducer = call(
-        glob("functools", "partial"), glob("builtins", "setattr"), glob("json", "JSONEncoder"), s("item_separator")
-    )
-    return call(glob("operator", "setitem"), table, glob("json", "JSONEncoder"), reducer)
+    # copy.dispatch_table[JSONEncoder] = str: every later copy or pickle of an encoder, anywhere in the process, runs
+    # the checkpoint's reducer (here a harmless one, so that nothing else in the stream is refused).
+    return call(glob("operator", "setitem"), table, glob("json", "JSONEncoder"), glob("builtins", "str"))
 
 
 def _metaclass_replace_stream(path: str) -> bytes:
@@ -187,17 +185,14 @@ def test_every_stream_is_live_for_a_plain_unpickler(tmp_path: Path) -> None:
     """Without protection each stream runs: plain pickle.loads in a throwaway interpreter creates every canary."""
     payloads = {name: (str(tmp_path / name), streams(str(tmp_path / name))[name].hex()) for name in CASES}
     script = (
-        "import copy, copyreg, json, pickle, sys\n"
+        "import copyreg, json, pickle, sys\n"
         "for name, (path, data) in json.loads(sys.argv[1]).items():\n"
         "    try:\n"
         "        pickle.loads(bytes.fromhex(data))\n"
         "    except Exception:\n"
         "        pass\n"
-        "    try:\n"
-        "        copy.copy(json.JSONEncoder())  # runs a reducer the stream put in the dispatch table\n"
-        "    except Exception:\n"
-        "        pass\n"
-        "    copyreg.dispatch_table.pop(json.JSONEncoder, None)\n"
+        "    if copyreg.dispatch_table.pop(json.JSONEncoder, None) is not None:  # a reducer for every later dump\n"
+        "        open(path, 'w').close()\n"
         "    if json.JSONEncoder.item_separator != ', ':  # a library class patched in place\n"
         "        open(path, 'w').close()\n"
         "        json.JSONEncoder.item_separator = ', '\n"
@@ -254,6 +249,7 @@ def test_the_loader_refuses_every_stream_even_when_signed(loading_pool: Any, tmp
     assert any("x" in note for note in result.notes), result.notes
     assert not canary.exists()
     assert json.JSONEncoder.item_separator == ", "  # the host's library classes are untouched
+    assert json.JSONEncoder not in copyreg.dispatch_table  # and so is the host's table of reducers
 
 
 def test_the_replace_stand_in_refuses_what_dataclasses_replace_leaks() -> None:
