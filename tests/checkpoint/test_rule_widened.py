@@ -11,6 +11,7 @@ isolation modes and without the canary firing.
 
 from __future__ import annotations
 
+import abc
 import copyreg
 import dataclasses
 import json
@@ -18,7 +19,7 @@ import operator
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import pytest
@@ -26,6 +27,8 @@ import pytest
 from snapcell import CheckpointRefused, Policy, PolicyError, Pool
 from snapcell.checkpoint import Dumped, Keyring, Manifest, scan_pickle
 from snapcell.runner._runner import checkpoint_rule
+from snapcell.runner._standins import asdict as guarded_asdict
+from snapcell.runner._standins import astuple as guarded_astuple
 from snapcell.runner._standins import replace as guarded_replace
 from snapcell.storage import MemoryStore
 
@@ -83,6 +86,23 @@ def _metaclass_replace_stream(path: str) -> bytes:
     globals_ = _Call(reader, json.dumps, "__globals__")
     builtins_ = _Call(operator.getitem, _Call(operator.getitem, globals_, "__builtins__"), "open")
     return cloudpickle.dumps(_Call(builtins_, path, "w"), protocol=5)
+
+
+def _metaclass_dataclass_stream(function: str, path: str) -> bytes:
+    # The same class built from public names only: abc.ABCMeta('M', (ABCMeta,), {'__dataclass_fields__': {...}}), a
+    # dataclasses.Field named __getattribute__, then C = M('C', (), {}). asdict(C) / astuple(C) read the field of C.
+    field_type = call(glob("cloudpickle.cloudpickle", "_get_dataclass_field_type_sentinel"), s("_FIELD"))
+    slots = b"}" + s("name") + s("__getattribute__") + b"s" + s("_field_type") + field_type + b"s"
+    field = call(glob("copyreg", "__newobj__"), glob("dataclasses", "Field")) + tup(b"N", slots) + b"b"
+    namespace = b"}" + s("__dataclass_fields__") + b"}" + s("__getattribute__") + field + b"s" + b"s"
+    meta = call(glob("abc", "ABCMeta"), s("M"), tup(glob("abc", "ABCMeta")), namespace)
+    leaked = call(glob("dataclasses", function), call(meta, s("C"), b")", b"}"))
+    reader = (
+        getitem(leaked, "__getattribute__")
+        if function == "asdict"
+        else call(glob("_operator", "getitem"), leaked, b"K\x00")
+    )
+    return stream(_open_file(getitem(call(reader, glob("json", "dumps"), s("__globals__")), "__builtins__"), path))
 
 
 def streams(path: str) -> dict[str, bytes]:
@@ -153,6 +173,10 @@ def streams(path: str) -> dict[str, bytes]:
         ),
         # dataclasses.replace reads every field of type(obj) by name.
         "dataclass_metaclass_replace": _metaclass_replace_stream(path),
+        # Found on the way (not a widening): asdict and astuple read fields the same way, and the host's scan passes
+        # these streams, so an inline load of a signed one ran open() with the real builtins.
+        "dataclass_metaclass_asdict": _metaclass_dataclass_stream("asdict", path),
+        "dataclass_metaclass_astuple": _metaclass_dataclass_stream("astuple", path),
     }
 
 
@@ -172,10 +196,11 @@ REFUSED_AT = {
     "operator_alias_other_name": "_operator.attrgetter",
     "typing_optional_forward_ref_eval": "typing._eval_type",
 }
-# Only the loader can refuse this one: the metaclass and its fields arrive by value, as every script class does. The
-# loader does not look ``dataclasses.replace`` up by name; a script's ``replace`` is the guarded stand-in, pickled as
-# itself, which takes dataclass instances with ordinary field names only.
-LOAD_TIME_ONLY = {"dataclass_metaclass_replace"}
+# Only the loader can refuse these: the metaclass and its fields arrive as data, as every script class's do. The
+# loader resolves ``dataclasses.asdict``/``astuple`` to the policy's stand-ins, and does not look ``replace`` up by
+# name (a script's ``replace`` is the stand-in, pickled as itself); each takes dataclass instances with ordinary field
+# names only.
+LOAD_TIME_ONLY = {"dataclass_metaclass_replace", "dataclass_metaclass_asdict", "dataclass_metaclass_astuple"}
 # BUILD runs inside the C unpickler, where no hook sees its target: only the scanner refuses this one.
 SCAN_TIME_ONLY = {"operator_alias_build_on_result"}
 CASES = sorted(streams("/nonexistent"))
@@ -252,6 +277,35 @@ def test_the_loader_refuses_every_stream_even_when_signed(loading_pool: Any, tmp
     assert json.JSONEncoder not in copyreg.dispatch_table  # and so is the host's table of reducers
 
 
+def test_the_asdict_and_astuple_stand_ins_refuse_what_the_real_ones_leak() -> None:
+    meta = dataclasses.make_dataclass("M", [("__getattribute__", object)], bases=(abc.ABCMeta,), init=False, eq=False)
+    cls = meta("C", (), {})
+    assert dataclasses.asdict(cls)["__getattribute__"] is object.__getattribute__
+    assert dataclasses.astuple(cls)[0] is object.__getattribute__
+    holder = dataclasses.make_dataclass("H", [("inner", object)])(cls)  # the class one level down
+    for function in (guarded_asdict, guarded_astuple):
+        for value in (cls, holder):
+            with pytest.raises(PolicyError):
+                function(value)
+
+
+def test_the_asdict_and_astuple_stand_ins_give_what_the_real_ones_give() -> None:
+    class Pair(NamedTuple):
+        a: Any
+        b: int
+
+    inner = dataclasses.make_dataclass("Inner", [("v", list)])
+    outer = dataclasses.make_dataclass("Outer", [("i", object), ("t", tuple), ("d", dict), ("n", Pair)])
+    value = outer(inner([1, [2]]), (inner([3]),), {"k": inner([4])}, Pair(inner([5]), 6))
+    assert guarded_asdict(value) == dataclasses.asdict(value)
+    assert guarded_astuple(value) == dataclasses.astuple(value)
+    reverse = lambda items: dict(reversed(items))  # noqa: E731
+    assert guarded_asdict(value, dict_factory=reverse) == dataclasses.asdict(value, dict_factory=reverse)
+    assert guarded_asdict(value)["n"] == Pair({"v": [5]}, 6)
+    with pytest.raises(TypeError):
+        guarded_asdict([1])
+
+
 def test_the_replace_stand_in_refuses_what_dataclasses_replace_leaks() -> None:
     """The real replace hands out object.__getattribute__ for a metaclass dataclass; the stand-in refuses it."""
     namespace: dict[str, Any] = {}
@@ -264,8 +318,10 @@ def test_the_replace_stand_in_refuses_what_dataclasses_replace_leaks() -> None:
     )
     cls = meta("C", (), namespace)
     assert dataclasses.replace(cls)["__getattribute__"] is object.__getattribute__
-    with pytest.raises(TypeError):
+    with pytest.raises(PolicyError):
         guarded_replace(cls)
+    with pytest.raises(TypeError):
+        guarded_replace([1])
     dunder_field = dataclasses.make_dataclass("D", [("__getattribute__", object)], init=False)()
     with pytest.raises(PolicyError):
         guarded_replace(dunder_field)
