@@ -67,8 +67,14 @@ class _ModuleRef(_Opaque):
         self.module = module
 
 
-# Calls that hand back existing objects rather than making new ones.
-_LOOKUPS = frozenset({("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce")})
+# Calls that hand back existing objects rather than making new ones (``min((JSONEncoder,))`` is the class itself, and
+# so is ``copy.copy`` of a class).
+_LOOKUPS = frozenset(
+    {
+        ("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce"),
+        ("builtins", "min"), ("builtins", "max"), ("builtins", "sum"), ("copy", "copy"), ("copy", "deepcopy"),
+    }
+)  # fmt: skip
 # cloudpickle's state setters: (obj, state) for an object the stream made.
 _SETSTATE = frozenset(
     {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}

@@ -125,6 +125,9 @@ def streams(path: str) -> dict[str, bytes]:
                 path,
             )
         ),
+        # pow's neighbours min/max/sum, and copy.copy, return what they are given: a library class gets no BUILD.
+        "min_of_library_class_build": stream(_patch_encoder(glob("builtins", "min"), tup(glob("json", "JSONEncoder")))),
+        "copy_of_library_class_build": stream(_patch_encoder(glob("copy", "copy"), glob("json", "JSONEncoder"))),
         # subimport('copy') admits the module and copy.copy/deepcopy; not its reconstructor or copyreg's table.
         "copy_reconstruct_global": stream(_reconstruct_patch(glob("copy", "_reconstruct"))),
         "copy_reconstruct_via_getattr": stream(_reconstruct_patch(getattr_(copy_module, "_reconstruct"))),
@@ -193,6 +196,8 @@ REFUSED_AT = {
     "class_dunder_init_globals": "JSONEncoder.__init__",
     "getattr_object_getattribute": "'__getattribute__'",
     "operator_alias_build_on_result": "BUILD on an object a lookup returned",
+    "min_of_library_class_build": "BUILD on an object a lookup returned",
+    "copy_of_library_class_build": "BUILD on an object a lookup returned",
     "operator_alias_other_name": "_operator.attrgetter",
     "typing_optional_forward_ref_eval": "typing._eval_type",
 }
@@ -201,8 +206,8 @@ REFUSED_AT = {
 # name (a script's ``replace`` is the stand-in, pickled as itself); each takes dataclass instances with ordinary field
 # names only.
 LOAD_TIME_ONLY = {"dataclass_metaclass_replace", "dataclass_metaclass_asdict", "dataclass_metaclass_astuple"}
-# BUILD runs inside the C unpickler, where no hook sees its target: only the scanner refuses this one.
-SCAN_TIME_ONLY = {"operator_alias_build_on_result"}
+# BUILD runs inside the C unpickler, where no hook sees its target: only the scanner refuses these.
+SCAN_TIME_ONLY = {"operator_alias_build_on_result", "min_of_library_class_build", "copy_of_library_class_build"}
 CASES = sorted(streams("/nonexistent"))
 
 
