@@ -12,6 +12,7 @@ isolation modes and without the canary firing.
 from __future__ import annotations
 
 import abc
+import copy
 import copyreg
 import dataclasses
 import json
@@ -332,3 +333,13 @@ def test_the_replace_stand_in_refuses_what_dataclasses_replace_leaks() -> None:
         guarded_replace(dunder_field)
     point = dataclasses.make_dataclass("P", [("x", int), ("y", int)])(1, 2)
     assert guarded_replace(point, y=5) == type(point)(1, 5)
+
+
+def test_copy_dispatch_table_is_hidden_from_scripts_and_restored_code() -> None:
+    """Code restored from a checkpoint gets the copy module as the policy's view: no dispatch_table to fill in."""
+    view = Policy().view("copy")
+    assert not hasattr(view, "dispatch_table")
+    assert view.deepcopy is copy.deepcopy
+    with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
+        result = session.run("import copy\ncopy.dispatch_table")
+    assert result.error is not None and result.error.exc_type in ("AttributeError", "PolicyError"), result.error
