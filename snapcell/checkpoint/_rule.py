@@ -158,9 +158,9 @@ _SERIALIZER_MODULES = ("cloudpickle", "dill", "copyreg", "pickle", "_pickle", "s
 
 # Modules a script imports whose other public names are serializer machinery: exactly these names may be named.
 # ``copy`` (a script's ``import copy`` pickles as ``subimport('copy')``) also exposes ``copy.dispatch_table``,
-# copyreg's table of reducers, which a checkpoint could fill with its own functions for every later dump, and its
-# imported modules (``copy.types``, ``copy.weakref``); ``copy._reconstruct`` is a generic reconstructor and stays
-# out as a private name.
+# copyreg's table of reducers, which a checkpoint could fill with its own functions for every later dump and copy
+# in the process (module views hide it too), and Python 3.13's ``copy.replace``, which reads fields by name like
+# ``dataclasses.replace``; ``copy._reconstruct`` is a generic reconstructor and stays out as a private name.
 NAMES_ONLY: dict[str, frozenset[str]] = {"copy": frozenset({"copy", "deepcopy", "Error", "error"})}
 # A C accelerator's name for a public function of its allowed pure module, which pickle records by ``__module__``
 # (``typing.Optional[int]`` pickles as ``_operator.getitem(typing.Union, (int, NoneType))``). The alias stands for
@@ -173,7 +173,9 @@ ALIASES: dict[tuple[str, str], tuple[str, str]] = {("_operator", "getitem"): ("o
 # ``__subclasses__``, ``__init__``, ``__init_subclass__``, ``__getattribute__`` or ``__setattr__``, left out).
 CLASS_DUNDERS = frozenset({"__new__", "__format__", "__repr__", "__str__"})
 # Pure builtins a checkpoint may name (``functools.partial(pow, 2)``): each does nothing ``operator``'s and
-# ``math``'s public functions, already nameable, do not; none reads attributes, imports, or evaluates text.
+# ``math``'s public functions, already nameable, do not; each only calls the operators of the values it is given,
+# and none reads attributes by name, imports, or evaluates text. ``min``/``max``/``sum`` return one of the values
+# given, so the scanner treats them as lookups (no BUILD on their result).
 PURE_BUILTINS = frozenset({"abs", "pow", "divmod", "round", "min", "max", "sum", "len", "sorted", "any", "all"})
 # ---------------------------------------------------------------- end fid-ckpt
 # Plain builtins a checkpoint may name (types and constants the pickle protocol itself uses).
