@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import io
 import pickle
+import re
 import reprlib
 import sys
 import types
@@ -148,6 +149,10 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         self.globals_ref[id(namespace)] = _NAMESPACE_TOKEN
 
     def reducer_override(self, obj: object) -> Any:
+        if isinstance(obj, re.Pattern):
+            # The stdlib's copyreg reducer names the private ``re._compile``, which the checkpoint rule refuses;
+            # ``re.compile`` is public API of an allowed module, given plain data (fid-ckpt, issue 14).
+            return re.compile, (obj.pattern, obj.flags)
         if isinstance(obj, functools._lru_cache_wrapper):
             params = obj.cache_parameters()
             return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
