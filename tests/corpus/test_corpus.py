@@ -29,10 +29,9 @@ from tests.corpus.conversations import CORPUS, TOOLS
 
 MODES = ("inline", "process")
 CONCURRENCY = 4
-# Conversations that need the checkpoint side of issue 14 (branch fid-ckpt), in both modes: values that pickle but
-# do not restore (asyncio primitives, io.StringIO, ZoneInfo) or that the checkpoint rule refuses today (a compiled
-# re.Pattern, functools.partial of a builtin, the copy module, a str-mixin Enum, dataclasses.replace, a function
-# annotated with typing.Optional), named one turn late.
+# Conversations that need the checkpoint side of issue 14 (branch fid-ckpt), in both modes: values that the
+# checkpoint rule refuses today (a compiled re.Pattern, functools.partial of a builtin, the copy module, a
+# str-mixin Enum, dataclasses.replace, a function annotated with typing.Optional), named one turn late.
 NEEDS_CKPT = dict.fromkeys(
     [
         "dataclass_replace_and_fields",
@@ -41,19 +40,12 @@ NEEDS_CKPT = dict.fromkeys(
         "functools_partial_reduce",
         "copy_deep",
         "typing_annotations",
-        "zoneinfo_convert",
-        "zoneinfo_across_turns",
-        "semaphore_across_turns",
-        "queue_across_turns",
-        "lock_and_event_across_turns",
-        "stringio_across_turns",
     ],
     MODES,
 )
-# Known gaps, left open (issue 14): these variables are dropped at dump and named in the same turn's answer instead
-# of surviving as in CPython (asyncio primitives, StringIO, ZoneInfo), or the checkpoint allowlist refuses a global
-# their pickle needs (re._compile, builtins.pow, subimport('copy'), a str-mixin Enum, dataclasses.replace, an
-# Optional annotation). Strict: each one that starts to pass must lose its mark.
+# Known gaps, left open (issue 14): the checkpoint allowlist refuses a global their pickle needs (re._compile,
+# builtins.pow, subimport('copy'), a str-mixin Enum, dataclasses.replace, an Optional annotation). Strict: each
+# one that starts to pass must lose its mark.
 CKPT_REASON = "dropped and named, or refused by the checkpoint allowlist: differs from CPython (issue 14 gap)"
 
 
