@@ -10,11 +10,12 @@ import asyncio
 import sys
 import time
 import traceback
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from snapcell.checkpoint import (
     BlobRef,
+    DroppedVariable,
     Dumped,
     GlobalRule,
     Manifest,
@@ -53,7 +54,7 @@ from snapcell.runner._policy import Policy, with_file_access
 from snapcell.runner._result import RunResult
 from snapcell.runner._summary import summarize_namespace
 
-__all__ = ["Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
+__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
@@ -122,6 +123,9 @@ class Runner:
         # dump() restores each new frame with the loader's unpickler, so what would fail at load is dropped now.
         self._trial = make_trial_load(self._find_global, self.builtins)
         self._restored: set[bytes] = set()
+        # Variables the last dump dropped and named, with the id of the value: the next dump names a variable again
+        # only when it holds another value (a turn that does not touch a generator is not told about it again).
+        self._named_drops: dict[str, int] = {}
         self.definitions = Definitions()
         # Definitions to run again before the next cell: their bytecode did not restore at load.
         self.pending_definitions: list[str] = []
@@ -363,8 +367,11 @@ class Runner:
             restored=self._restored,
             definitions=self.definitions.sources(),
         )
-        if dumped.manifest.dropped:
-            self.pending_notes.append(dropped_note(dumped.manifest))
+        dropped = dumped.manifest.dropped
+        new = [d for d in dropped if self._named_drops.get(d.name) != id(self.namespace.get(d.name))]
+        self._named_drops = {d.name: id(self.namespace.get(d.name)) for d in dropped}
+        if new:
+            self.pending_notes.append(dropped_note(new))
         return dumped
 
     def _bounded_trial(self, data: bytes, buffers: list[Any]) -> Any:
@@ -419,7 +426,8 @@ class Runner:
         first = manifest.cell_count - len(manifest.cells) + 1
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
-        notes = [dropped_note(manifest)] if manifest.dropped else []
+        self._named_drops = {}  # what the checkpoint dropped is not in the namespace: a new value is a new drop
+        notes = [dropped_note(manifest.dropped)] if manifest.dropped else []
         rebuild = setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
         if rebuild:
             self.pending_setup.extend(rebuild)
@@ -441,10 +449,13 @@ class Runner:
         return manifest
 
 
-def dropped_note(manifest: Manifest) -> str:
+DROPPED_PREFIX = "not saved in the checkpoint"
+
+
+def dropped_note(dropped: Iterable[DroppedVariable]) -> str:
     """One line naming the variables a dump did not save, each with its type and why."""
-    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in manifest.dropped)
-    return f"not saved in the checkpoint, so gone next turn: {names}; recreate them if needed"
+    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in dropped)
+    return f"{DROPPED_PREFIX}, so gone next turn: {names}; recreate them if needed"
 
 
 def _host_function(name: str) -> HostFunction:
