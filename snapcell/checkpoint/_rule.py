@@ -311,7 +311,7 @@ def call_refusal(kind: str, args: object, rule: GlobalRule | AllowModule) -> str
             return None
         return "type() of an object other than None, NotImplemented or Ellipsis"
     if kind in _VALUE_KINDS:
-        return value_call_refusal(kind, args)
+        return value_call_refusal(kind, args, rule.allow_module)
     return "an unknown helper"
 
 

@@ -56,6 +56,24 @@ _STRINGIO_SPEC = re.compile(rf"(universal|untranslated|lf|cr|crlf):{_NUMBER}")
 _BYTESIO_SPEC = re.compile(_NUMBER)
 # tz database keys: path segments of letters, digits, '_', '+' and '-' (no dots: no '..', no hidden files).
 _ZONE_KEY = re.compile(r"[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*")
+_MODULES = {
+    _LOCK: "asyncio",
+    _EVENT: "asyncio",
+    _SEMAPHORE: "asyncio",
+    _CONDITION: "asyncio",
+    _QUEUE: "asyncio",
+    _STRINGIO: "io",
+    _BYTESIO: "io",
+    _ZONEINFO: "zoneinfo",
+}
+_SPECS = {
+    _LOCK: _LOCK_SPEC,
+    _EVENT: _EVENT_SPEC,
+    _SEMAPHORE: _SEMAPHORE_SPEC,
+    _QUEUE: _QUEUE_SPEC,
+    _STRINGIO: _STRINGIO_SPEC,
+    _BYTESIO: _BYTESIO_SPEC,
+}
 _NEWLINES: dict[str, str | None] = {"universal": None, "untranslated": "", "lf": "\n", "cr": "\r", "crlf": "\r\n"}
 _NEWLINE_NAMES = {value: name for name, value in _NEWLINES.items()}
 
@@ -82,22 +100,24 @@ def _spec(pattern: re.Pattern[str], spec: object) -> re.Match[str] | str:
     return match
 
 
-def _content(value: object, expected: type) -> str | None:
-    if type(value) is expected or _unknown(value):
-        return None
-    return f"its content is a {type(value).__name__}, not a {expected.__name__}"
-
-
 def _number(match: re.Match[str], group: int) -> int:
     return int(match.group(group))
 
 
-def value_call_refusal(kind: str, args: tuple[Any, ...]) -> str | None:
+def value_call_refusal(
+    kind: str, args: tuple[Any, ...], allow_module: Callable[[str], bool] | None = None
+) -> str | None:
     """Why one of this module's helpers may not be called with ``args`` (None: it may).
 
     The host's scanner passes the constants it tracked (content it does not track is accepted there and checked
-    at load); the loader passes the real arguments.
+    at load); the loader passes the real arguments. With ``allow_module``, the module of the value's type must be
+    one the policy lets scripts import.
     """
+    module = _MODULES.get(kind)
+    if module is None:
+        return "an unknown helper"
+    if allow_module is not None and not allow_module(module):
+        return f"a value of the module {module}, which the policy does not allow"
     arity = 1 if kind in (_LOCK, _EVENT, _SEMAPHORE, _CONDITION, _ZONEINFO) else 2
     if len(args) != arity:
         return f"it takes {arity} argument{'s' if arity > 1 else ''}"
@@ -110,36 +130,32 @@ def value_call_refusal(kind: str, args: tuple[Any, ...]) -> str | None:
         if not isinstance(key, str) or len(key) > _MAX_ZONE_KEY or _ZONE_KEY.fullmatch(key) is None:
             return "not a time zone key"
         return None
-    pattern = {
-        _LOCK: _LOCK_SPEC,
-        _EVENT: _EVENT_SPEC,
-        _SEMAPHORE: _SEMAPHORE_SPEC,
-        _QUEUE: _QUEUE_SPEC,
-        _STRINGIO: _STRINGIO_SPEC,
-        _BYTESIO: _BYTESIO_SPEC,
-    }.get(kind)
-    if pattern is None:
-        return "an unknown helper"
-    match = _spec(pattern, args[0])
+    match = _spec(_SPECS[kind], args[0])
     if isinstance(match, str):
         return match
     if kind == _SEMAPHORE and match.group(2) is not None and _number(match, 2) > _number(match, 3):
         return "a bounded semaphore above its bound"
     if kind == _QUEUE:
-        items = args[1]
-        problem = _content(items, list)
-        maxsize = _number(match, 2)
-        if problem is None and isinstance(items, list) and maxsize and len(items) > maxsize:
-            problem = "more items than its maxsize"
-        return problem
+        return _sized_content(args[1], list, _number(match, 2), "more items than its maxsize")
     if kind in (_STRINGIO, _BYTESIO):
-        value = args[1]
-        problem = _content(value, str if kind == _STRINGIO else bytes)
         position = _number(match, 2 if kind == _STRINGIO else 1)
-        if problem is None and isinstance(value, str | bytes) and position > len(value):
-            problem = "a position past its end"
-        return problem
+        return _sized_content(args[1], str if kind == _STRINGIO else bytes, position, "a position past its end")
     return None
+
+
+def _sized_content(value: object, expected: type, bound: int, beyond: str) -> str | None:
+    """``value`` must be of type ``expected`` (or unknown to the scanner) and hold at least ``bound`` items.
+
+    For a queue, ``bound`` is its maxsize (0: unbounded) and the items must not exceed it; for a buffer, it is the
+    position, which must not be past the end.
+    """
+    if not (type(value) is expected or _unknown(value)):
+        return f"its content is a {type(value).__name__}, not a {expected.__name__}"
+    if not isinstance(value, list | str | bytes):
+        return None  # unknown to the scanner: checked at load
+    if expected is list:
+        return beyond if bound and len(value) > bound else None
+    return beyond if bound > len(value) else None
 
 
 def _checked(kind: str, *args: Any) -> None:

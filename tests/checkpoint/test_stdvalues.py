@@ -333,3 +333,12 @@ def test_the_rule_bounds_every_number_and_checks_the_content_it_is_given() -> No
     assert value_call_refusal("StringIO spec and text", ("lf:3", "ab")) is not None
     assert value_call_refusal("zoneinfo key", ("Etc/GMT+5",)) is None
     assert value_call_refusal("zoneinfo key", ("Europe/../Berlin",)) is not None
+
+
+def test_a_policy_without_the_module_refuses_its_values() -> None:
+    """A checkpoint cannot hand a script an asyncio lock, a StringIO or a zone that its policy keeps it from making."""
+    narrow = checkpoint_rule(Policy(allowed_modules=frozenset({"json"})))
+    for helper, (honest, _cases) in CALLS.items():
+        assert scan_pickle(_stream(honest), RULE) is None, helper
+        refusal = scan_pickle(_stream(honest), narrow)
+        assert refusal is not None and "policy does not allow" in refusal.reason, (helper, refusal)
