@@ -144,9 +144,9 @@ def value_call_refusal(
 
 
 def _sized_content(value: object, expected: type, bound: int, beyond: str) -> str | None:
-    """``value`` must be of type ``expected`` (or unknown to the scanner) and hold at least ``bound`` items.
+    """``value`` must be exactly of type ``expected`` (or unknown to the scanner) and fit ``bound``.
 
-    For a queue, ``bound`` is its maxsize (0: unbounded) and the items must not exceed it; for a buffer, it is the
+    For a queue, ``bound`` is its maxsize (0: unbounded), which its items must not exceed; for a buffer, it is the
     position, which must not be past the end.
     """
     if not (type(value) is expected or _unknown(value)):
