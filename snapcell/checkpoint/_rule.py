@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from snapcell.checkpoint._stdvalues import VALUE_HELPERS, value_call_refusal
+
 __all__ = [
     "ALIASES",
     "CLASS_DUNDERS",
@@ -147,6 +149,10 @@ HELPERS: dict[tuple[str, str], str] = {
     ("pandas._libs.tslibs.timedeltas", "_timedelta_unpickle"): PLAIN,
     ("pandas._libs.tslibs.nattype", "__nat_unpickle"): PLAIN,
 }  # fmt: skip
+# Standard-library values kept as plain data (asyncio primitives and queues, StringIO/BytesIO, ZoneInfo): each
+# helper's arguments are checked by `snapcell.checkpoint._stdvalues.value_call_refusal`.
+HELPERS.update(VALUE_HELPERS)
+_VALUE_KINDS = frozenset(VALUE_HELPERS.values())
 
 # Modules whose names are only reachable through HELPERS: a serializer's module holds `os`, `sys` and eval-like
 # helpers (``dill._dill`` plus ``"os.mkdir"``), and snapcell's own modules are not script API.
@@ -341,6 +347,8 @@ def call_refusal(kind: str, args: object, rule: GlobalRule | AllowModule) -> str
         if len(args) == 1 and (args[0] is None or args[0] is NotImplemented or args[0] is Ellipsis):
             return None
         return "type() of an object other than None, NotImplemented or Ellipsis"
+    if kind in _VALUE_KINDS:
+        return value_call_refusal(kind, args, rule.allow_module)
     return "an unknown helper"
 
 

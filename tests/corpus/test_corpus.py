@@ -29,23 +29,6 @@ from tests.corpus.conversations import CORPUS, TOOLS
 
 MODES = ("inline", "process")
 CONCURRENCY = 4
-# Conversations that need the checkpoint side of issue 14, in both modes: values that pickle but do not restore
-# (asyncio primitives, io.StringIO, ZoneInfo), named one turn late.
-NEEDS_CKPT = dict.fromkeys(
-    [
-        "zoneinfo_convert",
-        "zoneinfo_across_turns",
-        "semaphore_across_turns",
-        "queue_across_turns",
-        "lock_and_event_across_turns",
-        "stringio_across_turns",
-    ],
-    MODES,
-)
-# Known gaps, left open (issue 14): these variables are dropped at dump and named in the same turn's answer instead
-# of surviving as in CPython (asyncio primitives, StringIO, ZoneInfo). Strict: each one that starts to pass must lose
-# its mark.
-CKPT_REASON = "dropped and named, or refused by the checkpoint allowlist: differs from CPython (issue 14 gap)"
 
 
 @dataclass(frozen=True)
@@ -148,8 +131,7 @@ def _cases() -> list[Any]:
     cases = []
     for mode in MODES:
         for name, turns in CORPUS:
-            marks = [pytest.mark.xfail(strict=True, reason=CKPT_REASON)] if mode in NEEDS_CKPT.get(name, ()) else []
-            cases.append(pytest.param(mode, name, turns, id=f"{mode}-{name}", marks=marks))
+            cases.append(pytest.param(mode, name, turns, id=f"{mode}-{name}"))
     return cases
 
 
