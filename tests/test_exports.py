@@ -1,4 +1,7 @@
-"""The package's public names are imported on first use, so a worker process does not import the host's side."""
+"""The package's public names are imported on first use, so a worker process does not import the host's side.
+
+Importing the worker is what a zygote does before its first fork: it must not build what only a dump needs.
+"""
 
 from __future__ import annotations
 
@@ -47,10 +50,18 @@ def test_the_worker_imports_none_of_the_hosts_side() -> None:
     probe = (
         "import json, sys\n"
         "import snapcell.runner._worker, snapcell.runner._zygote, snapcell.runner._sandbox\n"
-        "print(json.dumps(sorted(sys.modules)))"
+        "from snapcell.checkpoint import _format, _scan\n"
+        "built = sorted(name for name in dir(_format) if getattr(getattr(_format, name), '__pydantic_complete__', 0))\n"
+        "compiled = _scan._group_patterns.cache_info().currsize\n"
+        "snapcell.runner._worker._warm_up()  # a run and a dump\n"
+        "after = _format.Manifest.__pydantic_complete__, _scan._group_patterns.cache_info().currsize\n"
+        "print(json.dumps([sorted(sys.modules), built, compiled, after]))"
     )
     done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60)
-    modules = set(json.loads(done.stdout))
+    modules, built, compiled, after = json.loads(done.stdout)
     assert "snapcell.runner._worker" in modules
     host_side = {"snapcell.pool", "snapcell.session", "snapcell.tool", "snapcell.storage", "snapcell.cli", "sqlite3"}
-    assert not modules & host_side, sorted(modules & host_side)
+    assert not set(modules) & host_side, sorted(set(modules) & host_side)
+    # No checkpoint model schema built and no scan pattern compiled at import; a dump builds both.
+    assert built == [] and compiled == 0, (built, compiled)
+    assert after == [True, 1]
