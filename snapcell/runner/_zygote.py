@@ -2,10 +2,10 @@
 
 Started as ``python -I -m snapcell.runner._zygote CTRL_FD HOST_PID [MODULE,...]`` exactly like a spawned
 worker (empty environment, no key, no credentials, no session data, BLAS/OpenMP pools limited to one
-thread so that fork is safe), it imports the worker, runs snapcell's own warm-up cell and says "ready":
-the first fork waits for nothing more. It never runs script code. The policy's heavy modules (numpy,
-pandas) come second, when the host asks (after its first fork request): one module at a time, in the main
-thread, only while no fork request waits. A child forked before them imports them on demand, as a
+thread so that fork is safe), it imports the worker and says "ready": the first fork waits for nothing
+more. It never runs script code. The policy's heavy modules (numpy, pandas) and snapcell's own warm-up cell
+(a run and a dump) come second, when the host asks (after its first fork request): one step at a time, in
+the main thread, only while no fork request waits. A child forked before them imports them on demand, as a
 spawned worker does; the zygote forks only while it runs a single thread. Then it waits on its control
 socket:
 
@@ -175,7 +175,7 @@ def _reap(ctrl: socket.socket) -> None:
 
 
 class _Preloader:
-    """The zygote's second stage: heavy modules, one step at a time between fork requests.
+    """The zygote's second stage: heavy modules and the warm-up, one step at a time between fork requests.
 
     A step runs in the zygote's main thread only when no fork request is waiting (never in a thread beside a
     fork); a child forked before a step imports what that step would have given it on demand, as a spawned
@@ -193,7 +193,7 @@ class _Preloader:
         return bool(self._steps)
 
     def start(self) -> None:
-        """Queue the steps (once): each heavy module, then resolving import paths and freezing the heap."""
+        """Queue the steps (once): each heavy module, then the warm-up (a run and a dump) and freezing the heap."""
         if not self.started:
             self.started = True
             self._steps = [*self.modules, ""]
@@ -206,8 +206,9 @@ class _Preloader:
                 importlib.import_module(name)
                 self.preloaded.append(name)
             return
-        from snapcell.runner import _privileges
+        from snapcell.runner import _privileges, _worker
 
+        _worker._warm_up()  # a run and a dump: what a first dump builds on first use (schemas, patterns) is built here
         _privileges.warm_import_paths()
         _freeze()
         _send(ctrl, {"op": "preloaded", "preloaded": self.preloaded, "threads": _threads()})
@@ -239,9 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     _arm_pdeathsig(host_pid)
     modules = [name for name in (argv[2].split(",") if len(argv) > 2 else ()) if name in HEAVY_MODULES]
     preloader = _Preloader(modules)
-    from snapcell.runner import _privileges, _worker
+    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
 
-    _worker._warm_up()
     _privileges.warm_import_paths()
     gc.freeze()  # no collection yet (it would delay the first fork): the second stage collects, then freezes again
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
