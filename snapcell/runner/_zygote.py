@@ -199,16 +199,26 @@ class _Preloader:
             self._steps = [*self.modules, ""]
 
     def step(self, ctrl: socket.socket) -> None:
-        """Run the next step; after the last, tell the host what was preloaded and how many threads run."""
+        """Run the next step; after the last, tell the host what was preloaded and how many threads run.
+
+        A step that fails is skipped (its module is not preloaded; a child imports it, or meets its error, on demand)
+        and said on stderr: by now the zygote has children, which die with it.
+        """
         name = self._steps.pop(0)
-        if name:
-            with contextlib.suppress(ImportError):
+        try:
+            if name:
                 importlib.import_module(name)
                 self.preloaded.append(name)
-            return
-        from snapcell.runner import _privileges, _worker
+                return
+            from snapcell.runner import _worker
 
-        _worker._warm_up()  # a run and a dump: what a first dump builds on first use (schemas, patterns) is built here
+            _worker._warm_up()  # a run and a dump: builds here what a first dump builds on first use (schemas, ...)
+        except Exception as exc:  # the zygote must outlive a failed optional step, for its children's sake
+            print(f"snapcell zygote: preload step {name or 'warm-up'!r} failed: {exc!r}", file=sys.stderr, flush=True)
+            if name:
+                return
+        from snapcell.runner import _privileges
+
         _privileges.warm_import_paths()
         _freeze()
         _send(ctrl, {"op": "preloaded", "preloaded": self.preloaded, "threads": _threads()})

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import time
 from typing import Any
 
@@ -141,3 +143,33 @@ def _wait_gone(pid: int) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from snapcell.runner import _worker, _zygote
+
+    def broken(name: str) -> object:
+        raise RuntimeError(f"{name} is broken here")
+
+    def broken_warm_up() -> None:
+        raise ValueError("no warm-up")
+
+    monkeypatch.setattr(_zygote.importlib, "import_module", broken)
+    monkeypatch.setattr(_worker, "_warm_up", broken_warm_up)
+    monkeypatch.setattr(_zygote, "_freeze", lambda: None)  # not this test process's heap
+    host, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with host, zygote_end:
+        preloader = _zygote._Preloader(["numpy", "pandas"])
+        assert not preloader.pending
+        preloader.start()
+        steps = 0
+        while preloader.pending:
+            preloader.step(zygote_end)
+            steps += 1
+        report = json.loads(host.recv(4096))
+    assert steps == 3
+    assert report["op"] == "preloaded" and report["preloaded"] == []
+    err = capsys.readouterr().err
+    assert "'numpy' failed: RuntimeError" in err and "'warm-up' failed: ValueError" in err
