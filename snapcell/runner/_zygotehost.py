@@ -111,7 +111,7 @@ class Zygote:
         return ", ".join(self.preloaded) or "nothing"
 
     async def start(self) -> None:
-        """Spawn the zygote and wait until it has imported everything.
+        """Spawn the zygote and wait until it has imported the worker (the heavy modules follow its first fork).
 
         Raises:
             ZygoteError: It could not start, or did not come up clean (single-threaded).
@@ -224,14 +224,15 @@ class Zygote:
         async with self._lock:  # the request and its place in the queue of replies go together
             try:
                 socket.send_fds(ctrl, [b"F"], [channel.fileno(), stderr.fileno()])
-                if not self._preload_requested:
-                    # Only after the first fork, which so waits for nothing: the zygote imports the heavy modules
-                    # between later fork requests.
-                    ctrl.send(b"P")
-                    self._preload_requested = True
             except OSError as exc:
                 raise ZygoteError(f"could not reach the zygote: {exc}") from exc
             self._forks.append(future)
+            if not self._preload_requested:
+                # Only after the first fork, which so waits for nothing: the zygote imports the heavy modules
+                # between later fork requests.
+                self._preload_requested = True
+                with contextlib.suppress(OSError):  # a zygote gone meanwhile fails this fork's reply instead
+                    ctrl.send(b"P")
         try:
             async with asyncio.timeout(_FORK_TIMEOUT_S):
                 reply = await future
