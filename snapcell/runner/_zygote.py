@@ -158,20 +158,34 @@ def _high_water_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+_reaping = False
+
+
 def _reap(ctrl: socket.socket) -> None:
-    """Report every child that has exited, after killing its process group (held by the zombie until reaped)."""
-    while True:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if info is None:
-            return
-        pid = info.si_pid
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        _, status, usage = os.wait4(pid, 0)
-        _send(ctrl, {"op": "exited", "pid": pid, "status": status, "maxrss": usage.ru_maxrss * 1024})
+    """Report every child that has exited, after killing its process group (held by the zombie until reaped).
+
+    Also run from the SIGCHLD handler during a preload step; a call nested in another (a signal during a reap)
+    returns at once, and the outer one, or the main loop after the step, reports that child.
+    """
+    global _reaping
+    if _reaping:
+        return
+    _reaping = True
+    try:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
+            _send(ctrl, {"op": "exited", "pid": pid, "status": status, "maxrss": usage.ru_maxrss * 1024})
+    finally:
+        _reaping = False
 
 
 class _Preloader:
@@ -204,6 +218,15 @@ class _Preloader:
         A step that fails is skipped (its module is not preloaded; a child imports it, or meets its error, on demand)
         and said on stderr: by now the zygote has children, which die with it.
         """
+        # A step takes a while; a child that exits meanwhile is reported at once (the host waits for that report to
+        # tell why it died, and to finish a check-in), from the signal handler, between the step's bytecodes.
+        previous = signal.signal(signal.SIGCHLD, lambda *_: _reap(ctrl))
+        try:
+            self._step(ctrl)
+        finally:
+            signal.signal(signal.SIGCHLD, previous)
+
+    def _step(self, ctrl: socket.socket) -> None:
         name = self._steps.pop(0)
         try:
             if name:

@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -159,6 +161,7 @@ def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
     monkeypatch.setattr(_zygote.importlib, "import_module", broken)
     monkeypatch.setattr(_worker, "_warm_up", broken_warm_up)
     monkeypatch.setattr(_zygote, "_freeze", lambda: None)  # not this test process's heap
+    monkeypatch.setattr(_zygote, "_reap", lambda ctrl: None)  # nor its children
     host, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with host, zygote_end:
         preloader = _zygote._Preloader(["numpy", "pandas"])
@@ -173,3 +176,35 @@ def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
     assert report["op"] == "preloaded" and report["preloaded"] == []
     err = capsys.readouterr().err
     assert "'numpy' failed: RuntimeError" in err and "'warm-up' failed: ValueError" in err
+
+
+_DURING_A_STEP = """
+import json, os, select, socket, sys
+from snapcell.runner import _zygote
+
+host, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+def long_import(name):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    # The import goes on until the child's exit has been reported (or 20 s pass).
+    ready, _, _ = select.select([host], [], [], 20)
+    print(json.dumps({"pid": pid, "report": json.loads(host.recv(4096)) if ready else None}), flush=True)
+
+_zygote.importlib.import_module = long_import
+preloader = _zygote._Preloader(["numpy"])
+preloader.start()
+preloader.step(zygote_end)
+"""
+
+
+def test_a_child_that_exits_during_a_preload_step_is_reported_before_the_step_ends() -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _DURING_A_STEP], capture_output=True, text=True, timeout=HANG_GUARD_S, check=True
+    )
+    out = json.loads(done.stdout)
+    report = out["report"]
+    assert report is not None, done.stderr
+    assert report["op"] == "exited" and report["pid"] == out["pid"]
+    assert os.WIFEXITED(report["status"]) and os.WEXITSTATUS(report["status"]) == 7
