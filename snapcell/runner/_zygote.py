@@ -18,8 +18,8 @@ socket:
 - zygote -> host: ``{"op": "ready", "preload": [...], ...}`` first; ``{"op": "preloaded", "preloaded": [...],
   "threads": T}`` when the heavy modules are in; ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}``
   per fork, in order; ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped
-  (the zygote is the parent: only it can wait for its children; between preload steps, so an exit report
-  may wait for one import); ``{"op": "fork_failed", "error": ...}``.
+  (the zygote is the parent: only it can wait for its children; in its loop, or from its SIGCHLD handler
+  during a preload step); ``{"op": "fork_failed", "error": ...}``.
 
 The zygote carries pdeathsig on the host; each child carries pdeathsig on the zygote. The host's death
 kills the zygote and with it every child; a zygote's death (only an outside kill or the OOM killer could
