@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from snapcell.checkpoint import BlobRef, parse_container
 from snapcell.errors import (
     CheckpointError,
     ConfigError,
@@ -350,6 +349,8 @@ class Worker:
 
     def dump(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         """Dump the namespace and the workspace's files: the reply, then the body and each new blob."""
+        from snapcell.checkpoint._format import BlobRef  # pydantic: not imported before a session's first dump
+
         known = [BlobRef.model_validate(ref) for ref in message.get("known_blobs", ())]
         known_blobs = {ref.hash: ref for ref in known}
         created_at, level = float(message["created_at"]), int(message["level"])
@@ -385,6 +386,8 @@ class Worker:
 
     def load(self, message: dict[str, Any], blob: bytearray) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         """Load a verified checkpoint: its files are staged (and checked) first, then the namespace, then the swap."""
+        from snapcell.checkpoint._format import parse_container  # pydantic: not imported before a session's first load
+
         names = [str(n) for n in message.get("blobs", ())]
         try:
             views = split_parts(blob, message.get("parts", [len(blob)]))
