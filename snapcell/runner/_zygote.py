@@ -2,9 +2,10 @@
 
 Started as ``python -I -m snapcell.runner._zygote CTRL_FD HOST_PID [MODULE,...]`` exactly like a spawned
 worker (empty environment, no key, no credentials, no session data, BLAS/OpenMP pools limited to one
-thread so that fork is safe), it imports the worker and says "ready": the first fork waits for nothing
-more. It never runs script code. The policy's heavy modules (numpy, pandas) and snapcell's own warm-up cell
-(a run and a dump) come second, when the host asks (after its first fork request): one step at a time, in
+thread so that fork is safe), it imports the worker (what a first run needs, not the checkpoint code) and says
+"ready": the first fork waits for nothing more. It never runs script code. snapcell's deferred modules
+(`DEFERRED_MODULES`: pydantic and the picklers), the policy's heavy modules (numpy, pandas) and snapcell's own
+warm-up cell (a run and a dump) come second, when the host asks (after its first fork request): one step at a time, in
 the main thread, only while no fork request waits. A child forked before them imports them on demand, as a
 spawned worker does; the zygote forks only while it runs a single thread. Then it waits on its control
 socket:
@@ -60,6 +61,17 @@ THREAD_ENV = {
 }
 # Modules worth importing in the zygote when the policy allows them (costly to import on every checkout).
 HEAVY_MODULES = ("numpy", "pandas")
+# snapcell's own modules that a first run does not need, so the zygote says "ready" without them: the checkpoint
+# code (pydantic, the picklers, zstd) a dump or load imports, and asyncio, which a run imports once a cell needs it.
+# They are the first preload step, so later children get them copy-on-write.
+DEFERRED_MODULES = (
+    "asyncio",
+    "snapcell.checkpoint._format",
+    "snapcell.checkpoint._pickle",
+    "snapcell.checkpoint._unpickle",
+    "snapcell.checkpoint._trial",
+)
+_DEFERRED_STEP = "<snapcell>"
 _PR_SET_PDEATHSIG = 1
 _MAX_CONTROL_BYTES = 16
 
@@ -207,10 +219,11 @@ class _Preloader:
         return bool(self._steps)
 
     def start(self) -> None:
-        """Queue the steps (once): each heavy module, then the warm-up (a run and a dump) and freezing the heap."""
+        """Queue the steps (once): snapcell's deferred modules, each heavy module, then the warm-up (a run and a
+        dump) and freezing the heap."""
         if not self.started:
             self.started = True
-            self._steps = [*self.modules, ""]
+            self._steps = [_DEFERRED_STEP, *self.modules, ""]
 
     def step(self, ctrl: socket.socket) -> None:
         """Run the next step; after the last, tell the host what was preloaded and how many threads run.
@@ -229,6 +242,10 @@ class _Preloader:
     def _step(self, ctrl: socket.socket) -> None:
         name = self._steps.pop(0)
         try:
+            if name == _DEFERRED_STEP:
+                for module in DEFERRED_MODULES:
+                    importlib.import_module(module)
+                return
             if name:
                 importlib.import_module(name)
                 self.preloaded.append(name)
