@@ -65,3 +65,48 @@ def test_the_worker_imports_none_of_the_hosts_side() -> None:
     # No checkpoint model schema built and no scan pattern compiled at import; a dump builds both.
     assert built == [] and compiled == 0, (built, compiled)
     assert after == [True, 1]
+
+
+def test_a_zygote_imports_neither_pydantic_nor_asyncio_before_its_first_fork() -> None:
+    # What `_zygote.main` imports before it says "ready": the checkpoint code and asyncio come after the first fork.
+    probe = (
+        "import json, sys\n"
+        "import snapcell.runner._zygote\n"
+        "from snapcell.runner import _privileges, _worker\n"
+        "_privileges.warm_import_paths()\n"
+        "deferred = ('pydantic', 'asyncio', 'cloudpickle', 'dill', 'zstandard', 'snapcell.checkpoint._format')\n"
+        "print(json.dumps([name for name in deferred if name in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(done.stdout) == []
+
+
+_RUN_DUMP_COROUTINE = (
+    "import json, sys\n"
+    "from snapcell.runner._limits import Limits\n"
+    "from snapcell.runner._policy import Policy\n"
+    "from snapcell.runner._runner import Runner, finish_without_loop\n"
+    "from snapcell.runner._worker import _NoHost\n"
+    "runner = Runner(policy=Policy(), limits=Limits(wall_time_s=None))\n"
+    "cell = 'x = 1 + 1\\nx'\n"
+    "free = runner.runs_without_loop(cell)\n"
+    "first = finish_without_loop(runner.run(cell, bridge=_NoHost(), host_names=()))\n"
+    "after_run = [m for m in ('asyncio', 'pydantic') if m in sys.modules]\n"
+    "dumped = runner.dump(created_at=0.0)\n"
+    "after_dump = 'pydantic' in sys.modules\n"
+    "import asyncio\n"
+    "again = runner.runs_without_loop('y = 2')\n"
+    "coro = asyncio.run(runner.run('import asyncio\\nawait asyncio.sleep(0)\\nx + 1', bridge=_NoHost(), host_names=()))\n"
+    "print(json.dumps([free, first.value, after_run, after_dump, len(dumped.body) > 0, again, coro.value]))"
+)
+
+
+def test_a_first_run_imports_neither_and_a_dump_and_a_coroutine_cell_follow() -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _RUN_DUMP_COROUTINE], capture_output=True, text=True, check=True, timeout=60
+    )
+    free, value, after_run, after_dump, dumped, again, coro = json.loads(done.stdout)
+    assert free and value == 2 and after_run == []
+    assert after_dump and dumped  # the checkpoint code comes with the first dump
+    assert not again  # asyncio is imported now (the probe did): every later run uses the loop
+    assert coro == 3

@@ -6,11 +6,11 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
-import asyncio
+import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,7 +18,6 @@ from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
     PolicyError,
-    RunCancelled,
     RunCancelledError,
     ScriptError,
     ScriptSyntaxError,
@@ -38,7 +37,15 @@ from snapcell.runner._guard import (
     name_denied,
 )
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
-from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
+from snapcell.runner._interrupt import (
+    TICK_NAME,
+    ScriptInterrupt,
+    Watchdog,
+    cancelled_error,
+    reap_tasks,
+    running_tasks,
+    tick,
+)
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy, with_file_access
 from snapcell.runner._result import RunResult
@@ -47,10 +54,13 @@ from snapcell.runner._summary import summarize_namespace
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, DroppedVariable, Dumped, FindGlobal, GlobalRule, Manifest
 
-__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
+__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "finish_without_loop", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
+# Source text that could reach asyncio or wait for something: an import (statement, ``__import__``, ``importlib``),
+# ``await`` and ``async``. Matched anywhere (names, strings, comments): a false match only costs the event loop.
+_MAY_NEED_LOOP = re.compile("import|await|async")
 
 
 def checkpoint_rule(policy: Policy) -> GlobalRule:
@@ -109,6 +119,7 @@ class Runner:
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
         self._watch: Watchdog | None = None
+        self.loaded = False  # the namespace came from a checkpoint (see `runs_without_loop`)
         self._restored: set[bytes] = set()
         # Variables the last dump dropped and named, with the id of the value: the next dump names a variable again
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
@@ -143,6 +154,23 @@ class Runner:
         return {"__name__": "__main__", "__builtins__": self.builtins}
 
     # ------------------------------------------------------------------ run
+
+    def runs_without_loop(self, code: object) -> bool:
+        """Whether `run(code)` may be driven without an event loop (`finish_without_loop`): nothing it runs could tell.
+
+        So when the cell cannot import (so reach asyncio to ask for the running loop) nor wait, and nothing run before
+        it could import for it: asyncio is not imported yet (a cell that imports anything runs in the loop, which
+        imports it), no setup cell or definition runs first, and the namespace was not loaded (its functions came
+        from cells never run here). A worker's first cells so start without importing asyncio (tens of ms of CPU).
+        """
+        return (
+            "asyncio" not in sys.modules
+            and not self.loaded
+            and not self.pending_setup
+            and not self.pending_definitions
+            and isinstance(code, str)
+            and _MAY_NEED_LOOP.search(code) is None
+        )
 
     async def run(
         self,
@@ -228,7 +256,7 @@ class Runner:
             self._watch = watchdog
             try:
                 value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
-            except asyncio.CancelledError:
+            except cancelled_error():
                 caller_cancelled = True  # the awaiting caller was cancelled (inline mode): end the run as cancelled
             finally:
                 self._watch = None
@@ -271,6 +299,8 @@ class Runner:
             assigned=assigned,
         )
         if caller_cancelled:
+            from snapcell.errors import RunCancelled  # an asyncio.CancelledError: imports asyncio
+
             raise RunCancelled(result)
         return result
 
@@ -278,10 +308,12 @@ class Runner:
         self, code: Any, is_async: bool, watchdog: Watchdog, bridge: HostBridge
     ) -> tuple[Any, ScriptError | None]:
         namespace = self.namespace
-        before = asyncio.all_tasks()
+        before = running_tasks()
         try:
             try:
                 if is_async:
+                    import asyncio
+
                     task = asyncio.ensure_future(eval(code, namespace))
                     watchdog.attach(task)
                     await task
@@ -292,7 +324,7 @@ class Runner:
                 namespace.pop(RESULT_NAME, None)
                 # Tasks the script started (even from a sync cell) must not outlive the run.
                 await reap_tasks(before, namespace, (bridge,))
-        except asyncio.CancelledError:
+        except cancelled_error():
             if not watchdog.fired:
                 raise  # the caller was cancelled, not the script
             return None, None
@@ -432,6 +464,7 @@ class Runner:
         namespace["__name__"] = "__main__"
         manifest = loaded.manifest
         self.namespace = namespace
+        self.loaded = True
         self.setup_cells = list(manifest.setup_cells)
         self.cell_count = manifest.cell_count
         self.future_flags = manifest.future_flags
@@ -460,6 +493,21 @@ class Runner:
             notes.append(f"could not be restored: {names}")
         self.pending_notes.extend(notes)
         return manifest
+
+
+def finish_without_loop(run: Coroutine[Any, Any, RunResult]) -> RunResult:
+    """Drive `Runner.run`'s coroutine for a cell that `Runner.runs_without_loop` cleared: it ends in its first step.
+
+    Raises:
+        RuntimeError: It waited for something after all (a bug): the run is closed where it waited.
+    """
+    try:
+        waiting = run.send(None)
+    except StopIteration as done:
+        result: RunResult = done.value
+        return result
+    run.close()
+    raise RuntimeError(f"a run started without an event loop waited for {type(waiting).__name__}")
 
 
 DROPPED_PREFIX = "not saved in the checkpoint"

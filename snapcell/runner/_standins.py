@@ -24,7 +24,6 @@ A guardrail, not a boundary: see DESIGN.md ("The runner and its boundary").
 from __future__ import annotations
 
 import abc
-import asyncio
 import builtins
 import copy
 import dataclasses
@@ -38,7 +37,7 @@ import types
 import typing
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell.runner._fidelity import checked_name, typed_attr
 from snapcell.runner._guard import (
@@ -464,6 +463,11 @@ def checked_type_call(callee: Any, /, *args: Any, **kwargs: Any) -> Any:
 # ------------------------------------------------------------------ asyncio
 
 
+# Reached only by a script that imported asyncio: this module imports it there, not before (a first run needs none).
+if TYPE_CHECKING:
+    import asyncio
+
+
 def _script_namespace() -> dict[str, Any] | None:
     frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
@@ -485,6 +489,8 @@ def _no_loop(loop: Any) -> None:
 
 def all_tasks(loop: Any = None) -> set[asyncio.Task[Any]]:
     """`asyncio.all_tasks` limited to the tasks running the script's own coroutines."""
+    import asyncio
+
     _no_loop(loop)
     namespace = _script_namespace()
     return {task for task in asyncio.all_tasks() if _own(task, namespace)}
@@ -492,6 +498,8 @@ def all_tasks(loop: Any = None) -> set[asyncio.Task[Any]]:
 
 def current_task(loop: Any = None) -> asyncio.Task[Any] | None:
     """`asyncio.current_task`, or None when the current task is not the script's (a synchronous cell)."""
+    import asyncio
+
     _no_loop(loop)
     task = asyncio.current_task()
     return task if task is not None and _own(task, _script_namespace()) else None

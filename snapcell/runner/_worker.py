@@ -7,9 +7,9 @@ It holds no signing key and no storage client: checkpoints leave it as unsigned 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import decimal
+import functools
 import os
 import select
 import signal
@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import (
     CheckpointError,
@@ -33,8 +33,7 @@ from snapcell.runner._host import CallBudget
 from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
-from snapcell.runner._runner import Runner
-from snapcell.runner._typecheck import declarations_from_namespace
+from snapcell.runner._runner import Runner, finish_without_loop
 from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
     FRAME,
@@ -61,6 +60,9 @@ from snapcell.runner._wire import (
 from snapcell.workspace import effective_quota
 from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
 from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
+
+if TYPE_CHECKING:
+    import asyncio  # imported by the first run that needs the event loop (`Worker.loop`), not before
 
 __all__ = ["main"]
 
@@ -119,7 +121,7 @@ class Channel:
 class WorkerBridge:
     """Carries a run's host-function calls to the host and waits for their results."""
 
-    def __init__(self, channel: Channel, host: dict[str, bool], loop: asyncio.AbstractEventLoop, limits: Limits):
+    def __init__(self, channel: Channel, host: dict[str, bool], loop: asyncio.AbstractEventLoop | None, limits: Limits):
         self._channel = channel
         self._host = host
         self._loop = loop
@@ -180,10 +182,12 @@ class WorkerBridge:
         return _unpack_result(box[0])
 
     async def _call_async(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        loop = self._loop
+        assert loop is not None, "a run with async host functions has the event loop"
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
 
         def deliver(message: dict[str, Any]) -> None:
-            self._loop.call_soon_threadsafe(_settle, future, message)
+            loop.call_soon_threadsafe(_settle, future, message)
 
         call_id = self._request(name, args, kwargs, deliver)
         try:
@@ -247,12 +251,19 @@ class Worker:
         self.channel = channel
         self.runner = runner
         self.workspace = workspace
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
         self.bridge: WorkerBridge | None = None
         # The host cancels a run with SIGUSR1 (and a "cancel" frame, skipped when read): no thread reads the channel
         # while a synchronous cell runs, but a signal handler runs between its bytecodes.
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.runner.cancel())
+
+    @functools.cached_property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop of runs that need one (`Runner.runs_without_loop`), made (asyncio imported) on first use."""
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        return loop
 
     def next_request(self) -> tuple[dict[str, Any], bytearray]:
         """Read the next request in this (the main) thread; results of finished host calls are skipped.
@@ -330,6 +341,8 @@ class Worker:
             self.runner.pending_setup.extend(str(c) for c in message.get("setup_cells", ()))
             return {"op": "queued"}, []
         if op == "declarations":
+            from snapcell.runner._typecheck import declarations_from_namespace  # a type-checked session only
+
             text = declarations_from_namespace(self.runner.variables())
             if len(text) > MAX_DECLARATIONS_CHARS:  # the host accepts no more; the stubs keep their first lines
                 text = text[: text.rfind("\n", 0, MAX_DECLARATIONS_CHARS) + 1]
@@ -436,24 +449,23 @@ class Worker:
         code: Any = message.get("code")
         limits = Limits(**message["limits"])
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
-        self.bridge = bridge = WorkerBridge(self.channel, host, self.loop, limits)
-        # Results of async host calls are read by the run's own event loop when they arrive.
-        self.loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
+        # Once a run has made the loop, every later run uses it too.
+        loop_free = "loop" not in vars(self) and not any(host.values()) and self.runner.runs_without_loop(code)
+        loop = None if loop_free else self.loop
+        self.bridge = bridge = WorkerBridge(self.channel, host, loop, limits)
+        if loop is not None:  # results of async host calls are read by the run's own event loop when they arrive
+            loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
         if self.workspace is not None:
             with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
                 self.workspace.before_run()
         try:
-            result = self.loop.run_until_complete(
-                self.runner.run(
-                    code,
-                    bridge=self.bridge,
-                    host_names=tuple(host),
-                    setup=bool(message.get("setup")),
-                    limits=limits,
-                )
+            run = self.runner.run(
+                code, bridge=self.bridge, host_names=tuple(host), setup=bool(message.get("setup")), limits=limits
             )
+            result = finish_without_loop(run) if loop is None else loop.run_until_complete(run)
         finally:
-            self.loop.remove_reader(self.channel.fileno())
+            if loop is not None:
+                loop.remove_reader(self.channel.fileno())
             self.bridge = None
         notes = [cut_text(str(n), MAX_NOTE_CHARS) for n in result.notes]
         too_large = (
@@ -592,6 +604,8 @@ def _warm_up() -> None:
 
     No wall-time limit: the watchdog thread must not start before the sandbox, which wants a single thread.
     """
+    import asyncio
+
     runner = Runner(policy=Policy(), limits=Limits(wall_time_s=None))
     asyncio.run(runner.run("x = [1]\nx", bridge=_NoHost(), host_names=()))
     runner.dump(created_at=0.0)
