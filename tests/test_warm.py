@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -158,3 +159,36 @@ def test_warm_settings_are_checked(options: dict[str, object]) -> None:
 
     with pytest.raises(ConfigError):
         asyncio.run(main())
+
+
+def test_a_turn_answers_before_its_session_is_checked_in_and_aclose_waits_for_it() -> None:
+    """Checking a session in (a worker to kill) is off the turn's latency, but never left behind by `aclose`."""
+    events: list[str] = []
+
+    async def main() -> bool:
+        release = asyncio.Event()
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads())
+
+            @contextlib.asynccontextmanager
+            async def held_checkin() -> AsyncIterator[AsyncSession]:
+                async with pool.checkout() as session:
+                    yield session
+                    events.append("checkin started")
+                    await release.wait()
+                events.append("checked in")
+
+            tool._new_session = held_checkin  # type: ignore[method-assign]
+            turn = asyncio.ensure_future(tool.run_code("a", "x = 1\nx"))
+            done, _ = await asyncio.wait({turn}, timeout=HANG_GUARD_S)
+            answered = turn in done and "1" in turn.result()
+            events.append("answered")
+            closing = asyncio.ensure_future(tool.aclose())
+            await asyncio.sleep(0)
+            release.set()
+            await closing
+            events.append("tool closed")
+            return answered
+
+    assert asyncio.run(main())
+    assert events == ["checkin started", "answered", "checked in", "tool closed"]
