@@ -13,7 +13,7 @@ from snapcell._blobio import BlobIO, ForgedBlob
 from snapcell._session_sync import Session
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
-from snapcell.checkpoint._format import MAX_MANIFEST_BYTES
+from snapcell.checkpoint._format import MAX_MANIFEST_BYTES, Container, SectionKind
 from snapcell.checkpoint._hostscan import UnscannedFrame, check_frame_blobs, scanned_frames
 from snapcell.checkpoint._rule import Refusal
 from snapcell.errors import (
@@ -49,6 +49,9 @@ T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
 # Verify and sign off the event loop above this size: HMAC-SHA256 runs at about 1 GB/s.
 _THREAD_BYTES = 1024 * 1024
+# Scan pickles off the event loop above this many bytes (the scan walks opcodes in Python, about 100 MB/s); below
+# it the hand-off to a thread costs more than the scan.
+_SCAN_THREAD_BYTES = 64 * 1024
 # Largest checkpoint read when the session has no memory limit, and room for the header and section table.
 _NO_MEMORY_LIMIT_CAP = 64 * 1024**3
 _TABLE_SLACK_BYTES = 64 * 1024 * 1024
@@ -192,7 +195,12 @@ class AsyncSession:
         # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
         blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
         self.manifest = await self._backend.load(body, blobs)
-        self._frames = await asyncio.to_thread(scanned_frames, body, blobs, self._rule) if key_index == 0 else set()
+        if key_index != 0:
+            self._frames = set()
+        elif sum(ref.raw_bytes for ref in refs) > _SCAN_THREAD_BYTES:
+            self._frames = await asyncio.to_thread(scanned_frames, body, blobs, self._rule)
+        else:
+            self._frames = scanned_frames(body, blobs, self._rule)
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = len(blob)
         # Only blobs in the signing key's namespace can be referred to by the next dump.
@@ -389,7 +397,18 @@ class AsyncSession:
             ForgedFiles: The workspace file list is malformed.
             WorkspaceQuotaExceeded: The workspace files are over the quota.
         """
-        found = await asyncio.to_thread(self._scan, dumped)
+        found = None
+        # A small dump is scanned on the event loop (a thread hand-off costs more); a large one, or a few bytes
+        # that declare much data to decompress, in a thread.
+        inline = len(dumped.body) + sum(map(len, dumped.new_blobs.values())) <= _SCAN_THREAD_BYTES
+        if inline:
+            container = self._parse(dumped)
+            inline = _declared_raw_bytes(container, dumped) <= _SCAN_THREAD_BYTES
+            if inline:
+                found = self._check(container, dumped)
+            del container  # its views of the body must be gone before signing appends to it
+        if not inline:
+            found = await asyncio.to_thread(self._scan, dumped)
         if found is None:
             return
         refusal, variable = found
@@ -408,11 +427,25 @@ class AsyncSession:
 
         The parse holds views of the body; it is not returned, so none is left when signing appends to the body.
         """
+        return self._check(self._parse(dumped), dumped)
+
+    def _parse(self, dumped: Dumped) -> Container:
+        """Parse a dump's body, its declared sizes capped.
+
+        Raises:
+            ForgedBlob: The host cannot read it (a compromised worker).
+        """
         try:
-            container = parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes)
-            found = scan_body(container, rule=self._rule)
+            return parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes)
         except (CheckpointCorrupt, CheckpointVersionError) as exc:
             # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
+            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
+
+    def _check(self, container: Container, dumped: Dumped) -> tuple[Refusal, str | None] | None:
+        """Scan a parsed dump's pickles and new frame blobs against the loader's rule, and check its files."""
+        try:
+            found = scan_body(container, rule=self._rule)
+        except (CheckpointCorrupt, CheckpointVersionError) as exc:
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
         if found is not None:
             return found
@@ -506,6 +539,13 @@ class AsyncSession:
 
     def _close(self) -> None:
         self._closed = True
+
+
+def _declared_raw_bytes(container: Container, dumped: Dumped) -> int:
+    """The raw bytes a dump's scan would decompress: its pickle sections and its new blobs, as declared."""
+    sizes = {ref.hash: ref.raw_bytes for ref in container.manifest.blobs}
+    inline = sum(s.raw_size for s in container.sections if s.kind not in (SectionKind.FRAME_BLOB, SectionKind.BLOB))
+    return inline + sum(sizes.get(name, len(data)) for name, data in dumped.new_blobs.items())
 
 
 def _ago(seconds: float) -> str:

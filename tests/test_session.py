@@ -471,3 +471,30 @@ def test_guarded_stand_ins_survive_a_checkpoint(pool: Pool) -> None:
     with pool.checkout() as second:
         second.load_session(checkpoint)
         assert second.feed_run("(g(3), f.format('{0}!', 1), x)") == (3, "1!", 5)
+
+
+def test_the_host_scans_a_small_dump_on_its_loop_and_a_large_one_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread hand-off costs more than scanning a few pickles; a dump declaring much data still leaves the loop.
+
+    The large case is a few compressed bytes that declare 400 kB of pickle: its size on the wire alone would keep
+    it on the loop.
+    """
+    from snapcell.session import AsyncSession
+
+    threads: list[bool] = []
+    original = AsyncSession._check
+
+    def recorded(self: AsyncSession, *args: Any) -> Any:
+        threads.append(asyncio._get_running_loop() is not None)  # on the event loop, or in a worker thread
+        return original(self, *args)
+
+    monkeypatch.setattr(AsyncSession, "_check", recorded)
+    with Pool("memory://", signing_keys=[KEY_A], isolation="inline") as pool, pool.checkout() as session:
+        session.run("small = [1, 2, 3]")
+        small_id = session.dump()
+        session.run("large = ['a' * 400_000]")
+        session.dump()
+        session.load_session(small_id)
+    assert threads == [True, False]
