@@ -309,8 +309,9 @@ class CodeTool:
         return await self._leases.bounded(call, timeout_s)
 
     async def aclose(self) -> None:
-        """Finish giving back leases (for up to ``storage_timeout_s``), then close the head store if the tool
-        opened it (the default one); a head store passed in stays open."""
+        """Check in warm sessions and those of finished turns still being checked in, finish giving back leases
+        (for up to ``storage_timeout_s``), then close the head store if the tool opened it (the default one); a
+        head store passed in stays open."""
         await self._warm.aclose()
         await self._leases.aclose()
         if self._owns_heads:
