@@ -74,6 +74,11 @@ class WarmSessions:
     def __len__(self) -> int:
         return len(self._kept)
 
+    @property
+    def leaving(self) -> int:
+        """Sessions being checked in right now (each still holds its worker slot for a few milliseconds)."""
+        return len(self._closing)
+
     @contextlib.asynccontextmanager
     async def turn(
         self,

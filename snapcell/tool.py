@@ -291,8 +291,12 @@ class CodeTool:
         return self.pool.checkout(**self._checkout)
 
     def _pool_full(self) -> bool:
-        """Whether every worker slot of the pool is checked out (warm sessions give theirs up then)."""
-        return self.pool.isolation == "process" and len(self.pool._sessions) >= self.pool.max_workers
+        """Whether every worker slot of the pool is checked out (warm sessions give theirs up then).
+
+        Sessions already being checked in do not count: their slots come free without evicting a warm session.
+        """
+        taken = len(self.pool._sessions) - self._warm.leaving
+        return self.pool.isolation == "process" and taken >= self.pool.max_workers
 
     async def _storage(self, what: str, conversation_id: str) -> Head | None:
         """Read the conversation's head under the storage deadline.
