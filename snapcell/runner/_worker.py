@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import decimal
+import functools
 import os
 import select
 import signal
@@ -17,7 +19,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import Any
 
 from snapcell.checkpoint import BlobRef, parse_container
@@ -34,6 +36,7 @@ from snapcell.runner._host import CallBudget
 from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
+from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
 from snapcell.runner._typecheck import declarations_from_namespace
 from snapcell.runner._values import to_value
@@ -241,6 +244,36 @@ def _unpack_result(message: dict[str, Any]) -> Any:
     return message.get("value")
 
 
+async def _carry_on(run: Coroutine[Any, Any, RunResult], waiting: Any) -> RunResult:
+    """Finish, in a task, a coroutine whose first step ran by hand and now waits for ``waiting``."""
+    return await _Resumed(run, waiting)
+
+
+class _Resumed:
+    """Awaiting it carries on a started coroutine: each thing it waits for is waited for by the awaiting task."""
+
+    __slots__ = ("_run", "_waiting")
+
+    def __init__(self, run: Coroutine[Any, Any, RunResult], waiting: Any) -> None:
+        self._run = run
+        self._waiting = waiting
+
+    def __await__(self) -> Generator[Any, Any, RunResult]:
+        run, waiting = self._run, self._waiting
+        while True:
+            try:
+                sent = yield waiting
+            except BaseException as exc:  # thrown in by the task (its cancellation): passed on for the run to handle
+                step = functools.partial(run.throw, exc)
+            else:
+                step = functools.partial(run.send, sent)
+            try:
+                waiting = step()
+            except StopIteration as done:
+                result: RunResult = done.value
+                return result
+
+
 class Worker:
     """Serves one session's requests."""
 
@@ -251,6 +284,10 @@ class Worker:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.bridge: WorkerBridge | None = None
+        # Runs that needed the event loop (a cell that awaits); a synchronous cell adds none (see `drive`).
+        self.loop_runs = 0
+        self._limits_plain: dict[str, Any] | None = None
+        self._limits_run = runner.limits
         # The host cancels a run with SIGUSR1 (and a "cancel" frame, skipped when read): no thread reads the channel
         # while a synchronous cell runs, but a signal handler runs between its bytecodes.
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.runner.cancel())
@@ -426,31 +463,58 @@ class Worker:
         else:
             empty_dir(".")
 
+    def run_limits(self, plain: dict[str, Any]) -> Limits:
+        """The limits a run request names; the last run's object again when they are the same (they usually are)."""
+        if plain != self._limits_plain:
+            self._limits_run = Limits(**plain)
+            self._limits_plain = plain
+        return self._limits_run
+
+    def drive(self, run: Coroutine[Any, Any, RunResult], bridge: WorkerBridge) -> RunResult:
+        """Run the runner's coroutine, with the event loop only if the cell waits for something.
+
+        A synchronous cell never waits, so its run ends in the coroutine's first step: no task, no loop iteration,
+        no reader on the channel (its host calls read their own results). Meanwhile the loop counts as running, so
+        what the runner asks of asyncio (the tasks that exist, to reap any the script left) and what a script asks
+        (``asyncio.get_running_loop()``, ``asyncio.run`` refused) answer as they do inside the loop. A cell that
+        waits is carried on by a task in that same context, with the loop reading results of async host calls.
+        """
+        context = contextvars.copy_context()
+        asyncio.events._set_running_loop(self.loop)
+        try:
+            waiting = context.run(run.send, None)
+        except StopIteration as done:
+            result: RunResult = done.value
+            return result
+        finally:
+            asyncio.events._set_running_loop(None)
+        self.loop_runs += 1
+        # Results of async host calls are read by the run's own event loop when they arrive.
+        self.loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
+        try:
+            return self.loop.run_until_complete(self.loop.create_task(_carry_on(run, waiting), context=context))
+        finally:
+            self.loop.remove_reader(self.channel.fileno())
+
     def run(self, message: dict[str, Any]) -> tuple[bytes, list[bytes | bytearray]]:
         """Run a cell; the encoded ``ran`` reply (within what the host accepts for the run's limits) and the
         bytes of its artifacts."""
         # Never str() what came instead of a script: the runner answers anything but text with a ScriptSyntaxError.
         code: Any = message.get("code")
-        limits = Limits(**message["limits"])
+        limits = self.run_limits(message["limits"])
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
         self.bridge = bridge = WorkerBridge(self.channel, host, self.loop, limits)
-        # Results of async host calls are read by the run's own event loop when they arrive.
-        self.loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
         if self.workspace is not None:
             with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
                 self.workspace.before_run()
         try:
-            result = self.loop.run_until_complete(
+            result = self.drive(
                 self.runner.run(
-                    code,
-                    bridge=self.bridge,
-                    host_names=tuple(host),
-                    setup=bool(message.get("setup")),
-                    limits=limits,
-                )
+                    code, bridge=bridge, host_names=tuple(host), setup=bool(message.get("setup")), limits=limits
+                ),
+                bridge,
             )
         finally:
-            self.loop.remove_reader(self.channel.fileno())
             self.bridge = None
         notes = [cut_text(str(n), MAX_NOTE_CHARS) for n in result.notes]
         too_large = (
