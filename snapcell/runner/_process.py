@@ -38,6 +38,7 @@ from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._privileges import LIVE_WORKER_PIDS
+from snapcell.runner._procstat import ProcStat
 from snapcell.runner._sandbox import release_scratch, sandbox_failure, worker_sandbox_settings
 from snapcell.runner._wire import (
     FRAME,
@@ -129,6 +130,8 @@ class WorkerProcess:
         # The session's limits (from `init`): they size the budget of every reply.
         self.limits = Limits()
         self._inherited_rss = 0
+        # Its CPU time and peak memory, read by the host from /proc once it has started.
+        self.stat: ProcStat | None = None
 
     @property
     def start_path(self) -> str:
@@ -187,6 +190,8 @@ class WorkerProcess:
         if message.get("op") != "started" or (self.forked is not None and message.get("pid") != self.pid):
             await self.kill()
             raise SessionError(f"a worker process sent {str(message)[:80]!r} instead of starting")
+        if self.pid is not None:
+            self.stat = ProcStat(self.pid)
 
     async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers.
@@ -522,6 +527,8 @@ class WorkerProcess:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        if self.stat is not None:
+            self.stat.close()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
