@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import inspect
 import logging
 import os
 import resource
@@ -28,13 +27,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from snapcell._telemetry import trace_host_function
 from snapcell.errors import OutputLimitExceeded, SessionError
 from snapcell.runner._host import CallBudget, HostCall
+from snapcell.runner._hostcalls import PendingCall, call_host, finish_call
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._privileges import LIVE_WORKER_PIDS
@@ -43,7 +41,6 @@ from snapcell.runner._sandbox import release_scratch, sandbox_failure, worker_sa
 from snapcell.runner._wire import (
     FRAME,
     Budget,
-    NotPlainData,
     decode,
     encode,
     reply_budget,
@@ -375,9 +372,14 @@ class WorkerProcess:
                             await self._refuse("it sent a host-function call outside a run")
                         else:
                             await self._admit_call(reply, size, calls_budget, counter)
-                        task = asyncio.ensure_future(self._serve_call(reply, lookup or {}, calls))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
+                        served = call_host(reply, lookup or {}, calls)
+                        if isinstance(served, PendingCall):  # an async function: awaited alongside the others
+                            task = asyncio.ensure_future(self._finish_call(served, calls))
+                            tasks.add(task)
+                            task.add_done_callback(tasks.discard)
+                        else:  # a sync function has answered already: no task, no loop turn
+                            with contextlib.suppress(_Died):
+                                await self._send(served)
                         continue
                     return reply, reply_blob
         finally:
@@ -408,42 +410,8 @@ class WorkerProcess:
         except OutputLimitExceeded as exc:
             await self._refuse(f"it made more host-function calls than Limits.max_host_calls ({exc.value})")
 
-    async def _serve_call(
-        self, message: dict[str, Any], lookup: Mapping[str, Callable[..., Any]], calls: list[HostCall] | None
-    ) -> None:
-        name = str(message.get("name"))
-        func = trace_host_function(name, lookup.get(name))
-        start = time.perf_counter()
-        reply: dict[str, Any] = {"op": "result", "id": message.get("id")}
-        try:
-            if func is None:
-                raise NameError(f"host function {name[:100]!r} is not available in this run")
-            args, kwargs = message.get("args") or [], message.get("kwargs") or {}
-            value = func(*args, **{str(k): v for k, v in kwargs.items()})
-            if inspect.isawaitable(value):
-                value = await value
-            reply["value"] = to_plain(_plain_friendly(value))
-            if calls is not None:
-                calls.append(HostCall(name, time.perf_counter() - start))
-        except NotPlainData as exc:
-            log.error(
-                "snapcell: the host function %s returned data that cannot be sent to the script (%s); this is a bug "
-                "in the application: return plain data (numbers, strings, bytes, lists, dicts, dates, Decimals)",
-                name,
-                exc,
-            )
-            text = f"{name}() returned data that cannot be sent: {exc}"
-            reply["error"] = {"type": "TypeError", "message": text}
-            if calls is not None:
-                calls.append(HostCall(name, time.perf_counter() - start, f"TypeError: {text}"))
-        except Exception as exc:  # a host function's failure goes to the script, which may catch it
-            if func is not None:  # no function of that name is the script's mistake, not the application's
-                log.warning(
-                    "snapcell: the host function %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc
-                )
-            reply["error"] = {"type": type(exc).__name__, "message": str(exc)[:10_000]}
-            if calls is not None:
-                calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+    async def _finish_call(self, pending: PendingCall, calls: list[HostCall] | None) -> None:
+        reply = await finish_call(pending, calls)
         with contextlib.suppress(_Died):
             await self._send(reply)
 
@@ -564,15 +532,3 @@ def _larger(a: Budget, b: Budget) -> Budget:
         items=max(a.items, b.items),
         blob_bytes=max(a.blob_bytes, b.blob_bytes),
     )
-
-
-def _plain_friendly(value: Any) -> Any:
-    """Turn common host return types (pydantic models, dataclasses) into plain data."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="python")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, list | tuple):
-        return type(value)(_plain_friendly(v) for v in value) if type(value) in (list, tuple) else value
-    return value
