@@ -16,11 +16,14 @@ import base64
 import binascii
 import datetime
 import decimal
+import functools
 import gc
 import itertools
 import json
+import json.encoder
 import re
 import struct
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from snapcell import errors
@@ -268,6 +271,45 @@ def _scan(root: Any, max_depth: int) -> tuple[int, set[type], set[type], bool]:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_tag_value, check_circular=False)
+# The C encoder `_ENCODER.encode` builds on every call, built once (the same settings); None without the C module.
+_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODER: Callable[[Any, int], Sequence[str]] | None = (
+    None
+    if _make_c_encoder is None
+    else _make_c_encoder(None, _tag_value, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+)
+
+
+def _shallow(message: dict[str, Any]) -> bool:
+    """Whether a message holds only JSON scalars, and flat lists and dicts of them (most frames are such).
+
+    Such a message has nothing to tag or escape and is two levels deep at most, so `_scan` has nothing to find.
+    """
+    if len(message) == 1 and _is_tag_like(next(iter(message))):
+        return False
+    for key, value in message.items():
+        kind = type(value)
+        if type(key) is not str:
+            return False
+        if kind in _JSON_SCALARS:
+            continue
+        if kind is list:
+            if not _JSON_SCALARS.issuperset(map(type, value)):
+                return False
+        elif kind is dict:
+            if len(value) == 1 and _is_tag_like(next(iter(value))):
+                return False
+            if not _JSON_SCALARS.issuperset(map(type, value.values())) or not {str}.issuperset(map(type, value)):
+                return False
+        else:
+            return False
+    return True
+
+
+def _write(tree: Any) -> str:
+    if _C_ENCODER is not None:
+        return "".join(_C_ENCODER(tree, 0))
+    return _ENCODER.encode(tree)
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -276,16 +318,19 @@ def encode(message: dict[str, Any]) -> bytes:
     Raises:
         NotPlainData: The message holds something else, or is nested deeper than `decode` accepts.
     """
-    depth, kinds, key_kinds, dollar = _scan(message, MAX_MESSAGE_DEPTH)
-    if depth > MAX_MESSAGE_DEPTH:
-        raise NotPlainData(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
-    if not kinds <= _PLAIN_KINDS or not key_kinds <= {str}:
-        odd = sorted(k.__qualname__ for k in (kinds - _PLAIN_KINDS) | (key_kinds - {str}))
-        raise NotPlainData(f"the message holds what is not plain data: {', '.join(odd)}")
-    # The JSON encoder writes a tuple as a list; a copy with tags is made only when a tuple is there.
-    tree = _tag_tree(message) if dollar or tuple in kinds or Tagged in kinds else message
+    if type(message) is dict and _shallow(message):
+        tree: Any = message
+    else:
+        depth, kinds, key_kinds, dollar = _scan(message, MAX_MESSAGE_DEPTH)
+        if depth > MAX_MESSAGE_DEPTH:
+            raise NotPlainData(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
+        if not kinds <= _PLAIN_KINDS or not key_kinds <= {str}:
+            odd = sorted(k.__qualname__ for k in (kinds - _PLAIN_KINDS) | (key_kinds - {str}))
+            raise NotPlainData(f"the message holds what is not plain data: {', '.join(odd)}")
+        # The JSON encoder writes a tuple as a list; a copy with tags is made only when a tuple is there.
+        tree = _tag_tree(message) if dollar or tuple in kinds or Tagged in kinds else message
     try:
-        return _ENCODER.encode(tree).encode("ascii")
+        return _write(tree).encode("ascii")
     except (ValueError, RecursionError) as exc:  # an int too large for text, a cycle
         raise NotPlainData(f"the message cannot be written: {exc}") from exc
 
@@ -356,6 +401,16 @@ def _items_bound(data: bytes | bytearray) -> int:
     return data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{") + 1
 
 
+@functools.lru_cache(maxsize=4)
+def _decoder(object_hook: Callable[[dict[str, Any]], Any]) -> json.JSONDecoder:
+    return json.JSONDecoder(object_hook=object_hook)
+
+
+def _parse(raw: bytes | bytearray) -> Any:
+    """Parse JSON text (UTF-8; `encode` writes ASCII), every object through `_untag`, with a decoder built once."""
+    return _decoder(_untag).decode(raw.decode("utf-8", "surrogatepass"))
+
+
 def count_items(data: bytes | bytearray, limit: int) -> int:
     """An upper bound on the values in a JSON text, exact enough to compare with ``limit``.
 
@@ -390,7 +445,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_items: int | None = None
         paused = gc.isenabled()
         gc.disable()
         try:
-            message = json.loads(raw, object_hook=_untag)
+            message = _parse(raw)
         finally:
             if paused:
                 gc.enable()
