@@ -188,14 +188,13 @@ class ProcessBackend:
                 # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
                 await self.discard()
                 raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
+        cpu_after = stat.cpu_seconds() if stat is not None else None
+        cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+        peak = stat.peak_rss() if stat is not None else None
         try:
-            result = _run_result(reply, limits, calls, blob)
+            result = _run_result(reply, limits, calls, blob, cpu_time_s=cpu, peak_memory_bytes=peak)
         except (MalformedMessage, ValueError, TypeError) as exc:
             raise await self._malformed("run", exc) from None
-        if stat is not None:
-            cpu_after = stat.cpu_seconds()
-            cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
-            result = dataclasses.replace(result, cpu_time_s=cpu, peak_memory_bytes=stat.peak_rss())
         if cancelled:
             raise RunCancelled(result)
         return result
@@ -396,8 +395,16 @@ def _artifacts(reply: dict[str, Any], limits: Limits, blob: bytearray) -> tuple[
     return tuple(found)
 
 
-def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall], blob: bytearray) -> RunResult:
-    """The `RunResult` in a worker's ``ran`` reply, with the artifacts in its blob.
+def _run_result(
+    reply: dict[str, Any],
+    limits: Limits,
+    calls: list[HostCall],
+    blob: bytearray,
+    *,
+    cpu_time_s: float | None = None,
+    peak_memory_bytes: int | None = None,
+) -> RunResult:
+    """The `RunResult` in a worker's ``ran`` reply, with the artifacts in its blob and the host's usage readings.
 
     Raises:
         MalformedMessage: The reply is not one.
@@ -427,6 +434,8 @@ def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall], bl
         namespace_summary=str(reply.get("namespace_summary") or "")[:MAX_SUMMARY_CHARS],
         assigned=tuple(str(name)[:MAX_ASSIGNED_CHARS] for name in assigned),
         files=_artifacts(reply, limits, blob),
+        cpu_time_s=cpu_time_s,
+        peak_memory_bytes=peak_memory_bytes,
     )
 
 
