@@ -71,3 +71,25 @@ def test_the_host_serves_a_sync_host_function_in_the_requests_own_task(pool: Poo
         code = "import asyncio\nsum(await asyncio.gather(*(record_async(i) for i in range(5))))"
         assert session.feed_run(code, external_lookup={"record_async": record_async}) == 10
         assert len({id(task) for task in seen}) == 5  # gathered async calls each run in a task of their own
+
+
+def test_the_host_registers_the_channel_with_its_event_loop_once_for_a_run_of_many_frames() -> None:
+    """Waiting for each of a run's frames does not register and remove the channel again (two epoll_ctl each)."""
+    from snapcell import AsyncPool
+
+    async def scenario() -> list[int]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            await session.feed_run("1")
+            loop = asyncio.get_running_loop()
+            added: list[int] = []
+            real = loop._add_reader  # type: ignore[attr-defined]
+            loop._add_reader = lambda fd, *args: added.append(fd) or real(fd, *args)  # type: ignore[attr-defined]
+            try:
+                total = await session.feed_run("sum(double(i) for i in range(20))", external_lookup={"double": double})
+            finally:
+                del loop._add_reader  # type: ignore[attr-defined]
+            assert total == 380
+            return added
+
+    added = asyncio.run(scenario())
+    assert len(added) <= 1, added  # 21 frames from the worker (20 calls and the reply)
