@@ -539,6 +539,9 @@ class WorkerProcess:
             self._unwatch()
             self._sock.close()
             self._sock = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # a read in progress finds the channel closed, rather than waiting for ever
         if self.stat is not None:
             self.stat.close()
         if self._stderr is not None:

@@ -93,3 +93,32 @@ def test_the_host_registers_the_channel_with_its_event_loop_once_for_a_run_of_ma
 
     added = asyncio.run(scenario())
     assert len(added) <= 1, added  # 21 frames from the worker (20 calls and the reply)
+
+
+def test_a_request_waiting_for_its_reply_ends_when_its_worker_is_killed() -> None:
+    import dataclasses
+
+    from snapcell import Limits
+    from snapcell.runner._procbackend import ProcessBackend
+    from snapcell.runner._process import _Died
+    from snapcell.runner._workerpool import WorkerPool
+
+    async def scenario() -> BaseException | None:
+        workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)
+        backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
+        try:
+            await backend.start()
+            worker = backend.worker
+            assert worker is not None
+            message = {"op": "run", "code": "while True:\n    pass", "limits": dataclasses.asdict(Limits())}
+            request = asyncio.ensure_future(worker.request(message))
+            while worker._waiter is None:  # the request is sent and waits for its reply
+                await asyncio.sleep(0.01)
+            await worker.kill()
+            # A guard against a hang only: the request ends as soon as the kill closes the channel.
+            done, _ = await asyncio.wait({request}, timeout=60)
+            return request.exception() if done else None
+        finally:
+            await workers.close()
+
+    assert isinstance(asyncio.run(scenario()), _Died)
