@@ -31,6 +31,8 @@ from snapcell.runner._wire import (
 
 __all__ = ["Channel", "WorkerBridge"]
 
+_READ_CHUNK = 64 * 1024
+
 _WAIT_SLICE_S = 0.05
 
 
@@ -43,6 +45,8 @@ class Channel:
         # Frames are read by whichever thread needs one (the main thread between requests and in a run's
         # event loop, a thread waiting for a host-function result); one at a time.
         self.receive_lock = threading.Lock()
+        # Bytes a read brought beyond the frame it was for (the start of the next ones).
+        self._buffered = bytearray()
 
     def send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
         self.send_payload(encode(message), *parts)
@@ -56,15 +60,42 @@ class Channel:
                     self._sock.sendall(part)
 
     def _read_exactly(self, size: int) -> bytearray:
-        buf = bytearray(size)
-        view = memoryview(buf)
-        got = 0
-        while got < size:
-            n = self._sock.recv_into(view[got:])
-            if n == 0:
-                raise EOFError
-            got += n
-        return buf
+        """The next ``size`` bytes: from what a read brought beyond the last frame, then from the socket.
+
+        Small frames come with one ``recv`` for header and body (and whatever follows them); a large one is read
+        straight into its own buffer.
+        """
+        buffered = self._buffered
+        if len(buffered) < size:
+            if size - len(buffered) > _READ_CHUNK:
+                out = bytearray(size)
+                got = len(buffered)
+                out[:got] = buffered
+                buffered.clear()
+                view = memoryview(out)
+                while got < size:
+                    n = self._sock.recv_into(view[got:])
+                    if n == 0:
+                        raise EOFError
+                    got += n
+                return out
+            while len(buffered) < size:
+                chunk = self._sock.recv(_READ_CHUNK)
+                if not chunk:
+                    raise EOFError
+                buffered += chunk
+        out = buffered[:size]
+        del buffered[:size]
+        return out
+
+    def has_frame(self) -> bool:
+        """Whether a whole frame has been read already (and the socket may say nothing more is coming)."""
+        buffered = self._buffered
+        if len(buffered) < FRAME.size:
+            return False
+        size, blob_size = FRAME.unpack_from(buffered)
+        whole: int = FRAME.size + size + blob_size
+        return len(buffered) >= whole
 
     def fileno(self) -> int:
         """The socket's descriptor."""
@@ -72,7 +103,7 @@ class Channel:
 
     def readable(self, timeout_s: float) -> bool:
         """Whether a frame has started to arrive within ``timeout_s``."""
-        return bool(select.select([self._sock], [], [], timeout_s)[0])
+        return bool(self._buffered) or bool(select.select([self._sock], [], [], timeout_s)[0])
 
     def receive(self) -> tuple[dict[str, Any], bytearray]:
         """Read one frame (the host sends each frame whole, so a frame that has started arrives promptly)."""
@@ -177,13 +208,17 @@ class WorkerBridge:
         try:
             if not self._channel.readable(timeout_s):
                 return
-            message, _ = self._channel.receive()
+            messages = [self._channel.receive()[0]]
+            # Frames a read brought along are taken now: the loop calls this only when the socket is readable.
+            while self._channel.has_frame():
+                messages.append(self._channel.receive()[0])
         except (EOFError, OSError, ValueError):
             os._exit(0)
         finally:
             self._channel.receive_lock.release()
-        if message.get("op") == "result":
-            self.deliver(message)
+        for message in messages:
+            if message.get("op") == "result":
+                self.deliver(message)
 
 
 def _settle(future: asyncio.Future[dict[str, Any]], message: dict[str, Any]) -> None:
