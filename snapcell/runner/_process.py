@@ -325,11 +325,21 @@ class WorkerProcess:
 
     def _on_readable(self) -> None:
         waiter, self._waiter = self._waiter, None
-        if waiter is None:
-            # Nobody is reading now: the loop would call again on every turn until someone does.
-            self._unwatch()
-        elif not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+            return
+        # Nobody waits. Usually the report is stale (the woken reader took the bytes since the loop polled); if
+        # bytes (or the end of the channel) are really there, stop watching, or the loop calls again every turn.
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                pass
+        self._unwatch()
 
     def _unwatch(self) -> None:
         loop, self._watching = self._watching, None
