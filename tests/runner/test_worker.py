@@ -448,3 +448,13 @@ def test_a_synchronous_cell_creates_no_task_and_runs_no_event_loop_in_the_worker
         )
         assert session.feed_run("t.cancelled()") is True
         assert session.feed_run(_LOOP_COUNTS)[0] == 2
+
+
+def test_finished_async_cells_leave_no_tasks_alive_in_the_worker(open_pool: Pool) -> None:
+    """Every run asks asyncio for all tasks alive; finished cells must not keep theirs (through their watchdogs)."""
+    with open_pool.checkout() as session:
+        session.feed_run("import asyncio, gc")
+        for _ in range(100):
+            session.feed_run("await asyncio.sleep(0)")
+        alive = session.feed_run("sum(isinstance(o, asyncio.Task) for o in gc.get_objects())")
+    assert alive <= 3, alive
