@@ -181,7 +181,10 @@ class WorkerBridge:
         future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
 
         def deliver(message: dict[str, Any]) -> None:
-            self._loop.call_soon_threadsafe(_settle, future, message)
+            if asyncio.events._get_running_loop() is self._loop:  # read in the loop's own thread: no wake-up needed
+                self._loop.call_soon(_settle, future, message)
+            else:  # a sync host call made from a thread of the script read it
+                self._loop.call_soon_threadsafe(_settle, future, message)
 
         call_id = self._request(name, args, kwargs, deliver)
         try:
