@@ -34,15 +34,29 @@ class PendingCall:
 
 
 def call_host(
-    message: dict[str, Any], lookup: Mapping[str, Callable[..., Any]], calls: list[HostCall] | None
+    message: dict[str, Any],
+    lookup: Mapping[str, Callable[..., Any]],
+    calls: list[HostCall] | None,
+    traced: dict[str, Callable[..., Any] | None] | None = None,
 ) -> dict[str, Any] | PendingCall:
     """Call the host function a (checked) call frame names: the ``result`` reply, or what is left to await.
 
     A failure of the function, or a value that is not plain data, becomes an error in the reply (for the script,
     which may catch it); it is logged for the application.
+
+    Args:
+        message: The call frame.
+        lookup: The run's host functions.
+        calls: Where the call is recorded.
+        traced: The run's host functions as wrapped for tracing so far, by name (each call still gets its span).
     """
     name = str(message.get("name"))
-    func = trace_host_function(name, lookup.get(name))
+    if traced is None:
+        func = trace_host_function(name, lookup.get(name))
+    elif name in traced:
+        func = traced[name]
+    else:
+        func = traced[name] = trace_host_function(name, lookup.get(name))
     start = time.perf_counter()
     reply: dict[str, Any] = {"op": "result", "id": message.get("id")}
     try:

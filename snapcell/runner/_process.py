@@ -413,6 +413,7 @@ class WorkerProcess:
         if self._rend != self._rstart:
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
+        traced: dict[str, Callable[..., Any] | None] = {}
         try:
             async with _deadline(timeout_s, self):
                 await self._send(message, *parts)
@@ -425,7 +426,7 @@ class WorkerProcess:
                             await self._refuse("it sent a host-function call outside a run")
                         else:
                             await self._admit_call(reply, size, calls_budget, counter)
-                        served = call_host(reply, lookup or {}, calls)
+                        served = call_host(reply, lookup or {}, calls, traced)
                         if isinstance(served, PendingCall):  # an async function: awaited alongside the others
                             task = asyncio.ensure_future(self._finish_call(served, calls))
                             tasks.add(task)
