@@ -123,13 +123,16 @@ class WorkerBridge:
         self._loop = loop
         self._budget = CallBudget(limits.max_host_calls)
         self._limits = limits
+        # The run's limits do not change while it runs: what they allow a call is worked out once.
+        self._items = value_items(limits)
+        self._call_budget = reply_budget("call", limits)
         self._next_id = 0
         self._lock = threading.Lock()
         self._waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._budget.admit(name, available=name in self._host)
-        items = value_items(self._limits)
+        items = self._items
         try:
             plain_args, plain_kwargs = to_plain(list(args), max_items=items), to_plain(kwargs, max_items=items)
         except NotPlainData as exc:
@@ -145,7 +148,7 @@ class WorkerBridge:
         payload = encode({"op": "call", "id": call_id, "name": name, "args": args, "kwargs": kwargs})
         # The host refuses (and kills the worker for) a call frame over its budget: refuse it here first.
         limit = self._limits.max_value_bytes
-        budget = reply_budget("call", self._limits)
+        budget = self._call_budget
         if (limit is not None and len(payload) > limit) or count_items(payload, budget.items) > budget.items:
             raise OutputLimitExceeded(
                 f"the arguments of host function {name}() are larger than Limits.max_value_bytes ({limit:,} bytes)",
