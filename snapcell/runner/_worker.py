@@ -101,8 +101,6 @@ class Worker:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.bridge: WorkerBridge | None = None
-        # Runs that needed the event loop (a cell that awaits); a synchronous cell adds none (see `drive`).
-        self.loop_runs = 0
         self._limits_plain: dict[str, Any] | None = None
         self._limits_run = runner.limits
         # The host cancels a run with SIGUSR1 (and a "cancel" frame, skipped when read): no thread reads the channel
@@ -305,7 +303,6 @@ class Worker:
             return result
         finally:
             asyncio.events._set_running_loop(None)
-        self.loop_runs += 1
         # Results of async host calls are read by the run's own event loop when they arrive.
         self.loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
         try:
