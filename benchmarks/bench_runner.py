@@ -10,7 +10,8 @@ Side by side in one event loop, alternating every repetition, with the same scri
   round trip alone.
 - ``full_turn``: checkout, load the previous state, run a small script, dump, check in. snapcell signs and
   stores its checkpoint in a memory store; monty keeps its dump bytes in the host (no signing, no store).
-- ``cold_start``: a new pool to the first result of ``feed_run("1+1")``, then closing it.
+- ``cold_start``: a new pool to the first result of ``feed_run("1+1")``, then closing it, with no other pool open;
+  ``cold_start_2nd_pool``: the same while another pool of the method is open (snapcell's pools share its zygote).
 - Memory: resident memory of a fresh host process with one session open, and of its worker, measured in a
   child process per method (RSS from ``/proc``; snapcell's worker reports its own in ``RunResult.memory_bytes``).
 
@@ -75,6 +76,7 @@ METRICS = (
     "host_call_each",
     "full_turn",
     "cold_start",
+    "cold_start_2nd_pool",
 )
 
 
@@ -208,6 +210,9 @@ async def measure(quick: bool) -> dict[str, dict[str, list[float]]]:
         floor = PlainExec()
         trials = {m.name: m.trial for m in found} | {floor.name: floor.trial}
         samples = await alternate_async(trials, QUICK_REPS if quick else REPS, warmup=WARMUP)
+        second = await alternate_async({m.name: m.cold_start for m in found}, QUICK_COLD_REPS if quick else COLD_REPS)
+    for name, metrics in second.items():
+        samples[name]["cold_start_2nd_pool"] = metrics["cold_start"]
     cold = await alternate_async({m.name: m.cold_start for m in found}, QUICK_COLD_REPS if quick else COLD_REPS)
     for name, metrics in cold.items():
         samples[name].update(metrics)

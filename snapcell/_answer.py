@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.runner import DEFAULT_MODULES, HostCall, Policy, RunResult
+from snapcell.runner._runner import DROPPED_PREFIX, dropped_note
+from snapcell.runner._wire import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
 from snapcell.storage import TurnRecord
 
 __all__ = [
@@ -18,7 +22,9 @@ __all__ = [
     "lost_note",
     "modules_text",
     "cut_answer",
+    "dropped_in_turn",
     "render_answer",
+    "without_dropped_notes",
     "replayed",
     "stub_signatures",
     "tool_signatures",
@@ -128,6 +134,35 @@ def _memory_note(result: RunResult) -> str:
         return ""
     used = f"the session uses {result.memory_bytes / 2**20:,.0f} MiB; " if result.memory_bytes else ""
     return f"{used}{result.namespace_summary}"
+
+
+def dropped_in_turn(manifest: Manifest | None, before: Collection[str], result: RunResult) -> str | None:
+    """The note naming what this turn's dump did not save and the turn's answer has not said yet (None: nothing).
+
+    A variable the checkpoint this turn started from had dropped already (it is still alive in a warm session) is
+    named again only when the run assigned it a new value.
+
+    Args:
+        manifest: The manifest of this turn's dump.
+        before: Names the checkpoint this turn started from had dropped.
+        result: The turn's run (for the names it assigned).
+    """
+    if manifest is None or not manifest.dropped:
+        return None
+    assigned = set(result.assigned)
+    unknown = len(result.assigned) >= MAX_ASSIGNED  # the list was cut: any name may have been assigned
+    new = [
+        d
+        for d in manifest.dropped
+        if d.name not in before or unknown or d.name in assigned or d.name[:MAX_ASSIGNED_CHARS] in assigned
+    ]
+    return dropped_note(new) if new else None
+
+
+def without_dropped_notes(result: RunResult) -> RunResult:
+    """``result`` without the run's notes on what an earlier dump dropped: the answer of that dump's turn said it."""
+    notes = tuple(note for note in result.notes if not note.startswith(DROPPED_PREFIX))
+    return result if notes == result.notes else dataclasses.replace(result, notes=notes)
 
 
 def stub_signatures(stubs: str) -> list[str]:

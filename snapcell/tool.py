@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from snapcell._answer import (
     MIN_ANSWER_CHARS,
     cut_answer,
+    dropped_in_turn,
     lost_note,
     modules_text,
     render_answer,
@@ -28,6 +29,7 @@ from snapcell._answer import (
     stub_signatures,
     tool_call_arguments,
     tool_signatures,
+    without_dropped_notes,
 )
 from snapcell._lease import TurnLeases
 from snapcell._telemetry import conversation_context
@@ -51,7 +53,6 @@ from snapcell.errors import (
 from snapcell.pool import AsyncPool, Pool
 from snapcell.runner import Limits, RunResult
 from snapcell.runner._host import validate_lookup
-from snapcell.runner._runner import dropped_note
 from snapcell.session import AsyncSession
 from snapcell.storage import (
     AsyncHeads,
@@ -331,10 +332,12 @@ class CodeTool:
                 history: tuple[bytes, ...] = (at, *start.history)
             else:
                 history = await self._load(session, start, notes)
+            dropped_before = frozenset(d.name for d in session.manifest.dropped) if session.manifest else frozenset()
             try:
-                result = await session.run(code, external_lookup=self.tools, setup=setup)
+                # The answer of the turn whose dump dropped a variable named it; the run would name it again.
+                result = without_dropped_notes(await session.run(code, external_lookup=self.tools, setup=setup))
             except RunCancelled as exc:
-                result, cancelled = exc.result, exc
+                result, cancelled = without_dropped_notes(exc.result), exc
                 if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
                     if conversation is not None:
                         count_run(conversation, result)
@@ -358,6 +361,7 @@ class CodeTool:
                     owner,
                     turn_id,
                     conversation,
+                    dropped_before=dropped_before,
                     on_dumped=lambda new_id: warm.dumped(new_id, result.memory_bytes),
                 )
             )
@@ -386,6 +390,7 @@ class CodeTool:
         turn_id: str,
         conversation: Conversation | None,
         *,
+        dropped_before: frozenset[str] = frozenset(),
         on_dumped: Callable[[bytes], None] | None = None,
     ) -> str:
         """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
@@ -393,8 +398,9 @@ class CodeTool:
             new_id = await session.dump()
             if on_dumped is not None:
                 on_dumped(new_id)
-            if session.manifest is not None and session.manifest.dropped:
-                notes.append(dropped_note(session.manifest))  # this turn's answer says what was not saved
+            dropped = dropped_in_turn(session.manifest, dropped_before, result)
+            if dropped is not None:
+                notes.append(dropped)  # this turn's answer says what was not saved
         except WorkspaceQuotaExceeded as exc:
             notes.append(f"{exc}; this call was not saved: the next call starts from the state before it")
             if conversation is not None:

@@ -44,7 +44,7 @@ def test_storage_imports_only_storage_errors_and_telemetry() -> None:
 
 def test_nothing_below_the_cli_imports_it() -> None:
     for name, imported in _graph().items():
-        if name.startswith("snapcell.cli") or name in ("snapcell", "snapcell.__main__"):  # entry points, re-export
+        if name.startswith("snapcell.cli") or name == "snapcell.__main__":  # the entry points
             continue
         assert not {m for m in imported if m.startswith("snapcell.cli")}, f"{name} imports the CLI"
 

@@ -446,6 +446,22 @@ def test_setup_cells_rebuild_variables_that_could_not_be_saved(pool: Pool) -> No
     assert any("1 setup cell was run again" in note for note in result.notes)
 
 
+def test_the_next_run_names_a_dropped_variable_once(session: Session) -> None:
+    """A live session dumped each turn names an unsaveable variable after the dump that dropped it, not later."""
+
+    def dropped_notes(code: str) -> list[str]:
+        notes = [note for note in session.run(code).notes if note.startswith("not saved in the checkpoint")]
+        session.dump()
+        return notes
+
+    assert dropped_notes("g = (i for i in range(3))") == []
+    assert ["g (generator)" in note for note in dropped_notes("x = 1")] == [True]
+    assert dropped_notes("x + 1") == []  # g is still there, unchanged, and still not saved
+    assert dropped_notes("g = (i for i in range(2))") == []
+    assert ["g (generator)" in note for note in dropped_notes("x")] == [True]  # a new value: named again
+    assert dropped_notes("x") == []
+
+
 def test_guarded_stand_ins_survive_a_checkpoint(pool: Pool) -> None:
     """Stand-ins the policy hands scripts (attrgetter, Formatter) pickle by reference and load back, not dropped."""
     with pool.checkout() as first:

@@ -133,3 +133,21 @@ def test_the_lost_worker_note_is_short_and_names_no_setting(
 
 def test_plain_host_values_still_arrive(tool: SyncCodeTool) -> None:
     assert tool.run_code("c-ok", "charge_card(12)") == "'charged 12'"
+
+
+@pytest.mark.parametrize("keep_warm_s", [0.0, 60.0])
+def test_a_dropped_variable_is_named_once_unless_assigned_again(pool: Pool, keep_warm_s: float) -> None:
+    """The turn that makes an unsaveable value says so; later turns repeat it only for a new such value."""
+    tool = SyncCodeTool(pool, heads=MemoryHeads(), keep_warm_s=keep_warm_s)
+    try:
+        first = tool.run_code("c", "g = (i for i in range(3))\nkept = 1")
+        assert "not saved in the checkpoint" in first and "g (generator)" in first
+        assert "not saved" not in tool.run_code("c", "kept + 1")
+        assert "not saved" not in tool.run_code("c", "other = 2")
+        again = tool.run_code("c", "g = (i for i in range(2))")
+        assert "g (generator)" in again
+        inside = tool.run_code("c", "box = [kept, (i for i in range(2))]")  # a new drop, though not a new name
+        assert "box (list)" in inside and "g (generator)" not in inside
+        assert "not saved" not in tool.run_code("c", "kept")
+    finally:
+        tool.close()

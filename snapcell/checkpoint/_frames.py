@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from snapcell.checkpoint._stdvalues import keeps_identity
+
 __all__ = [
     "CHUNK_ITEMS",
     "PART_BYTES",
@@ -115,6 +117,8 @@ def _identity_matters(obj: object, namespace: dict[str, Any]) -> bool:
     if isinstance(obj, _CONTAINERS):
         return True
     cls = type(obj)
+    if keeps_identity(cls):
+        return True
     module = cls.__module__
     return module == "__main__" or (module.split(".")[0], cls.__name__) in _DATA_TYPES
 

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import io
 import pickle
+import re
 import reprlib
 import sys
 import types
@@ -51,6 +52,7 @@ from snapcell.checkpoint._frames import (
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._scan import scan_pickle
+from snapcell.checkpoint._stdvalues import std_reducers
 from snapcell.errors import UnpicklableValue
 
 __all__ = ["FRAME_BLOB_BYTES", "Dumped", "TrialLoad", "dump_namespace"]
@@ -146,8 +148,16 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         # loads as the restored namespace makes restored functions share it. (Not persistent_id: the pickler would
         # call it for every object, which triples the time to dump a list of a million ints.)
         self.globals_ref[id(namespace)] = _NAMESPACE_TOKEN
+        self._std_reducers = std_reducers()
 
     def reducer_override(self, obj: object) -> Any:
+        if isinstance(obj, re.Pattern):
+            # The stdlib's copyreg reducer names the private ``re._compile``, which the checkpoint rule refuses;
+            # ``re.compile`` is public API of an allowed module, given plain data (fid-ckpt, issue 14).
+            return re.compile, (obj.pattern, obj.flags)
+        std = self._std_reducers.get(type(obj))
+        if std is not None:
+            return std(obj)
         if isinstance(obj, functools._lru_cache_wrapper):
             params = obj.cache_parameters()
             return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])

@@ -16,8 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from snapcell.checkpoint._stdvalues import VALUE_HELPERS, value_call_refusal
+
 __all__ = [
+    "ALIASES",
+    "CLASS_DUNDERS",
     "HELPERS",
+    "NAMES_ONLY",
     "PLAIN",
     "TYPE_CALL",
     "GlobalRule",
@@ -144,10 +149,41 @@ HELPERS: dict[tuple[str, str], str] = {
     ("pandas._libs.tslibs.timedeltas", "_timedelta_unpickle"): PLAIN,
     ("pandas._libs.tslibs.nattype", "__nat_unpickle"): PLAIN,
 }  # fmt: skip
+# Standard-library values kept as plain data (asyncio primitives and queues, StringIO/BytesIO, ZoneInfo): each
+# helper's arguments are checked by `snapcell.checkpoint._stdvalues.value_call_refusal`.
+HELPERS.update(VALUE_HELPERS)
+_VALUE_KINDS = frozenset(VALUE_HELPERS.values())
 
 # Modules whose names are only reachable through HELPERS: a serializer's module holds `os`, `sys` and eval-like
 # helpers (``dill._dill`` plus ``"os.mkdir"``), and snapcell's own modules are not script API.
-_SERIALIZER_MODULES = ("cloudpickle", "dill", "copyreg", "pickle", "_pickle", "copy", "snapcell", "pickletools")
+_SERIALIZER_MODULES = ("cloudpickle", "dill", "copyreg", "pickle", "_pickle", "snapcell", "pickletools")
+
+# ---------------------------------------------------------------- fid-ckpt: ordinary values' globals (issue 14)
+# Each entry below widens the rule for one global an ordinary value's pickle needs; each is covered by an attack
+# stream in tests/checkpoint/test_rule_widened.py that the host's scan and the loader both refuse.
+
+# Modules a script imports whose other public names are serializer machinery: exactly these names may be named.
+# ``copy`` (a script's ``import copy`` pickles as ``subimport('copy')``) also exposes ``copy.dispatch_table``,
+# copyreg's table of reducers, which a checkpoint could fill with its own functions for every later dump and copy
+# in the process (module views hide it too), and Python 3.13's ``copy.replace``, which reads fields by name like
+# ``dataclasses.replace``; ``copy._reconstruct`` is a generic reconstructor and stays out as a private name.
+NAMES_ONLY: dict[str, frozenset[str]] = {"copy": frozenset({"copy", "deepcopy", "Error", "error"})}
+# A C accelerator's name for a public function of its allowed pure module, which pickle records by ``__module__``
+# (``typing.Optional[int]`` pickles as ``_operator.getitem(typing.Union, (int, NoneType))``). The alias stands for
+# its public twin exactly: allowed only when the twin is, so no other name of ``_operator`` becomes reachable.
+ALIASES: dict[tuple[str, str], tuple[str, str]] = {("_operator", "getitem"): ("operator", "getitem")}
+# Dunder methods a class's dict may hold by reference (a str-mixin ``Enum`` gets ``enum.Enum.__format__``,
+# ``__repr__`` and ``__str__`` copied into its class dict, and ``str.__repr__`` as ``getattr(str, '__repr__')``):
+# as the last part of a dotted global below a class, or read by the ``getattr`` helper (`PRIVATE_OK`). Each returns
+# text or a new instance; none hands out an object's internals or changes it (unlike ``__reduce_ex__``,
+# ``__subclasses__``, ``__init__``, ``__init_subclass__``, ``__getattribute__`` or ``__setattr__``, left out).
+CLASS_DUNDERS = frozenset({"__new__", "__format__", "__repr__", "__str__"})
+# Pure builtins a checkpoint may name (``functools.partial(pow, 2)``): each does nothing ``operator``'s and
+# ``math``'s public functions, already nameable, do not; each only calls the operators of the values it is given,
+# and none reads attributes by name, imports, or evaluates text. ``min``/``max``/``sum`` return one of the values
+# given, so the scanner treats them as lookups (no BUILD on their result).
+PURE_BUILTINS = frozenset({"abs", "pow", "divmod", "round", "min", "max", "sum", "len", "sorted", "any", "all"})
+# ---------------------------------------------------------------- end fid-ckpt
 # Plain builtins a checkpoint may name (types and constants the pickle protocol itself uses).
 SAFE_BUILTINS = frozenset(
     {
@@ -155,9 +191,10 @@ SAFE_BUILTINS = frozenset(
         "object", "property", "range", "set", "slice", "staticmethod", "str", "tuple", "NotImplemented",
         "Ellipsis", "memoryview", "enumerate", "zip", "map", "filter", "reversed",
     }
-)  # fmt: skip
-# Private names a class may be pickled through: its own ``__new__`` (``enum.Enum.__new__`` in every Enum subclass).
-PRIVATE_OK = frozenset({"__new__"})
+) | PURE_BUILTINS  # fmt: skip
+# Private names the ``getattr`` helper may read: a class's own ``__new__`` (``enum.Enum.__new__`` in every Enum
+# subclass) and the text methods of `CLASS_DUNDERS` (a str-mixin Enum's dict holds ``getattr(str, '__repr__')``).
+PRIVATE_OK = CLASS_DUNDERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +271,10 @@ def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule)
     rule = as_rule(rule)
     if (module, name) in HELPERS or (module, name) in rule.stand_ins:
         return None
+    if (module, name) in ALIASES:
+        return global_refusal(*ALIASES[(module, name)], rule)
+    if module in NAMES_ONLY and name not in NAMES_ONLY[module]:
+        return "a name of a module whose other names are serializer machinery"
     if module == "builtins":
         if name in SAFE_BUILTINS or _is_builtin_exception(name):
             return None
@@ -247,7 +288,7 @@ def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule)
     for position, part in enumerate(parts):
         if not part.isidentifier():
             return "not a qualified name"
-        if _private(part) and not (part in PRIVATE_OK and position == len(parts) - 1 and position > 0):
+        if _private(part) and not (part in CLASS_DUNDERS and position == len(parts) - 1 and position > 0):
             return "a private name"
     if len(parts) > 1:
         return _dotted_refusal(module, parts)
@@ -267,6 +308,8 @@ def _dotted_refusal(module: str, parts: list[str]) -> str | None:
             return "a name that does not exist"
         if isinstance(target, types.ModuleType):
             return "a path through another module"
+    if _private(parts[-1]) and not isinstance(target, type):
+        return "a dunder method of something other than a class"
     return None
 
 
@@ -304,6 +347,8 @@ def call_refusal(kind: str, args: object, rule: GlobalRule | AllowModule) -> str
         if len(args) == 1 and (args[0] is None or args[0] is NotImplemented or args[0] is Ellipsis):
             return None
         return "type() of an object other than None, NotImplemented or Ellipsis"
+    if kind in _VALUE_KINDS:
+        return value_call_refusal(kind, args, rule.allow_module)
     return "an unknown helper"
 
 

@@ -12,6 +12,7 @@ the stack and the memo, anything else is opaque, and what it cannot prove safe i
 from __future__ import annotations
 
 import bisect
+import functools
 import pickletools
 import re
 import struct
@@ -20,7 +21,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from snapcell.checkpoint._rule import (
+    ALIASES,
+    ATTR_ARG,
     HELPERS,
+    MODULE_ARG,
     PLAIN,
     TYPE_CALL,
     AllowModule,
@@ -49,8 +53,29 @@ class _Opaque:
 OPAQUE: Final = _Opaque()
 # A value that may be an object that existed before the load (what a lookup returned): never given state.
 FOREIGN: Final = _Opaque()
-# Calls that hand back existing objects rather than making new ones.
-_LOOKUPS = frozenset({("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce")})
+
+
+class _ModuleRef(_Opaque):
+    """What a module-importing helper called with a constant name returns: a module, foreign like a lookup.
+
+    Reading an attribute of it through the ``getattr`` helper is naming the global ``module.attribute``, so the
+    rule for globals applies (``getattr(subimport('copy'), 'dispatch_table')`` is ``copy.dispatch_table``).
+    """
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+
+# Calls that hand back existing objects rather than making new ones (``min((JSONEncoder,))`` is the class itself, and
+# so is ``copy.copy`` of a class).
+_LOOKUPS = frozenset(
+    {
+        ("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce"),
+        ("builtins", "min"), ("builtins", "max"), ("builtins", "sum"), ("copy", "copy"), ("copy", "deepcopy"),
+    }
+)  # fmt: skip
 # cloudpickle's state setters: (obj, state) for an object the stream made.
 _SETSTATE = frozenset(
     {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}
@@ -107,11 +132,17 @@ def _length_prefixed() -> bytes:
     return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
 
 
-_SIZED = _length_prefixed()
-_TOKEN = rb"K.|M..|J....|G.{8}|\x88|\x89|N|h.|j....|\x94|\x8c" + _SIZED + rb"|C" + _SIZED + rb"|\]|\}|\)|\x8f|\x95.{8}"
-_RECORD = rb"(?:\]|\}|\x8f)\x94?\((?:" + _TOKEN + rb")*[eu\x90]"
-_FLAT_GROUP = re.compile(rb"\((?:" + _RECORD + rb"|" + _TOKEN + rb")*[eu\x90]", re.DOTALL)
-_GROUP_TOKENS = re.compile(rb"(\x94)|\(|[eu\x90]|" + _TOKEN, re.DOTALL)
+@functools.cache
+def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
+    every worker pays before its first run, while only a dump or a load scans)."""
+    sized = _length_prefixed()
+    token = rb"K.|M..|J....|G.{8}|\x88|\x89|N|h.|j....|\x94|\x8c" + sized + rb"|C" + sized + rb"|\]|\}|\)|\x8f|\x95.{8}"
+    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
+    flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
+    return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
+
+
 _MAX_LAZY = 1 << 20
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
@@ -188,7 +219,7 @@ class _Scanner:
             return OPAQUE
         index = first
         last: object = OPAQUE
-        for token in _GROUP_TOKENS.finditer(self.data, start, stop):
+        for token in _group_patterns()[1].finditer(self.data, start, stop):
             code = self.data[token.start()]
             if code == 0x94:
                 if index == key:
@@ -207,6 +238,7 @@ class _Scanner:
         problem = global_refusal(module, name, self.rule)
         if problem is not None:
             raise _Refused(module, name, problem)
+        module, name = ALIASES.get((module, name), (module, name))  # the loader resolves the public twin
         return _Global(module, name, HELPERS.get((module, name), PLAIN))
 
     def _call(self, func: object, args: object, how: str) -> None:
@@ -214,8 +246,20 @@ class _Scanner:
             if how != "call":
                 raise _Refused(func.module, func.name, f"a helper that takes names, used through {how}")
             problem = call_refusal(func.kind, args, self.rule)
+            if problem is None and func.kind == ATTR_ARG and isinstance(args, tuple) and type(args[0]) is _ModuleRef:
+                problem = global_refusal(args[0].module, args[1], self.rule)
             if problem is not None:
                 raise _Refused(func.module, func.name, f"called with {_show(args)}: {problem}")
+
+    @staticmethod
+    def _result(func: object, args: object) -> object:
+        """What a REDUCE pushes: a module for a module helper called with a constant, else foreign or opaque."""
+        if not isinstance(func, _Global):
+            return FOREIGN  # a callable the stream computed may return anything
+        if func.kind == MODULE_ARG and isinstance(args, tuple) and args and isinstance(args[0], str):
+            return _ModuleRef(args[0])
+        lookup = func.kind != PLAIN or (func.module, func.name) in _LOOKUPS
+        return FOREIGN if lookup else OPAQUE
 
     def run(self) -> None:
         data = self.data
@@ -250,8 +294,9 @@ class _Scanner:
         op = 0
         number_run = _NUMBER_RUN.match
         number_token = _NUMBER_TOKEN
-        flat_group = _FLAT_GROUP.match
-        group_tokens = _GROUP_TOKENS.findall
+        flat_pattern, group_pattern = _group_patterns()
+        flat_group = flat_pattern.match
+        group_tokens = group_pattern.findall
         memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
         missing = _MISSING
         try:
@@ -402,13 +447,9 @@ class _Scanner:
             func = stack.pop()
             self._call(func, args, "call")
             _no_helpers(args if isinstance(args, tuple) else ())
-            if isinstance(func, _Global):
-                if (func.module, func.name) in _SETSTATE:
-                    _check_target(args[0] if isinstance(args, tuple) and args else FOREIGN, "its state setter")
-                lookup = func.kind != PLAIN or (func.module, func.name) in _LOOKUPS
-            else:
-                lookup = True  # a callable the stream computed may return anything
-            stack.append(FOREIGN if lookup else opaque)
+            if isinstance(func, _Global) and (func.module, func.name) in _SETSTATE:
+                _check_target(args[0] if isinstance(args, tuple) and args else FOREIGN, "its state setter")
+            stack.append(self._result(func, args))
         elif code in (0x81, 0x92):  # NEWOBJ, NEWOBJ_EX: cls.__new__(cls, *args)
             popped = [stack.pop() for _ in range(3 if code == 0x92 else 2)]
             _no_helpers(popped[:-1])
@@ -488,7 +529,7 @@ def _check_target(target: object, how: str) -> None:
     """State may only go to objects the stream made: not to a global or what a lookup returned (a library class)."""
     if isinstance(target, _Global):
         raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
-    if target is FOREIGN:
+    if target is FOREIGN or type(target) is _ModuleRef:
         raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
 
 

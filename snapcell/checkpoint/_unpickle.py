@@ -7,7 +7,6 @@ arbitrary module. Helpers that pickles name by path stay in `_pickle` (old check
 from __future__ import annotations
 
 import functools
-import importlib
 import io
 import pickle
 import sys
@@ -26,6 +25,7 @@ from snapcell.checkpoint._blobs import (
     decode_blob,
     unpack_blob_ref,
 )
+from snapcell.checkpoint._findglobal import PICKLE_MODULE, FindGlobal, checked, make_find_global
 from snapcell.checkpoint._format import (
     Codec,
     Manifest,
@@ -35,22 +35,10 @@ from snapcell.checkpoint._format import (
 )
 from snapcell.checkpoint._pickle import (
     _NAMESPACE_PID,
-    _code_in_cell,
     _describe,
-    _rebuild_datetime_array,
-    _rebuild_lru_cache,
-    _rebuild_recursive_repr,
 )
 from snapcell.checkpoint._rule import (
     HELPERS,
-    PLAIN,
-    TYPE_CALL,
-    GlobalRule,
-    attribute_refusal,
-    call_refusal,
-    code_refusal,
-    global_refusal,
-    module_refusal,
 )
 from snapcell.errors import CheckpointCorrupt
 
@@ -61,10 +49,6 @@ __all__ = [
     "load_namespace",
     "make_find_global",
 ]
-
-# Pickles name snapcell's own reconstruction helpers by this module path.
-_PICKLE_MODULE = "snapcell.checkpoint._pickle"
-FindGlobal = Callable[[str, str], Any]
 
 
 @dataclass(slots=True)
@@ -94,7 +78,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         self._made: dict[int, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == (_PICKLE_MODULE, "_session_namespace"):
+        if (module, name) == (PICKLE_MODULE, "_session_namespace"):
             return lambda: self._namespace
         if module != "cloudpickle.cloudpickle" or name not in _TRACKED:
             return self._find_global(module, name)
@@ -174,7 +158,7 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
                 return functools.partial(_dill_create_function, builtins_table)
             if name in ("_load_type", "_create_code"):
                 return self._find_global(module, name)
-            return _checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
+            return checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
         return self._find_global(module, name)
 
 
@@ -454,136 +438,3 @@ def _assemble(ref: memoryview, raw_size: int, blobs: Mapping[str, bytes | bytear
     for digest, stored, start, expected in chunks:
         decode_blob(stored, digest=digest, into=view[start : start + expected])
     return out
-
-
-_OWN_HELPERS: dict[str, Callable[..., Any]] = {
-    "_rebuild_datetime_array": _rebuild_datetime_array,
-    "_rebuild_lru_cache": _rebuild_lru_cache,
-    "_rebuild_recursive_repr": _rebuild_recursive_repr,
-    "_code_in_cell": _code_in_cell,
-}
-
-
-def _public_getattr(obj: object, name: str, *default: object) -> Any:
-    """``getattr`` for checkpoints (enum members and ``object.__new__`` pickle through it): public names only."""
-    problem = attribute_refusal(name)
-    if problem is not None:
-        raise pickle.UnpicklingError(f"the checkpoint reads the attribute {name!r}, which is not allowed: {problem}")
-    value = getattr(obj, name, *default)
-    if isinstance(value, types.ModuleType) and not isinstance(obj, types.ModuleType):
-        raise pickle.UnpicklingError(f"the checkpoint reads the module {name!r} through an attribute")
-    return value
-
-
-def _guarded_subimport(rule: GlobalRule) -> Callable[[str], Any]:
-    def subimport(name: str, *_vars: Any) -> Any:
-        problem = module_refusal(name, rule)
-        if problem is not None:
-            raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which is not allowed: {problem}")
-        return importlib.import_module(name)
-
-    return subimport
-
-
-def _guarded_type(*args: Any) -> Any:
-    """``type`` for checkpoints: the type of None, NotImplemented or Ellipsis, or a new class (three arguments)."""
-    problem = call_refusal(TYPE_CALL, args, lambda _m: False)
-    if problem is not None:
-        raise pickle.UnpicklingError(f"the checkpoint calls type() on something it may not: {problem}")
-    return type(*args)
-
-
-def _checked(kind: str, func: Callable[..., Any], rule: GlobalRule | Callable[[str], bool]) -> Callable[..., Any]:
-    """``func`` with its name arguments checked by the rule (`call_refusal`) on every call."""
-    if kind == PLAIN:
-        return func
-
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        problem = call_refusal(kind, args, rule)
-        if problem is not None:
-            raise pickle.UnpicklingError(
-                f"the checkpoint calls {func.__name__}{args!r:.80}, which is refused: {problem}"
-            )
-        return func(*args, **kwargs)
-
-    return checked
-
-
-def _builtin_type(rule: GlobalRule, name: str) -> Any:
-    """cloudpickle's ``_builtin_type`` (the name is checked by the rule first); code objects are checked when made."""
-    if name == "CodeType":
-        return functools.partial(_checked_code, rule, types.CodeType)
-    return getattr(types, name) if hasattr(types, name) else dill._dill._load_type(name)
-
-
-def _checked_code(rule: GlobalRule, make: Callable[..., types.CodeType], *args: Any) -> types.CodeType:
-    code = make(*args)
-    problem = code_refusal(code, rule) if isinstance(code, types.CodeType) else "not a code object"
-    if problem is not None:
-        raise pickle.UnpicklingError(f"the checkpoint holds code that is refused: {problem}")
-    return code
-
-
-def make_find_global(
-    allow_module: GlobalRule | Callable[[str], bool],
-    overrides: Mapping[tuple[str, str], Any] | None = None,
-    *,
-    resolve: FindGlobal | None = None,
-) -> FindGlobal:
-    """Build the resolver the restricted unpickler uses for every global a checkpoint names.
-
-    Every global first passes `global_refusal`, the same rule the host applies before it signs (see `_scan`):
-    public names of modules ``allow_module`` accepts, plus the exact serializer helpers of ``HELPERS``. Helpers
-    that take names as data check them on every call. Then ``overrides`` (guarded stand-ins), the helpers
-    themselves, and attributes of allowed modules (``resolve``, when given, is the policy's guarded lookup).
-    Anything else is refused, so loading never imports an arbitrary module.
-    """
-    rule = allow_module if isinstance(allow_module, GlobalRule) else GlobalRule(allow_module=allow_module)
-    overrides = {
-        ("builtins", "getattr"): _public_getattr,
-        ("builtins", "type"): _guarded_type,
-        # Code objects are checked as they are made: they arrive by value and no policy check ever saw them.
-        ("cloudpickle.cloudpickle", "_builtin_type"): functools.partial(_builtin_type, rule),
-        ("dill._dill", "_load_type"): functools.partial(_builtin_type, rule),
-        ("dill._dill", "_create_code"): functools.partial(_checked_code, rule, dill._dill._create_code),
-        **(overrides or {}),
-    }
-    subimport = _guarded_subimport(rule)
-
-    def find_global(module: str, name: str) -> Any:
-        problem = global_refusal(module, name, rule)
-        if problem is not None:
-            raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
-        kind = HELPERS.get((module, name), PLAIN)
-        if (module, name) in overrides:
-            return _checked(kind, overrides[(module, name)], rule)
-        if module == "cloudpickle.cloudpickle":
-            if name in ("subimport", "dynamic_subimport"):
-                return subimport
-            return _checked(kind, getattr(cloudpickle.cloudpickle, name), rule)
-        if module == _PICKLE_MODULE:
-            if name not in _OWN_HELPERS:
-                raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
-            return _OWN_HELPERS[name]
-        if module.split(".")[0] in ("snapcell", "dill", "copyreg") or module == "builtins":
-            target: Any = importlib.import_module(module)
-            return _checked(kind, getattr(target, name), rule)
-        if resolve is not None and (module, name) not in HELPERS:
-            owner, _, last = name.rpartition(".")
-            if owner and last == "__new__":
-                # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass).
-                return _public_getattr(resolve(module, owner), last)
-            return _checked(kind, resolve(module, name), rule)
-        target = importlib.import_module(module)
-        for part in name.split("."):
-            target = getattr(target, part)
-            if isinstance(target, types.ModuleType):
-                raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, a path through a module")
-        return _checked(kind, target, rule)
-
-    return find_global
-
-
-def _is_builtin_exception(name: str) -> bool:
-    value = getattr(__import__("builtins"), name, None)
-    return isinstance(value, type) and issubclass(value, BaseException)

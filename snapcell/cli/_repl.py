@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
+from snapcell._inspect import inspect_checkpoint
 from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
-from snapcell.cli._inspect import inspect_checkpoint
 from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, Conflict, SnapcellError
 from snapcell.pool import Pool
 from snapcell.runner import Policy

@@ -108,6 +108,7 @@ _MODULE_DENY: dict[str, frozenset[str]] = {
     "time": frozenset({"clock_settime", "clock_settime_ns", "tzset"}),
     "uuid": frozenset({"getnode"}),  # may run ifconfig/ipconfig in a subprocess
     "enum": frozenset({"global_enum"}),  # writes the members into sys.modules[cls.__module__], a real module
+    "copy": frozenset({"dispatch_table"}),  # copyreg's reducers for every later dump and copy in the process
 }
 # Modules imported only as a whole: their submodules hold the process and network parts.
 TOP_LEVEL_ONLY = frozenset({"asyncio", "io"})

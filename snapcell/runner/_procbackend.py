@@ -300,7 +300,7 @@ class ProcessBackend:
         zygote = worker.zygote
         if worker.forked is None or zygote is None:
             return "spawn"
-        return f"zygote (pid {zygote.pid}, preloaded: {', '.join(zygote.preloaded) or 'nothing'})"
+        return f"zygote (pid {zygote.pid}, preloaded: {zygote.preload_report})"
 
     @property
     def sandbox(self) -> dict[str, str]:

@@ -7,16 +7,15 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 from __future__ import annotations
 
 import asyncio
-import itertools
 import sys
 import time
 import traceback
-import types
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from snapcell.checkpoint import (
     BlobRef,
+    DroppedVariable,
     Dumped,
     GlobalRule,
     Manifest,
@@ -53,8 +52,9 @@ from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, rea
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy, with_file_access
 from snapcell.runner._result import RunResult
+from snapcell.runner._summary import summarize_namespace
 
-__all__ = ["Runner", "checkpoint_rule"]
+__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
@@ -123,6 +123,9 @@ class Runner:
         # dump() restores each new frame with the loader's unpickler, so what would fail at load is dropped now.
         self._trial = make_trial_load(self._find_global, self.builtins)
         self._restored: set[bytes] = set()
+        # Variables the last dump dropped and named, with the id of the value: the next dump names a variable again
+        # only when it holds another value (a turn that does not touch a generator is not told about it again).
+        self._named_drops: dict[str, int] = {}
         self.definitions = Definitions()
         # Definitions to run again before the next cell: their bytecode did not restore at load.
         self.pending_definitions: list[str] = []
@@ -364,8 +367,11 @@ class Runner:
             restored=self._restored,
             definitions=self.definitions.sources(),
         )
-        if dumped.manifest.dropped:
-            self.pending_notes.append(dropped_note(dumped.manifest))
+        dropped = dumped.manifest.dropped
+        new = [d for d in dropped if self._named_drops.get(d.name) != id(self.namespace.get(d.name))]
+        self._named_drops = {d.name: id(self.namespace.get(d.name)) for d in dropped}
+        if new:
+            self.pending_notes.append(dropped_note(new))
         return dumped
 
     def _bounded_trial(self, data: bytes, buffers: list[Any]) -> Any:
@@ -420,7 +426,8 @@ class Runner:
         first = manifest.cell_count - len(manifest.cells) + 1
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
-        notes = [dropped_note(manifest)] if manifest.dropped else []
+        self._named_drops = {}  # what the checkpoint dropped is not in the namespace: a new value is a new drop
+        notes = [dropped_note(manifest.dropped)] if manifest.dropped else []
         rebuild = setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
         if rebuild:
             self.pending_setup.extend(rebuild)
@@ -442,10 +449,13 @@ class Runner:
         return manifest
 
 
-def dropped_note(manifest: Manifest) -> str:
+DROPPED_PREFIX = "not saved in the checkpoint"
+
+
+def dropped_note(dropped: Iterable[DroppedVariable]) -> str:
     """One line naming the variables a dump did not save, each with its type and why."""
-    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in manifest.dropped)
-    return f"not saved in the checkpoint, so gone next turn: {names}; recreate them if needed"
+    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in dropped)
+    return f"{DROPPED_PREFIX}, so gone next turn: {names}; recreate them if needed"
 
 
 def _host_function(name: str) -> HostFunction:
@@ -530,114 +540,3 @@ def _script_error(exc: BaseException) -> ScriptError:
     )
     error.__cause__ = exc
     return error
-
-
-# ------------------------------------------------------- namespace summary
-
-_SUMMARY_MAX_NAMES = 1000  # a huge namespace is summarized from its first names only
-_SUMMARY_MAX_LIBRARY_SIZES = 16  # pandas' memory_usage costs ~100 µs; only this many per run
-_SUMMARY_SAMPLE = 8
-_SUMMARY_TOP = 3
-_SUMMARY_NAME_LARGEST_BYTES = 1024 * 1024
-# Types whose __sizeof__ is the interpreter's own: measured exactly, and no script code runs.
-_EXACT_SIZE_TYPES = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None), range})
-_CONTAINER_TYPES = frozenset({list, tuple, set, frozenset, dict})
-_SIZED_TYPES = _EXACT_SIZE_TYPES | _CONTAINER_TYPES
-_LIBRARY_TYPES = frozenset(
-    {
-        ("numpy", "ndarray"),
-        ("pandas", "DataFrame"),
-        ("pandas", "Series"),
-        ("pandas.core.frame", "DataFrame"),
-        ("pandas.core.series", "Series"),
-    }
-)
-_SKIPPED_TYPES = (types.ModuleType, HostFunction)
-
-
-def summarize_namespace(namespace: dict[str, Any]) -> str:
-    """One cheap line on the namespace's size and largest variables, for `RunResult.namespace_summary`.
-
-    Only sizes the interpreter and known libraries compute are trusted (no script-defined ``__sizeof__`` runs):
-    builtin scalars exactly, builtin containers from a sample of their first items, numpy arrays and pandas objects
-    by their buffers; other objects count as variables of unknown size. The largest variables are named only when
-    the namespace holds at least 1 MiB. Ten small variables take a few microseconds.
-    """
-    getsizeof = sys.getsizeof
-    sized: list[tuple[int, str, str, bool]] = []  # size, name, type name, estimated
-    count = total = 0
-    estimated = False
-    library_budget = _SUMMARY_MAX_LIBRARY_SIZES
-    for name, value in itertools.islice(namespace.items(), _SUMMARY_MAX_NAMES):
-        if name[:2] == "__":  # builtins, __name__, the result slot
-            continue
-        kind = type(value)
-        sampled = False
-        if kind in _EXACT_SIZE_TYPES:
-            size = getsizeof(value)
-        elif kind in _CONTAINER_TYPES:
-            size = _container_size(value, kind)
-            sampled = len(value) > _SUMMARY_SAMPLE
-            estimated = estimated or sampled
-        elif isinstance(value, _SKIPPED_TYPES):
-            continue
-        elif library_budget and (kind.__module__, kind.__qualname__) in _LIBRARY_TYPES:
-            library_budget -= 1
-            size = _library_size(value)
-        else:
-            count += 1
-            estimated = True
-            continue
-        count += 1
-        total += size
-        sized.append((size, name, kind.__name__, sampled))
-    if not count:
-        return ""
-    more = "+" if len(namespace) > _SUMMARY_MAX_NAMES else ""
-    head = f"{count}{more} variable{'s' if count != 1 else ''}, {'~' if estimated else ''}{_format_size(total)}"
-    if total < _SUMMARY_NAME_LARGEST_BYTES:
-        return head
-    sized.sort(reverse=True)
-    largest = ", ".join(f"{n[:40]} ({t}, {'~' if e else ''}{_format_size(s)})" for s, n, t, e in sized[:_SUMMARY_TOP])
-    return f"{head}; largest: {largest}"
-
-
-def _container_size(value: Any, kind: type) -> int:
-    size = sys.getsizeof(value)
-    length = len(value)
-    if not length:
-        return size
-    if kind is dict:
-        if length <= _SUMMARY_SAMPLE:
-            sample = [*value.keys(), *value.values()]
-        else:
-            sample = [
-                *itertools.islice(value.keys(), _SUMMARY_SAMPLE),
-                *itertools.islice(value.values(), _SUMMARY_SAMPLE),
-            ]
-        measured = sum([sys.getsizeof(part) for part in sample if type(part) in _SIZED_TYPES])
-        return size + measured * length // min(length, _SUMMARY_SAMPLE)
-    if length <= _SUMMARY_SAMPLE:
-        return size + sum([sys.getsizeof(part) for part in value if type(part) in _SIZED_TYPES])
-    sample = list(itertools.islice(value, _SUMMARY_SAMPLE))
-    measured = sum([sys.getsizeof(part) for part in sample if type(part) in _SIZED_TYPES])
-    return size + measured * length // _SUMMARY_SAMPLE
-
-
-def _library_size(value: Any) -> int:
-    if type(value).__name__ == "DataFrame":
-        return int(value.memory_usage(index=True, deep=False).sum())
-    if type(value).__name__ == "Series":
-        return int(value.memory_usage(index=True, deep=False))
-    return int(value.nbytes)
-
-
-def _format_size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    value = n / 1024
-    for unit in ("KiB", "MiB"):
-        if value < 1024:
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"

@@ -15,6 +15,8 @@ found in review (issue 13), and behaves like the original for ordinary code:
   ``final``, ``runtime_checkable``, ``update_abstractmethods``) refuse classes shared by every session.
 - ``asyncio.all_tasks`` / ``current_task``: only the script's own tasks, never the host's.
 - ``__build_class__``, ``type(name, bases, ns)`` and ``make_dataclass``: no class gets a ``__del__``.
+- ``dataclasses.replace`` / ``asdict`` / ``astuple``: dataclass instances with ordinary field names only (they read
+  every field by name; a class whose metaclass is a dataclass would give out ``object.__getattribute__``).
 
 A guardrail, not a boundary: see DESIGN.md ("The runner and its boundary").
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
+import copy
 import dataclasses
 import functools
 import keyword
@@ -33,6 +36,7 @@ import string
 import sys
 import types
 import typing
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,6 +47,7 @@ from snapcell.runner._guard import (
     exact_str,
     format_attr,
     format_problem,
+    is_dunder,
     register_stand_in,
     runtime_policy_error,
     script_function,
@@ -306,6 +311,70 @@ def make_dataclass(cls_name: str, fields: Any, *, namespace: Any = None, **optio
     return cls
 
 
+def _dataclass_fields(obj: Any, what: str) -> tuple[dataclasses.Field[Any], ...] | None:
+    """The fields of a dataclass instance (None for anything else), refusing what would read an internal attribute.
+
+    ``replace``, ``asdict`` and ``astuple`` read ``getattr(obj, name)`` for every field of ``type(obj)``. Given a class
+    whose metaclass is a dataclass with a field ``__getattribute__`` they would hand out ``object.__getattribute__``,
+    an attribute reader no check sees; a checkpoint can build such a class with ``abc.ABCMeta`` and public names
+    only, so the loader gets these stand-ins too (fid-ckpt, issue 14).
+    """
+    fields = getattr(type(obj), "__dataclass_fields__", None)
+    if fields is None:
+        return None
+    if isinstance(obj, type) or not isinstance(fields, dict) or any(type(n) is not str or is_dunder(n) for n in fields):
+        raise runtime_policy_error(
+            f"dataclasses.{what}() of a class, or of a dataclass with special field names",
+            f"{what}() takes dataclass instances with ordinary field names.",
+        )
+    return dataclasses.fields(obj)
+
+
+def replace(obj: Any, /, **changes: Any) -> Any:
+    """`dataclasses.replace` of a dataclass instance whose fields have ordinary names (`_dataclass_fields`)."""
+    if _dataclass_fields(obj, "replace") is None:
+        raise TypeError("replace() should be called on dataclass instances")
+    return dataclasses.replace(obj, **changes)
+
+
+def asdict(obj: Any, *, dict_factory: Callable[[list[tuple[str, Any]]], Any] = dict) -> Any:
+    """`dataclasses.asdict`, checking every dataclass instance it meets (`_dataclass_fields`)."""
+    if _dataclass_fields(obj, "asdict") is None:
+        raise TypeError("asdict() should be called on dataclass instances")
+    return _plain(obj, dict_factory, "asdict")
+
+
+def astuple(obj: Any, *, tuple_factory: Callable[[list[Any]], Any] = tuple) -> Any:
+    """`dataclasses.astuple`, checking every dataclass instance it meets (`_dataclass_fields`)."""
+    if _dataclass_fields(obj, "astuple") is None:
+        raise TypeError("astuple() should be called on dataclass instances")
+    return _plain(obj, tuple_factory, "astuple")
+
+
+def _plain(obj: Any, factory: Callable[[list[Any]], Any], what: str) -> Any:
+    """The standard library's recursion of ``asdict``/``astuple``, each instance checked before a field is read.
+
+    Reimplemented rather than checked beforehand: a field's value may differ between two reads.
+    """
+    fields = _dataclass_fields(obj, what)
+    if fields is not None:
+        if what == "asdict":
+            return factory([(f.name, _plain(getattr(obj, f.name), factory, what)) for f in fields])
+        return factory([_plain(getattr(obj, f.name), factory, what) for f in fields])
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple: its own type, built from positions
+        return type(obj)(*[_plain(v, factory, what) for v in obj])
+    if isinstance(obj, list | tuple):
+        return type(obj)(_plain(v, factory, what) for v in obj)
+    if isinstance(obj, dict):
+        items = [(_plain(k, factory, what), _plain(v, factory, what)) for k, v in obj.items()]
+        if isinstance(obj, defaultdict):  # as Python 3.12 handles it
+            result = type(obj)(obj.default_factory)
+            result.update(items)
+            return result
+        return type(obj)(items)
+    return copy.deepcopy(obj)
+
+
 def total_ordering(cls: Any) -> Any:
     """`functools.total_ordering`, refusing classes shared by every session."""
     return functools.total_ordering(store_target(cls))
@@ -448,6 +517,9 @@ _STAND_INS: list[tuple[str, str, Any, tuple[str, ...]]] = [
     ("functools", "total_ordering", total_ordering, ()),
     ("dataclasses", "dataclass", dataclass, ()),
     ("dataclasses", "make_dataclass", make_dataclass, ()),
+    ("dataclasses", "replace", replace, ()),
+    ("dataclasses", "asdict", asdict, ()),
+    ("dataclasses", "astuple", astuple, ()),
     ("typing", "no_type_check", no_type_check, ()),
     ("typing", "final", final, ()),
     ("typing", "runtime_checkable", runtime_checkable, ()),

@@ -29,32 +29,6 @@ from tests.corpus.conversations import CORPUS, TOOLS
 
 MODES = ("inline", "process")
 CONCURRENCY = 4
-# Conversations that need the checkpoint side of issue 14 (branch fid-ckpt), in both modes: values that pickle but
-# do not restore (asyncio primitives, io.StringIO, ZoneInfo) or that the checkpoint rule refuses today (a compiled
-# re.Pattern, functools.partial of a builtin, the copy module, a str-mixin Enum, dataclasses.replace, a function
-# annotated with typing.Optional), named one turn late.
-NEEDS_CKPT = dict.fromkeys(
-    [
-        "dataclass_replace_and_fields",
-        "str_enum_lookup",
-        "regex_compiled_reuse",
-        "functools_partial_reduce",
-        "copy_deep",
-        "typing_annotations",
-        "zoneinfo_convert",
-        "zoneinfo_across_turns",
-        "semaphore_across_turns",
-        "queue_across_turns",
-        "lock_and_event_across_turns",
-        "stringio_across_turns",
-    ],
-    MODES,
-)
-# Known gaps, left open (issue 14): these variables are dropped at dump and named in the same turn's answer instead
-# of surviving as in CPython (asyncio primitives, StringIO, ZoneInfo), or the checkpoint allowlist refuses a global
-# their pickle needs (re._compile, builtins.pow, subimport('copy'), a str-mixin Enum, dataclasses.replace, an
-# Optional annotation). Strict: each one that starts to pass must lose its mark.
-CKPT_REASON = "dropped and named, or refused by the checkpoint allowlist: differs from CPython (issue 14 gap)"
 
 
 @dataclass(frozen=True)
@@ -86,7 +60,10 @@ def reference(turns: list[str]) -> list[Outcome]:
     outcomes = []
     try:
         for code in turns:
-            compiled = compile(_split_value(code), "<turn>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            # dont_inherit: a script does not get this module's `from __future__ import annotations`.
+            compiled = compile(
+                _split_value(code), "<turn>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
+            )
             out = io.StringIO()
             error = None
             with contextlib.redirect_stdout(out):
@@ -154,8 +131,7 @@ def _cases() -> list[Any]:
     cases = []
     for mode in MODES:
         for name, turns in CORPUS:
-            marks = [pytest.mark.xfail(strict=True, reason=CKPT_REASON)] if mode in NEEDS_CKPT.get(name, ()) else []
-            cases.append(pytest.param(mode, name, turns, id=f"{mode}-{name}", marks=marks))
+            cases.append(pytest.param(mode, name, turns, id=f"{mode}-{name}"))
     return cases
 
 
