@@ -325,6 +325,9 @@ class Watchdog:
                     if self.finished:
                         return
                     self.finished = True
+                    # The monitor's heap may hold this watch a while yet: not the run's task (asyncio.all_tasks,
+                    # which every run asks, walks every task still alive).
+                    self._task = self._loop = None
                     if self._flags is not None:
                         self._flags[EXPIRED_NAME] = False
                 if self.fired:
@@ -345,7 +348,7 @@ def _is_script_task(task: asyncio.Task[Any], namespace: dict[str, Any], owners: 
 
 def running_tasks() -> set[asyncio.Task[Any]]:
     """The tasks of the running event loop; none when no loop runs (a worker's cell run without one, see
-    `Runner.runs_without_loop`), and without importing asyncio when nothing has."""
+    `_loopfree.runs_without_loop`), and without importing asyncio when nothing has."""
     aio = sys.modules.get("asyncio")
     if aio is None:
         return set()

@@ -6,11 +6,10 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -54,13 +53,10 @@ from snapcell.runner._summary import summarize_namespace
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, DroppedVariable, Dumped, FindGlobal, GlobalRule, Manifest
 
-__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "finish_without_loop", "summarize_namespace"]
+__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
-# Source text that could reach asyncio or wait for something: an import (statement, ``__import__``, ``importlib``),
-# ``await`` and ``async``. Matched anywhere (names, strings, comments): a false match only costs the event loop.
-_MAY_NEED_LOOP = re.compile("import|await|async")
 
 
 def checkpoint_rule(policy: Policy) -> GlobalRule:
@@ -93,6 +89,10 @@ def _code_name_denied(name: str) -> bool:
     return False
 
 
+# Hashes of frames known to restore in this interpreter, kept at most (a set of 32-byte digests).
+_MAX_RESTORED_FRAMES = 100_000
+
+
 class Runner:
     """Runs cells in one persistent namespace.
 
@@ -119,7 +119,7 @@ class Runner:
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
         self._watch: Watchdog | None = None
-        self.loaded = False  # the namespace came from a checkpoint (see `runs_without_loop`)
+        self.loaded = False  # the namespace came from a checkpoint (see `_loopfree.runs_without_loop`)
         self._restored: set[bytes] = set()
         # Variables the last dump dropped and named, with the id of the value: the next dump names a variable again
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
@@ -154,23 +154,6 @@ class Runner:
         return {"__name__": "__main__", "__builtins__": self.builtins}
 
     # ------------------------------------------------------------------ run
-
-    def runs_without_loop(self, code: object) -> bool:
-        """Whether `run(code)` may be driven without an event loop (`finish_without_loop`): nothing it runs could tell.
-
-        So when the cell cannot import (so reach asyncio to ask for the running loop) nor wait, and nothing run before
-        it could import for it: asyncio is not imported yet (a cell that imports anything runs in the loop, which
-        imports it), no setup cell or definition runs first, and the namespace was not loaded (its functions came
-        from cells never run here). A worker's first cells so start without importing asyncio (tens of ms of CPU).
-        """
-        return (
-            "asyncio" not in sys.modules
-            and not self.loaded
-            and not self.pending_setup
-            and not self.pending_definitions
-            and isinstance(code, str)
-            and _MAY_NEED_LOOP.search(code) is None
-        )
 
     async def run(
         self,
@@ -459,6 +442,10 @@ class Runner:
             blobs=blobs,
         )
         namespace.update(loaded.variables)
+        # Frames that just restored with this runner's own unpickler need no trial restore at the next dump.
+        if len(self._restored) + len(loaded.restored) > _MAX_RESTORED_FRAMES:
+            self._restored.clear()
+        self._restored.update(loaded.restored)
         # cloudpickle hands restored functions the real builtins; the policy's go back in.
         namespace["__builtins__"] = self.builtins
         namespace["__name__"] = "__main__"
@@ -493,21 +480,6 @@ class Runner:
             notes.append(f"could not be restored: {names}")
         self.pending_notes.extend(notes)
         return manifest
-
-
-def finish_without_loop(run: Coroutine[Any, Any, RunResult]) -> RunResult:
-    """Drive `Runner.run`'s coroutine for a cell that `Runner.runs_without_loop` cleared: it ends in its first step.
-
-    Raises:
-        RuntimeError: It waited for something after all (a bug): the run is closed where it waited.
-    """
-    try:
-        waiting = run.send(None)
-    except StopIteration as done:
-        result: RunResult = done.value
-        return result
-    run.close()
-    raise RuntimeError(f"a run started without an event loop waited for {type(waiting).__name__}")
 
 
 DROPPED_PREFIX = "not saved in the checkpoint"
