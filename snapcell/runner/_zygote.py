@@ -62,14 +62,16 @@ THREAD_ENV = {
 # Modules worth importing in the zygote when the policy allows them (costly to import on every checkout).
 HEAVY_MODULES = ("numpy", "pandas")
 # snapcell's own modules that a first run does not need, so the zygote says "ready" without them: the checkpoint
-# code (pydantic, the picklers, zstd) a dump or load imports, and asyncio, which a run imports once a cell needs it.
-# They are the first preload step, so later children get them copy-on-write.
+# code (pydantic, the picklers, zstd) a dump or load imports, asyncio, which a run imports once a cell needs it, and
+# the sandbox, which a child imports after the fork. They are the first preload step, so that later children get
+# them copy-on-write.
 DEFERRED_MODULES = (
     "asyncio",
     "snapcell.checkpoint._format",
     "snapcell.checkpoint._pickle",
     "snapcell.checkpoint._unpickle",
     "snapcell.checkpoint._trial",
+    "snapcell.runner._sandbox",  # each child imports it after the fork; later ones find it here
 )
 _DEFERRED_STEP = "<snapcell>"
 _PR_SET_PDEATHSIG = 1

@@ -194,6 +194,7 @@ def long_import(name):
     print(json.dumps({"pid": pid, "report": json.loads(host.recv(4096)) if ready else None}), flush=True)
 
 _zygote.importlib.import_module = long_import
+_zygote.DEFERRED_MODULES = ("json",)  # the first step: one long import
 preloader = _zygote._Preloader(["numpy"])
 preloader.start()
 preloader.step(zygote_end)
