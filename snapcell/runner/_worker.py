@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -550,7 +549,10 @@ def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int 
     os.environ["TMPDIR"] = os.path.join(scratch, TMP_DIR)
     os.environ["MPLCONFIGDIR"] = os.path.join(scratch, TMP_DIR, "matplotlib")
     os.environ.setdefault("MPLBACKEND", "Agg")  # charts are files here: no display
-    tempfile.tempdir = os.environ["TMPDIR"]
+    if "tempfile" in sys.modules:  # else imported when a script needs it, and it then reads TMPDIR
+        import tempfile
+
+        tempfile.tempdir = os.environ["TMPDIR"]
     workspace = Workspace(
         ".",
         staging=os.path.join("..", STAGING_DIR),

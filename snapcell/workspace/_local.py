@@ -12,7 +12,6 @@ import contextlib
 import errno
 import functools
 import os
-import secrets
 import shutil
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -214,7 +213,7 @@ class Workspace:
         sizes = dict(self.files())
         self._check_quota(sum(sizes.values()) - sizes.get(path, 0) + len(data))
         with self._parent(path, create=True) as (dirfd, name):
-            temp = f".snapcell-{secrets.token_hex(8)}"
+            temp = f".snapcell-{os.urandom(8).hex()}"  # not `secrets`: its import (hmac, OpenSSL) delays the zygote
             try:
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dirfd)
                 with open(fd, "wb", closefd=True) as handle:

@@ -92,3 +92,18 @@ def test_first_run_dump_coroutine_cell_and_load_through_a_fresh_zygote() -> None
         with pool.checkout() as session:
             session.load_session(first)
             assert session.feed_run("x * 10") == 20
+
+
+def test_a_scripts_temporary_files_go_to_the_sessions_scratch_whenever_tempfile_is_imported() -> None:
+    # The first child of a zygote has not imported tempfile (it reads TMPDIR when the script imports it); a child
+    # forked after the warm-up may have it imported already (its directory is set for the session then).
+    from snapcell.workspace._setup import TMP_DIR
+
+    code = "import tempfile\nwith tempfile.NamedTemporaryFile() as f:\n    name = f.name\ntempfile.gettempdir(), name"
+    with Pool("memory://", isolation="process", policy=Policy.unrestricted(), min_warm_workers=0) as pool:
+        for _ in range(2):
+            with pool.checkout() as session:
+                worker = session._inner._backend.worker
+                assert worker is not None and worker.scratch_dir is not None
+                where, name = session.feed_run(code)
+                assert where == f"{worker.scratch_dir}/{TMP_DIR}" and name.startswith(where + "/")
