@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import snapcell
 
 INIT = Path(snapcell.__file__)
@@ -112,3 +114,38 @@ def test_a_first_run_imports_neither_and_a_dump_and_a_coroutine_cell_follow() ->
     assert after_dump and dumped  # the checkpoint code comes with the first dump
     assert not again  # asyncio is imported now (the probe did): every later run uses the loop
     assert coro == 3
+
+
+@pytest.mark.parametrize("package", ["snapcell.checkpoint", "snapcell.runner", "snapcell.workspace"])
+def test_a_subpackages_lazy_names_match_its_type_checker_imports_and_resolve(package: str) -> None:
+    module = importlib.import_module(package)
+    assert module.__file__ is not None
+    tree = ast.parse(Path(module.__file__).read_text())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    imported: dict[str, tuple[str, ...]] = {}
+    for node in guarded.body:
+        assert isinstance(node, ast.ImportFrom) and node.module is not None
+        imported[node.module] = (*imported.get(node.module, ()), *(alias.name for alias in node.names))
+    exports = module._EXPORTS
+    assert imported == exports
+    assert sorted(n for names in exports.values() for n in names) == sorted(module.__all__)
+    for where, names in exports.items():
+        for name in names:
+            assert getattr(module, name) is getattr(importlib.import_module(where), name), name
+    assert set(module.__all__) <= set(dir(module))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        getattr(module, "no_such_name")  # noqa: B009
+
+
+def test_run_cancelled_is_defined_on_first_use_as_a_cancelled_error_named_in_errors() -> None:
+    import asyncio
+    import pickle
+
+    from snapcell import errors
+    from snapcell.errors import RunCancelled
+
+    assert errors.RunCancelled is RunCancelled and issubclass(RunCancelled, asyncio.CancelledError)
+    assert RunCancelled.__module__ == "snapcell.errors" and "RunCancelled" in errors.__all__
+    assert pickle.loads(pickle.dumps(RunCancelled)) is RunCancelled
+    with pytest.raises(AttributeError, match="NoSuchError"):
+        errors.NoSuchError  # noqa: B018
