@@ -71,7 +71,10 @@ DEFERRED_MODULES = (
     "snapcell.checkpoint._pickle",
     "snapcell.checkpoint._unpickle",
     "snapcell.checkpoint._trial",
-    "snapcell.runner._sandbox",  # each child imports it after the fork; later ones find it here
+    # What each child imports after the fork (its sandbox, its read paths, its reseeding): later ones find it here.
+    "snapcell.runner._sandbox",
+    "sysconfig",
+    "random",
 )
 _DEFERRED_STEP = "<snapcell>"
 _PR_SET_PDEATHSIG = 1
@@ -247,6 +250,9 @@ class _Preloader:
             if name == _DEFERRED_STEP:
                 for module in DEFERRED_MODULES:
                     importlib.import_module(module)
+                import sysconfig
+
+                sysconfig.get_paths()  # its config variables, computed once for every later child
                 return
             if name:
                 importlib.import_module(name)
