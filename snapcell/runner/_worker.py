@@ -549,10 +549,11 @@ def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int 
     os.environ["TMPDIR"] = os.path.join(scratch, TMP_DIR)
     os.environ["MPLCONFIGDIR"] = os.path.join(scratch, TMP_DIR, "matplotlib")
     os.environ.setdefault("MPLBACKEND", "Agg")  # charts are files here: no display
-    if "tempfile" in sys.modules:  # else imported when a script needs it, and it then reads TMPDIR
-        import tempfile
+    # Set, not left to tempfile's own search (it probes each candidate by writing a file, which can fail here): not
+    # imported in the zygote before its first fork, so that child imports it now.
+    import tempfile
 
-        tempfile.tempdir = os.environ["TMPDIR"]
+    tempfile.tempdir = os.environ["TMPDIR"]
     workspace = Workspace(
         ".",
         staging=os.path.join("..", STAGING_DIR),

@@ -75,6 +75,7 @@ DEFERRED_MODULES = (
     "snapcell.runner._sandbox",
     "sysconfig",
     "random",
+    "tempfile",
 )
 _DEFERRED_STEP = "<snapcell>"
 _PR_SET_PDEATHSIG = 1

@@ -94,12 +94,15 @@ def test_first_run_dump_coroutine_cell_and_load_through_a_fresh_zygote() -> None
             assert session.feed_run("x * 10") == 20
 
 
-def test_a_scripts_temporary_files_go_to_the_sessions_scratch_whenever_tempfile_is_imported() -> None:
-    # The first child of a zygote has not imported tempfile (it reads TMPDIR when the script imports it); a child
-    # forked after the warm-up may have it imported already (its directory is set for the session then).
+def test_a_scripts_temporary_files_go_to_the_sessions_scratch_in_every_child() -> None:
+    # The worker sets tempfile's directory rather than leave it to tempfile's own search (which probes candidates by
+    # writing files): in the first child of a zygote (tempfile not imported before its fork) and in later ones.
     from snapcell.workspace._setup import TMP_DIR
 
-    code = "import tempfile\nwith tempfile.NamedTemporaryFile() as f:\n    name = f.name\ntempfile.gettempdir(), name"
+    code = (
+        "import tempfile\nset_by_worker = tempfile.tempdir\n"
+        "with tempfile.NamedTemporaryFile() as f:\n    name = f.name\nset_by_worker, name"
+    )
     with Pool("memory://", isolation="process", policy=Policy.unrestricted(), min_warm_workers=0) as pool:
         for _ in range(2):
             with pool.checkout() as session:
