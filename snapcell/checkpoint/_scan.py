@@ -15,6 +15,7 @@ import bisect
 import pickletools
 import re
 import struct
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -107,6 +108,11 @@ del _op, _before, _pops
 
 _MAX_STACK = 1 << 22  # 4M values (32 MB of references); deeper streams are refused, not followed
 _MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten (a GET of them is opaque)
+# Picklers number the memo one way: PUT with explicit indices (protocols 0-3), each the count of entries so far, or
+# MEMOIZE (4 and up), whose index the unpickler takes from that count. A stream that mixes them, or PUTs past the
+# count, would make the scanner's indices differ from the loader's (the scanner would follow the wrong value) and
+# make the loader grow its memo table to the index.
+_MIXED_MEMO = "a pickle stream that numbers its memo both ways (PUT and MEMOIZE), which no pickler writes"
 _MAX_TUPLE = 3
 _U4 = struct.Struct("<I")
 _I4 = struct.Struct("<i")
@@ -136,6 +142,9 @@ _TOKEN = rb"K.|M..|J....|G.{8}|\x88|\x89|N|h.|j....|\x94|\x8c" + _SIZED + rb"|C"
 _RECORD = rb"(?:\]|\}|\x8f)\x94?\((?:" + _TOKEN + rb")*[eu\x90]"
 _FLAT_GROUP = re.compile(rb"\((?:" + _RECORD + rb"|" + _TOKEN + rb")*[eu\x90]", re.DOTALL)
 _GROUP_TOKENS = re.compile(rb"(\x94)|\(|[eu\x90]|" + _TOKEN, re.DOTALL)
+# A memo read that the group memoizes again (no pickler writes it): the value read may be a global or what a lookup
+# returned, which only the opcode-by-opcode path follows. Matches inside a string only send a group that way too.
+_REMEMBERED = re.compile(rb"(?:h.|j....)\x94", re.DOTALL)
 _MAX_LAZY = 1 << 20
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
@@ -192,38 +201,50 @@ class _Scanner:
         # Memo ranges written by flat groups: first index, count, and where the group is in the stream.
         self.lazy_starts: list[int] = []
         self.lazy: list[tuple[int, int, int, int]] = []
+        # Per flat group read back: where the short string it memoized at each index starts (-1: not a string).
+        self.lazy_index: dict[int, array[int]] = {}
         self.memo: dict[int, object] = {}
+        self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
 
-    def _add_lazy(self, first: int, count: int, start: int, stop: int, memo: dict[int, object]) -> None:
+    def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
+        # Indices from `first` on are new: MEMOIZE never reuses one, and PUT is refused in a stream that memoizes.
         if len(self.lazy) >= _MAX_LAZY:
             self.flat_ok = False  # enough: later groups go the slow way, entries here stay readable
-        for key in [k for k in memo if first <= k < first + count] if memo and max(memo) >= first else ():
-            del memo[key]  # MEMOIZE in the group overwrites what an earlier PUT stored there
         self.lazy_starts.append(first)
         self.lazy.append((first, count, start, stop))
 
     def _lazy(self, key: int) -> object:
-        """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque."""
+        """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque.
+
+        A group is read once, on the first GET into it (each later GET is one lookup, however many there are).
+        """
         at = bisect.bisect_right(self.lazy_starts, key) - 1
         if at < 0:
             return OPAQUE
         first, count, start, stop = self.lazy[at]
         if key >= first + count:
             return OPAQUE
-        index = first
-        last: object = OPAQUE
+        offsets = self.lazy_index.get(at)
+        if offsets is None:
+            offsets = self.lazy_index[at] = self._index_group(start, stop)
+        where = offsets[key - first]
+        if where < 0:
+            return OPAQUE
+        return str(self.data[where + 2 : where + 2 + self.data[where + 1]], "utf-8", "surrogatepass")
+
+    def _index_group(self, start: int, stop: int) -> array[int]:
+        offsets = array("q")
+        last = -1
         for token in _GROUP_TOKENS.finditer(self.data, start, stop):
             code = self.data[token.start()]
             if code == 0x94:
-                if index == key:
-                    return last
-                index += 1
-                last = OPAQUE  # memoizing again never happens in pickles; treated as unknown
-            elif code == 0x8C:
-                last = str(self.data[token.start() + 2 : token.end()], "utf-8", "surrogatepass")
+                offsets.append(last)
+                last = -1  # memoizing again never happens in pickles; treated as unknown
             else:
-                last = OPAQUE  # numbers, bytes, containers, and memo reads (the memo may have changed since)
-        return OPAQUE
+                # Numbers, bytes and containers are new objects; a memo read never precedes MEMOIZE here
+                # (`_REMEMBERED` sends such a group the opcode-by-opcode way).
+                last = token.start() if code == 0x8C else -1
+        return offsets
 
     def _global(self, module: object, name: object) -> _Global:
         if not isinstance(module, str) or not isinstance(name, str):
@@ -289,6 +310,7 @@ class _Scanner:
         number_token = _NUMBER_TOKEN
         flat_group = _FLAT_GROUP.match
         group_tokens = _GROUP_TOKENS.findall
+        remembered = _REMEMBERED.search
         memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
         missing = _MISSING
         try:
@@ -319,13 +341,15 @@ class _Scanner:
                     if len(stack) > limit:
                         raise _Refused("", "", "a pickle stack too deep to verify")
                 elif kind == _C_MEMOIZE:
+                    if self.puts:
+                        raise _Refused("", "", _MIXED_MEMO)
                     value = stack[-1]
-                    if value is not opaque and len(memo) < _MAX_MEMO_STRINGS:
+                    # Past the limit only constants are forgotten (a GET of one is opaque, which every check for
+                    # a constant refuses); a global or a lookup's result is kept, or a GET would make it opaque.
+                    if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
                         memo[memo_next] = value
                         if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
                             self.flat_ok = False  # a helper in the memo: memo reads in groups need checking
-                    elif memo:
-                        memo.pop(memo_next, None)  # an earlier PUT may have used this index
                     memo_next += 1
                     pos += 1
                 elif kind == _C_BINGET:
@@ -339,16 +363,19 @@ class _Scanner:
                         if self.flat_ok and stack and pos + 1 < end and category[data[pos + 1]] != _C_NUMBER
                         else None
                     )
+                    stop = group.end() if group is not None else pos
+                    memoizes = group is not None and memo_byte(b"\x94", pos, stop) >= 0
+                    if memoizes and remembered(data, pos, stop) is not None:
+                        group = None
                     if group is None:
                         marks.append(len(stack))
                         pos += 1
                     else:
-                        stop = group.end()
-                        count = (
-                            group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
-                        )
+                        count = group_tokens(data, pos, stop).count(b"\x94") if memoizes else 0
                         if count:
-                            self._add_lazy(memo_next, count, pos, stop, memo)
+                            if self.puts:
+                                raise _Refused("", "", _MIXED_MEMO)
+                            self._add_lazy(memo_next, count, pos, stop)
                             memo_next += count
                         pos = stop
                 elif kind == _C_EMPTY:
@@ -422,9 +449,16 @@ class _Scanner:
             stack.append(self._lazy(key) if value is _MISSING else value)
         elif code in (ord("q"), ord("r"), ord("p")):  # BINPUT, LONG_BINPUT, PUT
             key = _memo_key(code, data, arg_start, pos)
+            if memo_next:
+                raise _Refused("", "", _MIXED_MEMO)
+            if key > self.puts:
+                raise _Refused("", "", "a memo index past the entries written so far (no pickler skips one)")
+            self.puts += key == self.puts
             value = stack[-1]
-            # An explicit entry, even an opaque one, shadows what a flat group stored at that index.
-            memo[key] = value if value is not opaque and len(memo) < _MAX_MEMO_STRINGS else opaque
+            if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+                memo[key] = value
+            else:
+                memo.pop(key, None)  # this index held something else before
             if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
                 self.flat_ok = False
         elif code == 0x93:  # STACK_GLOBAL
@@ -470,12 +504,12 @@ class _Scanner:
             if len(items) != count:
                 raise IndexError("stack underflow")
             del stack[-count:]
-            stack.append(tuple(items))
+            stack.append(_arguments(items))
         elif code == ord("t"):  # TUPLE
             base = marks.pop()
             items = stack[base:]
             del stack[base:]
-            stack.append(tuple(items) if len(items) <= _MAX_TUPLE else _no_helpers(items))
+            stack.append(_arguments(items) if len(items) <= _MAX_TUPLE else _no_helpers(items))
         elif code == ord(")"):
             stack.append(())
         elif code == ord("2"):  # DUP
@@ -523,6 +557,22 @@ def _check_target(target: object, how: str) -> None:
         raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
     if target is FOREIGN or type(target) is _ModuleRef:
         raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
+
+
+def _forgettable(value: object) -> bool:
+    """True for a memo value the scanner may forget: a constant, or a tuple of constants and opaque values."""
+    if type(value) is tuple:
+        return all(item is OPAQUE or type(item) in (str, type(None)) for item in value)
+    return type(value) in (str, type(None))
+
+
+def _arguments(items: list[object]) -> tuple[object, ...]:
+    """A tuple the scanner keeps (call arguments), one level deep: an inner tuple is checked now and is opaque after.
+
+    No check reads an argument inside an inner tuple, and a kept tree could share subtrees through the memo
+    (``t = (t, t, t)`` thirty times over is a 100-byte stream), which a walk would visit exponentially often.
+    """
+    return tuple(_no_helpers(item) if type(item) is tuple else item for item in items)
 
 
 def _no_helpers(values: Iterable[object]) -> _Opaque:
