@@ -138,13 +138,14 @@ def _length_prefixed() -> bytes:
 
 
 _SIZED = _length_prefixed()
-_TOKEN = rb"K.|M..|J....|G.{8}|\x88|\x89|N|h.|j....|\x94|\x8c" + _SIZED + rb"|C" + _SIZED + rb"|\]|\}|\)|\x8f|\x95.{8}"
+# A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
+_READ = rb"h.(?!\x94)|j....(?!\x94)"
+_TOKEN = (
+    rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + _READ + rb"|\x94|\x8c" + _SIZED + rb"|C" + _SIZED + rb"|[\]})\x8f]|\x95.{8}"
+)
 _RECORD = rb"(?:\]|\}|\x8f)\x94?\((?:" + _TOKEN + rb")*[eu\x90]"
 _FLAT_GROUP = re.compile(rb"\((?:" + _RECORD + rb"|" + _TOKEN + rb")*[eu\x90]", re.DOTALL)
 _GROUP_TOKENS = re.compile(rb"(\x94)|\(|[eu\x90]|" + _TOKEN, re.DOTALL)
-# A memo read that the group memoizes again (no pickler writes it): the value read may be a global or what a lookup
-# returned, which only the opcode-by-opcode path follows. Matches inside a string only send a group that way too.
-_REMEMBERED = re.compile(rb"(?:h.|j....)\x94", re.DOTALL)
 _MAX_LAZY = 1 << 20
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
@@ -241,8 +242,7 @@ class _Scanner:
                 offsets.append(last)
                 last = -1  # memoizing again never happens in pickles; treated as unknown
             else:
-                # Numbers, bytes and containers are new objects; a memo read never precedes MEMOIZE here
-                # (`_REMEMBERED` sends such a group the opcode-by-opcode way).
+                # Numbers, bytes and containers are new objects; a memo read never precedes MEMOIZE here (`_TOKEN`).
                 last = token.start() if code == 0x8C else -1
         return offsets
 
@@ -310,7 +310,6 @@ class _Scanner:
         number_token = _NUMBER_TOKEN
         flat_group = _FLAT_GROUP.match
         group_tokens = _GROUP_TOKENS.findall
-        remembered = _REMEMBERED.search
         memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
         missing = _MISSING
         try:
@@ -363,15 +362,14 @@ class _Scanner:
                         if self.flat_ok and stack and pos + 1 < end and category[data[pos + 1]] != _C_NUMBER
                         else None
                     )
-                    stop = group.end() if group is not None else pos
-                    memoizes = group is not None and memo_byte(b"\x94", pos, stop) >= 0
-                    if memoizes and remembered(data, pos, stop) is not None:
-                        group = None
                     if group is None:
                         marks.append(len(stack))
                         pos += 1
                     else:
-                        count = group_tokens(data, pos, stop).count(b"\x94") if memoizes else 0
+                        stop = group.end()
+                        count = (
+                            group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
+                        )
                         if count:
                             if self.puts:
                                 raise _Refused("", "", _MIXED_MEMO)
@@ -572,6 +570,8 @@ def _arguments(items: list[object]) -> tuple[object, ...]:
     No check reads an argument inside an inner tuple, and a kept tree could share subtrees through the memo
     (``t = (t, t, t)`` thirty times over is a 100-byte stream), which a walk would visit exponentially often.
     """
+    if tuple not in map(type, items):
+        return tuple(items)
     return tuple(_no_helpers(item) if type(item) is tuple else item for item in items)
 
 
