@@ -16,9 +16,6 @@ import pickletools
 import re
 import struct
 from array import array
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Final
 
 from snapcell.checkpoint._rule import (
     ALIASES,
@@ -34,66 +31,24 @@ from snapcell.checkpoint._rule import (
     call_refusal,
     global_refusal,
 )
-
-__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
-
-
-# ----------------------------------------------------------------------------------------------- the scanner
-
-
-class _Opaque:
-    """Any value the scanner does not track (the result of a call, a container, a number)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "OPAQUE"
-
-
-OPAQUE: Final = _Opaque()
-# A value that may be an object that existed before the load (what a lookup returned): never given state.
-FOREIGN: Final = _Opaque()
-
-
-class _ModuleRef(_Opaque):
-    """What a module-importing helper called with a constant name returns: a module, foreign like a lookup.
-
-    Reading an attribute of it through the ``getattr`` helper is naming the global ``module.attribute``, so the
-    rule for globals applies (``getattr(subimport('copy'), 'dispatch_table')`` is ``copy.dispatch_table``).
-    """
-
-    __slots__ = ("module",)
-
-    def __init__(self, module: str) -> None:
-        self.module = module
-
-
-# Calls that hand back existing objects rather than making new ones (``min((JSONEncoder,))`` is the class itself, and
-# so is ``copy.copy`` of a class).
-_LOOKUPS = frozenset(
-    {
-        ("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce"),
-        ("builtins", "min"), ("builtins", "max"), ("builtins", "sum"), ("copy", "copy"), ("copy", "deepcopy"),
-    }
-)  # fmt: skip
-# cloudpickle's state setters: (obj, state) for an object the stream made.
-_SETSTATE = frozenset(
-    {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}
+from snapcell.checkpoint._scanvalues import (
+    _LOOKUPS,
+    _SETSTATE,
+    FOREIGN,
+    MAX_MEMO_KEPT,
+    OPAQUE,
+    _arguments,
+    _check_target,
+    _forgettable,
+    _Global,
+    _ModuleRef,
+    _no_helpers,
+    _Opaque,
+    _Refused,
+    _show,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class _Global:
-    module: str
-    name: str
-    kind: str  # the helper kind, PLAIN for any other allowed global
-
-
-class _Refused(Exception):
-    def __init__(self, module: str, name: str, reason: str) -> None:
-        super().__init__(reason)
-        self.refusal = Refusal(module, name, reason)
-
+__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
 
 # Opcode table, from pickletools: argument length (>= 0 fixed; the negative codes below), values popped (-1: pop to
 # the mark), values pushed.
@@ -113,6 +68,7 @@ _MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten
 # count, would make the scanner's indices differ from the loader's (the scanner would follow the wrong value) and
 # make the loader grow its memo table to the index.
 _MIXED_MEMO = "a pickle stream that numbers its memo both ways (PUT and MEMOIZE), which no pickler writes"
+_TOO_MANY = "more memoized globals and lookups than any pickler writes (the scanner keeps each one)"
 _MAX_TUPLE = 3
 _U4 = struct.Struct("<I")
 _I4 = struct.Struct("<i")
@@ -346,6 +302,8 @@ class _Scanner:
                     # Past the limit only constants are forgotten (a GET of one is opaque, which every check for
                     # a constant refuses); a global or a lookup's result is kept, or a GET would make it opaque.
                     if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+                        if len(memo) >= MAX_MEMO_KEPT:
+                            raise _Refused("", "", _TOO_MANY)
                         memo[memo_next] = value
                         if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
                             self.flat_ok = False  # a helper in the memo: memo reads in groups need checking
@@ -454,6 +412,8 @@ class _Scanner:
             self.puts += key == self.puts
             value = stack[-1]
             if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+                if len(memo) >= MAX_MEMO_KEPT:
+                    raise _Refused("", "", _TOO_MANY)
                 memo[key] = value
             else:
                 memo.pop(key, None)  # this index held something else before
@@ -549,51 +509,9 @@ class _Scanner:
         return pos, memo_next
 
 
-def _check_target(target: object, how: str) -> None:
-    """State may only go to objects the stream made: not to a global or what a lookup returned (a library class)."""
-    if isinstance(target, _Global):
-        raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
-    if target is FOREIGN or type(target) is _ModuleRef:
-        raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
-
-
-def _forgettable(value: object) -> bool:
-    """True for a memo value the scanner may forget: a constant, or a tuple of constants and opaque values."""
-    if type(value) is tuple:
-        return all(item is OPAQUE or type(item) in (str, type(None)) for item in value)
-    return type(value) in (str, type(None))
-
-
-def _arguments(items: list[object]) -> tuple[object, ...]:
-    """A tuple the scanner keeps (call arguments), one level deep: an inner tuple is checked now and is opaque after.
-
-    No check reads an argument inside an inner tuple, and a kept tree could share subtrees through the memo
-    (``t = (t, t, t)`` thirty times over is a 100-byte stream), which a walk would visit exponentially often.
-    """
-    if tuple not in map(type, items):
-        return tuple(items)
-    return tuple(_no_helpers(item) if type(item) is tuple else item for item in items)
-
-
-def _no_helpers(values: Iterable[object]) -> _Opaque:
-    """A helper that takes names may only be called directly, never stored or passed (``partial(getattr, f)``)."""
-    for value in values:
-        if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
-            raise _Refused(value.module, value.name, "a helper that takes names, passed as a value")
-        if type(value) is tuple:
-            _no_helpers(value)
-    return OPAQUE
-
-
 def _memo_key(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> int:
     if code in (ord("h"), ord("q")):
         return data[start]
     if code in (ord("j"), ord("r")):
         return int(_U4.unpack_from(data, start)[0])
     return int(bytes(data[start : end - 1]))
-
-
-def _show(args: object) -> str:
-    if isinstance(args, tuple):
-        return "(" + ", ".join(repr(a)[:60] for a in args) + ")"
-    return "values computed in the stream"

@@ -160,3 +160,11 @@ def test_many_groups_after_a_full_memo_do_not_walk_it(monkeypatch: pytest.Monkey
     fill = b"".join(_s(f"{i % 1000:03}") + b"\x940" for i in range(1 << 18))
     assert scan_pickle(_stream(fill + b"](\x8c\x01a\x94e0" * 200 + b"N"), RULE) is None
     assert budget.used == 0
+
+
+def test_the_globals_and_lookups_kept_in_the_memo_are_bounded() -> None:
+    """Kept past the limit for constants, each costs the host a memo entry: four stream bytes may not buy 100."""
+    copies = b"h\x00\x940" * ((1 << 20) + 1)  # GET the class, MEMOIZE it again, POP
+    refusal = scan_pickle(_stream(JSON_ENCODER + b"\x94" + copies), RULE)
+    assert refusal is not None and "memoized globals" in refusal.reason
+    assert scan_pickle(_stream(JSON_ENCODER + b"\x94" + b"h\x00\x940" * 1000), RULE) is None
