@@ -74,8 +74,9 @@ class BlobIO:
             ForgedBlob: A new blob's content does not match its name (a compromised worker); nothing was stored.
             StorageError: The store failed.
         """
-        sizes = {ref.hash: ref.raw_bytes for ref in dumped.manifest.blobs}
-        await asyncio.to_thread(_check_new_blobs, dumped, sizes)
+        if dumped.new_blobs:
+            sizes = {ref.hash: ref.raw_bytes for ref in dumped.manifest.blobs}
+            await asyncio.to_thread(_check_new_blobs, dumped, sizes)
 
         async def put(name: str, data: bytes) -> bool:
             key = self.key(name)

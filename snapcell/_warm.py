@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 from snapcell.errors import SnapcellError
 from snapcell.session import AsyncSession
@@ -73,6 +74,11 @@ class WarmSessions:
     def __len__(self) -> int:
         return len(self._kept)
 
+    @property
+    def leaving(self) -> int:
+        """Sessions being checked in right now (each still holds its worker slot for a few milliseconds)."""
+        return len(self._closing)
+
     @contextlib.asynccontextmanager
     async def turn(
         self,
@@ -116,7 +122,10 @@ class WarmSessions:
             raise
         # A turn waiting for a checkout gets this session's worker rather than waiting behind a warm session.
         if turn._dumped is None or self.keep_warm_s <= 0 or self.max_sessions < 1 or self._waiting:
-            await turn._stack.aclose()
+            # The turn is saved and its answer ready: checking the session in (killing its worker, removing its
+            # scratch directory: milliseconds) happens after the answer is returned, off the turn's latency. The
+            # worker's slot stays taken until then, so no checkout gets ahead of it.
+            self._in_background(self._checkin(turn._stack))
             return
         await self._keep(conversation_id, _Kept(turn._stack, turn.session, turn._dumped, turn._memory_bytes))
 
@@ -135,9 +144,19 @@ class WarmSessions:
 
     def _expire(self, conversation_id: str, kept: _Kept) -> None:
         if self._kept.get(conversation_id) is kept:
-            task = asyncio.ensure_future(self._evict(conversation_id))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._in_background(self._evict(conversation_id))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _checkin(stack: AsyncExitStack) -> None:
+        try:
+            await stack.aclose()
+        except SnapcellError as exc:  # checking in a session whose worker is gone; nothing is lost
+            log.debug("snapcell: checking in a session failed: %s", exc)
 
     async def _evict(self, conversation_id: str) -> None:
         kept = self._kept.pop(conversation_id, None)
@@ -151,7 +170,7 @@ class WarmSessions:
             log.debug("snapcell: checking in a warm session failed: %s", exc)
 
     async def aclose(self) -> None:
-        """Check every warm session in."""
+        """Check every warm session in, and wait for the check-ins still under way."""
         while self._kept:
             await self._evict(next(iter(self._kept)))
         if self._closing:

@@ -10,9 +10,10 @@ from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 from snapcell._blobio import BlobIO, ForgedBlob
+from snapcell._session_sync import Session
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
-from snapcell.checkpoint._format import MAX_MANIFEST_BYTES
+from snapcell.checkpoint._format import MAX_MANIFEST_BYTES, Container, SectionKind
 from snapcell.checkpoint._hostscan import UnscannedFrame, check_frame_blobs, scanned_frames
 from snapcell.checkpoint._rule import Refusal
 from snapcell.errors import (
@@ -48,6 +49,9 @@ T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
 # Verify and sign off the event loop above this size: HMAC-SHA256 runs at about 1 GB/s.
 _THREAD_BYTES = 1024 * 1024
+# Scan pickles off the event loop above this many raw bytes (the scan walks opcodes in Python, 40-60 MB/s: at most
+# about 0.4 ms on the loop); below it the hand-off to a thread costs about as much as the scan.
+_SCAN_THREAD_BYTES = 16 * 1024
 # Largest checkpoint read when the session has no memory limit, and room for the header and section table.
 _NO_MEMORY_LIMIT_CAP = 64 * 1024**3
 _TABLE_SLACK_BYTES = 64 * 1024 * 1024
@@ -191,7 +195,12 @@ class AsyncSession:
         # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
         blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
         self.manifest = await self._backend.load(body, blobs)
-        self._frames = await asyncio.to_thread(scanned_frames, body, blobs, self._rule) if key_index == 0 else set()
+        if key_index != 0:
+            self._frames = set()
+        elif sum(ref.raw_bytes for ref in refs) > _SCAN_THREAD_BYTES:
+            self._frames = await asyncio.to_thread(scanned_frames, body, blobs, self._rule)
+        else:
+            self._frames = scanned_frames(body, blobs, self._rule)
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = len(blob)
         # Only blobs in the signing key's namespace can be referred to by the next dump.
@@ -388,7 +397,18 @@ class AsyncSession:
             ForgedFiles: The workspace file list is malformed.
             WorkspaceQuotaExceeded: The workspace files are over the quota.
         """
-        found = await asyncio.to_thread(self._scan, dumped)
+        found = None
+        # A small dump is scanned on the event loop (a thread hand-off costs more); a large one, or a few bytes
+        # that declare much data to decompress, in a thread.
+        inline = len(dumped.body) + sum(map(len, dumped.new_blobs.values())) <= _SCAN_THREAD_BYTES
+        if inline:
+            container = self._parse(dumped)
+            inline = _declared_raw_bytes(container, dumped) <= _SCAN_THREAD_BYTES
+            if inline:
+                found = self._check(container, dumped)
+            del container  # its views of the body must be gone before signing appends to it
+        if not inline:
+            found = await asyncio.to_thread(self._scan, dumped)
         if found is None:
             return
         refusal, variable = found
@@ -407,11 +427,25 @@ class AsyncSession:
 
         The parse holds views of the body; it is not returned, so none is left when signing appends to the body.
         """
+        return self._check(self._parse(dumped), dumped)
+
+    def _parse(self, dumped: Dumped) -> Container:
+        """Parse a dump's body, its declared sizes capped.
+
+        Raises:
+            ForgedBlob: The host cannot read it (a compromised worker).
+        """
         try:
-            container = parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes)
-            found = scan_body(container, rule=self._rule)
+            return parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes)
         except (CheckpointCorrupt, CheckpointVersionError) as exc:
             # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
+            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
+
+    def _check(self, container: Container, dumped: Dumped) -> tuple[Refusal, str | None] | None:
+        """Scan a parsed dump's pickles and new frame blobs against the loader's rule, and check its files."""
+        try:
+            found = scan_body(container, rule=self._rule)
+        except (CheckpointCorrupt, CheckpointVersionError) as exc:
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
         if found is not None:
             return found
@@ -507,90 +541,11 @@ class AsyncSession:
         self._closed = True
 
 
-class Session:
-    """The synchronous twin of `AsyncSession`; see its methods for details.
-
-    Create sessions with `Pool.checkout`.
-    """
-
-    def __init__(self, inner: AsyncSession, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
-        self._inner = inner
-        self._call = call
-
-    @property
-    def checkpoint_id(self) -> bytes | None:
-        """ID of the checkpoint last loaded or dumped, if any."""
-        return self._inner.checkpoint_id
-
-    @property
-    def checkpoint_bytes(self) -> int | None:
-        """Size in bytes of the checkpoint last loaded or dumped, if any."""
-        return self._inner.checkpoint_bytes
-
-    @property
-    def manifest(self) -> Manifest | None:
-        """Manifest of the checkpoint last loaded or dumped, if any."""
-        return self._inner.manifest
-
-    def load_session(self, checkpoint_id: bytes | bytearray | str) -> None:
-        """See `AsyncSession.load_session`."""
-        self._call(self._inner.load_session(checkpoint_id))
-
-    def run(
-        self,
-        code: str,
-        *,
-        external_lookup: HostFunctions | None = None,
-        setup: bool = False,
-        skip_type_check: bool = False,
-        limits: Limits | None = None,
-    ) -> RunResult:
-        """See `AsyncSession.run`."""
-        result: RunResult = self._call(
-            self._inner.run(
-                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
-            )
-        )
-        return result
-
-    def feed_run(
-        self,
-        code: str,
-        *,
-        external_lookup: HostFunctions | None = None,
-        setup: bool = False,
-        skip_type_check: bool = False,
-        limits: Limits | None = None,
-    ) -> Any:
-        """See `AsyncSession.feed_run`."""
-        return self._call(
-            self._inner.feed_run(
-                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
-            )
-        )
-
-    def dump(self, *, on_unpicklable: Literal["skip", "fail"] = "skip") -> bytes:
-        """See `AsyncSession.dump`."""
-        checkpoint_id: bytes = self._call(self._inner.dump(on_unpicklable=on_unpicklable))
-        return checkpoint_id
-
-    def reset(self) -> None:
-        """See `AsyncSession.reset`."""
-        self._call(self._inner.reset())
-
-    def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
-        """See `AsyncSession.write_file`."""
-        self._call(self._inner.write_file(path, data))
-
-    def read_file(self, path: str | os.PathLike[str]) -> bytes:
-        """See `AsyncSession.read_file`."""
-        data: bytes = self._call(self._inner.read_file(path))
-        return data
-
-    def list_files(self) -> list[FileInfo]:
-        """See `AsyncSession.list_files`."""
-        listing: list[FileInfo] = self._call(self._inner.list_files())
-        return listing
+def _declared_raw_bytes(container: Container, dumped: Dumped) -> int:
+    """The raw bytes a dump's scan would decompress: its pickle sections and its new blobs, as declared."""
+    sizes = {ref.hash: ref.raw_bytes for ref in container.manifest.blobs}
+    inline = sum(s.raw_size for s in container.sections if s.kind not in (SectionKind.FRAME_BLOB, SectionKind.BLOB))
+    return inline + sum(sizes.get(name, len(data)) for name, data in dumped.new_blobs.items())
 
 
 def _ago(seconds: float) -> str:

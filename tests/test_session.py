@@ -471,3 +471,53 @@ def test_guarded_stand_ins_survive_a_checkpoint(pool: Pool) -> None:
     with pool.checkout() as second:
         second.load_session(checkpoint)
         assert second.feed_run("(g(3), f.format('{0}!', 1), x)") == (3, "1!", 5)
+
+
+def test_the_host_scans_a_small_dump_on_its_loop_and_a_large_one_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread hand-off costs more than scanning a few pickles; a dump declaring much data still leaves the loop.
+
+    The large case is a few compressed bytes that declare 400 kB of pickle: its size on the wire alone would keep
+    it on the loop.
+    """
+    from snapcell.session import AsyncSession
+
+    threads: list[bool] = []
+    original = AsyncSession._check
+
+    def recorded(self: AsyncSession, *args: Any) -> Any:
+        threads.append(asyncio._get_running_loop() is not None)  # on the event loop, or in a worker thread
+        return original(self, *args)
+
+    monkeypatch.setattr(AsyncSession, "_check", recorded)
+    with Pool("memory://", signing_keys=[KEY_A], isolation="inline") as pool, pool.checkout() as session:
+        session.run("small = [1, 2, 3]")
+        small_id = session.dump()
+        session.run("large = ['a' * 400_000]")
+        session.dump()
+        session.load_session(small_id)
+    assert threads == [True, False]
+
+
+def test_a_dump_after_a_load_does_not_trial_restore_the_frames_that_load_restored() -> None:
+    """Restorability is checked at dump by restoring each new frame; a frame the load just restored is known good."""
+    with Pool("memory://", signing_keys=[KEY_A], isolation="inline") as pool:
+        with pool.checkout() as first:
+            first.run("rows = [{'i': i, 'name': f'row-{i}'} for i in range(50)]\nn = 3")
+            checkpoint_id = first.dump()
+        with pool.checkout() as session:  # a new runner, as a new worker would be
+            session.load_session(checkpoint_id)
+            runner = session._inner._backend.runner  # type: ignore[attr-defined]
+            trials: list[bytes] = []
+            original = runner._trial
+
+            def counted(data: bytes, buffers: list[Any]) -> Any:
+                trials.append(bytes(data))
+                return original(data, buffers)
+
+            runner._trial = counted
+            session.run("n = 4")
+            session.dump()
+            assert session.feed_run("len(rows), n") == (50, 4)
+    assert len(trials) == 1  # n's new frame; rows' frame is the one the load restored

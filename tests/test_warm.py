@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -158,3 +159,80 @@ def test_warm_settings_are_checked(options: dict[str, object]) -> None:
 
     with pytest.raises(ConfigError):
         asyncio.run(main())
+
+
+def test_a_turn_answers_before_its_session_is_checked_in_and_aclose_waits_for_it() -> None:
+    """Checking a session in (a worker to kill) is off the turn's latency, but never left behind by `aclose`."""
+    events: list[str] = []
+
+    async def main() -> bool:
+        release = asyncio.Event()
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads())
+
+            @contextlib.asynccontextmanager
+            async def held_checkin() -> AsyncIterator[AsyncSession]:
+                async with pool.checkout() as session:
+                    yield session
+                    events.append("checkin started")
+                    await release.wait()
+                events.append("checked in")
+
+            tool._new_session = held_checkin  # type: ignore[method-assign]
+            turn = asyncio.ensure_future(tool.run_code("a", "x = 1\nx"))
+            done, _ = await asyncio.wait({turn}, timeout=HANG_GUARD_S)
+            answered = turn in done and "1" in turn.result()
+            events.append("answered")
+            closing = asyncio.ensure_future(tool.aclose())
+            await asyncio.sleep(0)
+            release.set()
+            await closing
+            events.append("tool closed")
+            return answered
+
+    assert asyncio.run(main())
+    assert events == ["checkin started", "answered", "checked in", "tool closed"]
+
+
+def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_session(loads: list[bytes]) -> None:
+    """A finished turn's session frees its worker in a moment: a new turn waits for it and the warm one stays."""
+
+    async def main() -> tuple[int, str, str]:
+        release = asyncio.Event()
+        pool = AsyncPool(
+            store=MemoryStore(),
+            signing_keys=[KEY],
+            isolation="process",
+            policy=Policy.unrestricted(),
+            max_workers=2,
+            checkout_timeout_s=HANG_GUARD_S,
+        )
+        async with pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60)
+
+            @contextlib.asynccontextmanager
+            async def held_checkin() -> AsyncIterator[AsyncSession]:
+                async with pool.checkout() as session:
+                    yield session
+                    await release.wait()
+
+            tool._new_session = held_checkin  # type: ignore[method-assign]
+            await tool.run_code("a", "x = 1")  # kept warm: one worker
+            # A generator cannot be saved, so this session is not kept: it is checked in, held there: the other worker.
+            await tool.run_code("b", "g = (i for i in range(3))")
+            third = asyncio.ensure_future(tool.run_code("c", "'c ran'"))
+            deadline = time.monotonic() + HANG_GUARD_S
+            while tool._warm._waiting == 0 and not third.done() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            still_warm = len(tool._warm)
+            release.set()
+            answer = await third
+            again = await tool.run_code("a", "x")
+            await tool.aclose()
+        return still_warm, answer, again
+
+    still_warm, answer, again = asyncio.run(main())
+    assert still_warm == 1
+    assert "c ran" in answer
+    assert "1" in again
+    assert loads == []  # "a" ran warm again: nothing was loaded

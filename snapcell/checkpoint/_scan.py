@@ -12,6 +12,7 @@ the stack and the memo, anything else is opaque, and what it cannot prove safe i
 from __future__ import annotations
 
 import bisect
+import functools
 import pickletools
 import re
 import struct
@@ -93,15 +94,21 @@ def _length_prefixed() -> bytes:
     return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
 
 
-_SIZED = _length_prefixed()
-# A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
-_READ = rb"h.(?!\x94)|j....(?!\x94)"
-_TOKEN = (
-    rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + _READ + rb"|\x94|\x8c" + _SIZED + rb"|C" + _SIZED + rb"|[\]})\x8f]|\x95.{8}"
-)
-_RECORD = rb"(?:\]|\}|\x8f)\x94?\((?:" + _TOKEN + rb")*[eu\x90]"
-_FLAT_GROUP = re.compile(rb"\((?:" + _RECORD + rb"|" + _TOKEN + rb")*[eu\x90]", re.DOTALL)
-_GROUP_TOKENS = re.compile(rb"(\x94)|\(|[eu\x90]|" + _TOKEN, re.DOTALL)
+@functools.cache
+def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
+    every worker pays before its first run, while only a dump or a load scans)."""
+    sized = _length_prefixed()
+    # A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
+    read = rb"h.(?!\x94)|j....(?!\x94)"
+    token = (
+        rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x94|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
+    )
+    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
+    flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
+    return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
+
+
 _MAX_LAZY = 1 << 20
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
@@ -192,7 +199,7 @@ class _Scanner:
     def _index_group(self, start: int, stop: int) -> array[int]:
         offsets = array("q")
         last = -1
-        for token in _GROUP_TOKENS.finditer(self.data, start, stop):
+        for token in _group_patterns()[1].finditer(self.data, start, stop):
             code = self.data[token.start()]
             if code == 0x94:
                 offsets.append(last)
@@ -264,8 +271,9 @@ class _Scanner:
         op = 0
         number_run = _NUMBER_RUN.match
         number_token = _NUMBER_TOKEN
-        flat_group = _FLAT_GROUP.match
-        group_tokens = _GROUP_TOKENS.findall
+        flat_pattern, group_pattern = _group_patterns()
+        flat_group = flat_pattern.match
+        group_tokens = group_pattern.findall
         memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
         missing = _MISSING
         try:

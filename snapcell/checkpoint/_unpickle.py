@@ -23,6 +23,7 @@ from snapcell.checkpoint._blobs import (
     CHUNK_BYTES,
     blob_raw_size,
     decode_blob,
+    hash_buffer,
     unpack_blob_ref,
 )
 from snapcell.checkpoint._findglobal import PICKLE_MODULE, FindGlobal, checked, make_find_global
@@ -64,6 +65,9 @@ class LoadedNamespace:
     variables: dict[str, Any]
     manifest: Manifest
     failed: dict[str, str] = field(default_factory=dict)
+    # Hashes of the frame parts (without out-of-band buffers) that restored: a dump in the same interpreter need
+    # not restore the same bytes again to know they load.
+    restored: set[bytes] = field(default_factory=set)
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -379,6 +383,7 @@ def _load_frames(
                 for data, buffers in loaded_parts
             ]
             result.variables.update(_assemble_frame(frame.names, frame.layout, values))
+            result.restored.update(hash_buffer(data) for data, buffers in loaded_parts if not buffers)
         except Exception as exc:  # restoring runs reducers from the checkpoint
             reason = _describe(exc)
             for name in frame.names:

@@ -85,10 +85,9 @@ def compile_cell(tree: ast.Module, source: str, filename: str, future_flags: int
     last = tree.body[-1] if tree.body else None
     has_value = isinstance(last, ast.Expr)
     if isinstance(last, ast.Expr):
-        tree.body[-1] = ast.copy_location(
-            ast.Assign(targets=[ast.Name(id=RESULT_NAME, ctx=ast.Store())], value=last.value), last
-        )
-        ast.fix_missing_locations(tree)
+        # Both new nodes are located here; every other node already is (no fix-up pass over the whole tree).
+        target = ast.copy_location(ast.Name(id=RESULT_NAME, ctx=ast.Store()), last)
+        tree.body[-1] = ast.copy_location(ast.Assign(targets=[target], value=last.value), last)
     future_flags |= _future_flags_of(tree)
     flags = future_flags | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     try:

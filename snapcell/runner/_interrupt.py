@@ -319,6 +319,9 @@ class Watchdog:
                     if self.finished:
                         return
                     self.finished = True
+                    # The monitor's heap may hold this watch a while yet: not the run's task (asyncio.all_tasks,
+                    # which every run asks, walks every task still alive).
+                    self._task = self._loop = None
                     if self._flags is not None:
                         self._flags[EXPIRED_NAME] = False
                 if self.fired:

@@ -148,7 +148,8 @@ class ProcessBackend:
         if self.worker is None:
             await self.start()
         worker = self.worker
-        cpu_before = _cpu_seconds(worker.pid if worker is not None else None)
+        stat = worker.stat if worker is not None else None
+        cpu_before = stat.cpu_seconds() if stat is not None else None
         request = asyncio.ensure_future(
             self._request(
                 {
@@ -187,14 +188,13 @@ class ProcessBackend:
                 # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
                 await self.discard()
                 raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
+        cpu_after = stat.cpu_seconds() if stat is not None else None
+        cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+        peak = stat.peak_rss() if stat is not None else None
         try:
-            result = _run_result(reply, limits, calls, blob)
+            result = _run_result(reply, limits, calls, blob, cpu_time_s=cpu, peak_memory_bytes=peak)
         except (MalformedMessage, ValueError, TypeError) as exc:
             raise await self._malformed("run", exc) from None
-        if worker is not None:
-            cpu_after = _cpu_seconds(worker.pid)
-            cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
-            result = dataclasses.replace(result, cpu_time_s=cpu, peak_memory_bytes=_peak_rss(worker.pid))
         if cancelled:
             raise RunCancelled(result)
         return result
@@ -300,7 +300,7 @@ class ProcessBackend:
         zygote = worker.zygote
         if worker.forked is None or zygote is None:
             return "spawn"
-        return f"zygote (pid {zygote.pid}, preloaded: {', '.join(zygote.preloaded) or 'nothing'})"
+        return f"zygote (pid {zygote.pid}, preloaded: {zygote.preload_report})"
 
     @property
     def sandbox(self) -> dict[str, str]:
@@ -395,8 +395,16 @@ def _artifacts(reply: dict[str, Any], limits: Limits, blob: bytearray) -> tuple[
     return tuple(found)
 
 
-def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall], blob: bytearray) -> RunResult:
-    """The `RunResult` in a worker's ``ran`` reply, with the artifacts in its blob.
+def _run_result(
+    reply: dict[str, Any],
+    limits: Limits,
+    calls: list[HostCall],
+    blob: bytearray,
+    *,
+    cpu_time_s: float | None = None,
+    peak_memory_bytes: int | None = None,
+) -> RunResult:
+    """The `RunResult` in a worker's ``ran`` reply, with the artifacts in its blob and the host's usage readings.
 
     Raises:
         MalformedMessage: The reply is not one.
@@ -426,37 +434,9 @@ def _run_result(reply: dict[str, Any], limits: Limits, calls: list[HostCall], bl
         namespace_summary=str(reply.get("namespace_summary") or "")[:MAX_SUMMARY_CHARS],
         assigned=tuple(str(name)[:MAX_ASSIGNED_CHARS] for name in assigned),
         files=_artifacts(reply, limits, blob),
+        cpu_time_s=cpu_time_s,
+        peak_memory_bytes=peak_memory_bytes,
     )
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a worker, read by the host from ``/proc`` (never from the worker); None if
-    unknown."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            fields = file.read().rpartition(b")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _peak_rss(pid: int | None) -> int | None:
-    """A worker's peak resident set size in bytes (``VmHWM``), read by the host from ``/proc``; None if unknown."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/status", "rb") as file:
-            for line in file:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:

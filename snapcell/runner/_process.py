@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import inspect
 import logging
 import os
 import resource
@@ -28,21 +27,20 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from snapcell._telemetry import trace_host_function
 from snapcell.errors import OutputLimitExceeded, SessionError
 from snapcell.runner._host import CallBudget, HostCall
+from snapcell.runner._hostcalls import PendingCall, call_host, finish_call
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._privileges import LIVE_WORKER_PIDS
+from snapcell.runner._procstat import ProcStat
 from snapcell.runner._sandbox import release_scratch, sandbox_failure, worker_sandbox_settings
 from snapcell.runner._wire import (
     FRAME,
     Budget,
-    NotPlainData,
     decode,
     encode,
     reply_budget,
@@ -121,6 +119,9 @@ class WorkerProcess:
         self._rbuf = bytearray(_READ_CHUNK)
         self._rview = memoryview(self._rbuf)
         self._rstart = self._rend = 0
+        # The channel stays registered with the event loop while frames are being read (see `_wait_readable`).
+        self._watching: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._send_lock = asyncio.Lock()
         self._stderr: Any = None
         self.dead = False
@@ -129,6 +130,8 @@ class WorkerProcess:
         # The session's limits (from `init`): they size the budget of every reply.
         self.limits = Limits()
         self._inherited_rss = 0
+        # Its CPU time and peak memory, read by the host from /proc once it has started.
+        self.stat: ProcStat | None = None
 
     @property
     def start_path(self) -> str:
@@ -187,6 +190,8 @@ class WorkerProcess:
         if message.get("op") != "started" or (self.forked is not None and message.get("pid") != self.pid):
             await self.kill()
             raise SessionError(f"a worker process sent {str(message)[:80]!r} instead of starting")
+        if self.pid is not None:
+            self.stat = ProcStat(self.pid)
 
     async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers.
@@ -259,7 +264,6 @@ class WorkerProcess:
             out = buffer[self._rstart : self._rstart + size]
             self._rstart += size
             return out
-        loop = asyncio.get_running_loop()
         if size > len(buffer) // 2:
             # A large payload goes straight into its own buffer, after what is already here.
             got = self._rend - self._rstart
@@ -271,7 +275,7 @@ class WorkerProcess:
                     out.extend(bytes(min(len(out), size - got)))
                 target = memoryview(out)[got:]
                 try:
-                    n = await loop.sock_recv_into(sock, target)
+                    n = await self._recv_into(sock, target)
                 finally:
                     target.release()  # `extend` above needs the buffer unexported
                 if n == 0:
@@ -283,13 +287,64 @@ class WorkerProcess:
             view[:kept] = view[self._rstart : self._rend]
             self._rstart, self._rend = 0, kept
         while self._rend < size:
-            n = await loop.sock_recv_into(sock, view[self._rend :])
+            n = await self._recv_into(sock, view[self._rend :])
             if n == 0:
                 raise ConnectionResetError("the worker closed its channel")
             self._rend += n
         out = buffer[:size]
         self._rstart = size
         return out
+
+    async def _recv_into(self, sock: socket.socket, target: memoryview) -> int:
+        """Receive what has arrived into ``target``, waiting for the channel to become readable if nothing has."""
+        while True:
+            try:
+                return sock.recv_into(target)
+            except (BlockingIOError, InterruptedError):
+                await self._wait_readable(sock)
+
+    async def _wait_readable(self, sock: socket.socket) -> None:
+        """Wait until the channel is readable.
+
+        The channel is registered with the loop once and stays so while someone waits each time it becomes
+        readable (most of a request), rather than registered and removed around every wait as
+        ``loop.sock_recv_into`` does: two ``epoll_ctl`` calls and a handle fewer per frame.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiter = waiter
+        if self._watching is not loop:
+            self._unwatch()
+            loop.add_reader(sock.fileno(), self._on_readable)
+            self._watching = loop
+        try:
+            await waiter
+        finally:
+            if self._waiter is waiter:
+                self._waiter = None
+
+    def _on_readable(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+            return
+        # Nobody waits. Usually the report is stale (the woken reader took the bytes since the loop polled); if
+        # bytes (or the end of the channel) are really there, stop watching, or the loop calls again every turn.
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                pass
+        self._unwatch()
+
+    def _unwatch(self) -> None:
+        loop, self._watching = self._watching, None
+        if loop is not None and self._sock is not None:
+            loop.remove_reader(self._sock.fileno())
 
     async def _receive(self, budget: Budget) -> tuple[dict[str, Any], bytearray, int]:
         """Read one frame within ``budget``: its message, its blob, and the message's length.
@@ -358,6 +413,7 @@ class WorkerProcess:
         if self._rend != self._rstart:
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
+        traced: dict[str, Callable[..., Any] | None] = {}
         try:
             async with _deadline(timeout_s, self):
                 await self._send(message, *parts)
@@ -370,9 +426,14 @@ class WorkerProcess:
                             await self._refuse("it sent a host-function call outside a run")
                         else:
                             await self._admit_call(reply, size, calls_budget, counter)
-                        task = asyncio.ensure_future(self._serve_call(reply, lookup or {}, calls))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
+                        served = call_host(reply, lookup or {}, calls, traced)
+                        if isinstance(served, PendingCall):  # an async function: awaited alongside the others
+                            task = asyncio.ensure_future(self._finish_call(served, calls))
+                            tasks.add(task)
+                            task.add_done_callback(tasks.discard)
+                        else:  # a sync function has answered already: no task, no loop turn
+                            with contextlib.suppress(_Died):
+                                await self._send(served)
                         continue
                     return reply, reply_blob
         finally:
@@ -403,42 +464,8 @@ class WorkerProcess:
         except OutputLimitExceeded as exc:
             await self._refuse(f"it made more host-function calls than Limits.max_host_calls ({exc.value})")
 
-    async def _serve_call(
-        self, message: dict[str, Any], lookup: Mapping[str, Callable[..., Any]], calls: list[HostCall] | None
-    ) -> None:
-        name = str(message.get("name"))
-        func = trace_host_function(name, lookup.get(name))
-        start = time.perf_counter()
-        reply: dict[str, Any] = {"op": "result", "id": message.get("id")}
-        try:
-            if func is None:
-                raise NameError(f"host function {name[:100]!r} is not available in this run")
-            args, kwargs = message.get("args") or [], message.get("kwargs") or {}
-            value = func(*args, **{str(k): v for k, v in kwargs.items()})
-            if inspect.isawaitable(value):
-                value = await value
-            reply["value"] = to_plain(_plain_friendly(value))
-            if calls is not None:
-                calls.append(HostCall(name, time.perf_counter() - start))
-        except NotPlainData as exc:
-            log.error(
-                "snapcell: the host function %s returned data that cannot be sent to the script (%s); this is a bug "
-                "in the application: return plain data (numbers, strings, bytes, lists, dicts, dates, Decimals)",
-                name,
-                exc,
-            )
-            text = f"{name}() returned data that cannot be sent: {exc}"
-            reply["error"] = {"type": "TypeError", "message": text}
-            if calls is not None:
-                calls.append(HostCall(name, time.perf_counter() - start, f"TypeError: {text}"))
-        except Exception as exc:  # a host function's failure goes to the script, which may catch it
-            if func is not None:  # no function of that name is the script's mistake, not the application's
-                log.warning(
-                    "snapcell: the host function %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc
-                )
-            reply["error"] = {"type": type(exc).__name__, "message": str(exc)[:10_000]}
-            if calls is not None:
-                calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+    async def _finish_call(self, pending: PendingCall, calls: list[HostCall] | None) -> None:
+        reply = await finish_call(pending, calls)
         with contextlib.suppress(_Died):
             await self._send(reply)
 
@@ -520,8 +547,14 @@ class WorkerProcess:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.to_thread(self.process.wait), _KILL_WAIT_S)
         if self._sock is not None:
+            self._unwatch()
             self._sock.close()
             self._sock = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # a read in progress finds the channel closed, rather than waiting for ever
+        if self.stat is not None:
+            self.stat.close()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -557,15 +590,3 @@ def _larger(a: Budget, b: Budget) -> Budget:
         items=max(a.items, b.items),
         blob_bytes=max(a.blob_bytes, b.blob_bytes),
     )
-
-
-def _plain_friendly(value: Any) -> Any:
-    """Turn common host return types (pydantic models, dataclasses) into plain data."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="python")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, list | tuple):
-        return type(value)(_plain_friendly(v) for v in value) if type(value) in (list, tuple) else value
-    return value

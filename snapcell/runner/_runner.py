@@ -88,6 +88,10 @@ def _code_name_denied(name: str) -> bool:
     return False
 
 
+# Hashes of frames known to restore in this interpreter, kept at most (a set of 32-byte digests).
+_MAX_RESTORED_FRAMES = 100_000
+
+
 class Runner:
     """Runs cells in one persistent namespace.
 
@@ -414,6 +418,10 @@ class Runner:
             blobs=blobs,
         )
         namespace.update(loaded.variables)
+        # Frames that just restored with this runner's own unpickler need no trial restore at the next dump.
+        if len(self._restored) + len(loaded.restored) > _MAX_RESTORED_FRAMES:
+            self._restored.clear()
+        self._restored.update(loaded.restored)
         # cloudpickle hands restored functions the real builtins; the policy's go back in.
         namespace["__builtins__"] = self.builtins
         namespace["__name__"] = "__main__"

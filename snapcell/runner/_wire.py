@@ -6,31 +6,84 @@ and size. Messages are JSON: the reading side can build nothing but plain data, 
 (whose hashes are randomized per process, so a worker cannot make them collide), and a message
 cannot share or cycle, so its size on the host is bounded by its bytes. Values JSON lacks travel as
 one-key tagged objects (``{"$t": [...]}`` for a tuple, ``{"$b": "<base64>"}`` for bytes, ...); a
-one-key dict whose key starts with ``$`` is escaped as ``{"$dict": [key, value]}``.
+one-key dict whose key starts with ``$`` is escaped as ``{"$dict": [key, value]}``. What each frame may
+hold (the protocol's size limits and each reply's budget) is in `_budget`, re-exported here.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import datetime
 import decimal
 import functools
 import gc
 import itertools
 import json
+import json.encoder
 import re
 import struct
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from snapcell import errors
+from snapcell.runner._budget import (
+    MAX_ARTIFACT_FIELD_BYTES,
+    MAX_ARTIFACTS,
+    MAX_ASSIGNED,
+    MAX_ASSIGNED_CHARS,
+    MAX_CHECKPOINT_REPLY_BYTES,
+    MAX_DECLARATIONS_CHARS,
+    MAX_DEPTH,
+    MAX_DUMP_BLOBS,
+    MAX_ERROR_NAMES,
+    MAX_ERROR_TEXT_CHARS,
+    MAX_ITEMS,
+    MAX_LIST_BYTES,
+    MAX_LIST_FILES,
+    MAX_MANIFEST_ITEMS,
+    MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_DEPTH,
+    MAX_MESSAGE_ITEMS,
+    MAX_NAME_CHARS,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SUMMARY_CHARS,
+    Budget,
+    reply_budget,
+    value_items,
+)
 from snapcell.runner._limits import Limits
+from snapcell.runner._plain import JSON_SCALARS as _JSON_SCALARS
+from snapcell.runner._plain import SCALARS as _SCALARS
+from snapcell.runner._plain import VALUES as _VALUES
+from snapcell.runner._plain import NotPlainData, to_plain
 from snapcell.runner._values import VALUE_TAGS, Tagged
 
 __all__ = [
-    "MAX_MESSAGE_BYTES",
     "Budget",
+    "FRAME",
+    "MAX_ARTIFACTS",
+    "MAX_ARTIFACT_FIELD_BYTES",
+    "MAX_ASSIGNED",
+    "MAX_ASSIGNED_CHARS",
+    "MAX_CHECKPOINT_REPLY_BYTES",
+    "MAX_DECLARATIONS_CHARS",
+    "MAX_DEPTH",
+    "MAX_DUMP_BLOBS",
+    "MAX_ERROR_NAMES",
+    "MAX_ERROR_TEXT_CHARS",
+    "MAX_ITEMS",
+    "MAX_LIST_BYTES",
+    "MAX_LIST_FILES",
+    "MAX_MANIFEST_ITEMS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_MESSAGE_DEPTH",
+    "MAX_MESSAGE_ITEMS",
+    "MAX_NAME_CHARS",
+    "MAX_NOTES",
+    "MAX_NOTE_CHARS",
+    "MAX_SUMMARY_CHARS",
     "MalformedMessage",
     "NotPlainData",
     "check_script",
@@ -46,190 +99,13 @@ __all__ = [
     "value_items",
 ]
 
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-MAX_DEPTH = 32
-MAX_ITEMS = 2_000_000
-# A message carries a few plain values (a run's value, a host call's args and kwargs), each within
-# MAX_ITEMS and MAX_DEPTH; tags and the message's own fields add a little of both.
-MAX_MESSAGE_ITEMS = 8 * MAX_ITEMS
-MAX_MESSAGE_DEPTH = MAX_DEPTH + 2
-# Larger ints are not plain data: CPython refuses to print or parse them as decimal text (and that is quadratic).
-_MAX_INT_BITS = 13_000
-
 FRAME = struct.Struct(">QQ")  # message length, blob length
 
-# What one reply may carry besides its value. A worker keeps within these (it cuts what is longer), and the host
-# sizes its budget for each reply from them, so a worker that sends more is not following the protocol.
-MAX_NOTES = 64
-MAX_NOTE_CHARS = 2048
-MAX_SUMMARY_CHARS = 1000
-MAX_ERROR_TEXT_CHARS = 16 * 1024
-MAX_ERROR_NAMES = 256
-MAX_NAME_CHARS = 256
-# The variables a run assigned (`RunResult.assigned`): this many names, each cut to this many characters.
-MAX_ASSIGNED = 64
-MAX_ASSIGNED_CHARS = 80
-# A dump or load reply: its manifest (JSON text, whose own items are counted before it is parsed), the new
-# blobs it names. A worker whose checkpoint needs more says so with an error instead.
-MAX_CHECKPOINT_REPLY_BYTES = 32 * 1024 * 1024
-MAX_MANIFEST_ITEMS = 1_000_000
-MAX_DUMP_BLOBS = 65_536
-MAX_DECLARATIONS_CHARS = 1024 * 1024
-# Workspace: artifacts per run and the size of each one's description; files and bytes of a listing.
-MAX_ARTIFACTS = 256
-MAX_ARTIFACT_FIELD_BYTES = 2048
-MAX_LIST_FILES = 10_000
-MAX_LIST_BYTES = 64 * 1024 * 1024
-# Bytes a str character may take in a message: JSON is written as ASCII, and a character outside the BMP
-# becomes a surrogate pair of escapes (``\ud83d\ude00``).
-_CHAR_BYTES = 12
-_TEXT_SLACK = 200  # a text's cut marker ("[... 123 earlier characters of output were dropped ...]")
-_FIELDS_BYTES = 16 * 1024  # field names, numbers, the error's short fields
-_FIELDS_ITEMS = 1024
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Budget:
-    """The most a reply from a worker may hold; the host checks a frame against it before reading it.
-
-    Attributes:
-        message_bytes: Length of the JSON message.
-        items: Values in the message (as `count_items` counts them).
-        blob_bytes: Length of the blob after the message.
-    """
-
-    message_bytes: int
-    items: int
-    blob_bytes: int = 0
-
-
-def _text_bytes(*chars: int | None) -> int | None:
-    """Bytes of JSON text needed for strings of at most these many characters; None if one is unbounded."""
-    if any(c is None for c in chars):
-        return None
-    return sum(_CHAR_BYTES * (c + _TEXT_SLACK) for c in chars if c is not None)
-
-
-_ERROR_BYTES = _text_bytes(*[MAX_ERROR_TEXT_CHARS] * 4, *[MAX_NAME_CHARS] * 8, MAX_ERROR_NAMES * MAX_NAME_CHARS) or 0
-_ERROR_ITEMS = MAX_ERROR_NAMES + 64
-
-
-def _bounded(message_bytes: int | None, items: int | None, blob_bytes: int = 0) -> Budget:
-    if message_bytes is None or message_bytes > MAX_MESSAGE_BYTES:
-        message_bytes = MAX_MESSAGE_BYTES
-    if items is None or items > MAX_MESSAGE_ITEMS:
-        items = MAX_MESSAGE_ITEMS
-    return Budget(message_bytes=message_bytes, items=items, blob_bytes=blob_bytes)
-
-
-def value_items(limits: Limits) -> int:
-    """Most items a run's value (or a host call's arguments) may hold under ``Limits.max_value_bytes``."""
-    return MAX_ITEMS if limits.max_value_bytes is None else min(limits.max_value_bytes // 8, MAX_ITEMS)
-
-
-@functools.lru_cache(maxsize=256)
-def reply_budget(kind: str, limits: Limits, blob_bytes: int = 0) -> Budget:
-    """The budget of a reply to request ``kind`` (``"run"``, ``"dump"``, ...), or of a host ``"call"`` frame.
-
-    Every reply may instead be an ``error`` reply, so each budget covers one of those as well. A
-    limit that is None leaves the matching part bounded only by `MAX_MESSAGE_BYTES`.
-
-    Args:
-        kind: The request's op, or ``"call"`` for a worker's host-function call.
-        limits: The limits the request runs under.
-        blob_bytes: Largest blob a dump reply may carry (the worker's checkpoint budget).
-    """
-    value = limits.max_value_bytes
-    if kind == "call":
-        return _bounded(None if value is None else value + _FIELDS_BYTES, value_items(limits) + _FIELDS_ITEMS)
-    if kind == "run":
-        text = _text_bytes(
-            limits.max_output_bytes,
-            limits.max_output_bytes,
-            limits.max_value_repr_bytes,
-            MAX_NOTES * MAX_NOTE_CHARS,
-            MAX_SUMMARY_CHARS,
-            MAX_ASSIGNED * MAX_ASSIGNED_CHARS,
-        )
-        size = None if value is None or text is None else value + text + _ERROR_BYTES + _FIELDS_BYTES
-        if size is not None:  # the artifacts' descriptions (path, size, media type)
-            size += MAX_ARTIFACTS * MAX_ARTIFACT_FIELD_BYTES
-        items = value_items(limits) + MAX_NOTES + MAX_ASSIGNED + _ERROR_ITEMS + _FIELDS_ITEMS + 6 * MAX_ARTIFACTS
-        return _bounded(size, items, limits.max_artifact_bytes)
-    if kind in ("dump", "load"):
-        items = 3 * MAX_DUMP_BLOBS + _ERROR_ITEMS + _FIELDS_ITEMS
-        return _bounded(MAX_CHECKPOINT_REPLY_BYTES, items, blob_bytes if kind == "dump" else 0)
-    if kind == "ws_read":
-        return _bounded(_ERROR_BYTES + _FIELDS_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS, blob_bytes)
-    if kind == "ws_list":
-        return _bounded(
-            _ERROR_BYTES + _FIELDS_BYTES + MAX_LIST_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS + 4 * MAX_LIST_FILES
-        )
-    if kind == "declarations":
-        return _bounded((_text_bytes(MAX_DECLARATIONS_CHARS) or 0) + _ERROR_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS)
-    # Control requests (init, queue, reset, recycle, close) and start-up: a few short fields, or an error.
-    return _bounded(_ERROR_BYTES + _FIELDS_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS)
-
-
-_JSON_SCALARS = frozenset((type(None), bool, int, float, str))
-_SCALARS = (type(None), bool, int, float, str, bytes)
-_VALUES = (datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone, decimal.Decimal)
 _CONTAINERS = frozenset((list, tuple, dict, Tagged))
-_DATETIMES = (datetime.datetime, datetime.time)
-
-
-class NotPlainData(TypeError):
-    """A value that cannot cross the boundary as plain data."""
 
 
 class MalformedMessage(ValueError):
     """Bytes from the other side that are not a well-formed message of plain data (a broken or hostile peer)."""
-
-
-def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> Any:
-    """Copy ``value`` as plain data, or raise `NotPlainData` saying what is in the way.
-
-    Only exact built-in types are accepted (a subclass of ``dict`` is not plain data); dict keys must
-    be str; sets, complex numbers, ints over about 3,900 digits and datetimes whose tzinfo is not a
-    ``datetime.timezone`` are not plain data.
-    """
-    budget = [max_items]
-
-    def convert(item: Any, depth: int) -> Any:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise NotPlainData(f"more than {max_items} items")
-        kind = type(item)
-        if kind in _SCALARS:
-            if kind is int and item.bit_length() > _MAX_INT_BITS:
-                raise NotPlainData(f"an int of {item.bit_length()} bits is too large to be plain data")
-            return item
-        if kind in _VALUES:
-            if kind in _DATETIMES and item.tzinfo is not None and type(item.tzinfo) is not datetime.timezone:
-                raise NotPlainData(
-                    f"a {kind.__name__} with a {type(item.tzinfo).__qualname__} tzinfo is not plain data"
-                )
-            return item
-        if kind is bytearray:
-            return bytes(item)
-        if depth >= max_depth:
-            raise NotPlainData(f"nested deeper than {max_depth} levels")
-        if kind is list or kind is tuple:
-            converted = [convert(x, depth + 1) for x in item]
-            return converted if kind is list else tuple(converted)
-        if kind is dict:
-            out = {}
-            for key, x in item.items():
-                if type(key) is not str:
-                    raise NotPlainData(
-                        f"a dict with a {type(key).__qualname__} key is not plain data (keys must be str)"
-                    )
-                budget[0] -= 1
-                out[key] = convert(x, depth + 1)
-            return out
-        raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
-
-    return convert(value, 0)
 
 
 # ------------------------------------------------------------------ encoding
@@ -341,6 +217,45 @@ def _scan(root: Any, max_depth: int) -> tuple[int, set[type], set[type], bool]:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_tag_value, check_circular=False)
+# The C encoder `_ENCODER.encode` builds on every call, built once (the same settings); None without the C module.
+_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODER: Callable[[Any, int], Sequence[str]] | None = (
+    None
+    if _make_c_encoder is None
+    else _make_c_encoder(None, _tag_value, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+)
+
+
+def _shallow(message: dict[str, Any]) -> bool:
+    """Whether a message holds only JSON scalars, and flat lists and dicts of them (most frames are such).
+
+    Such a message has nothing to tag or escape and is two levels deep at most, so `_scan` has nothing to find.
+    """
+    if len(message) == 1 and _is_tag_like(next(iter(message))):
+        return False
+    for key, value in message.items():
+        kind = type(value)
+        if type(key) is not str:
+            return False
+        if kind in _JSON_SCALARS:
+            continue
+        if kind is list:
+            if not _JSON_SCALARS.issuperset(map(type, value)):
+                return False
+        elif kind is dict:
+            if len(value) == 1 and _is_tag_like(next(iter(value))):
+                return False
+            if not _JSON_SCALARS.issuperset(map(type, value.values())) or not {str}.issuperset(map(type, value)):
+                return False
+        else:
+            return False
+    return True
+
+
+def _write(tree: Any) -> str:
+    if _C_ENCODER is not None:
+        return "".join(_C_ENCODER(tree, 0))
+    return _ENCODER.encode(tree)
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -349,16 +264,19 @@ def encode(message: dict[str, Any]) -> bytes:
     Raises:
         NotPlainData: The message holds something else, or is nested deeper than `decode` accepts.
     """
-    depth, kinds, key_kinds, dollar = _scan(message, MAX_MESSAGE_DEPTH)
-    if depth > MAX_MESSAGE_DEPTH:
-        raise NotPlainData(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
-    if not kinds <= _PLAIN_KINDS or not key_kinds <= {str}:
-        odd = sorted(k.__qualname__ for k in (kinds - _PLAIN_KINDS) | (key_kinds - {str}))
-        raise NotPlainData(f"the message holds what is not plain data: {', '.join(odd)}")
-    # The JSON encoder writes a tuple as a list; a copy with tags is made only when a tuple is there.
-    tree = _tag_tree(message) if dollar or tuple in kinds or Tagged in kinds else message
+    if type(message) is dict and _shallow(message):
+        tree: Any = message
+    else:
+        depth, kinds, key_kinds, dollar = _scan(message, MAX_MESSAGE_DEPTH)
+        if depth > MAX_MESSAGE_DEPTH:
+            raise NotPlainData(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
+        if not kinds <= _PLAIN_KINDS or not key_kinds <= {str}:
+            odd = sorted(k.__qualname__ for k in (kinds - _PLAIN_KINDS) | (key_kinds - {str}))
+            raise NotPlainData(f"the message holds what is not plain data: {', '.join(odd)}")
+        # The JSON encoder writes a tuple as a list; a copy with tags is made only when a tuple is there.
+        tree = _tag_tree(message) if dollar or tuple in kinds or Tagged in kinds else message
     try:
-        return _ENCODER.encode(tree).encode("ascii")
+        return _write(tree).encode("ascii")
     except (ValueError, RecursionError) as exc:  # an int too large for text, a cycle
         raise NotPlainData(f"the message cannot be written: {exc}") from exc
 
@@ -429,6 +347,16 @@ def _items_bound(data: bytes | bytearray) -> int:
     return data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{") + 1
 
 
+@functools.lru_cache(maxsize=4)
+def _decoder(object_hook: Callable[[dict[str, Any]], Any]) -> json.JSONDecoder:
+    return json.JSONDecoder(object_hook=object_hook)
+
+
+def _parse(raw: bytes | bytearray) -> Any:
+    """Parse JSON text (UTF-8; `encode` writes ASCII), every object through `_untag`, with a decoder built once."""
+    return _decoder(_untag).decode(raw.decode("utf-8", "surrogatepass"))
+
+
 def count_items(data: bytes | bytearray, limit: int) -> int:
     """An upper bound on the values in a JSON text, exact enough to compare with ``limit``.
 
@@ -463,7 +391,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_items: int | None = None
         paused = gc.isenabled()
         gc.disable()
         try:
-            message = json.loads(raw, object_hook=_untag)
+            message = _parse(raw)
         finally:
             if paused:
                 gc.enable()

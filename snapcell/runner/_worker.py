@@ -9,236 +9,86 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import decimal
+import functools
 import os
-import select
 import signal
 import socket
 import sys
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from typing import Any
 
 from snapcell.checkpoint import BlobRef, parse_container
 from snapcell.errors import (
     CheckpointError,
     ConfigError,
-    OutputLimitExceeded,
     SandboxError,
     SnapcellError,
     TimeLimitExceeded,
     WorkspaceError,
 )
-from snapcell.runner._host import CallBudget
 from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
+from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
 from snapcell.runner._typecheck import declarations_from_namespace
 from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
-    FRAME,
     MAX_ASSIGNED,
     MAX_ASSIGNED_CHARS,
     MAX_CHECKPOINT_REPLY_BYTES,
     MAX_DECLARATIONS_CHARS,
     MAX_DUMP_BLOBS,
-    MAX_MESSAGE_BYTES,
     MAX_NOTE_CHARS,
     MAX_NOTES,
     MAX_SUMMARY_CHARS,
-    NotPlainData,
     count_items,
     cut_text,
-    decode,
     encode,
     error_to_plain,
     reply_budget,
     split_parts,
-    to_plain,
     value_items,
 )
+from snapcell.runner._workerchannel import Channel, WorkerBridge
 from snapcell.workspace import effective_quota
 from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
 from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
 
 __all__ = ["main"]
 
-_WAIT_SLICE_S = 0.05
+
+async def _carry_on(run: Coroutine[Any, Any, RunResult], waiting: Any) -> RunResult:
+    """Finish, in a task, a coroutine whose first step ran by hand and now waits for ``waiting``."""
+    return await _Resumed(run, waiting)
 
 
-class Channel:
-    """Frames over the socket to the host; sends may come from any thread."""
+class _Resumed:
+    """Awaiting it carries on a started coroutine: each thing it waits for is waited for by the awaiting task."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._send_lock = threading.Lock()
-        # Frames are read by whichever thread needs one (the main thread between requests and in a run's
-        # event loop, a thread waiting for a host-function result); one at a time.
-        self.receive_lock = threading.Lock()
+    __slots__ = ("_run", "_waiting")
 
-    def send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
-        self.send_payload(encode(message), *parts)
+    def __init__(self, run: Coroutine[Any, Any, RunResult], waiting: Any) -> None:
+        self._run = run
+        self._waiting = waiting
 
-    def send_payload(self, payload: bytes, *parts: bytes | bytearray | memoryview) -> None:
-        """Send a message already encoded (to check its size first), then its parts."""
-        with self._send_lock:
-            self._sock.sendall(FRAME.pack(len(payload), sum(len(p) for p in parts)) + payload)
-            for part in parts:
-                if part:
-                    self._sock.sendall(part)
-
-    def _read_exactly(self, size: int) -> bytearray:
-        buf = bytearray(size)
-        view = memoryview(buf)
-        got = 0
-        while got < size:
-            n = self._sock.recv_into(view[got:])
-            if n == 0:
-                raise EOFError
-            got += n
-        return buf
-
-    def fileno(self) -> int:
-        """The socket's descriptor."""
-        return self._sock.fileno()
-
-    def readable(self, timeout_s: float) -> bool:
-        """Whether a frame has started to arrive within ``timeout_s``."""
-        return bool(select.select([self._sock], [], [], timeout_s)[0])
-
-    def receive(self) -> tuple[dict[str, Any], bytearray]:
-        """Read one frame (the host sends each frame whole, so a frame that has started arrives promptly)."""
-        size, blob_size = FRAME.unpack(self._read_exactly(FRAME.size))
-        if size > MAX_MESSAGE_BYTES:
-            raise EOFError  # a broken host; nothing sensible to do but stop
-        message = decode(self._read_exactly(size))
-        return message, self._read_exactly(blob_size) if blob_size else bytearray()
-
-
-class WorkerBridge:
-    """Carries a run's host-function calls to the host and waits for their results."""
-
-    def __init__(self, channel: Channel, host: dict[str, bool], loop: asyncio.AbstractEventLoop, limits: Limits):
-        self._channel = channel
-        self._host = host
-        self._loop = loop
-        self._budget = CallBudget(limits.max_host_calls)
-        self._limits = limits
-        self._next_id = 0
-        self._lock = threading.Lock()
-        self._waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
-
-    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self._budget.admit(name, available=name in self._host)
-        items = value_items(self._limits)
-        try:
-            plain_args, plain_kwargs = to_plain(list(args), max_items=items), to_plain(kwargs, max_items=items)
-        except NotPlainData as exc:
-            raise TypeError(f"arguments of host function {name}() must be plain data: {exc}") from None
-        if self._host[name]:
-            return self._call_async(name, plain_args, plain_kwargs)
-        return self._call_sync(name, plain_args, plain_kwargs)
-
-    def _request(self, name: str, args: list[Any], kwargs: dict[str, Any], deliver: Callable[..., None]) -> int:
-        with self._lock:
-            self._next_id += 1
-            call_id = self._next_id
-        payload = encode({"op": "call", "id": call_id, "name": name, "args": args, "kwargs": kwargs})
-        # The host refuses (and kills the worker for) a call frame over its budget: refuse it here first.
-        limit = self._limits.max_value_bytes
-        budget = reply_budget("call", self._limits)
-        if (limit is not None and len(payload) > limit) or count_items(payload, budget.items) > budget.items:
-            raise OutputLimitExceeded(
-                f"the arguments of host function {name}() are larger than Limits.max_value_bytes ({limit:,} bytes)",
-                limit="max_value_bytes",
-                value=limit,
-                hint="Pass a smaller piece, or let the host function fetch the data itself.",
-            )
-        with self._lock:
-            self._waiting[call_id] = deliver
-        self._channel.send_payload(payload)
-        return call_id
-
-    def _call_sync(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        done = threading.Event()
-        box: list[dict[str, Any]] = []
-
-        def deliver(message: dict[str, Any]) -> None:
-            box.append(message)
-            done.set()
-
-        call_id = self._request(name, args, kwargs, deliver)
-        try:
-            # The waiting thread reads the result itself (no reader thread to hand it over); short waits keep
-            # it interruptible by the wall-time watchdog.
-            while not done.is_set():
-                self.read_one(_WAIT_SLICE_S)
-        finally:
-            with self._lock:
-                self._waiting.pop(call_id, None)
-        return _unpack_result(box[0])
-
-    async def _call_async(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
-
-        def deliver(message: dict[str, Any]) -> None:
-            self._loop.call_soon_threadsafe(_settle, future, message)
-
-        call_id = self._request(name, args, kwargs, deliver)
-        try:
-            return _unpack_result(await future)
-        finally:
-            with self._lock:
-                self._waiting.pop(call_id, None)
-
-    def deliver(self, message: dict[str, Any]) -> None:
-        """Hand a host result to the call waiting for it."""
-        with self._lock:
-            deliver = self._waiting.get(message.get("id", -1))
-        if deliver is not None:
-            deliver(message)
-
-    def read_one(self, timeout_s: float) -> None:
-        """Read and deliver one host result if one arrives within ``timeout_s`` (any thread; one at a time).
-
-        A closed channel means the host is gone: the worker exits at once, as nothing of its session may
-        outlive the host.
-        """
-        if not self._channel.receive_lock.acquire(timeout=timeout_s):
-            return
-        try:
-            if not self._channel.readable(timeout_s):
-                return
-            message, _ = self._channel.receive()
-        except (EOFError, OSError, ValueError):
-            os._exit(0)
-        finally:
-            self._channel.receive_lock.release()
-        if message.get("op") == "result":
-            self.deliver(message)
-
-
-def _settle(future: asyncio.Future[dict[str, Any]], message: dict[str, Any]) -> None:
-    if not future.done():
-        future.set_result(message)
-
-
-_HOST_ERRORS: dict[str, type[Exception]] = {
-    name: cls
-    for name, cls in vars(__import__("builtins")).items()
-    if isinstance(cls, type) and issubclass(cls, Exception) and not name.startswith("_")
-}
-
-
-def _unpack_result(message: dict[str, Any]) -> Any:
-    if "error" in message:
-        error = message["error"]
-        cls = _HOST_ERRORS.get(str(error.get("type")), RuntimeError)
-        text = str(error.get("message", ""))
-        raise cls(text if cls is not RuntimeError else f"{error.get('type')}: {text}")
-    return message.get("value")
+    def __await__(self) -> Generator[Any, Any, RunResult]:
+        run, waiting = self._run, self._waiting
+        while True:
+            try:
+                sent = yield waiting
+            except BaseException as exc:  # thrown in by the task (its cancellation): passed on for the run to handle
+                step = functools.partial(run.throw, exc)
+            else:
+                step = functools.partial(run.send, sent)
+            try:
+                waiting = step()
+            except StopIteration as done:
+                result: RunResult = done.value
+                return result
 
 
 class Worker:
@@ -251,6 +101,8 @@ class Worker:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.bridge: WorkerBridge | None = None
+        self._limits_plain: dict[str, Any] | None = None
+        self._limits_run = runner.limits
         # The host cancels a run with SIGUSR1 (and a "cancel" frame, skipped when read): no thread reads the channel
         # while a synchronous cell runs, but a signal handler runs between its bytecodes.
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.runner.cancel())
@@ -426,31 +278,57 @@ class Worker:
         else:
             empty_dir(".")
 
+    def run_limits(self, plain: dict[str, Any]) -> Limits:
+        """The limits a run request names; the last run's object again when they are the same (they usually are)."""
+        if plain != self._limits_plain:
+            self._limits_run = Limits(**plain)
+            self._limits_plain = plain
+        return self._limits_run
+
+    def drive(self, run: Coroutine[Any, Any, RunResult], bridge: WorkerBridge) -> RunResult:
+        """Run the runner's coroutine, with the event loop only if the cell waits for something.
+
+        A synchronous cell never waits, so its run ends in the coroutine's first step: no task, no loop iteration,
+        no reader on the channel (its host calls read their own results). Meanwhile the loop counts as running, so
+        what the runner asks of asyncio (the tasks that exist, to reap any the script left) and what a script asks
+        (``asyncio.get_running_loop()``, ``asyncio.run`` refused) answer as they do inside the loop. A cell that
+        waits is carried on by a task in that same context, with the loop reading results of async host calls.
+        """
+        context = contextvars.copy_context()
+        asyncio.events._set_running_loop(self.loop)
+        try:
+            waiting = context.run(run.send, None)
+        except StopIteration as done:
+            result: RunResult = done.value
+            return result
+        finally:
+            asyncio.events._set_running_loop(None)
+        # Results of async host calls are read by the run's own event loop when they arrive.
+        self.loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
+        try:
+            return self.loop.run_until_complete(self.loop.create_task(_carry_on(run, waiting), context=context))
+        finally:
+            self.loop.remove_reader(self.channel.fileno())
+
     def run(self, message: dict[str, Any]) -> tuple[bytes, list[bytes | bytearray]]:
         """Run a cell; the encoded ``ran`` reply (within what the host accepts for the run's limits) and the
         bytes of its artifacts."""
         # Never str() what came instead of a script: the runner answers anything but text with a ScriptSyntaxError.
         code: Any = message.get("code")
-        limits = Limits(**message["limits"])
+        limits = self.run_limits(message["limits"])
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
         self.bridge = bridge = WorkerBridge(self.channel, host, self.loop, limits)
-        # Results of async host calls are read by the run's own event loop when they arrive.
-        self.loop.add_reader(self.channel.fileno(), bridge.read_one, 0)
         if self.workspace is not None:
             with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
                 self.workspace.before_run()
         try:
-            result = self.loop.run_until_complete(
+            result = self.drive(
                 self.runner.run(
-                    code,
-                    bridge=self.bridge,
-                    host_names=tuple(host),
-                    setup=bool(message.get("setup")),
-                    limits=limits,
-                )
+                    code, bridge=bridge, host_names=tuple(host), setup=bool(message.get("setup")), limits=limits
+                ),
+                bridge,
             )
         finally:
-            self.loop.remove_reader(self.channel.fileno())
             self.bridge = None
         notes = [cut_text(str(n), MAX_NOTE_CHARS) for n in result.notes]
         too_large = (

@@ -4,6 +4,9 @@ Checkouts are admitted through a fair queue: at most ``max_workers`` at once, th
 FIFO order, at most ``max_queued`` of them, and one more is refused at once with `Overloaded`.
 
 Every new pool first reclaims the scratch directories of hosts that died without closing theirs (see `_scratch`).
+
+The pools of one event loop share their zygotes, one per set of preloaded modules (see `_SharedZygote`): a second
+pool's first worker costs a fork, not an interpreter start.
 """
 
 from __future__ import annotations
@@ -34,6 +37,25 @@ __all__ = ["CheckoutQueue", "WorkerPool"]
 
 # Checkouts that may wait per worker when the pool is not told otherwise.
 QUEUED_PER_WORKER = 4
+
+
+class _SharedZygote:
+    """The zygote for one set of preloaded modules, shared by the pools of one event loop.
+
+    Each pool that uses it holds one reference; the last to let go closes it. Whichever pool finds it dead
+    starts the next one, under the lock, so a dead zygote is restarted once however many pools notice.
+    """
+
+    def __init__(self) -> None:
+        self.zygote: Zygote | None = None
+        self.users = 0
+        self.lock = asyncio.Lock()
+
+
+# Zygotes are driven by their event loop (a reader task, futures): they are shared among the pools of one loop.
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, ...], _SharedZygote]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class CheckoutQueue:
@@ -127,8 +149,9 @@ class WorkerPool:
         max_queued: Checkouts that may wait in `admit` for a free worker (default: 4 per worker).
             is ``python -I -m snapcell.runner._worker``. Given, every worker is spawned with it (no zygote).
         zygote: Fork workers from a clean zygote interpreter per set of preloaded modules (see `_zygote`), the
-            default; False spawns a fresh interpreter per worker. A zygote that cannot start or fork falls back
-            to spawning, and a dead one is restarted on the next checkout.
+            default, shared with the other pools of this event loop; False spawns a fresh interpreter per worker.
+            A zygote that cannot start or fork falls back to spawning, and a dead one is restarted on the next
+            checkout.
         preload: Heavy modules (numpy, pandas) the warm workers' zygote imports; a checkout whose policy allows
             others gets a worker from a zygote of its own.
         settle: The (policy, limits) most checkouts use (the pool's own): warm workers get them, and so apply
@@ -160,8 +183,8 @@ class WorkerPool:
         self._worker_command = worker_command
         self.use_zygote = zygote and worker_command is None
         self.preload = tuple(name for name in HEAVY_MODULES if name in preload)
-        self._zygotes: dict[tuple[str, ...], Zygote] = {}
-        self._zygote_lock = asyncio.Lock()
+        # The shared zygotes this pool holds a reference to, by preloaded modules.
+        self._zygotes: dict[tuple[str, ...], _SharedZygote] = {}
         self.settle = settle
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
@@ -234,27 +257,49 @@ class WorkerPool:
 
     async def _zygote(self, preload: tuple[str, ...]) -> Zygote | None:
         """The running zygote for ``preload``, started (or restarted, if it died) now; None to spawn instead."""
-        if not self.use_zygote:
+        if not self.use_zygote or self._closed:
             return None
-        async with self._zygote_lock:
-            zygote = self._zygotes.get(preload)
+        shared = self._zygotes.get(preload)
+        if shared is None:
+            shared = _SHARED.setdefault(asyncio.get_running_loop(), {}).setdefault(preload, _SharedZygote())
+            shared.users += 1  # before any wait: a pool closing meanwhile must not close it under us
+            self._zygotes[preload] = shared
+        async with shared.lock:
+            zygote = shared.zygote
             if zygote is not None and zygote.alive:
                 return zygote
             if zygote is not None:
                 log.warning("snapcell: the zygote (pid %s) died; starting a new one", zygote.pid)
+                shared.zygote = None
                 await zygote.close()
-            zygote = Zygote(preload, cwd=self.scratch_root, env=_ENV)
+            # Not in any pool's scratch directory: it outlives the pool that started it while others use it.
+            zygote = Zygote(preload, cwd="/", env=_ENV)
             try:
                 await zygote.start()
             except ZygoteError as exc:
                 log.warning("snapcell: %s; spawning workers instead", exc)
-                self._zygotes.pop(preload, None)
                 return None
-            if self._closed:
+            if shared.users == 0:  # every pool using it closed while it started
                 await zygote.close()
                 return None
-            self._zygotes[preload] = zygote
+            shared.zygote = zygote
             return zygote
+
+    async def _release_zygotes(self) -> None:
+        """Let go of this pool's shared zygotes; close those no other pool uses."""
+        loop = asyncio.get_running_loop()
+        closing = []
+        for preload, shared in self._zygotes.items():
+            shared.users -= 1
+            if shared.users == 0:
+                by_preload = _SHARED.get(loop, {})
+                if by_preload.get(preload) is shared:
+                    del by_preload[preload]
+                if shared.zygote is not None:
+                    closing.append(shared.zygote)
+                    shared.zygote = None
+        self._zygotes.clear()
+        await asyncio.gather(*(z.close() for z in closing))
 
     async def _start_worker(self, preload: tuple[str, ...]) -> WorkerProcess:
         """Fork a worker from the zygote for ``preload``, or spawn one if that is not possible."""
@@ -418,7 +463,5 @@ class WorkerPool:
         self._busy.clear()
         self._idle.clear()
         await asyncio.gather(*(w.kill() for w in workers))
-        zygotes = list(self._zygotes.values())
-        self._zygotes.clear()
-        await asyncio.gather(*(z.close() for z in zygotes))
+        await self._release_zygotes()
         self._remove_scratch()

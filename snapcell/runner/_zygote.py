@@ -2,17 +2,24 @@
 
 Started as ``python -I -m snapcell.runner._zygote CTRL_FD HOST_PID [MODULE,...]`` exactly like a spawned
 worker (empty environment, no key, no credentials, no session data, BLAS/OpenMP pools limited to one
-thread so that fork is safe), it imports the worker, the policy's heavy modules (numpy, pandas) and runs
-snapcell's own warm-up cell. It never runs script code. Then it waits on its control socket:
+thread so that fork is safe), it imports the worker and says "ready": the first fork waits for nothing
+more. It never runs script code. The policy's heavy modules (numpy, pandas) and snapcell's own warm-up cell
+(a run and a dump) come second, when the host asks (after its first fork request): one step at a time, in
+the main thread, only while no fork request waits. A child forked before them imports them on demand, as a
+spawned worker does; the zygote forks only while it runs a single thread. Then it waits on its control
+socket:
 
 - host -> zygote: a one-byte ``F`` datagram carrying two descriptors (SCM_RIGHTS): the new worker's end
   of a fresh socketpair and the file its stderr goes to. The zygote forks; the child starts a session of
   its own (`_worker.serve_session`), which applies every sandbox layer to the child itself after the
   fork: its own uid (derived by the host from the child's pid), Landlock, a seccomp filter naming the
   child's pid, rlimits, pdeathsig on the zygote. The zygote closes both descriptors.
-- zygote -> host: ``{"op": "forked", "pid": P, "rss": R}`` per fork, in order; ``{"op": "exited", "pid":
-  P, "status": S, "maxrss": M}`` when a child is reaped (the zygote is the parent: only it can wait for
-  its children); ``{"op": "fork_failed", "error": ...}``.
+- host -> zygote: ``P``, once: import the heavy modules now, between fork requests.
+- zygote -> host: ``{"op": "ready", "preload": [...], ...}`` first; ``{"op": "preloaded", "preloaded": [...],
+  "threads": T}`` when the heavy modules are in; ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}``
+  per fork, in order; ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped
+  (the zygote is the parent: only it can wait for its children; in its loop, or from its SIGCHLD handler
+  during a preload step); ``{"op": "fork_failed", "error": ...}``.
 
 The zygote carries pdeathsig on the host; each child carries pdeathsig on the zygote. The host's death
 kills the zygote and with it every child; a zygote's death (only an outside kill or the OOM killer could
@@ -116,19 +123,23 @@ def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pi
         os._exit(code)
 
 
-def _fork(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], host_pid: int) -> None:
+def _fork(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], host_pid: int, preloaded: list[str]) -> None:
     zygote_pid = os.getpid()
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        _send(ctrl, {"op": "fork_failed", "error": str(exc)[:500]})
-        pid = -1
+    threads = _threads()
+    pid = -1
+    if threads != 1:  # another thread could hold a lock the child would inherit locked
+        _send(ctrl, {"op": "fork_failed", "error": f"the zygote runs {threads} threads; it forks only with one"})
+    else:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _send(ctrl, {"op": "fork_failed", "error": str(exc)[:500]})
     if pid == 0:
         _child(ctrl, wake, fds, zygote_pid, host_pid)
     for fd in fds:
         os.close(fd)
     if pid > 0:
-        _send(ctrl, {"op": "forked", "pid": pid, "rss": _high_water_rss()})
+        _send(ctrl, {"op": "forked", "pid": pid, "rss": _high_water_rss(), "preloaded": preloaded})
 
 
 def _high_water_rss() -> int:
@@ -147,50 +158,151 @@ def _high_water_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+_reaping = False
+
+
 def _reap(ctrl: socket.socket) -> None:
-    """Report every child that has exited, after killing its process group (held by the zombie until reaped)."""
-    while True:
+    """Report every child that has exited, after killing its process group (held by the zombie until reaped).
+
+    Also run from the SIGCHLD handler during a preload step; a call nested in another (a signal during a reap)
+    returns at once, and the outer one, or the main loop after the step, reports that child.
+    """
+    global _reaping
+    if _reaping:
+        return
+    _reaping = True
+    try:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
+            _send(ctrl, {"op": "exited", "pid": pid, "status": status, "maxrss": usage.ru_maxrss * 1024})
+    finally:
+        _reaping = False
+
+
+class _Preloader:
+    """The zygote's second stage: heavy modules and the warm-up, one step at a time between fork requests.
+
+    A step runs in the zygote's main thread only when no fork request is waiting (never in a thread beside a
+    fork); a child forked before a step imports what that step would have given it on demand, as a spawned
+    worker does.
+    """
+
+    def __init__(self, modules: list[str]) -> None:
+        self.modules = modules
+        self.preloaded: list[str] = []
+        self._steps: list[str] = []
+        self.started = False
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._steps)
+
+    def start(self) -> None:
+        """Queue the steps (once): each heavy module, then the warm-up (a run and a dump) and freezing the heap."""
+        if not self.started:
+            self.started = True
+            self._steps = [*self.modules, ""]
+
+    def step(self, ctrl: socket.socket) -> None:
+        """Run the next step; after the last, tell the host what was preloaded and how many threads run.
+
+        A step that fails is skipped (its module is not preloaded; a child imports it, or meets its error, on demand)
+        and said on stderr: by now the zygote has children, which die with it.
+        """
+        # A step takes a while; a child that exits meanwhile is reported at once (the host waits for that report to
+        # tell why it died, and to finish a check-in), from the signal handler, between the step's bytecodes.
+        previous = signal.signal(signal.SIGCHLD, lambda *_: _reap(ctrl))
         try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if info is None:
-            return
-        pid = info.si_pid
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        _, status, usage = os.wait4(pid, 0)
-        _send(ctrl, {"op": "exited", "pid": pid, "status": status, "maxrss": usage.ru_maxrss * 1024})
+            self._step(ctrl)
+        finally:
+            signal.signal(signal.SIGCHLD, previous)
+
+    def _step(self, ctrl: socket.socket) -> None:
+        name = self._steps.pop(0)
+        try:
+            if name:
+                importlib.import_module(name)
+                self.preloaded.append(name)
+                return
+            from snapcell.runner import _worker
+
+            _worker._warm_up()  # a run and a dump: builds here what a first dump builds on first use (schemas, ...)
+            _build_views(self.preloaded)
+        except Exception as exc:  # the zygote must outlive a failed optional step, for its children's sake
+            print(f"snapcell zygote: preload step {name or 'warm-up'!r} failed: {exc!r}", file=sys.stderr, flush=True)
+            if name:
+                return
+        from snapcell.runner import _privileges
+
+        _privileges.warm_import_paths()
+        _freeze()
+        _send(ctrl, {"op": "preloaded", "preloaded": self.preloaded, "threads": _threads()})
+
+
+def _freeze() -> None:
+    # Everything imported so far is shared with the children copy-on-write; a child's garbage collector would
+    # touch (and so copy) every page of it on its first pass. Frozen objects are never traversed. Children
+    # forked already keep their own copy of any page this touches.
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _build_views(preloaded: list[str]) -> None:
+    """Build the guarded views of the preloaded modules as a default process-mode session sees them.
+
+    A view of pandas takes about 10 ms to build (a walk of its ~1,000 submodules); built here, before the fork,
+    every child shares it instead of building it on its first ``import pandas`` or load of a DataFrame. Views are
+    keyed by the policy's modules, so a session under another policy builds its own, as before.
+    """
+    from snapcell.runner._policy import Policy, with_file_access
+
+    default = with_file_access(Policy.process_default())
+    for name in preloaded:
+        if default.allows_module(name):
+            default.view(name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of a zygote process: ``CTRL_FD HOST_PID [MODULE,...]``."""
+    """Entry point of a zygote process: ``CTRL_FD HOST_PID [MODULE,...]``.
+
+    It says "ready" once it has imported the worker, so that the first fork waits for nothing else; the heavy
+    modules and the full warm-up follow when the host sends ``P`` (see `_Preloader`).
+    """
     argv = sys.argv[1:] if argv is None else argv
     ctrl = socket.socket(fileno=int(argv[0]))
     ctrl.setblocking(True)
     host_pid = int(argv[1])
     _arm_pdeathsig(host_pid)
-    preloaded = []
-    for name in argv[2].split(",") if len(argv) > 2 and argv[2] else ():
-        if name in HEAVY_MODULES:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
-                preloaded.append(name)
-    from snapcell.runner import _privileges, _worker
+    modules = [name for name in (argv[2].split(",") if len(argv) > 2 else ()) if name in HEAVY_MODULES]
+    preloader = _Preloader(modules)
+    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
 
-    _worker._warm_up()
     _privileges.warm_import_paths()
-    # Everything imported so far is shared with the children copy-on-write; a child's garbage collector would
-    # touch (and so copy) every page of it on its first pass. Frozen objects are never traversed.
-    gc.collect()
-    gc.freeze()
-    threads = len(os.listdir("/proc/self/task"))
+    gc.freeze()  # no collection yet (it would delay the first fork): the second stage collects, then freezes again
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    _send(ctrl, {"op": "ready", "pid": os.getpid(), "preloaded": preloaded, "threads": threads})
+    _send(ctrl, {"op": "ready", "pid": os.getpid(), "preload": modules, "preloaded": [], "threads": _threads()})
     while True:
-        ready, _, _ = select.select([ctrl.fileno(), wake_r], [], [])
+        # A waiting fork request goes before the next preload step; with no step left, wait for one.
+        ready, _, _ = select.select([ctrl.fileno(), wake_r], [], [], 0 if preloader.pending else None)
+        if not ready:
+            preloader.step(ctrl)
+            continue
         if wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 512):
@@ -204,10 +316,12 @@ def main(argv: list[str] | None = None) -> int:
             if not data:
                 return 0  # the host closed the channel: the children die with us (pdeathsig)
             if data == b"F" and len(fds) == 2:
-                _fork(ctrl, (wake_r, wake_w), fds, host_pid)
-            else:
-                for fd in fds:
-                    os.close(fd)
+                _fork(ctrl, (wake_r, wake_w), fds, host_pid, preloader.preloaded)
+                continue
+            for fd in fds:
+                os.close(fd)
+            if data == b"P":
+                preloader.start()
 
 
 if __name__ == "__main__":

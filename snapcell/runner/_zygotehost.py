@@ -37,12 +37,21 @@ class ZygoteError(Exception):
 class ForkedChild:
     """A worker forked by a zygote: its verified pid, a pidfd on it, and the future of its exit report."""
 
-    def __init__(self, pid: int, pidfd: int, inherited_rss: int, exited: asyncio.Future[tuple[int, int | None]]):
+    def __init__(
+        self,
+        pid: int,
+        pidfd: int,
+        inherited_rss: int,
+        exited: asyncio.Future[tuple[int, int | None]],
+        preloaded: tuple[str, ...] = (),
+    ) -> None:
         self.pid = pid
         self.pidfd = pidfd
         self.inherited_rss = inherited_rss
         # (wait status, peak RSS in bytes or None), set when the zygote reaps it or dies.
         self.exited = exited
+        # The heavy modules its zygote had imported when it forked it (it imports the others on demand).
+        self.preloaded = preloaded
 
     def kill(self) -> None:
         """SIGKILL the child through its pidfd (never a recycled pid); its process group goes when it is reaped."""
@@ -72,7 +81,10 @@ class Zygote:
         self._env = {**env, **THREAD_ENV}
         self.process: subprocess.Popen[bytes] | None = None
         self.pid = 0
+        # The heavy modules it imports after "ready" (those installed), and those it has imported so far.
+        self.preloading: list[str] = []
         self.preloaded: list[str] = []
+        self._preload_requested = False
         self._ctrl: socket.socket | None = None
         self._stderr: IO[bytes] | None = None
         self._forks: deque[asyncio.Future[dict[str, Any]]] = deque()
@@ -91,8 +103,15 @@ class Zygote:
             and not self._reader.done()
         )
 
+    @property
+    def preload_report(self) -> str:
+        """The heavy modules it preloads, for `isolation_report`: "numpy, pandas", "... (importing)" or "nothing"."""
+        if self.preloading:
+            return ", ".join(self.preloading) + " (importing)"
+        return ", ".join(self.preloaded) or "nothing"
+
     async def start(self) -> None:
-        """Spawn the zygote and wait until it has imported everything.
+        """Spawn the zygote and wait until it has imported the worker (the heavy modules follow its first fork).
 
         Raises:
             ZygoteError: It could not start, or did not come up clean (single-threaded).
@@ -131,6 +150,7 @@ class Zygote:
         if type(ready) is not dict or ready.get("op") != "ready" or ready.get("threads") != 1:
             await self.close()
             raise ZygoteError(f"the zygote did not come up clean: {str(ready)[:300]}{self._stderr_tail()}")
+        self.preloading = [str(m) for m in ready.get("preload", [])]
         self.preloaded = [str(m) for m in ready.get("preloaded", [])]
         self._reader = asyncio.ensure_future(self._read())
 
@@ -181,6 +201,9 @@ class Zygote:
             future = self._forks.popleft()
             if not future.done():
                 future.set_result(message)
+        elif op == "preloaded" and type(message.get("preloaded")) is list:
+            self.preloaded = [str(m) for m in message["preloaded"]]
+            self.preloading = []
         elif op == "exited" and type(message.get("pid")) is int:
             exited = self._exits.pop(message["pid"], None)
             status, maxrss = message.get("status"), message.get("maxrss")
@@ -204,6 +227,12 @@ class Zygote:
             except OSError as exc:
                 raise ZygoteError(f"could not reach the zygote: {exc}") from exc
             self._forks.append(future)
+            if not self._preload_requested:
+                # Only after the first fork, which so waits for nothing: the zygote imports the heavy modules
+                # between later fork requests.
+                self._preload_requested = True
+                with contextlib.suppress(OSError):  # a zygote gone meanwhile fails this fork's reply instead
+                    ctrl.send(b"P")
         try:
             async with asyncio.timeout(_FORK_TIMEOUT_S):
                 reply = await future
@@ -216,7 +245,9 @@ class Zygote:
         exited = self._exits.get(pid)
         if exited is None:
             raise ZygoteError(f"the zygote named pid {pid} twice")
-        child = ForkedChild(pid, -1, int(reply.get("rss") or 0), exited)
+        preloaded = reply.get("preloaded")
+        modules = tuple(str(m) for m in preloaded) if type(preloaded) is list else ()
+        child = ForkedChild(pid, -1, int(reply.get("rss") or 0), exited, modules)
         self.forks += 1
         try:
             child.pidfd = os.pidfd_open(pid)

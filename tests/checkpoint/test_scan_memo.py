@@ -129,7 +129,9 @@ class _CountingTokens:
 def test_reads_into_a_flat_group_read_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads of a big group's last entry, again and again: each was a walk of the whole group."""
     budget = _Budget(200_000)
-    monkeypatch.setattr(_scan, "_GROUP_TOKENS", _CountingTokens(_scan._GROUP_TOKENS, budget))
+    flat_group, group_tokens = _scan._group_patterns()
+    counting = _CountingTokens(group_tokens, budget)
+    monkeypatch.setattr(_scan, "_group_patterns", lambda: (flat_group, counting))
     entries, reads = 20_000, 5_000
     group = b"(" + b"\x8c\x01a\x94" * entries + b"e"
     last = b"j" + entries.to_bytes(4, "little") + b"0"  # memo 0 is the list

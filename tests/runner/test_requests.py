@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,115 @@ def test_a_sync_call_delivers_the_results_of_async_calls_in_flight(pool: Pool) -
             got = session.feed_run(code, external_lookup={"double": double, "later": later})
             assert got == [(2 * i, i + 100) for i in range(20)]
         assert session.feed_run("1 + 1") == 2
+
+
+def test_the_host_serves_a_sync_host_function_in_the_requests_own_task(pool: Pool) -> None:
+    """A sync function's result goes back at once: no task per call (an awaitable result still gets one)."""
+    seen: list[asyncio.Task[object] | None] = []
+
+    def record(x: int) -> int:
+        seen.append(asyncio.current_task())
+        return x
+
+    async def record_async(x: int) -> int:
+        seen.append(asyncio.current_task())
+        return x
+
+    with pool.checkout() as session:
+        assert session.feed_run("sum(record(i) for i in range(20))", external_lookup={"record": record}) == 190
+        assert len(seen) == 20 and seen[0] is not None and all(task is seen[0] for task in seen)
+        seen.clear()
+        code = "import asyncio\nsum(await asyncio.gather(*(record_async(i) for i in range(5))))"
+        assert session.feed_run(code, external_lookup={"record_async": record_async}) == 10
+        assert len({id(task) for task in seen}) == 5  # gathered async calls each run in a task of their own
+
+
+def test_the_host_registers_the_channel_with_its_event_loop_once_for_many_frames_and_runs() -> None:
+    """Waiting for each frame does not register and remove the channel again (two epoll_ctl each)."""
+    from snapcell import AsyncPool
+
+    async def scenario() -> list[int]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            await session.feed_run("1")
+            loop = asyncio.get_running_loop()
+            added: list[int] = []
+            real = loop._add_reader  # type: ignore[attr-defined]
+            loop._add_reader = lambda fd, *args: added.append(fd) or real(fd, *args)  # type: ignore[attr-defined]
+            try:
+                total = await session.feed_run("sum(double(i) for i in range(20))", external_lookup={"double": double})
+                for _ in range(10):  # nor for each run
+                    assert await session.feed_run("1 + 1") == 2
+            finally:
+                del loop._add_reader  # type: ignore[attr-defined]
+            assert total == 380
+            return added
+
+    added = asyncio.run(scenario())
+    assert len(added) <= 1, added  # 31 frames from the worker (20 calls and 11 replies)
+
+
+def test_a_request_waiting_for_its_reply_ends_when_its_worker_is_killed() -> None:
+    import dataclasses
+
+    from snapcell import Limits
+    from snapcell.runner._procbackend import ProcessBackend
+    from snapcell.runner._process import _Died
+    from snapcell.runner._workerpool import WorkerPool
+
+    async def scenario() -> BaseException | None:
+        workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)
+        backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
+        try:
+            await backend.start()
+            worker = backend.worker
+            assert worker is not None
+            message = {"op": "run", "code": "while True:\n    pass", "limits": dataclasses.asdict(Limits())}
+            request = asyncio.ensure_future(worker.request(message))
+            while worker._waiter is None:  # the request is sent and waits for its reply
+                await asyncio.sleep(0.01)
+            await worker.kill()
+            # A guard against a hang only: the request ends as soon as the kill closes the channel.
+            done, _ = await asyncio.wait({request}, timeout=60)
+            return request.exception() if done else None
+        finally:
+            await workers.close()
+
+    assert isinstance(asyncio.run(scenario()), _Died)
+
+
+def test_bytes_nobody_asked_for_do_not_keep_the_hosts_loop_busy(tmp_path: Path) -> None:
+    """A worker writing between requests gets its channel unwatched at once, not polled on every loop turn."""
+    import socket
+
+    from snapcell.runner._process import WorkerProcess
+
+    async def scenario() -> tuple[bytes, int, object]:
+        worker = WorkerProcess(str(tmp_path))
+        host, other = socket.socketpair()
+        host.setblocking(False)
+        worker._sock = host
+        fired = 0
+        real = worker._on_readable
+
+        def counted() -> None:
+            nonlocal fired
+            fired += 1
+            real()
+
+        worker._on_readable = counted  # type: ignore[method-assign]
+        read = asyncio.ensure_future(worker._read_exactly(4))
+        await asyncio.sleep(0)  # it waits, watching the channel
+        other.sendall(b"ping")
+        data = bytes(await read)
+        other.sendall(b"unasked for" * 100)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        watching = worker._watching
+        worker._unwatch()
+        host.close()
+        other.close()
+        return data, fired, watching
+
+    data, fired, watching = asyncio.run(scenario())
+    assert data == b"ping" and watching is None
+    assert fired <= 3, fired  # the read's wake-up, maybe a stale report, then the unasked bytes: unwatched

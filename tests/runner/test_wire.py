@@ -185,8 +185,8 @@ def test_a_hostile_megabyte_is_refused_by_the_run_budget_before_parsing(monkeypa
     """A megabyte of dense items is over a run reply's item budget: it is refused without building anything."""
     budget = reply_budget("run", Limits())
     parses: list[int] = []
-    real_loads = json.loads
-    monkeypatch.setattr(_wire.json, "loads", lambda *a, **k: parses.append(1) or real_loads(*a, **k))
+    real_parse = _wire._parse
+    monkeypatch.setattr(_wire, "_parse", lambda raw: parses.append(1) or real_parse(raw))
     for name, data in _hostile_megabytes().items():
         assert len(data) >= 1024 * 1024 * 0.9, name
         with pytest.raises(MalformedMessage, match="items"):
@@ -303,3 +303,39 @@ def test_error_texts_are_cut_on_both_sides() -> None:
     rebuilt = _wire.error_from_plain({"class": "ScriptError", "message": "m" * 10**6, "hint": "h" * 10**6})
     assert len(str(rebuilt)) == len(rebuilt.hint) == _wire.MAX_ERROR_TEXT_CHARS
     assert "1000000 characters, cut" in str(rebuilt) and str(rebuilt).startswith("m") and str(rebuilt).endswith("m")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"$t": [1, 2]},
+        {"op": "x", "v": {"$b": "not base64"}},
+        {"op": "x", "v": {"$dict": ["a", 1]}},
+        {"op": "x", "v": {"a": 1, "$t": 2}, "w": [None, True, 1.5, "s"]},
+    ],
+)
+def test_flat_messages_written_on_the_quick_path_still_escape_dollar_keys(message: dict[str, object]) -> None:
+    assert decode(encode(message)) == message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"op": "x", "v": [object()]},
+        {"op": "x", "v": {1: "int key"}},
+        {"op": "x", "v": {"a": {1, 2}}},
+        {"op": "x", "v": 10**5000},
+        {"op": "x", "v": [1, bytearray(b"not exact")]},
+        {2: "int key at the top"},
+    ],
+)
+def test_flat_messages_written_on_the_quick_path_are_still_checked(message: dict[str, object]) -> None:
+    with pytest.raises(NotPlainData):
+        encode(message)
+
+
+def test_a_message_is_parsed_as_utf8_only() -> None:
+    text = '{"op": "ran", "value": "\u00e9"}'
+    assert decode(text.encode("utf-8")) == {"op": "ran", "value": "\u00e9"}
+    with pytest.raises(MalformedMessage):
+        decode(text.encode("utf-16"))

@@ -405,3 +405,56 @@ def test_a_frame_claiming_a_huge_blob_costs_the_host_nothing(
     peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert peak_after - max(peak_before, rss_before) < 256 * 2**20
     assert _rss() - rss_before < 256 * 2**20
+
+
+# Counts, in the worker, event-loop runs and tasks created.
+_COUNT_LOOP_WORK = """
+import asyncio, sys, types
+counts = sys.modules.setdefault("loop_counts", types.ModuleType("loop_counts"))
+counts.runs = counts.tasks = 0
+cls = type(asyncio.get_running_loop())
+run_forever, create_task = cls.run_forever, cls.create_task
+def counted_run_forever(self, *a, **k):
+    counts.runs += 1
+    return run_forever(self, *a, **k)
+def counted_create_task(self, *a, **k):
+    counts.tasks += 1
+    return create_task(self, *a, **k)
+cls.run_forever, cls.create_task = counted_run_forever, counted_create_task
+"""
+_LOOP_COUNTS = "import sys\n(sys.modules['loop_counts'].runs, sys.modules['loop_counts'].tasks)"
+
+
+def test_a_synchronous_cell_creates_no_task_and_runs_no_event_loop_in_the_worker(open_pool: Pool) -> None:
+    """STYLE: drive the loop only when the code is a coroutine; sync host calls need no loop either."""
+    with open_pool.checkout() as session:
+        session.feed_run(_COUNT_LOOP_WORK)
+        assert session.feed_run(_LOOP_COUNTS) == (0, 0)
+        for _ in range(5):
+            assert session.feed_run("x = 1 + 1\nf(x)", external_lookup={"f": lambda x: x * 10}) == 20
+        session.feed_run("y = [i for i in range(10)]\nprint(len(y))")
+        assert session.feed_run(_LOOP_COUNTS) == (0, 0)
+
+        async def g(x: int) -> int:
+            return x + 1
+
+        # A cell that awaits runs in the loop, and its host call's result arrives there.
+        assert session.feed_run("await g(1)", external_lookup={"g": g}) == 2
+        runs, tasks = session.feed_run(_LOOP_COUNTS)
+        assert runs == 1 and tasks >= 1
+        # A task a synchronous cell leaves behind is still reaped within its run (the loop runs for that alone).
+        session.feed_run(
+            "import asyncio\nasync def forever():\n    await asyncio.sleep(3600)\nt = asyncio.ensure_future(forever())"
+        )
+        assert session.feed_run("t.cancelled()") is True
+        assert session.feed_run(_LOOP_COUNTS)[0] == 2
+
+
+def test_finished_async_cells_leave_no_tasks_alive_in_the_worker(open_pool: Pool) -> None:
+    """Every run asks asyncio for all tasks alive; finished cells must not keep theirs (through their watchdogs)."""
+    with open_pool.checkout() as session:
+        session.feed_run("import asyncio, gc")
+        for _ in range(100):
+            session.feed_run("await asyncio.sleep(0)")
+        alive = session.feed_run("sum(isinstance(o, asyncio.Task) for o in gc.get_objects())")
+    assert alive <= 3, alive

@@ -176,3 +176,30 @@ def test_a_zygote_that_cannot_start_falls_back_to_spawning(monkeypatch: pytest.M
         assert pool.isolation_report()["start"] == "spawn"
         with pool.checkout() as session:
             assert session.feed_run("1 + 1") == 2
+
+
+def test_the_zygote_builds_the_default_sessions_pandas_view_that_its_children_then_use() -> None:
+    """A child imports pandas (or loads a DataFrame) through the view its zygote built, not one of its own."""
+    if not preload_modules(frozenset({"pandas"})):
+        pytest.skip("pandas is not installed")
+    script = textwrap.dedent(
+        """
+        import pandas
+        from snapcell.runner import _guard, _zygote
+        from snapcell.runner._policy import Policy
+        from snapcell.runner._runner import Runner
+        from snapcell.runner._limits import Limits
+
+        before = len(_guard._views)
+        _zygote._build_views(["pandas"])
+        built = len(_guard._views) - before
+        prebuilt = _guard._views.get((Runner(policy=Policy.process_default(), limits=Limits(), file_access=True)
+                                      .policy.modules, "pandas"))
+        runner = Runner(policy=Policy.process_default(), limits=Limits(), file_access=True)
+        seen = runner.builtins["__import__"]("pandas")
+        print(built > 100, prebuilt is not None and seen is prebuilt, len(_guard._views) - before == built)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"]

@@ -1,0 +1,210 @@
+"""How a zygote gets going: ready before its heavy imports, and shared by the pools of one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from snapcell import AsyncPool, Limits, Policy
+from snapcell.runner import _zygotehost
+from snapcell.runner._procbackend import ProcessBackend
+from snapcell.runner._workerpool import WorkerPool
+from snapcell.runner._zygote import preload_modules
+
+NUMPY = Policy.unrestricted()  # os and sys, to see pids and modules; numpy (and pandas) preloaded
+HANG_GUARD_S = 60.0
+
+_PROBE = (
+    "import os, sys, random\n"
+    "had_numpy = 'numpy' in sys.modules\n"
+    "import numpy\n"
+    "(had_numpy, os.getpid(), os.getppid(), os.getuid(), int(numpy.arange(4).sum()),\n"
+    " [random.random() for _ in range(4)], numpy.random.rand(4).tolist())"
+)
+
+
+def _state(layers: dict[str, str]) -> dict[str, str]:
+    return {name: value.split(":")[0] for name, value in layers.items()}
+
+
+async def _until(condition: Any) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_sandbox() -> None:
+    if not preload_modules(frozenset({"numpy"})):
+        pytest.skip("numpy is not installed")
+
+    async def main() -> None:
+        workers = WorkerPool(min_warm=0, max_workers=2, checkout_timeout_s=HANG_GUARD_S)
+        try:
+            early = ProcessBackend(workers, policy=NUMPY, limits=Limits())
+            await early.start()  # the zygote's first fork: it is asked to preload only after this one
+            assert early.worker is not None and early.worker.forked is not None
+            zygote = early.worker.zygote
+            assert zygote is not None and "numpy" in zygote.preloading + zygote.preloaded
+            assert early.worker.forked.preloaded == ()
+            first = (await early.run(_PROBE, lookup={}, setup=False, limits=Limits())).value
+
+            await _until(lambda: not zygote.preloading)
+            assert "numpy" in zygote.preloaded
+            late = ProcessBackend(workers, policy=NUMPY, limits=Limits())
+            await late.start()
+            assert late.worker is not None and late.worker.forked is not None
+            assert late.worker.zygote is zygote and "numpy" in late.worker.forked.preloaded
+            second = (await late.run(_PROBE, lookup={}, setup=False, limits=Limits())).value
+
+            assert first[0] is False and second[0] is True  # imported on demand, and inherited from the zygote
+            assert first[4] == second[4] == 6
+            assert first[2] == second[2] == zygote.pid and first[1] != second[1]
+            # The early child has every layer the late one has, each derived from its own pid.
+            assert _state(early.sandbox) == _state(late.sandbox)
+            for (_, pid, _, uid, *_), layers in ((first, early.sandbox), (second, late.sandbox)):
+                assert f"only for pid {pid}," in layers["seccomp"] or not layers["seccomp"].startswith("active")
+                if layers["privileges"].startswith("active: uid"):
+                    assert uid == 1_000_000_000 + pid
+            assert first[5] != second[5] and first[6] != second[6]  # random streams of their own
+            await early.close()
+            await late.close()
+        finally:
+            await workers.close()
+
+    asyncio.run(main())
+
+
+def _count_starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    starts: list[int] = []
+    real = _zygotehost.Zygote.start
+
+    async def counted(self: _zygotehost.Zygote) -> None:
+        await real(self)
+        starts.append(self.pid)
+
+    monkeypatch.setattr(_zygotehost.Zygote, "start", counted)
+    return starts
+
+
+async def _parent(pool: AsyncPool) -> int:
+    async with pool.checkout() as session:
+        ppid: int = await session.feed_run("import os\nos.getppid()")
+        return ppid
+
+
+def test_two_pools_of_one_loop_share_one_zygote_until_the_last_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = _count_starts(monkeypatch)
+
+    async def main() -> tuple[int, int, int]:
+        one = AsyncPool("memory://", policy=NUMPY, min_warm_workers=0)
+        two = AsyncPool("memory://", policy=NUMPY, min_warm_workers=0)
+        async with one:
+            async with two:
+                first, second = await _parent(one), await _parent(two)
+            after_two = await _parent(one)  # closing one pool left the zygote to the other
+        return first, second, after_two
+
+    first, second, after_two = asyncio.run(main())
+    assert first == second == after_two == starts[0]
+    assert len(starts) == 1
+    assert _wait_gone(starts[0])  # the last pool to close closed it
+
+
+def test_a_dead_shared_zygote_is_restarted_once_for_every_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = _count_starts(monkeypatch)
+
+    async def main() -> tuple[int, int, int]:
+        async with AsyncPool("memory://", policy=NUMPY) as one, AsyncPool("memory://", policy=NUMPY) as two:
+            before = await _parent(one)
+            os.kill(before, signal.SIGKILL)
+            await asyncio.to_thread(_wait_gone, before)
+            return before, await _parent(two), await _parent(one)
+
+    before, restarted, again = asyncio.run(main())
+    assert starts == [before, restarted] and restarted == again != before
+
+
+def _wait_gone(pid: int) -> bool:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from snapcell.runner import _worker, _zygote
+
+    def broken(name: str) -> object:
+        raise RuntimeError(f"{name} is broken here")
+
+    def broken_warm_up() -> None:
+        raise ValueError("no warm-up")
+
+    monkeypatch.setattr(_zygote.importlib, "import_module", broken)
+    monkeypatch.setattr(_worker, "_warm_up", broken_warm_up)
+    monkeypatch.setattr(_zygote, "_freeze", lambda: None)  # not this test process's heap
+    monkeypatch.setattr(_zygote, "_reap", lambda ctrl: None)  # nor its children
+    host, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with host, zygote_end:
+        preloader = _zygote._Preloader(["numpy", "pandas"])
+        assert not preloader.pending
+        preloader.start()
+        steps = 0
+        while preloader.pending:
+            preloader.step(zygote_end)
+            steps += 1
+        report = json.loads(host.recv(4096))
+    assert steps == 3
+    assert report["op"] == "preloaded" and report["preloaded"] == []
+    err = capsys.readouterr().err
+    assert "'numpy' failed: RuntimeError" in err and "'warm-up' failed: ValueError" in err
+
+
+_DURING_A_STEP = """
+import json, os, select, socket, sys
+from snapcell.runner import _zygote
+
+host, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+def long_import(name):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    # The import goes on until the child's exit has been reported (or 20 s pass).
+    ready, _, _ = select.select([host], [], [], 20)
+    print(json.dumps({"pid": pid, "report": json.loads(host.recv(4096)) if ready else None}), flush=True)
+
+_zygote.importlib.import_module = long_import
+preloader = _zygote._Preloader(["numpy"])
+preloader.start()
+preloader.step(zygote_end)
+"""
+
+
+def test_a_child_that_exits_during_a_preload_step_is_reported_before_the_step_ends() -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _DURING_A_STEP], capture_output=True, text=True, timeout=HANG_GUARD_S, check=True
+    )
+    out = json.loads(done.stdout)
+    report = out["report"]
+    assert report is not None, done.stderr
+    assert report["op"] == "exited" and report["pid"] == out["pid"]
+    assert os.WIFEXITED(report["status"]) and os.WEXITSTATUS(report["status"]) == 7
