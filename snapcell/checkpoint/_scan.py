@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import bisect
 import functools
+import importlib
 import pickletools
 import re
 import struct
+import sys
 from array import array
 
+from snapcell.checkpoint._hoststate import MISSING, makes_new_objects, resolved_global, state_refusal
 from snapcell.checkpoint._rule import (
     ALIASES,
     ATTR_ARG,
+    ATTR_PATHS,
     HELPERS,
     MODULE_ARG,
     PLAIN,
@@ -33,9 +37,14 @@ from snapcell.checkpoint._rule import (
     global_refusal,
 )
 from snapcell.checkpoint._scanvalues import (
-    _LOOKUPS,
+    _FOREIGN_HELPERS,
+    _GETTER_NAMES,
+    _NEW_OF_ARGUMENT,
+    _NOT_AT_LOAD,
+    _OWN_STATE,
     _SETSTATE,
     FOREIGN,
+    GETTER,
     MAX_MEMO_KEPT,
     OPAQUE,
     _arguments,
@@ -168,6 +177,10 @@ class _Scanner:
         # Per flat group read back: where the short string it memoized at each index starts (-1: not a string).
         self.lazy_index: dict[int, array[int]] = {}
         self.memo: dict[int, object] = {}
+        # Memo indices holding a foreign value (one bit each: a list of a million dates is a million of them).
+        self.foreign = bytearray()
+        # Whether instances a global makes are new objects (`_instance_of`), per global.
+        self.makers: dict[tuple[str, str, bool], bool] = {}
         self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
 
     def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
@@ -177,11 +190,23 @@ class _Scanner:
         self.lazy_starts.append(first)
         self.lazy.append((first, count, start, stop))
 
+    def _set_foreign(self, key: int, foreign: bool) -> None:
+        byte, bit = key >> 3, 1 << (key & 7)
+        if byte >= len(self.foreign):
+            if not foreign:
+                return
+            self.foreign.extend(bytes(byte + 1 - len(self.foreign) + len(self.foreign) // 2))
+        self.foreign[byte] = self.foreign[byte] | bit if foreign else self.foreign[byte] & ~bit
+
     def _lazy(self, key: int) -> object:
         """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque.
 
         A group is read once, on the first GET into it (each later GET is one lookup, however many there are).
+        Memo entries that hold a foreign value are kept in a bitmap, not in the memo.
         """
+        byte = key >> 3
+        if byte < len(self.foreign) and self.foreign[byte] >> (key & 7) & 1:
+            return FOREIGN
         at = bisect.bisect_right(self.lazy_starts, key) - 1
         if at < 0:
             return OPAQUE
@@ -216,27 +241,73 @@ class _Scanner:
         if problem is not None:
             raise _Refused(module, name, problem)
         module, name = ALIASES.get((module, name), (module, name))  # the loader resolves the public twin
-        return _Global(module, name, HELPERS.get((module, name), PLAIN))
+        kind = HELPERS.get((module, name), PLAIN)
+        if kind == PLAIN and (module, name) not in HELPERS:
+            # The host's own state (checked on what the host has imported; the loader checks what it resolves).
+            problem = state_refusal(resolved_global(module, name))
+            if problem is not None:
+                raise _Refused(module, name, problem)
+        return _Global(module, name, kind)
 
     def _call(self, func: object, args: object, how: str) -> None:
+        if func is GETTER or (isinstance(func, _Global) and (func.module, func.name) in _NOT_AT_LOAD):
+            raise _Refused(
+                getattr(func, "module", ""),
+                getattr(func, "name", ""),
+                f"an attribute getter or setter, used through {how}",
+            )
         if isinstance(func, _Global) and func.kind != PLAIN:
             if how != "call":
                 raise _Refused(func.module, func.name, f"a helper that takes names, used through {how}")
             problem = call_refusal(func.kind, args, self.rule)
             if problem is None and func.kind == ATTR_ARG and isinstance(args, tuple) and type(args[0]) is _ModuleRef:
-                problem = global_refusal(args[0].module, args[1], self.rule)
+                problem = global_refusal(args[0].module, args[1], self.rule) or state_refusal(
+                    resolved_global(args[0].module, str(args[1]))
+                )
             if problem is not None:
                 raise _Refused(func.module, func.name, f"called with {_show(args)}: {problem}")
 
-    @staticmethod
-    def _result(func: object, args: object) -> object:
-        """What a REDUCE pushes: a module for a module helper called with a constant, else foreign or opaque."""
+    def _result(self, func: object, args: object) -> object:
+        """What a REDUCE pushes: a module for a module helper called with a constant, else foreign or opaque.
+
+        Opaque (an object the stream made, which may get state) only when the callee surely makes a new object:
+        a serializer's reconstructor, or a class whose ``__new__`` is a builtin's (`makes_new_objects`). Anything
+        else may hand back an existing one (an Enum's member, ``heapq.heappop``'s or ``statistics.mode``'s
+        argument), which is foreign.
+        """
         if not isinstance(func, _Global):
             return FOREIGN  # a callable the stream computed may return anything
         if func.kind == MODULE_ARG and isinstance(args, tuple) and args and isinstance(args[0], str):
             return _ModuleRef(args[0])
-        lookup = func.kind != PLAIN or (func.module, func.name) in _LOOKUPS
-        return FOREIGN if lookup else OPAQUE
+        key = (func.module, func.name)
+        if func.kind == ATTR_PATHS or (func.module.startswith("snapcell.runner.") and func.name in _GETTER_NAMES):
+            return GETTER
+        if func.kind != PLAIN or key in _FOREIGN_HELPERS:
+            return FOREIGN
+        if key in _NEW_OF_ARGUMENT:
+            at = _NEW_OF_ARGUMENT[key]
+            return self._instance_of(args[at] if isinstance(args, tuple) and len(args) > at else FOREIGN, False)
+        if key in HELPERS or key in self.rule.stand_ins or key in _OWN_STATE:
+            return OPAQUE
+        return self._instance_of(func, True)
+
+    def _instance_of(self, cls: object, called: bool) -> object:
+        """What ``cls(...)`` (``called``) or ``cls.__new__(cls, ...)`` gives: opaque only when surely a new object."""
+        if cls is OPAQUE:
+            return OPAQUE  # a class the stream made (cloudpickle's skeleton class)
+        if type(cls) is not _Global or cls.kind != PLAIN:
+            return FOREIGN
+        key = (cls.module, cls.name, called)
+        known = self.makers.get(key)
+        if known is None:
+            if cls.module not in sys.modules:
+                try:  # an allowed module (the rule passed it): the inline load would import it too
+                    importlib.import_module(cls.module)
+                except Exception:
+                    pass
+            value = resolved_global(cls.module, cls.name)
+            known = self.makers[key] = value is not MISSING and makes_new_objects(value, called=called)
+        return OPAQUE if known else FOREIGN
 
     def run(self) -> None:
         data = self.data
@@ -290,6 +361,8 @@ class _Scanner:
                     stop = run.end()
                     if stop < end and data[stop] in _EXTEND_CODES and marks and marks[-1] == len(stack) > 0:
                         # MARK, numbers, APPENDS/SETITEMS: the values go straight into the container below.
+                        if stack[-1] is not opaque:
+                            _check_target(stack[-1], "APPENDS/SETITEMS")
                         marks.pop()
                         pos = stop + 1
                         continue
@@ -309,7 +382,9 @@ class _Scanner:
                     value = stack[-1]
                     # Past the limit only constants are forgotten (a GET of one is opaque, which every check for
                     # a constant refuses); a global or a lookup's result is kept, or a GET would make it opaque.
-                    if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+                    if value is FOREIGN:
+                        self._set_foreign(memo_next, True)
+                    elif value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
                         if len(memo) >= MAX_MEMO_KEPT:
                             raise _Refused("", "", _TOO_MANY)
                         memo[memo_next] = value
@@ -332,6 +407,8 @@ class _Scanner:
                         marks.append(len(stack))
                         pos += 1
                     else:
+                        if stack[-1] is not opaque:
+                            _check_target(stack[-1], "APPENDS/SETITEMS")
                         stop = group.end()
                         count = (
                             group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
@@ -351,6 +428,8 @@ class _Scanner:
                     base = marks.pop()
                     if base < 1:
                         raise IndexError("no container below the mark")
+                    if stack[base - 1] is not opaque:
+                        _check_target(stack[base - 1], "APPENDS/SETITEMS/ADDITEMS")
                     popped = stack[base:]
                     if not _INERT_TYPES.issuperset(map(type, popped)):
                         _no_helpers(popped)
@@ -419,7 +498,10 @@ class _Scanner:
                 raise _Refused("", "", "a memo index past the entries written so far (no pickler skips one)")
             self.puts += key == self.puts
             value = stack[-1]
-            if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+            self._set_foreign(key, value is FOREIGN)
+            if value is FOREIGN:
+                memo.pop(key, None)
+            elif value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
                 if len(memo) >= MAX_MEMO_KEPT:
                     raise _Refused("", "", _TOO_MANY)
                 memo[key] = value
@@ -446,7 +528,7 @@ class _Scanner:
             popped = [stack.pop() for _ in range(3 if code == 0x92 else 2)]
             _no_helpers(popped[:-1])
             self._call(popped[-1], None, "__new__")
-            stack.append(opaque)
+            stack.append(self._instance_of(popped[-1], False))
         elif code == ord("b"):  # BUILD
             _no_helpers([stack.pop()])
             target = stack.pop()
@@ -463,7 +545,7 @@ class _Scanner:
                 callee, items = items[0], items[1:]
             self._call(callee, tuple(items), "call")
             _no_helpers(items)
-            stack.append(opaque)
+            stack.append(self._result(callee, tuple(items)))
         elif code in (0x85, 0x86, 0x87):  # TUPLE1-3: kept, they are call arguments
             count = code - 0x84
             items = stack[-count:]
@@ -512,6 +594,7 @@ class _Scanner:
                 _no_helpers(popped)
                 del stack[-count:]
                 if keep:
+                    _check_target(stack[-1], "APPEND/SETITEM")
                     return pos, memo_next
             stack.extend([opaque] * pushes)
         return pos, memo_next
