@@ -22,6 +22,7 @@ import pytest
 from snapcell import Policy, Pool
 from snapcell.checkpoint import Keyring, _scan, scan_pickle
 from snapcell.checkpoint._findglobal import make_find_global
+from snapcell.checkpoint._hoststate import makes_new_objects
 from snapcell.runner._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 
@@ -137,6 +138,7 @@ THROUGH_CALLS = {
     )
     + s(MARK)
     + b"a",
+    "the shared Random's seed read through getattr": call(getattr_(_module("random"), "seed"), _int(0)),
     "getattr of a module's list": getattr_(_module("keyword"), "kwlist") + s(MARK) + b"a",
     # ``min(([],))`` is the stream's own list, but the scan cannot tell it from a library's (an unimported module's
     # list through getattr): each container opcode path refuses it.
@@ -163,3 +165,23 @@ def test_foreign_values_in_the_memo_cost_a_bit_each(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_scan, "_MAX_MEMO_STRINGS", 0)  # constants and argument tuples forgotten, as past the limit
     dates = [datetime.date(2026, 1, 1 + day) for day in range(20)]
     assert scan_pickle(pickle.dumps(dates, protocol=5), RULE) is None
+
+
+class _Once(type):
+    def __call__(cls, *_args: Any) -> Any:
+        return SHARED
+
+
+class _Shared(metaclass=_Once):
+    pass
+
+
+SHARED = object()
+
+
+def test_only_builtin_new_and_type_s_call_make_new_objects() -> None:
+    assert makes_new_objects(dict, called=True) and makes_new_objects(random.Random, called=True)
+    assert makes_new_objects(_Shared, called=False)  # object.__new__
+    assert not makes_new_objects(_Shared, called=True)  # its metaclass's call hands back a shared object
+    assert not makes_new_objects(re.RegexFlag, called=False)
+    assert not makes_new_objects(json.dumps, called=True)
