@@ -119,6 +119,9 @@ def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
 
 
 _MAX_LAZY = 1 << 20
+# Modules one scan may import to learn what a class makes; past that, what an unimported module's class makes is
+# foreign (a stream naming many missing modules would otherwise cost a search of the import path for each).
+_MAX_IMPORTS = 64
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
 _CATEGORY = [_C_OTHER] * 256
@@ -181,6 +184,7 @@ class _Scanner:
         self.foreign = bytearray()
         # Whether instances a global makes are new objects (`_instance_of`), per global.
         self.makers: dict[tuple[str, str, bool], bool] = {}
+        self.imported: set[str] = set()  # modules this scan tried to import (a bounded number)
         self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
 
     def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
@@ -300,7 +304,8 @@ class _Scanner:
         key = (cls.module, cls.name, called)
         known = self.makers.get(key)
         if known is None:
-            if cls.module not in sys.modules:
+            if cls.module not in sys.modules and len(self.imported) < _MAX_IMPORTS:
+                self.imported.add(cls.module)
                 try:  # an allowed module (the rule passed it): the inline load would import it too
                     importlib.import_module(cls.module)
                 except Exception:

@@ -185,3 +185,18 @@ def test_only_builtin_new_and_type_s_call_make_new_objects() -> None:
     assert not makes_new_objects(_Shared, called=True)  # its metaclass's call hands back a shared object
     assert not makes_new_objects(re.RegexFlag, called=False)
     assert not makes_new_objects(json.dumps, called=True)
+
+
+def test_a_scan_tries_a_bounded_number_of_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each missing module a stream names would cost a search of the import path: a scan tries a few, no more."""
+    attempts: list[str] = []
+    real_import = _scan.importlib.import_module
+
+    def counting_import(name: str) -> Any:
+        attempts.append(name)
+        return real_import(name)
+
+    monkeypatch.setattr(_scan.importlib, "import_module", counting_import)
+    body = b"".join(call(glob(f"json.missing{i}", "Thing"), _int(1)) + b"0" for i in range(1000))
+    assert scan_pickle(stream(body + b"N"), RULE) is None
+    assert 0 < len(attempts) <= _scan._MAX_IMPORTS
