@@ -13,49 +13,36 @@ from __future__ import annotations
 
 import bisect
 import functools
-import importlib
 import pickletools
 import re
 import struct
-import sys
 from array import array
 
-from snapcell.checkpoint._hoststate import MISSING, makes_new_objects, resolved_global, state_refusal
+from snapcell.checkpoint._hoststate import resolved_global, state_refusal
 from snapcell.checkpoint._rule import (
     ALIASES,
-    ATTR_ARG,
-    ATTR_PATHS,
     HELPERS,
-    MODULE_ARG,
     PLAIN,
     TYPE_CALL,
     AllowModule,
     GlobalRule,
     Refusal,
     as_rule,
-    call_refusal,
     global_refusal,
 )
+from snapcell.checkpoint._scancalls import _Calls
 from snapcell.checkpoint._scanvalues import (
-    _FOREIGN_HELPERS,
-    _GETTER_NAMES,
-    _NEW_OF_ARGUMENT,
-    _NOT_AT_LOAD,
-    _OWN_STATE,
     _SETSTATE,
     FOREIGN,
-    GETTER,
     MAX_MEMO_KEPT,
     OPAQUE,
     _arguments,
     _check_target,
     _forgettable,
     _Global,
-    _ModuleRef,
     _no_helpers,
     _Opaque,
     _Refused,
-    _show,
 )
 
 __all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
@@ -119,9 +106,6 @@ def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
 
 
 _MAX_LAZY = 1 << 20
-# Modules one scan may import to learn what a class makes; past that, what an unimported module's class makes is
-# foreign (a stream naming many missing modules would otherwise cost a search of the import path for each).
-_MAX_IMPORTS = 64
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
 _CATEGORY = [_C_OTHER] * 256
@@ -182,9 +166,7 @@ class _Scanner:
         self.memo: dict[int, object] = {}
         # Memo indices holding a foreign value (one bit each: a list of a million dates is a million of them).
         self.foreign = bytearray()
-        # Whether instances a global makes are new objects (`_instance_of`), per global.
-        self.makers: dict[tuple[str, str, bool], bool] = {}
-        self.imported: set[str] = set()  # modules this scan tried to import (a bounded number)
+        self.calls = _Calls(self.rule)  # which calls the loader may make, and what each gives back
         self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
 
     def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
@@ -252,67 +234,6 @@ class _Scanner:
             if problem is not None:
                 raise _Refused(module, name, problem)
         return _Global(module, name, kind)
-
-    def _call(self, func: object, args: object, how: str) -> None:
-        if func is GETTER or (isinstance(func, _Global) and (func.module, func.name) in _NOT_AT_LOAD):
-            raise _Refused(
-                getattr(func, "module", ""),
-                getattr(func, "name", ""),
-                f"an attribute getter or setter, used through {how}",
-            )
-        if isinstance(func, _Global) and func.kind != PLAIN:
-            if how != "call":
-                raise _Refused(func.module, func.name, f"a helper that takes names, used through {how}")
-            problem = call_refusal(func.kind, args, self.rule)
-            if problem is None and func.kind == ATTR_ARG and isinstance(args, tuple) and type(args[0]) is _ModuleRef:
-                problem = global_refusal(args[0].module, args[1], self.rule) or state_refusal(
-                    resolved_global(args[0].module, str(args[1]))
-                )
-            if problem is not None:
-                raise _Refused(func.module, func.name, f"called with {_show(args)}: {problem}")
-
-    def _result(self, func: object, args: object) -> object:
-        """What a REDUCE pushes: a module for a module helper called with a constant, else foreign or opaque.
-
-        Opaque (an object the stream made, which may get state) only when the callee surely makes a new object:
-        a serializer's reconstructor, or a class whose ``__new__`` is a builtin's (`makes_new_objects`). Anything
-        else may hand back an existing one (an Enum's member, ``heapq.heappop``'s or ``statistics.mode``'s
-        argument), which is foreign.
-        """
-        if not isinstance(func, _Global):
-            return FOREIGN  # a callable the stream computed may return anything
-        if func.kind == MODULE_ARG and isinstance(args, tuple) and args and isinstance(args[0], str):
-            return _ModuleRef(args[0])
-        key = (func.module, func.name)
-        if func.kind == ATTR_PATHS or (func.module.startswith("snapcell.runner.") and func.name in _GETTER_NAMES):
-            return GETTER
-        if func.kind != PLAIN or key in _FOREIGN_HELPERS:
-            return FOREIGN
-        if key in _NEW_OF_ARGUMENT:
-            at = _NEW_OF_ARGUMENT[key]
-            return self._instance_of(args[at] if isinstance(args, tuple) and len(args) > at else FOREIGN, False)
-        if key in HELPERS or key in self.rule.stand_ins or key in _OWN_STATE:
-            return OPAQUE
-        return self._instance_of(func, True)
-
-    def _instance_of(self, cls: object, called: bool) -> object:
-        """What ``cls(...)`` (``called``) or ``cls.__new__(cls, ...)`` gives: opaque only when surely a new object."""
-        if cls is OPAQUE:
-            return OPAQUE  # a class the stream made (cloudpickle's skeleton class)
-        if type(cls) is not _Global or cls.kind != PLAIN:
-            return FOREIGN
-        key = (cls.module, cls.name, called)
-        known = self.makers.get(key)
-        if known is None:
-            if cls.module not in sys.modules and len(self.imported) < _MAX_IMPORTS:
-                self.imported.add(cls.module)
-                try:  # an allowed module (the rule passed it): the inline load would import it too
-                    importlib.import_module(cls.module)
-                except Exception:
-                    pass
-            value = resolved_global(cls.module, cls.name)
-            known = self.makers[key] = value is not MISSING and makes_new_objects(value, called=called)
-        return OPAQUE if known else FOREIGN
 
     def run(self) -> None:
         data = self.data
@@ -524,16 +445,16 @@ class _Scanner:
         elif code == ord("R"):  # REDUCE
             args = stack.pop()
             func = stack.pop()
-            self._call(func, args, "call")
+            self.calls.check(func, args, "call")
             _no_helpers(args if isinstance(args, tuple) else ())
             if isinstance(func, _Global) and (func.module, func.name) in _SETSTATE:
                 _check_target(args[0] if isinstance(args, tuple) and args else FOREIGN, "its state setter")
-            stack.append(self._result(func, args))
+            stack.append(self.calls.result(func, args))
         elif code in (0x81, 0x92):  # NEWOBJ, NEWOBJ_EX: cls.__new__(cls, *args)
             popped = [stack.pop() for _ in range(3 if code == 0x92 else 2)]
             _no_helpers(popped[:-1])
-            self._call(popped[-1], None, "__new__")
-            stack.append(self._instance_of(popped[-1], False))
+            self.calls.check(popped[-1], None, "__new__")
+            stack.append(self.calls.instance_of(popped[-1], False))
         elif code == ord("b"):  # BUILD
             _no_helpers([stack.pop()])
             target = stack.pop()
@@ -548,9 +469,9 @@ class _Scanner:
                 callee: object = self._global(module, name)
             else:
                 callee, items = items[0], items[1:]
-            self._call(callee, tuple(items), "call")
+            self.calls.check(callee, tuple(items), "call")
             _no_helpers(items)
-            stack.append(self._result(callee, tuple(items)))
+            stack.append(self.calls.result(callee, tuple(items)))
         elif code in (0x85, 0x86, 0x87):  # TUPLE1-3: kept, they are call arguments
             count = code - 0x84
             items = stack[-count:]

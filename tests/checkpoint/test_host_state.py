@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import Keyring, _scan, scan_pickle
+from snapcell.checkpoint import Keyring, _scan, _scancalls, scan_pickle
 from snapcell.checkpoint._findglobal import make_find_global
 from snapcell.checkpoint._hoststate import makes_new_objects
 from snapcell.runner._runner import checkpoint_rule
@@ -190,13 +190,13 @@ def test_only_builtin_new_and_type_s_call_make_new_objects() -> None:
 def test_a_scan_tries_a_bounded_number_of_imports(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each missing module a stream names would cost a search of the import path: a scan tries a few, no more."""
     attempts: list[str] = []
-    real_import = _scan.importlib.import_module
+    real_import = _scancalls.importlib.import_module
 
     def counting_import(name: str) -> Any:
         attempts.append(name)
         return real_import(name)
 
-    monkeypatch.setattr(_scan.importlib, "import_module", counting_import)
+    monkeypatch.setattr(_scancalls.importlib, "import_module", counting_import)
     body = b"".join(call(glob(f"json.missing{i}", "Thing"), _int(1)) + b"0" for i in range(1000))
     assert scan_pickle(stream(body + b"N"), RULE) is None
-    assert 0 < len(attempts) <= _scan._MAX_IMPORTS
+    assert 0 < len(attempts) <= _scancalls._MAX_IMPORTS
