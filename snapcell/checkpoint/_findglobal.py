@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 import dill
 
+from snapcell.checkpoint._hoststate import state_refusal
 from snapcell.checkpoint._pickle import (
     _code_in_cell,
     _rebuild_datetime_array,
@@ -65,6 +66,16 @@ def _public_getattr(rule: GlobalRule, obj: object, name: str, *default: object) 
     value = getattr(obj, name, *default)
     if isinstance(value, types.ModuleType) and not isinstance(obj, types.ModuleType):
         raise pickle.UnpicklingError(f"the checkpoint reads the module {name!r} through an attribute")
+    if isinstance(obj, types.ModuleType):
+        _refuse_state(obj.__name__, name, value)
+    return value
+
+
+def _refuse_state(module: str, name: str, value: Any) -> Any:
+    """``value``, unless it is the host's mutable state (`state_refusal`): an inline load must not change it."""
+    problem = state_refusal(value)
+    if problem is not None:
+        raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
     return value
 
 
@@ -168,20 +179,20 @@ def make_find_global(
             return _OWN_HELPERS[name]
         if module.split(".")[0] in ("snapcell", "dill", "copyreg") or module == "builtins":
             target: Any = importlib.import_module(module)
-            return checked(kind, getattr(target, name), rule)
+            return checked(kind, _refuse_state(module, name, getattr(target, name)), rule)
         if resolve is not None and (module, name) not in HELPERS:
             owner, _, last = name.rpartition(".")
             if owner and last in CLASS_DUNDERS:
                 # Classes pickle their own ``__new__`` by reference (``enum.Enum.__new__`` in every Enum subclass),
                 # and a str-mixin Enum's dict holds ``enum.Enum.__format__`` (`CLASS_DUNDERS`).
                 return _class_dunder(resolve(module, owner), last)
-            return checked(kind, resolve(module, name), rule)
+            return checked(kind, _refuse_state(module, name, resolve(module, name)), rule)
         target = importlib.import_module(module)
         for part in name.split("."):
             target = getattr(target, part)
             if isinstance(target, types.ModuleType):
                 raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, a path through a module")
-        return checked(kind, target, rule)
+        return checked(kind, _refuse_state(module, name, target), rule)
 
     return find_global
 

@@ -18,22 +18,20 @@ import re
 import struct
 from array import array
 
+from snapcell.checkpoint._hoststate import resolved_global, state_refusal
 from snapcell.checkpoint._rule import (
     ALIASES,
-    ATTR_ARG,
     HELPERS,
-    MODULE_ARG,
     PLAIN,
     TYPE_CALL,
     AllowModule,
     GlobalRule,
     Refusal,
     as_rule,
-    call_refusal,
     global_refusal,
 )
+from snapcell.checkpoint._scancalls import _Calls
 from snapcell.checkpoint._scanvalues import (
-    _LOOKUPS,
     _SETSTATE,
     FOREIGN,
     MAX_MEMO_KEPT,
@@ -42,11 +40,9 @@ from snapcell.checkpoint._scanvalues import (
     _check_target,
     _forgettable,
     _Global,
-    _ModuleRef,
     _no_helpers,
     _Opaque,
     _Refused,
-    _show,
 )
 
 __all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
@@ -168,6 +164,9 @@ class _Scanner:
         # Per flat group read back: where the short string it memoized at each index starts (-1: not a string).
         self.lazy_index: dict[int, array[int]] = {}
         self.memo: dict[int, object] = {}
+        # Memo indices holding a foreign value (one bit each: a list of a million dates is a million of them).
+        self.foreign = bytearray()
+        self.calls = _Calls(self.rule)  # which calls the loader may make, and what each gives back
         self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
 
     def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
@@ -177,11 +176,23 @@ class _Scanner:
         self.lazy_starts.append(first)
         self.lazy.append((first, count, start, stop))
 
+    def _set_foreign(self, key: int, foreign: bool) -> None:
+        byte, bit = key >> 3, 1 << (key & 7)
+        if byte >= len(self.foreign):
+            if not foreign:
+                return
+            self.foreign.extend(bytes(byte + 1 - len(self.foreign) + len(self.foreign) // 2))
+        self.foreign[byte] = self.foreign[byte] | bit if foreign else self.foreign[byte] & ~bit
+
     def _lazy(self, key: int) -> object:
         """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque.
 
         A group is read once, on the first GET into it (each later GET is one lookup, however many there are).
+        Memo entries that hold a foreign value are kept in a bitmap, not in the memo.
         """
+        byte = key >> 3
+        if byte < len(self.foreign) and self.foreign[byte] >> (key & 7) & 1:
+            return FOREIGN
         at = bisect.bisect_right(self.lazy_starts, key) - 1
         if at < 0:
             return OPAQUE
@@ -216,27 +227,13 @@ class _Scanner:
         if problem is not None:
             raise _Refused(module, name, problem)
         module, name = ALIASES.get((module, name), (module, name))  # the loader resolves the public twin
-        return _Global(module, name, HELPERS.get((module, name), PLAIN))
-
-    def _call(self, func: object, args: object, how: str) -> None:
-        if isinstance(func, _Global) and func.kind != PLAIN:
-            if how != "call":
-                raise _Refused(func.module, func.name, f"a helper that takes names, used through {how}")
-            problem = call_refusal(func.kind, args, self.rule)
-            if problem is None and func.kind == ATTR_ARG and isinstance(args, tuple) and type(args[0]) is _ModuleRef:
-                problem = global_refusal(args[0].module, args[1], self.rule)
+        kind = HELPERS.get((module, name), PLAIN)
+        if kind == PLAIN and (module, name) not in HELPERS:
+            # The host's own state (checked on what the host has imported; the loader checks what it resolves).
+            problem = state_refusal(resolved_global(module, name))
             if problem is not None:
-                raise _Refused(func.module, func.name, f"called with {_show(args)}: {problem}")
-
-    @staticmethod
-    def _result(func: object, args: object) -> object:
-        """What a REDUCE pushes: a module for a module helper called with a constant, else foreign or opaque."""
-        if not isinstance(func, _Global):
-            return FOREIGN  # a callable the stream computed may return anything
-        if func.kind == MODULE_ARG and isinstance(args, tuple) and args and isinstance(args[0], str):
-            return _ModuleRef(args[0])
-        lookup = func.kind != PLAIN or (func.module, func.name) in _LOOKUPS
-        return FOREIGN if lookup else OPAQUE
+                raise _Refused(module, name, problem)
+        return _Global(module, name, kind)
 
     def run(self) -> None:
         data = self.data
@@ -290,6 +287,8 @@ class _Scanner:
                     stop = run.end()
                     if stop < end and data[stop] in _EXTEND_CODES and marks and marks[-1] == len(stack) > 0:
                         # MARK, numbers, APPENDS/SETITEMS: the values go straight into the container below.
+                        if stack[-1] is not opaque:
+                            _check_target(stack[-1], "APPENDS/SETITEMS")
                         marks.pop()
                         pos = stop + 1
                         continue
@@ -309,7 +308,9 @@ class _Scanner:
                     value = stack[-1]
                     # Past the limit only constants are forgotten (a GET of one is opaque, which every check for
                     # a constant refuses); a global or a lookup's result is kept, or a GET would make it opaque.
-                    if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+                    if value is FOREIGN:
+                        self._set_foreign(memo_next, True)
+                    elif value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
                         if len(memo) >= MAX_MEMO_KEPT:
                             raise _Refused("", "", _TOO_MANY)
                         memo[memo_next] = value
@@ -332,6 +333,8 @@ class _Scanner:
                         marks.append(len(stack))
                         pos += 1
                     else:
+                        if stack[-1] is not opaque:
+                            _check_target(stack[-1], "APPENDS/SETITEMS")
                         stop = group.end()
                         count = (
                             group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
@@ -351,6 +354,8 @@ class _Scanner:
                     base = marks.pop()
                     if base < 1:
                         raise IndexError("no container below the mark")
+                    if stack[base - 1] is not opaque:
+                        _check_target(stack[base - 1], "APPENDS/SETITEMS/ADDITEMS")
                     popped = stack[base:]
                     if not _INERT_TYPES.issuperset(map(type, popped)):
                         _no_helpers(popped)
@@ -419,7 +424,10 @@ class _Scanner:
                 raise _Refused("", "", "a memo index past the entries written so far (no pickler skips one)")
             self.puts += key == self.puts
             value = stack[-1]
-            if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+            self._set_foreign(key, value is FOREIGN)
+            if value is FOREIGN:
+                memo.pop(key, None)
+            elif value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
                 if len(memo) >= MAX_MEMO_KEPT:
                     raise _Refused("", "", _TOO_MANY)
                 memo[key] = value
@@ -437,16 +445,16 @@ class _Scanner:
         elif code == ord("R"):  # REDUCE
             args = stack.pop()
             func = stack.pop()
-            self._call(func, args, "call")
+            self.calls.check(func, args, "call")
             _no_helpers(args if isinstance(args, tuple) else ())
             if isinstance(func, _Global) and (func.module, func.name) in _SETSTATE:
                 _check_target(args[0] if isinstance(args, tuple) and args else FOREIGN, "its state setter")
-            stack.append(self._result(func, args))
+            stack.append(self.calls.result(func, args))
         elif code in (0x81, 0x92):  # NEWOBJ, NEWOBJ_EX: cls.__new__(cls, *args)
             popped = [stack.pop() for _ in range(3 if code == 0x92 else 2)]
             _no_helpers(popped[:-1])
-            self._call(popped[-1], None, "__new__")
-            stack.append(opaque)
+            self.calls.check(popped[-1], None, "__new__")
+            stack.append(self.calls.instance_of(popped[-1], False))
         elif code == ord("b"):  # BUILD
             _no_helpers([stack.pop()])
             target = stack.pop()
@@ -461,9 +469,9 @@ class _Scanner:
                 callee: object = self._global(module, name)
             else:
                 callee, items = items[0], items[1:]
-            self._call(callee, tuple(items), "call")
+            self.calls.check(callee, tuple(items), "call")
             _no_helpers(items)
-            stack.append(opaque)
+            stack.append(self.calls.result(callee, tuple(items)))
         elif code in (0x85, 0x86, 0x87):  # TUPLE1-3: kept, they are call arguments
             count = code - 0x84
             items = stack[-count:]
@@ -512,6 +520,7 @@ class _Scanner:
                 _no_helpers(popped)
                 del stack[-count:]
                 if keep:
+                    _check_target(stack[-1], "APPEND/SETITEM")
                     return pos, memo_next
             stack.extend([opaque] * pushes)
         return pos, memo_next

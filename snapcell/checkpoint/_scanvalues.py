@@ -13,7 +13,7 @@ from typing import Final
 
 from snapcell.checkpoint._rule import PLAIN, TYPE_CALL, Refusal
 
-__all__ = ["FOREIGN", "MAX_MEMO_KEPT", "OPAQUE"]
+__all__ = ["FOREIGN", "GETTER", "MAX_MEMO_KEPT", "OPAQUE"]
 
 # Memo entries the scanner keeps in all: past `_scan`'s limit for constants only globals and lookups' results are
 # kept (forgetting one would make it new), and no pickler memoizes that many distinct ones.
@@ -32,6 +32,10 @@ class _Opaque:
 OPAQUE: Final = _Opaque()
 # A value that may be an object that existed before the load (what a lookup returned): never given state.
 FOREIGN: Final = _Opaque()
+# What ``operator.attrgetter``/``methodcaller`` (or a guarded stand-in) returned: calling it while loading would read
+# or call attributes of any object, a module's included (``attrgetter('encoder.ESCAPE_DCT')(json)``), which no
+# pickler writes (a getter in a namespace is a value, called by the script later).
+GETTER: Final = _Opaque()
 
 
 class _ModuleRef(_Opaque):
@@ -47,14 +51,34 @@ class _ModuleRef(_Opaque):
         self.module = module
 
 
-# Calls that hand back existing objects rather than making new ones (``min((JSONEncoder,))`` is the class itself, and
-# so is ``copy.copy`` of a class).
-_LOOKUPS = frozenset(
+# Serializer helpers that hand back an existing object (a sentinel, pandas' NaT): their result is foreign.
+_FOREIGN_HELPERS = frozenset(
     {
-        ("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce"),
-        ("builtins", "min"), ("builtins", "max"), ("builtins", "sum"), ("copy", "copy"), ("copy", "deepcopy"),
+        ("cloudpickle.cloudpickle", "_get_dataclass_field_type_sentinel"),
+        ("pandas._libs.tslibs.nattype", "__nat_unpickle"),
     }
-)  # fmt: skip
+)
+# Classes whose pickles call them for a cached instance and then set its state through the class's own setter:
+# numpy's ``dtype('f8')`` is numpy's shared float64 dtype, and every array's pickle ``BUILD``s it (numpy's
+# ``__setstate__`` of a dtype, which takes only the dtype's own fields).
+_OWN_STATE = frozenset({("numpy", "dtype")})
+# copyreg's reconstructors: ``cls.__new__(cls, ...)`` of their first argument (`_reconstructor`: of its second).
+_NEW_OF_ARGUMENT = {("copyreg", "__newobj__"): 0, ("copyreg", "__newobj_ex__"): 0, ("copyreg", "_reconstructor"): 1}
+# Helpers never called while loading (a namespace holds them as values): the guarded getattr and its kin read and
+# write attributes of any object they are given, a module's included; the guarded getters make `GETTER`s.
+_GUARD = "snapcell.runner._guard"
+_NOT_AT_LOAD = frozenset(
+    (_GUARD, name)
+    for name in (
+        "guarded_getattr",
+        "guarded_hasattr",
+        "guarded_setattr",
+        "guarded_delattr",
+        "guarded_dir",
+        "guarded_vars",
+    )
+)
+_GETTER_NAMES = frozenset({"attrgetter", "methodcaller", "_guarded_attrgetter", "_guarded_methodcaller"})
 # cloudpickle's state setters: (obj, state) for an object the stream made.
 _SETSTATE = frozenset(
     {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}
@@ -78,7 +102,7 @@ def _check_target(target: object, how: str) -> None:
     """State may only go to objects the stream made: not to a global or what a lookup returned (a library class)."""
     if isinstance(target, _Global):
         raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
-    if target is FOREIGN or type(target) is _ModuleRef:
+    if target is FOREIGN or target is GETTER or type(target) is _ModuleRef:
         raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
 
 
