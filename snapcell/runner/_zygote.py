@@ -289,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     _arm_pdeathsig(host_pid)
     modules = [name for name in (argv[2].split(",") if len(argv) > 2 else ()) if name in HEAVY_MODULES]
     preloader = _Preloader(modules)
-    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
+    from snapcell.runner import _privileges, _worker  # imported once, for every child
 
     _privileges.warm_import_paths()
+    _worker.warm_read_paths()
     gc.freeze()  # no collection yet (it would delay the first fork): the second stage collects, then freezes again
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
