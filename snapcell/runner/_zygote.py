@@ -255,6 +255,10 @@ def _freeze() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    # And with fewer page-table entries for each fork to copy, and each child's exit to drop (see `_hugepages`).
+    from snapcell.runner._hugepages import collapse_resident_heap
+
+    collapse_resident_heap()
 
 
 def _threads() -> int:
