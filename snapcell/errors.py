@@ -9,10 +9,12 @@ Every class says when it is raised and whether the session is still usable.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from snapcell._cancelled import RunCancelled
 
 __all__ = [
     "CheckpointCorrupt",
@@ -496,21 +498,6 @@ class WorkerLost(SessionError):
         self.result: Any = None
 
 
-class RunCancelled(asyncio.CancelledError):
-    """Raised by `AsyncSession.run` when its task was cancelled: the script was interrupted, the namespace kept.
-
-    A `asyncio.CancelledError`, so cancellation still propagates; ``result`` (status ``"cancelled"``) says what the
-    run printed and which variables it had assigned. The session is usable; dump it to keep what the run got to.
-
-    Attributes:
-        result: The run's `RunResult` up to the cancellation.
-    """
-
-    def __init__(self, result: Any) -> None:
-        super().__init__("the run was cancelled")
-        self.result = result
-
-
 class WorkspaceError(SessionError):
     """Raised when a workspace file operation is refused or fails; the session and its files are unchanged.
 
@@ -552,3 +539,14 @@ def map_exceptions(
                     error.errno = exc.errno  # so callers can still test for ENOSPC, EROFS...
                 raise error from exc
         raise
+
+
+def __getattr__(name: str) -> Any:
+    """`RunCancelled` is an `asyncio.CancelledError`, so it is defined (in `snapcell._cancelled`) on first use:
+    importing the errors does not import asyncio, which a worker's first run does not need."""
+    if name == "RunCancelled":
+        from snapcell._cancelled import RunCancelled
+
+        globals()[name] = RunCancelled
+        return RunCancelled
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import snapcell
 
 INIT = Path(snapcell.__file__)
@@ -65,3 +67,85 @@ def test_the_worker_imports_none_of_the_hosts_side() -> None:
     # No checkpoint model schema built and no scan pattern compiled at import; a dump builds both.
     assert built == [] and compiled == 0, (built, compiled)
     assert after == [True, 1]
+
+
+def test_a_zygote_imports_neither_pydantic_nor_asyncio_before_its_first_fork() -> None:
+    # What `_zygote.main` imports before it says "ready": the checkpoint code and asyncio come after the first fork.
+    probe = (
+        "import json, sys\n"
+        "import snapcell.runner._zygote\n"
+        "from snapcell.runner import _privileges, _worker\n"
+        "_privileges.warm_import_paths()\n"
+        "deferred = ('pydantic', 'asyncio', 'cloudpickle', 'dill', 'zstandard', 'snapcell.checkpoint._format')\n"
+        "print(json.dumps([name for name in deferred if name in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(done.stdout) == []
+
+
+_RUN_DUMP_COROUTINE = (
+    "import json, sys\n"
+    "from snapcell.runner._limits import Limits\n"
+    "from snapcell.runner._policy import Policy\n"
+    "from snapcell.runner._loopfree import finish_without_loop, runs_without_loop\n"
+    "from snapcell.runner._runner import Runner\n"
+    "from snapcell.runner._worker import _NoHost\n"
+    "runner = Runner(policy=Policy(), limits=Limits(wall_time_s=None))\n"
+    "cell = 'x = 1 + 1\\nx'\n"
+    "free = runs_without_loop(runner, cell)\n"
+    "first = finish_without_loop(runner.run(cell, bridge=_NoHost(), host_names=()))\n"
+    "after_run = [m for m in ('asyncio', 'pydantic') if m in sys.modules]\n"
+    "dumped = runner.dump(created_at=0.0)\n"
+    "after_dump = 'pydantic' in sys.modules\n"
+    "import asyncio\n"
+    "again = runs_without_loop(runner, 'y = 2')\n"
+    "waits = 'import asyncio\\nawait asyncio.sleep(0)\\nx + 1'\n"
+    "coro = asyncio.run(runner.run(waits, bridge=_NoHost(), host_names=()))\n"
+    "print(json.dumps([free, first.value, after_run, after_dump, len(dumped.body) > 0, again, coro.value]))"
+)
+
+
+def test_a_first_run_imports_neither_and_a_dump_and_a_coroutine_cell_follow() -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _RUN_DUMP_COROUTINE], capture_output=True, text=True, check=True, timeout=60
+    )
+    free, value, after_run, after_dump, dumped, again, coro = json.loads(done.stdout)
+    assert free and value == 2 and after_run == []
+    assert after_dump and dumped  # the checkpoint code comes with the first dump
+    assert not again  # asyncio is imported now (the probe did): every later run uses the loop
+    assert coro == 3
+
+
+@pytest.mark.parametrize("package", ["snapcell.checkpoint", "snapcell.runner", "snapcell.workspace"])
+def test_a_subpackages_lazy_names_match_its_type_checker_imports_and_resolve(package: str) -> None:
+    module = importlib.import_module(package)
+    assert module.__file__ is not None
+    tree = ast.parse(Path(module.__file__).read_text())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    imported: dict[str, tuple[str, ...]] = {}
+    for node in guarded.body:
+        assert isinstance(node, ast.ImportFrom) and node.module is not None
+        imported[node.module] = (*imported.get(node.module, ()), *(alias.name for alias in node.names))
+    exports = module._EXPORTS
+    assert imported == exports
+    assert sorted(n for names in exports.values() for n in names) == sorted(module.__all__)
+    for where, names in exports.items():
+        for name in names:
+            assert getattr(module, name) is getattr(importlib.import_module(where), name), name
+    assert set(module.__all__) <= set(dir(module))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        getattr(module, "no_such_name")  # noqa: B009
+
+
+def test_run_cancelled_is_defined_on_first_use_as_a_cancelled_error_named_in_errors() -> None:
+    import asyncio
+    import pickle
+
+    from snapcell import errors
+    from snapcell.errors import RunCancelled
+
+    assert errors.RunCancelled is RunCancelled and issubclass(RunCancelled, asyncio.CancelledError)
+    assert RunCancelled.__module__ == "snapcell.errors" and "RunCancelled" in errors.__all__
+    assert pickle.loads(pickle.dumps(RunCancelled)) is RunCancelled
+    with pytest.raises(AttributeError, match="NoSuchError"):
+        errors.NoSuchError  # noqa: B018

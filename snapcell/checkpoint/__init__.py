@@ -1,25 +1,75 @@
 """Namespace <-> bytes: pickling, the container format, compression and signing.
 
-Knows nothing of execution or storage.
+Knows nothing of execution or storage. Its names are imported on first use (`snapcell._lazy`): the worker imports
+the checkpoint code (pydantic, the picklers, zstd) only when it first dumps or loads.
 """
 
-from snapcell.checkpoint._blobs import BLOB_PREFIX, HASH_ALGORITHM, blob_key, blob_keys_of
-from snapcell.checkpoint._format import (
-    FORMAT_VERSION,
-    BlobRef,
-    DroppedVariable,
-    Header,
-    Manifest,
-    VariableInfo,
-    WorkspaceFile,
-    parse_container,
-)
-from snapcell.checkpoint._hostscan import scan_body
-from snapcell.checkpoint._pickle import Dumped, dump_namespace
-from snapcell.checkpoint._rule import HELPERS, GlobalRule, Refusal, global_refusal
-from snapcell.checkpoint._scan import scan_pickle
-from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
-from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from snapcell._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from snapcell.checkpoint._blobs import BLOB_PREFIX, HASH_ALGORITHM, blob_key, blob_keys_of
+    from snapcell.checkpoint._format import (
+        FORMAT_VERSION,
+        BlobRef,
+        DroppedVariable,
+        Header,
+        Manifest,
+        VariableInfo,
+        WorkspaceFile,
+        parse_container,
+    )
+    from snapcell.checkpoint._hostscan import scan_body
+    from snapcell.checkpoint._pickle import Dumped, dump_namespace
+    from snapcell.checkpoint._rule import HELPERS, GlobalRule, Refusal, global_refusal
+    from snapcell.checkpoint._scan import scan_pickle
+    from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
+    from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.checkpoint._blobs": (
+        "BLOB_PREFIX",
+        "HASH_ALGORITHM",
+        "blob_key",
+        "blob_keys_of",
+    ),
+    "snapcell.checkpoint._format": (
+        "FORMAT_VERSION",
+        "BlobRef",
+        "DroppedVariable",
+        "Header",
+        "Manifest",
+        "VariableInfo",
+        "WorkspaceFile",
+        "parse_container",
+    ),
+    "snapcell.checkpoint._hostscan": ("scan_body",),
+    "snapcell.checkpoint._pickle": (
+        "Dumped",
+        "dump_namespace",
+    ),
+    "snapcell.checkpoint._rule": (
+        "HELPERS",
+        "GlobalRule",
+        "Refusal",
+        "global_refusal",
+    ),
+    "snapcell.checkpoint._scan": ("scan_pickle",),
+    "snapcell.checkpoint._signing": (
+        "ENV_SIGNING_KEY",
+        "CheckpointId",
+        "Keyring",
+    ),
+    "snapcell.checkpoint._unpickle": (
+        "FindGlobal",
+        "LoadedNamespace",
+        "load_namespace",
+        "make_find_global",
+    ),
+}
 
 __all__ = [
     "BLOB_PREFIX",
@@ -50,3 +100,5 @@ __all__ = [
     "make_find_global",
     "parse_container",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -19,7 +19,6 @@ process's host kills it.
 from __future__ import annotations
 
 import ast
-import asyncio
 import ctypes
 import heapq
 import itertools
@@ -27,7 +26,10 @@ import sys
 import threading
 import time
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "start_watchdog",
@@ -38,7 +40,9 @@ __all__ = [
     "apply_checks",
     "expired_check",
     "instrument",
+    "cancelled_error",
     "reap_tasks",
+    "running_tasks",
     "tick",
 ]
 
@@ -271,6 +275,8 @@ class Watchdog:
 
     def attach(self, task: asyncio.Task[Any]) -> None:
         """Cancel ``task`` (an async cell) at the deadline, as well as interrupting its frames."""
+        import asyncio
+
         self._loop = asyncio.get_running_loop()
         self._task = task
 
@@ -340,6 +346,30 @@ def _is_script_task(task: asyncio.Task[Any], namespace: dict[str, Any], owners: 
     return frame.f_globals is namespace or frame.f_locals.get("self") in owners
 
 
+def running_tasks() -> set[asyncio.Task[Any]]:
+    """The tasks of the running event loop; none when no loop runs (a worker's cell run without one, see
+    `_loopfree.runs_without_loop`), and without importing asyncio when nothing has."""
+    aio = sys.modules.get("asyncio")
+    if aio is None:
+        return set()
+    try:
+        tasks: set[asyncio.Task[Any]] = aio.all_tasks()
+    except RuntimeError:  # no running event loop
+        return set()
+    return tasks
+
+
+def cancelled_error() -> type[BaseException]:
+    """`asyncio.CancelledError`, for an ``except`` clause (evaluated as an exception passes), without importing asyncio:
+    before anything has imported it, nothing can raise it."""
+    aio = sys.modules.get("asyncio")
+    return _NeverRaised if aio is None else aio.CancelledError
+
+
+class _NeverRaised(BaseException):
+    pass
+
+
 async def reap_tasks(before: set[asyncio.Task[Any]], namespace: dict[str, Any], owners: Collection[object] = ()) -> int:
     """Cancel the tasks a run started and left running, and wait for them to end.
 
@@ -354,11 +384,13 @@ async def reap_tasks(before: set[asyncio.Task[Any]], namespace: dict[str, Any], 
     Returns:
         How many tasks were cancelled.
     """
-    leftovers = [t for t in asyncio.all_tasks() - before if not t.done() and _is_script_task(t, namespace, owners)]
+    leftovers = [t for t in running_tasks() - before if not t.done() and _is_script_task(t, namespace, owners)]
     if not leftovers:
         return 0
     table = namespace.get("__builtins__")
     flags = table if isinstance(table, dict) and EXPIRED_NAME in table else None
+    import asyncio  # imported already: tasks exist
+
     if flags is not None:
         flags[EXPIRED_NAME] = True
     try:

@@ -6,29 +6,17 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 import traceback
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Collection, Iterable, Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
-from snapcell.checkpoint import (
-    BlobRef,
-    DroppedVariable,
-    Dumped,
-    GlobalRule,
-    Manifest,
-    dump_namespace,
-    load_namespace,
-    make_find_global,
-)
-from snapcell.checkpoint._trial import make_trial_load
 from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
     PolicyError,
-    RunCancelled,
     RunCancelledError,
     ScriptError,
     ScriptSyntaxError,
@@ -48,11 +36,22 @@ from snapcell.runner._guard import (
     name_denied,
 )
 from snapcell.runner._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
-from snapcell.runner._interrupt import TICK_NAME, ScriptInterrupt, Watchdog, reap_tasks, tick
+from snapcell.runner._interrupt import (
+    TICK_NAME,
+    ScriptInterrupt,
+    Watchdog,
+    cancelled_error,
+    reap_tasks,
+    running_tasks,
+    tick,
+)
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy, with_file_access
 from snapcell.runner._result import RunResult
 from snapcell.runner._summary import summarize_namespace
+
+if TYPE_CHECKING:
+    from snapcell.checkpoint import BlobRef, DroppedVariable, Dumped, FindGlobal, GlobalRule, Manifest
 
 __all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
 
@@ -62,6 +61,8 @@ _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
 
 def checkpoint_rule(policy: Policy) -> GlobalRule:
     """The policy's part of the checkpoint rule: the loader, the worker's dump and the host's scan all use it."""
+    from snapcell.checkpoint._rule import GlobalRule
+
     if not policy.restricted:
         return GlobalRule(allow_module=policy.allows_module)
     return GlobalRule(
@@ -117,15 +118,8 @@ class Runner:
         self.pending_notes: list[str] = []
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
-        self.rule = checkpoint_rule(policy)
         self._watch: Watchdog | None = None
-        self._find_global = make_find_global(
-            self.rule,
-            {("snapcell.runner._host", "host_function"): _host_function, **policy.find_global_overrides()},
-            resolve=policy.global_resolver(),
-        )
-        # dump() restores each new frame with the loader's unpickler, so what would fail at load is dropped now.
-        self._trial = make_trial_load(self._find_global, self.builtins)
+        self.loaded = False  # the namespace came from a checkpoint (see `_loopfree.runs_without_loop`)
         self._restored: set[bytes] = set()
         # Variables the last dump dropped and named, with the id of the value: the next dump names a variable again
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
@@ -133,6 +127,28 @@ class Runner:
         self.definitions = Definitions()
         # Definitions to run again before the next cell: their bytecode did not restore at load.
         self.pending_definitions: list[str] = []
+
+    # The checkpoint code (pydantic, the picklers) is imported by the first dump or load, not by a run: a worker's
+    # first cell does not wait for it.
+
+    @cached_property
+    def rule(self) -> GlobalRule:
+        """The checkpoint rule of this runner's policy (`checkpoint_rule`)."""
+        return checkpoint_rule(self.policy)
+
+    @cached_property
+    def _find_global(self) -> FindGlobal:
+        from snapcell.checkpoint._findglobal import make_find_global
+
+        overrides = {("snapcell.runner._host", "host_function"): _host_function, **self.policy.find_global_overrides()}
+        return make_find_global(self.rule, overrides, resolve=self.policy.global_resolver())
+
+    @cached_property
+    def _trial(self) -> Callable[[bytes, list[Any]], Any]:
+        # dump() restores each new frame with the loader's unpickler, so what would fail at load is dropped now.
+        from snapcell.checkpoint._trial import make_trial_load
+
+        return make_trial_load(self._find_global, self.builtins)
 
     def _fresh_namespace(self) -> dict[str, Any]:
         return {"__name__": "__main__", "__builtins__": self.builtins}
@@ -223,7 +239,7 @@ class Runner:
             self._watch = watchdog
             try:
                 value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
-            except asyncio.CancelledError:
+            except cancelled_error():
                 caller_cancelled = True  # the awaiting caller was cancelled (inline mode): end the run as cancelled
             finally:
                 self._watch = None
@@ -266,6 +282,8 @@ class Runner:
             assigned=assigned,
         )
         if caller_cancelled:
+            from snapcell.errors import RunCancelled  # an asyncio.CancelledError: imports asyncio
+
             raise RunCancelled(result)
         return result
 
@@ -273,10 +291,12 @@ class Runner:
         self, code: Any, is_async: bool, watchdog: Watchdog, bridge: HostBridge
     ) -> tuple[Any, ScriptError | None]:
         namespace = self.namespace
-        before = asyncio.all_tasks()
+        before = running_tasks()
         try:
             try:
                 if is_async:
+                    import asyncio
+
                     task = asyncio.ensure_future(eval(code, namespace))
                     watchdog.attach(task)
                     await task
@@ -287,7 +307,7 @@ class Runner:
                 namespace.pop(RESULT_NAME, None)
                 # Tasks the script started (even from a sync cell) must not outlive the run.
                 await reap_tasks(before, namespace, (bridge,))
-        except asyncio.CancelledError:
+        except cancelled_error():
             if not watchdog.fired:
                 raise  # the caller was cancelled, not the script
             return None, None
@@ -355,6 +375,8 @@ class Runner:
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
         """
+        from snapcell.checkpoint._pickle import dump_namespace
+
         dumped = dump_namespace(
             self.variables(),
             namespace=self.namespace,
@@ -409,6 +431,8 @@ class Runner:
             CheckpointCorrupt: The body is malformed, or a blob is missing or altered.
             CheckpointVersionError: Another format or Python version wrote it.
         """
+        from snapcell.checkpoint._unpickle import load_namespace
+
         namespace = self._fresh_namespace()
         loaded = load_namespace(
             body,
@@ -427,6 +451,7 @@ class Runner:
         namespace["__name__"] = "__main__"
         manifest = loaded.manifest
         self.namespace = namespace
+        self.loaded = True
         self.setup_cells = list(manifest.setup_cells)
         self.cell_count = manifest.cell_count
         self.future_flags = manifest.future_flags

@@ -14,7 +14,6 @@ along; their own diagnostics are never reported.
 from __future__ import annotations
 
 import ast
-import asyncio
 import builtins
 import inspect
 import itertools
@@ -209,6 +208,8 @@ class TypeChecker:
 
     async def acheck(self, code: str, *, prior_cells: Sequence[str] = (), declarations: str = "") -> list[Diagnostic]:
         """Async twin of `check`, run in a worker thread so the event loop stays free."""
+        import asyncio  # not at module level: a worker imports this module, and its first run needs no asyncio
+
         return await asyncio.to_thread(self.check, code, prior_cells=prior_cells, declarations=declarations)
 
     def check_or_raise(self, code: str, *, prior_cells: Sequence[str] = (), declarations: str = "") -> list[Diagnostic]:
@@ -240,6 +241,8 @@ class TypeChecker:
         self, code: str, *, prior_cells: Sequence[str] = (), declarations: str = ""
     ) -> list[Diagnostic]:
         """Async twin of `check_or_raise`, run in a worker thread."""
+        import asyncio
+
         return await asyncio.to_thread(self.check_or_raise, code, prior_cells=prior_cells, declarations=declarations)
 
     def _run(self, cell: str, output_format: str) -> str:

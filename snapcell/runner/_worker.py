@@ -7,7 +7,6 @@ It holds no signing key and no storage client: checkpoints leave it as unsigned 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import decimal
@@ -16,11 +15,9 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Coroutine, Generator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from snapcell.checkpoint import BlobRef, parse_container
 from snapcell.errors import (
     CheckpointError,
     ConfigError,
@@ -31,10 +28,10 @@ from snapcell.errors import (
 )
 from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
+from snapcell.runner._loopfree import finish_without_loop, runs_without_loop
 from snapcell.runner._policy import Policy
 from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
-from snapcell.runner._typecheck import declarations_from_namespace
 from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
     MAX_ASSIGNED,
@@ -57,6 +54,9 @@ from snapcell.runner._workerchannel import Channel, WorkerBridge
 from snapcell.workspace import effective_quota
 from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
 from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
+
+if TYPE_CHECKING:
+    import asyncio  # imported by the first run that needs the event loop (`Worker.loop`), not before
 
 __all__ = ["main"]
 
@@ -98,14 +98,21 @@ class Worker:
         self.channel = channel
         self.runner = runner
         self.workspace = workspace
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
         self.bridge: WorkerBridge | None = None
         self._limits_plain: dict[str, Any] | None = None
         self._limits_run = runner.limits
         # The host cancels a run with SIGUSR1 (and a "cancel" frame, skipped when read): no thread reads the channel
         # while a synchronous cell runs, but a signal handler runs between its bytecodes.
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.runner.cancel())
+
+    @functools.cached_property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop of runs that need one (see `_loopfree`), made (asyncio imported) on first use."""
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        return loop
 
     def next_request(self) -> tuple[dict[str, Any], bytearray]:
         """Read the next request in this (the main) thread; results of finished host calls are skipped.
@@ -183,6 +190,8 @@ class Worker:
             self.runner.pending_setup.extend(str(c) for c in message.get("setup_cells", ()))
             return {"op": "queued"}, []
         if op == "declarations":
+            from snapcell.runner._typecheck import declarations_from_namespace  # a type-checked session only
+
             text = declarations_from_namespace(self.runner.variables())
             if len(text) > MAX_DECLARATIONS_CHARS:  # the host accepts no more; the stubs keep their first lines
                 text = text[: text.rfind("\n", 0, MAX_DECLARATIONS_CHARS) + 1]
@@ -202,6 +211,8 @@ class Worker:
 
     def dump(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         """Dump the namespace and the workspace's files: the reply, then the body and each new blob."""
+        from snapcell.checkpoint._format import BlobRef  # pydantic: not imported before a session's first dump
+
         known = [BlobRef.model_validate(ref) for ref in message.get("known_blobs", ())]
         known_blobs = {ref.hash: ref for ref in known}
         created_at, level = float(message["created_at"]), int(message["level"])
@@ -237,6 +248,8 @@ class Worker:
 
     def load(self, message: dict[str, Any], blob: bytearray) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         """Load a verified checkpoint: its files are staged (and checked) first, then the namespace, then the swap."""
+        from snapcell.checkpoint._format import parse_container  # pydantic: not imported before a session's first load
+
         names = [str(n) for n in message.get("blobs", ())]
         try:
             views = split_parts(blob, message.get("parts", [len(blob)]))
@@ -285,7 +298,7 @@ class Worker:
             self._limits_plain = plain
         return self._limits_run
 
-    def drive(self, run: Coroutine[Any, Any, RunResult], bridge: WorkerBridge) -> RunResult:
+    def drive(self, run: Coroutine[Any, Any, RunResult], bridge: WorkerBridge, *, loop_free: bool = False) -> RunResult:
         """Run the runner's coroutine, with the event loop only if the cell waits for something.
 
         A synchronous cell never waits, so its run ends in the coroutine's first step: no task, no loop iteration,
@@ -293,8 +306,15 @@ class Worker:
         what the runner asks of asyncio (the tasks that exist, to reap any the script left) and what a script asks
         (``asyncio.get_running_loop()``, ``asyncio.run`` refused) answer as they do inside the loop. A cell that
         waits is carried on by a task in that same context, with the loop reading results of async host calls.
+
+        ``loop_free`` (a cell `runs_without_loop` cleared, before anything made the loop): no loop at all, so
+        a worker's first cells do not import asyncio.
         """
         context = contextvars.copy_context()
+        if loop_free:
+            return context.run(finish_without_loop, run)
+        import asyncio  # imported already: the loop is made
+
         asyncio.events._set_running_loop(self.loop)
         try:
             waiting = context.run(run.send, None)
@@ -317,7 +337,9 @@ class Worker:
         code: Any = message.get("code")
         limits = self.run_limits(message["limits"])
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
-        self.bridge = bridge = WorkerBridge(self.channel, host, self.loop, limits)
+        # Once a run has made the loop, every later run uses it too.
+        loop_free = "loop" not in vars(self) and not any(host.values()) and runs_without_loop(self.runner, code)
+        self.bridge = bridge = WorkerBridge(self.channel, host, None if loop_free else self.loop, limits)
         if self.workspace is not None:
             with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
                 self.workspace.before_run()
@@ -327,6 +349,7 @@ class Worker:
                     code, bridge=bridge, host_names=tuple(host), setup=bool(message.get("setup")), limits=limits
                 ),
                 bridge,
+                loop_free=loop_free,
             )
         finally:
             self.bridge = None
@@ -394,8 +417,8 @@ def policy_from_plain(data: dict[str, Any]) -> Policy:
     return Policy(**fields)
 
 
-# Landlock's read-only paths by ``sys.path``: computed once, in the zygote before it forks (`warm_read_paths`), since
-# expanding sysconfig's paths costs a forked child ~3 ms and ~600 copy-on-write page faults on every checkout.
+# Landlock's read-only paths by ``sys.path``: computed once, in the zygote's warm-up step (`warm_read_paths`), rather
+# than by every forked child (four expansions of sysconfig's paths, and the copy-on-write faults they cause).
 _READ_PATHS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
@@ -479,6 +502,8 @@ def _warm_up() -> None:
 
     No wall-time limit: the watchdog thread must not start before the sandbox, which wants a single thread.
     """
+    import asyncio
+
     runner = Runner(policy=Policy(), limits=Limits(wall_time_s=None))
     asyncio.run(runner.run("x = [1]\nx", bridge=_NoHost(), host_names=()))
     runner.dump(created_at=0.0)
@@ -536,6 +561,10 @@ def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int 
     os.environ["TMPDIR"] = os.path.join(scratch, TMP_DIR)
     os.environ["MPLCONFIGDIR"] = os.path.join(scratch, TMP_DIR, "matplotlib")
     os.environ.setdefault("MPLBACKEND", "Agg")  # charts are files here: no display
+    # Set, not left to tempfile's own search (it probes each candidate by writing a file, which can fail here): not
+    # imported in the zygote before its first fork, so that child imports it now.
+    import tempfile
+
     tempfile.tempdir = os.environ["TMPDIR"]
     workspace = Workspace(
         ".",

@@ -6,13 +6,12 @@ thread of a sync host call waiting for its result), one at a time; no reader thr
 
 from __future__ import annotations
 
-import asyncio
 import os
 import select
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import OutputLimitExceeded
 from snapcell.runner._host import CallBudget
@@ -28,6 +27,9 @@ from snapcell.runner._wire import (
     to_plain,
     value_items,
 )
+
+if TYPE_CHECKING:
+    import asyncio  # a run imports it when it needs the event loop (`_worker.Worker.loop`)
 
 __all__ = ["Channel", "WorkerBridge"]
 
@@ -117,7 +119,7 @@ class Channel:
 class WorkerBridge:
     """Carries a run's host-function calls to the host and waits for their results."""
 
-    def __init__(self, channel: Channel, host: dict[str, bool], loop: asyncio.AbstractEventLoop, limits: Limits):
+    def __init__(self, channel: Channel, host: dict[str, bool], loop: asyncio.AbstractEventLoop | None, limits: Limits):
         self._channel = channel
         self._host = host
         self._loop = loop
@@ -181,13 +183,17 @@ class WorkerBridge:
         return _unpack_result(box[0])
 
     async def _call_async(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        import asyncio
+
+        loop = self._loop
+        assert loop is not None, "a run with async host functions has the event loop"
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
 
         def deliver(message: dict[str, Any]) -> None:
-            if asyncio.events._get_running_loop() is self._loop:  # read in the loop's own thread: no wake-up needed
-                self._loop.call_soon(_settle, future, message)
+            if asyncio.events._get_running_loop() is loop:  # read in the loop's own thread: no wake-up needed
+                loop.call_soon(_settle, future, message)
             else:  # a sync host call made from a thread of the script read it
-                self._loop.call_soon_threadsafe(_settle, future, message)
+                loop.call_soon_threadsafe(_settle, future, message)
 
         call_id = self._request(name, args, kwargs, deliver)
         try:

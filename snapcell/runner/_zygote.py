@@ -2,9 +2,10 @@
 
 Started as ``python -I -m snapcell.runner._zygote CTRL_FD HOST_PID [MODULE,...]`` exactly like a spawned
 worker (empty environment, no key, no credentials, no session data, BLAS/OpenMP pools limited to one
-thread so that fork is safe), it imports the worker and says "ready": the first fork waits for nothing
-more. It never runs script code. The policy's heavy modules (numpy, pandas) and snapcell's own warm-up cell
-(a run and a dump) come second, when the host asks (after its first fork request): one step at a time, in
+thread so that fork is safe), it imports the worker (what a first run needs, not the checkpoint code) and says
+"ready": the first fork waits for nothing more. It never runs script code. snapcell's deferred modules
+(`DEFERRED_MODULES`: pydantic and the picklers), the policy's heavy modules (numpy, pandas) and snapcell's own
+warm-up cell (a run and a dump) come second, when the host asks (after its first fork request): one step at a time, in
 the main thread, only while no fork request waits. A child forked before them imports them on demand, as a
 spawned worker does; the zygote forks only while it runs a single thread. Then it waits on its control
 socket:
@@ -60,6 +61,23 @@ THREAD_ENV = {
 }
 # Modules worth importing in the zygote when the policy allows them (costly to import on every checkout).
 HEAVY_MODULES = ("numpy", "pandas")
+# snapcell's own modules that a first run does not need, so the zygote says "ready" without them: the checkpoint
+# code (pydantic, the picklers, zstd) a dump or load imports, asyncio, which a run imports once a cell needs it, and
+# the sandbox, which a child imports after the fork. They are the first preload step, so that later children get
+# them copy-on-write.
+DEFERRED_MODULES = (
+    "asyncio",
+    "snapcell.checkpoint._format",
+    "snapcell.checkpoint._pickle",
+    "snapcell.checkpoint._unpickle",
+    "snapcell.checkpoint._trial",
+    # What each child imports after the fork (its sandbox, its read paths, its reseeding): later ones find it here.
+    "snapcell.runner._sandbox",
+    "sysconfig",
+    "random",
+    "tempfile",
+)
+_DEFERRED_STEP = "<snapcell>"
 _PR_SET_PDEATHSIG = 1
 _MAX_CONTROL_BYTES = 16
 
@@ -207,10 +225,11 @@ class _Preloader:
         return bool(self._steps)
 
     def start(self) -> None:
-        """Queue the steps (once): each heavy module, then the warm-up (a run and a dump) and freezing the heap."""
+        """Queue the steps (once): snapcell's deferred modules, each heavy module, then the warm-up (a run and a
+        dump) and freezing the heap."""
         if not self.started:
             self.started = True
-            self._steps = [*self.modules, ""]
+            self._steps = [_DEFERRED_STEP, *self.modules, ""]
 
     def step(self, ctrl: socket.socket) -> None:
         """Run the next step; after the last, tell the host what was preloaded and how many threads run.
@@ -229,12 +248,20 @@ class _Preloader:
     def _step(self, ctrl: socket.socket) -> None:
         name = self._steps.pop(0)
         try:
+            if name == _DEFERRED_STEP:
+                for module in DEFERRED_MODULES:
+                    importlib.import_module(module)
+                import sysconfig
+
+                sysconfig.get_paths()  # its config variables, computed once for every later child
+                return
             if name:
                 importlib.import_module(name)
                 self.preloaded.append(name)
                 return
             from snapcell.runner import _worker
 
+            _worker.warm_read_paths()  # the sandbox's read-only paths, computed once for every later child
             _worker._warm_up()  # a run and a dump: builds here what a first dump builds on first use (schemas, ...)
             _build_views(self.preloaded)
         except Exception as exc:  # the zygote must outlive a failed optional step, for its children's sake
@@ -293,12 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     _arm_pdeathsig(host_pid)
     modules = [name for name in (argv[2].split(",") if len(argv) > 2 else ()) if name in HEAVY_MODULES]
     preloader = _Preloader(modules)
-    # Imported once, for every child (the sandbox too: each child applies it at once, ~2.5 ms to import).
-    from snapcell.runner import _privileges, _sandbox, _worker  # noqa: F401
+    gc.disable()  # the imports make only objects that live on: collecting them now would only delay "ready"
+    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
 
     _privileges.warm_import_paths()
-    _worker.warm_read_paths()
     gc.freeze()  # no collection yet (it would delay the first fork): the second stage collects, then freezes again
+    gc.enable()  # before any fork: a child collects its own garbage
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)

@@ -1,11 +1,23 @@
 """Session files: a workspace directory persisted with the checkpoint as blobs, read-only mounts, artifacts.
 
 The worker owns the directory (`Workspace`); the host checks what the worker reports (`check_files`) and never
-opens a file in it.
+opens a file in it. Its names are imported on first use (`snapcell._lazy`).
 """
 
-from snapcell.workspace._check import ForgedFiles, check_files, effective_quota
-from snapcell.workspace._paths import MAX_FILES, OUT_DIR, FileInfo, check_mounts, check_path, media_type
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from snapcell._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from snapcell.workspace._check import ForgedFiles, check_files, effective_quota
+    from snapcell.workspace._paths import MAX_FILES, OUT_DIR, FileInfo, check_mounts, check_path, media_type
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.workspace._check": ("ForgedFiles", "check_files", "effective_quota"),
+    "snapcell.workspace._paths": ("MAX_FILES", "OUT_DIR", "FileInfo", "check_mounts", "check_path", "media_type"),
+}
 
 __all__ = [
     "MAX_FILES",
@@ -18,3 +30,5 @@ __all__ = [
     "effective_quota",
     "media_type",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -8,11 +8,13 @@ at most `MAX_FILES` files, and a total within the quota.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
-from snapcell.checkpoint import Manifest
-from snapcell.checkpoint._blobs import CHUNK_BYTES
 from snapcell.errors import WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.workspace._paths import MAX_FILES, check_path
+
+if TYPE_CHECKING:
+    from snapcell.checkpoint import Manifest
 
 __all__ = ["ForgedFiles", "check_files", "effective_quota"]
 
@@ -34,6 +36,8 @@ def check_files(manifest: Manifest, *, quota_bytes: int | None, mounts: Collecti
         ForgedFiles: The list is malformed (only a broken or compromised worker sends one).
         WorkspaceQuotaExceeded: The files are over the quota.
     """
+    from snapcell.checkpoint._blobs import CHUNK_BYTES  # the host side only: a worker imports this module too
+
     files = manifest.files
     if len(files) > MAX_FILES:
         raise ForgedFiles(f"{len(files)} workspace files, more than {MAX_FILES}")

@@ -12,18 +12,20 @@ import contextlib
 import errno
 import functools
 import os
-import secrets
 import shutil
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from snapcell.checkpoint import HASH_ALGORITHM, BlobRef, Dumped, WorkspaceFile, parse_container
-from snapcell.checkpoint._blobs import CHUNK_BYTES, REFRESH_AFTER_S, decode_blob, encode_blob, hash_buffer
-from snapcell.checkpoint._format import Codec, SectionKind, pack_container
 from snapcell.errors import CheckpointCorrupt, WorkspaceError, WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
+
+if TYPE_CHECKING:
+    from snapcell.checkpoint import BlobRef, Dumped, WorkspaceFile
+
+# The checkpoint code (pydantic, zstd) is imported by the first snapshot, stage or attach: a worker's first run does
+# not wait for it.
 
 __all__ = ["Snapshot", "Workspace", "attach_snapshot", "empty_dir"]
 
@@ -211,7 +213,7 @@ class Workspace:
         sizes = dict(self.files())
         self._check_quota(sum(sizes.values()) - sizes.get(path, 0) + len(data))
         with self._parent(path, create=True) as (dirfd, name):
-            temp = f".snapcell-{secrets.token_hex(8)}"
+            temp = f".snapcell-{os.urandom(8).hex()}"  # not `secrets`: its import (hmac, OpenSSL) delays the zygote
             try:
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dirfd)
                 with open(fd, "wb", closefd=True) as handle:
@@ -232,6 +234,9 @@ class Workspace:
             WorkspaceQuotaExceeded: The files exceed the quota; nothing is returned.
             WorkspaceError: More than `MAX_FILES` files.
         """
+        from snapcell.checkpoint._blobs import CHUNK_BYTES
+        from snapcell.checkpoint._format import WorkspaceFile
+
         out = Snapshot()
         entries = []
         for path, info in self._walk():
@@ -267,6 +272,9 @@ class Workspace:
 
     @staticmethod
     def _add_chunk(chunk: bytes, out: Snapshot, known: Mapping[str, BlobRef], level: int, created_at: float) -> str:
+        from snapcell.checkpoint._blobs import REFRESH_AFTER_S, encode_blob, hash_buffer
+        from snapcell.checkpoint._format import BlobRef
+
         key = hash_buffer(chunk).hex()
         if key in out.refs:
             return key
@@ -290,6 +298,8 @@ class Workspace:
         Raises:
             CheckpointCorrupt: A path is malformed, a chunk is missing or altered; the workspace is untouched.
         """
+        from snapcell.checkpoint._blobs import CHUNK_BYTES, decode_blob
+
         self.discard_staging()
         os.mkdir(self.staging, 0o700)
         try:
@@ -402,6 +412,10 @@ class Workspace:
 
 def attach_snapshot(dumped: Dumped, snap: Snapshot) -> Dumped:
     """The dump with the workspace's files in its manifest and their chunks among its blobs (body packed again)."""
+    from snapcell.checkpoint._blobs import HASH_ALGORITHM
+    from snapcell.checkpoint._format import Codec, SectionKind, pack_container, parse_container
+    from snapcell.checkpoint._pickle import Dumped
+
     if not snap.files and not dumped.manifest.files:
         return dumped
     container = parse_container(dumped.body)
