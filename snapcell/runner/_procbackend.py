@@ -284,7 +284,8 @@ class ProcessBackend:
     async def close(self) -> None:
         if self.worker is not None:
             worker, self.worker = self.worker, None
-            await self._pool.release(worker, reuse_for=None if self.mounts else (self._policy, self._limits))
+            reuse_for = None if self.mounts else (self._policy, self._limits)
+            await self._pool.release(worker, reuse_for=reuse_for, reap_later=True)
 
     async def discard(self) -> None:
         if self.worker is not None:

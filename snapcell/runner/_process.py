@@ -21,7 +21,6 @@ import functools
 import logging
 import os
 import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +36,8 @@ from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._privileges import LIVE_WORKER_PIDS
 from snapcell.runner._procstat import ProcStat
-from snapcell.runner._sandbox import release_scratch, sandbox_failure, worker_sandbox_settings
+from snapcell.runner._sandbox import sandbox_failure, worker_sandbox_settings
+from snapcell.runner._scratch import detach_scratch, remove_scratch
 from snapcell.runner._wire import (
     FRAME,
     Budget,
@@ -132,6 +132,8 @@ class WorkerProcess:
         self._inherited_rss = 0
         # Its CPU time and peak memory, read by the host from /proc once it has started.
         self.stat: ProcStat | None = None
+        # What is left of a `kill` with ``reap_later``: waiting for the worker's exit.
+        self.reaping: asyncio.Future[None] | None = None
 
     @property
     def start_path(self) -> str:
@@ -531,11 +533,24 @@ class WorkerProcess:
         except (OSError, ValueError):
             return ""
 
-    async def kill(self) -> None:
-        """Kill the worker and remove its scratch directory; safe to call twice."""
+    async def kill(self, *, reap_later: bool = False) -> None:
+        """Kill the worker and remove its scratch directory; safe to call twice.
+
+        ``reap_later``: if its scratch is a tmpfs, detach it now (`detach_scratch`) and leave waiting for its exit
+        to the task in `reaping`.
+        """
         self.dead = True
         if self.forked is not None:
             self.forked.kill()
+            if (
+                reap_later
+                and self.scratch_dir
+                and await asyncio.shield(asyncio.to_thread(detach_scratch, self.scratch_dir))
+            ):
+                LIVE_WORKER_PIDS.discard(self.pid or 0)
+                self.scratch_dir = ""
+                self.reaping = asyncio.ensure_future(self.kill())
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self.forked.exited), _KILL_WAIT_S)
             self.forked.close()
@@ -563,12 +578,7 @@ class WorkerProcess:
             LIVE_WORKER_PIDS.discard(self.pid or 0)
             # Unmounting the scratch tmpfs and removing its directory take milliseconds that the event loop,
             # shared by every session, should not wait for.
-            await asyncio.shield(asyncio.to_thread(_remove_scratch, scratch))
-
-
-def _remove_scratch(scratch: str) -> None:
-    release_scratch(scratch)
-    shutil.rmtree(scratch, ignore_errors=True)
+            await asyncio.shield(asyncio.to_thread(remove_scratch, scratch))
 
 
 @contextlib.asynccontextmanager

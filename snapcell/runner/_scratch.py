@@ -17,9 +17,9 @@ import shutil
 import stat
 import tempfile
 
-from snapcell.runner._privileges import sweep_stale_scratch
+from snapcell.runner._privileges import release_scratch, sweep_stale_scratch
 
-__all__ = ["make_scratch_root", "reclaim_scratch_dirs", "remove_scratch_root"]
+__all__ = ["detach_scratch", "remove_scratch", "make_scratch_root", "reclaim_scratch_dirs", "remove_scratch_root"]
 
 log = logging.getLogger("snapcell")
 
@@ -139,3 +139,29 @@ def remove_scratch_root(root: str, lock_fd: int, owner_pid: int) -> None:
     shutil.rmtree(root, ignore_errors=True)
     with contextlib.suppress(OSError):
         os.close(lock_fd)
+
+
+def remove_scratch(path: str) -> None:
+    """Remove a worker's scratch directory, unmounting its tmpfs first; call once the worker is gone."""
+    release_scratch(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def detach_scratch(path: str) -> bool:
+    """Make a killed worker's scratch tmpfs unreachable at once: detach it (MNT_DETACH), remove its mount point.
+
+    For a worker already sent SIGKILL that need not be reaped first: whatever it still writes lands in the detached
+    tmpfs, which no path leads to and the kernel frees when the worker is gone, and Landlock lets it write nowhere
+    else (not in the directory underneath, which is empty). A check-in so returns without waiting for the kernel to
+    tear down the worker's address space.
+
+    Returns:
+        True when ``path`` was a mount and is now gone. False when it was not a mount (the worker writes to the
+        directory itself, which may be removed only once the worker is gone) or could not be removed.
+    """
+    if not os.path.ismount(path):
+        return False
+    release_scratch(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+    return not os.path.lexists(path)

@@ -417,18 +417,30 @@ def policy_from_plain(data: dict[str, Any]) -> Policy:
     return Policy(**fields)
 
 
-def _read_paths(policy: Policy) -> list[str]:
-    import sysconfig
+# Landlock's read-only paths by ``sys.path``: computed once, in the zygote's warm-up step (`warm_read_paths`), rather
+# than by every forked child (four expansions of sysconfig's paths, and the copy-on-write faults they cause).
+_READ_PATHS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
-    import snapcell
 
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(snapcell.__file__))}
-    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(name)
-        if path:
-            paths.add(path)
-    paths.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
-    return sorted(paths)
+def warm_read_paths() -> None:
+    """Compute the sandbox's read-only paths now (in a zygote), so that its forked workers find them ready."""
+    _read_paths()
+
+
+def _read_paths() -> list[str]:
+    key = tuple(sys.path)
+    known = _READ_PATHS.get(key)
+    if known is None:
+        import sysconfig
+
+        import snapcell
+
+        paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(snapcell.__file__))}
+        scheme = sysconfig.get_paths()
+        paths.update(path for name in ("stdlib", "platstdlib", "purelib", "platlib") if (path := scheme.get(name)))
+        paths.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
+        known = _READ_PATHS[key] = tuple(sorted(paths))
+    return list(known)
 
 
 def _apply_sandbox(
@@ -458,7 +470,7 @@ def _apply_sandbox(
     report = apply_sandbox(
         limits=limits,
         scratch_dir=str(settings["scratch_dir"]),
-        read_paths=_read_paths(policy),
+        read_paths=_read_paths(),
         allow_fds=keep_fds,
         parent_pid=parent_pid,
         host_pid=host_pid,

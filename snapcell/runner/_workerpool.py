@@ -197,6 +197,8 @@ class WorkerPool:
         self._remove_scratch = weakref.finalize(self, remove_scratch_root, self.scratch_root, lock_fd, os.getpid())
         self._warm: list[WorkerProcess] = []
         self._busy: set[WorkerProcess] = set()
+        # Killed workers not yet reaped (see `release`): the pool waits for them when it closes.
+        self._reaping: set[asyncio.Future[None]] = set()
         self._starting = 0
         self._changed = asyncio.Condition()
         self._fill_task: asyncio.Task[None] | None = None
@@ -431,8 +433,14 @@ class WorkerPool:
             raise SessionError("a worker process failed to start; see the snapcell log")
         return worker
 
-    async def release(self, worker: WorkerProcess, *, reuse_for: tuple[Policy, Limits] | None = None) -> None:
-        """End a worker's checkout: it is killed, or reset and kept for ``reuse_for`` under ``recycle_after``."""
+    async def release(
+        self, worker: WorkerProcess, *, reuse_for: tuple[Policy, Limits] | None = None, reap_later: bool = False
+    ) -> None:
+        """End a worker's checkout: it is killed, or reset and kept for ``reuse_for`` under ``recycle_after``.
+
+        ``reap_later`` (a session's ordinary end, not a worker lost or distrusted): once its scratch is unreachable,
+        the checkout ends without waiting for the kernel to tear the killed worker down (see `WorkerProcess.kill`).
+        """
         if reuse_for is not None and not worker.dead and worker.checkouts < self.recycle_after and not self._closed:
             try:
                 reply, _ = await worker.request({"op": "recycle"}, timeout_s=_KILL_WAIT_S)
@@ -444,7 +452,10 @@ class WorkerPool:
                     self._idle.setdefault(reuse_for, []).append(worker)
                     self._changed.notify_all()
                 return
-        await worker.kill()
+        await worker.kill(reap_later=reap_later)
+        if worker.reaping is not None:
+            self._reaping.add(worker.reaping)
+            worker.reaping.add_done_callback(self._reaping.discard)
         async with self._changed:
             self._busy.discard(worker)
             self._changed.notify_all()
@@ -462,6 +473,6 @@ class WorkerPool:
         self._warm.clear()
         self._busy.clear()
         self._idle.clear()
-        await asyncio.gather(*(w.kill() for w in workers))
+        await asyncio.gather(*(w.kill() for w in workers), *self._reaping)
         await self._release_zygotes()
         self._remove_scratch()

@@ -261,6 +261,7 @@ class _Preloader:
                 return
             from snapcell.runner import _worker
 
+            _worker.warm_read_paths()  # the sandbox's read-only paths, computed once for every later child
             _worker._warm_up()  # a run and a dump: builds here what a first dump builds on first use (schemas, ...)
             _build_views(self.preloaded)
         except Exception as exc:  # the zygote must outlive a failed optional step, for its children's sake
@@ -281,6 +282,10 @@ def _freeze() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    # And with fewer page-table entries for each fork to copy, and each child's exit to drop (see `_hugepages`).
+    from snapcell.runner._hugepages import collapse_resident_heap
+
+    collapse_resident_heap()
 
 
 def _threads() -> int:
