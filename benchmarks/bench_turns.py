@@ -149,7 +149,9 @@ def _memory(pid: int) -> dict[str, int]:
 def _worker_pids(pool: AsyncPool) -> tuple[list[int], list[int]]:
     """The pids of the pool's zygotes and of their live children."""
     workers = pool._workers
-    zygotes = [z.pid for z in workers._zygotes.values()] if workers is not None else []
+    # A pool's zygotes are shared (one per preload set, per event loop): each entry holds the live one, if any.
+    shared = workers._zygotes.values() if workers is not None else []
+    zygotes = [s.zygote.pid for s in shared if s.zygote is not None]
     children = []
     for zygote in zygotes:
         try:
