@@ -127,6 +127,8 @@ class Runner:
         # dump() restores each new frame with the loader's unpickler, so what would fail at load is dropped now.
         self._trial = make_trial_load(self._find_global, self.builtins)
         self._restored: set[bytes] = set()
+        # Pickles that passed `self.rule` at an earlier dump (the rule is fixed for the runner's life).
+        self._scanned: set[bytes] = set()
         # Variables the last dump dropped and named, with the id of the value: the next dump names a variable again
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
         self._named_drops: dict[str, int] = {}
@@ -369,6 +371,7 @@ class Runner:
             rule=self.rule,
             trial=self._bounded_trial,
             restored=self._restored,
+            scanned=self._scanned,
             definitions=self.definitions.sources(),
         )
         dropped = dumped.manifest.dropped
