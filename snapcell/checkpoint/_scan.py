@@ -16,9 +16,7 @@ import functools
 import pickletools
 import re
 import struct
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Final
+from array import array
 
 from snapcell.checkpoint._rule import (
     ALIASES,
@@ -34,66 +32,24 @@ from snapcell.checkpoint._rule import (
     call_refusal,
     global_refusal,
 )
-
-__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
-
-
-# ----------------------------------------------------------------------------------------------- the scanner
-
-
-class _Opaque:
-    """Any value the scanner does not track (the result of a call, a container, a number)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "OPAQUE"
-
-
-OPAQUE: Final = _Opaque()
-# A value that may be an object that existed before the load (what a lookup returned): never given state.
-FOREIGN: Final = _Opaque()
-
-
-class _ModuleRef(_Opaque):
-    """What a module-importing helper called with a constant name returns: a module, foreign like a lookup.
-
-    Reading an attribute of it through the ``getattr`` helper is naming the global ``module.attribute``, so the
-    rule for globals applies (``getattr(subimport('copy'), 'dispatch_table')`` is ``copy.dispatch_table``).
-    """
-
-    __slots__ = ("module",)
-
-    def __init__(self, module: str) -> None:
-        self.module = module
-
-
-# Calls that hand back existing objects rather than making new ones (``min((JSONEncoder,))`` is the class itself, and
-# so is ``copy.copy`` of a class).
-_LOOKUPS = frozenset(
-    {
-        ("operator", "getitem"), ("operator", "itemgetter"), ("functools", "reduce"),
-        ("builtins", "min"), ("builtins", "max"), ("builtins", "sum"), ("copy", "copy"), ("copy", "deepcopy"),
-    }
-)  # fmt: skip
-# cloudpickle's state setters: (obj, state) for an object the stream made.
-_SETSTATE = frozenset(
-    {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}
+from snapcell.checkpoint._scanvalues import (
+    _LOOKUPS,
+    _SETSTATE,
+    FOREIGN,
+    MAX_MEMO_KEPT,
+    OPAQUE,
+    _arguments,
+    _check_target,
+    _forgettable,
+    _Global,
+    _ModuleRef,
+    _no_helpers,
+    _Opaque,
+    _Refused,
+    _show,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class _Global:
-    module: str
-    name: str
-    kind: str  # the helper kind, PLAIN for any other allowed global
-
-
-class _Refused(Exception):
-    def __init__(self, module: str, name: str, reason: str) -> None:
-        super().__init__(reason)
-        self.refusal = Refusal(module, name, reason)
-
+__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
 
 # Opcode table, from pickletools: argument length (>= 0 fixed; the negative codes below), values popped (-1: pop to
 # the mark), values pushed.
@@ -108,6 +64,12 @@ del _op, _before, _pops
 
 _MAX_STACK = 1 << 22  # 4M values (32 MB of references); deeper streams are refused, not followed
 _MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten (a GET of them is opaque)
+# Picklers number the memo one way: PUT with explicit indices (protocols 0-3), each the count of entries so far, or
+# MEMOIZE (4 and up), whose index the unpickler takes from that count. A stream that mixes them, or PUTs past the
+# count, would make the scanner's indices differ from the loader's (the scanner would follow the wrong value) and
+# make the loader grow its memo table to the index.
+_MIXED_MEMO = "a pickle stream that numbers its memo both ways (PUT and MEMOIZE), which no pickler writes"
+_TOO_MANY = "more memoized globals and lookups than any pickler writes (the scanner keeps each one)"
 _MAX_TUPLE = 3
 _U4 = struct.Struct("<I")
 _I4 = struct.Struct("<i")
@@ -137,7 +99,11 @@ def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
     every worker pays before its first run, while only a dump or a load scans)."""
     sized = _length_prefixed()
-    token = rb"K.|M..|J....|G.{8}|\x88|\x89|N|h.|j....|\x94|\x8c" + sized + rb"|C" + sized + rb"|\]|\}|\)|\x8f|\x95.{8}"
+    # A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
+    read = rb"h.(?!\x94)|j....(?!\x94)"
+    token = (
+        rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x94|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
+    )
     record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
     flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
     return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
@@ -199,38 +165,49 @@ class _Scanner:
         # Memo ranges written by flat groups: first index, count, and where the group is in the stream.
         self.lazy_starts: list[int] = []
         self.lazy: list[tuple[int, int, int, int]] = []
+        # Per flat group read back: where the short string it memoized at each index starts (-1: not a string).
+        self.lazy_index: dict[int, array[int]] = {}
         self.memo: dict[int, object] = {}
+        self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
 
-    def _add_lazy(self, first: int, count: int, start: int, stop: int, memo: dict[int, object]) -> None:
+    def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
+        # Indices from `first` on are new: MEMOIZE never reuses one, and PUT is refused in a stream that memoizes.
         if len(self.lazy) >= _MAX_LAZY:
             self.flat_ok = False  # enough: later groups go the slow way, entries here stay readable
-        for key in [k for k in memo if first <= k < first + count] if memo and max(memo) >= first else ():
-            del memo[key]  # MEMOIZE in the group overwrites what an earlier PUT stored there
         self.lazy_starts.append(first)
         self.lazy.append((first, count, start, stop))
 
     def _lazy(self, key: int) -> object:
-        """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque."""
+        """The value a flat group memoized at ``key``: only a string constant counts, anything else is opaque.
+
+        A group is read once, on the first GET into it (each later GET is one lookup, however many there are).
+        """
         at = bisect.bisect_right(self.lazy_starts, key) - 1
         if at < 0:
             return OPAQUE
         first, count, start, stop = self.lazy[at]
         if key >= first + count:
             return OPAQUE
-        index = first
-        last: object = OPAQUE
+        offsets = self.lazy_index.get(at)
+        if offsets is None:
+            offsets = self.lazy_index[at] = self._index_group(start, stop)
+        where = offsets[key - first]
+        if where < 0:
+            return OPAQUE
+        return str(self.data[where + 2 : where + 2 + self.data[where + 1]], "utf-8", "surrogatepass")
+
+    def _index_group(self, start: int, stop: int) -> array[int]:
+        offsets = array("q")
+        last = -1
         for token in _group_patterns()[1].finditer(self.data, start, stop):
             code = self.data[token.start()]
             if code == 0x94:
-                if index == key:
-                    return last
-                index += 1
-                last = OPAQUE  # memoizing again never happens in pickles; treated as unknown
-            elif code == 0x8C:
-                last = str(self.data[token.start() + 2 : token.end()], "utf-8", "surrogatepass")
+                offsets.append(last)
+                last = -1  # memoizing again never happens in pickles; treated as unknown
             else:
-                last = OPAQUE  # numbers, bytes, containers, and memo reads (the memo may have changed since)
-        return OPAQUE
+                # Numbers, bytes and containers are new objects; a memo read never precedes MEMOIZE here (`_TOKEN`).
+                last = token.start() if code == 0x8C else -1
+        return offsets
 
     def _global(self, module: object, name: object) -> _Global:
         if not isinstance(module, str) or not isinstance(name, str):
@@ -327,13 +304,17 @@ class _Scanner:
                     if len(stack) > limit:
                         raise _Refused("", "", "a pickle stack too deep to verify")
                 elif kind == _C_MEMOIZE:
+                    if self.puts:
+                        raise _Refused("", "", _MIXED_MEMO)
                     value = stack[-1]
-                    if value is not opaque and len(memo) < _MAX_MEMO_STRINGS:
+                    # Past the limit only constants are forgotten (a GET of one is opaque, which every check for
+                    # a constant refuses); a global or a lookup's result is kept, or a GET would make it opaque.
+                    if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+                        if len(memo) >= MAX_MEMO_KEPT:
+                            raise _Refused("", "", _TOO_MANY)
                         memo[memo_next] = value
                         if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
                             self.flat_ok = False  # a helper in the memo: memo reads in groups need checking
-                    elif memo:
-                        memo.pop(memo_next, None)  # an earlier PUT may have used this index
                     memo_next += 1
                     pos += 1
                 elif kind == _C_BINGET:
@@ -356,7 +337,9 @@ class _Scanner:
                             group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
                         )
                         if count:
-                            self._add_lazy(memo_next, count, pos, stop, memo)
+                            if self.puts:
+                                raise _Refused("", "", _MIXED_MEMO)
+                            self._add_lazy(memo_next, count, pos, stop)
                             memo_next += count
                         pos = stop
                 elif kind == _C_EMPTY:
@@ -430,9 +413,18 @@ class _Scanner:
             stack.append(self._lazy(key) if value is _MISSING else value)
         elif code in (ord("q"), ord("r"), ord("p")):  # BINPUT, LONG_BINPUT, PUT
             key = _memo_key(code, data, arg_start, pos)
+            if memo_next:
+                raise _Refused("", "", _MIXED_MEMO)
+            if key > self.puts:
+                raise _Refused("", "", "a memo index past the entries written so far (no pickler skips one)")
+            self.puts += key == self.puts
             value = stack[-1]
-            # An explicit entry, even an opaque one, shadows what a flat group stored at that index.
-            memo[key] = value if value is not opaque and len(memo) < _MAX_MEMO_STRINGS else opaque
+            if value is not opaque and (len(memo) < _MAX_MEMO_STRINGS or not _forgettable(value)):
+                if len(memo) >= MAX_MEMO_KEPT:
+                    raise _Refused("", "", _TOO_MANY)
+                memo[key] = value
+            else:
+                memo.pop(key, None)  # this index held something else before
             if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
                 self.flat_ok = False
         elif code == 0x93:  # STACK_GLOBAL
@@ -478,12 +470,12 @@ class _Scanner:
             if len(items) != count:
                 raise IndexError("stack underflow")
             del stack[-count:]
-            stack.append(tuple(items))
+            stack.append(_arguments(items))
         elif code == ord("t"):  # TUPLE
             base = marks.pop()
             items = stack[base:]
             del stack[base:]
-            stack.append(tuple(items) if len(items) <= _MAX_TUPLE else _no_helpers(items))
+            stack.append(_arguments(items) if len(items) <= _MAX_TUPLE else _no_helpers(items))
         elif code == ord(")"):
             stack.append(())
         elif code == ord("2"):  # DUP
@@ -525,33 +517,9 @@ class _Scanner:
         return pos, memo_next
 
 
-def _check_target(target: object, how: str) -> None:
-    """State may only go to objects the stream made: not to a global or what a lookup returned (a library class)."""
-    if isinstance(target, _Global):
-        raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
-    if target is FOREIGN or type(target) is _ModuleRef:
-        raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
-
-
-def _no_helpers(values: Iterable[object]) -> _Opaque:
-    """A helper that takes names may only be called directly, never stored or passed (``partial(getattr, f)``)."""
-    for value in values:
-        if type(value) is _Global and value.kind not in (PLAIN, TYPE_CALL):
-            raise _Refused(value.module, value.name, "a helper that takes names, passed as a value")
-        if type(value) is tuple:
-            _no_helpers(value)
-    return OPAQUE
-
-
 def _memo_key(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> int:
     if code in (ord("h"), ord("q")):
         return data[start]
     if code in (ord("j"), ord("r")):
         return int(_U4.unpack_from(data, start)[0])
     return int(bytes(data[start : end - 1]))
-
-
-def _show(args: object) -> str:
-    if isinstance(args, tuple):
-        return "(" + ", ".join(repr(a)[:60] for a in args) + ")"
-    return "values computed in the stream"

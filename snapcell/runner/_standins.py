@@ -311,30 +311,64 @@ def make_dataclass(cls_name: str, fields: Any, *, namespace: Any = None, **optio
     return cls
 
 
-def _dataclass_fields(obj: Any, what: str) -> tuple[dataclasses.Field[Any], ...] | None:
-    """The fields of a dataclass instance (None for anything else), refusing what would read an internal attribute.
+_FIELD_KINDS = vars(dataclasses)  # the field-type sentinels: _FIELD, _FIELD_CLASSVAR, _FIELD_INITVAR
 
-    ``replace``, ``asdict`` and ``astuple`` read ``getattr(obj, name)`` for every field of ``type(obj)``. Given a class
-    whose metaclass is a dataclass with a field ``__getattribute__`` they would hand out ``object.__getattribute__``,
-    an attribute reader no check sees; a checkpoint can build such a class with ``abc.ABCMeta`` and public names
-    only, so the loader gets these stand-ins too (fid-ckpt, issue 14).
+
+def _dataclass_fields(obj: Any, what: str) -> list[tuple[str, dataclasses.Field[Any]]] | None:
+    """The fields of a dataclass instance with their names (None for anything else), refusing special names.
+
+    ``replace``, ``asdict`` and ``astuple`` read ``getattr(obj, name)`` for every field. Given a class whose metaclass
+    is a dataclass with a field ``__getattribute__`` they would hand out ``object.__getattribute__``, an attribute
+    reader no check sees; a checkpoint can build such a class with ``abc.ABCMeta`` and public names only, so the
+    loader gets these stand-ins too (fid-ckpt, issue 14). The name checked is the one read later: each field's own
+    ``name``, read once, from the class's table only (the standard library reads the table again from the instance,
+    whose ``__dict__`` a checkpoint's BUILD fills with any key, and a table's key need not be its field's name).
     """
     fields = getattr(type(obj), "__dataclass_fields__", None)
     if fields is None:
         return None
-    if isinstance(obj, type) or not isinstance(fields, dict) or any(type(n) is not str or is_dunder(n) for n in fields):
+    named = (
+        [(field.name, field) for field in list(fields.values()) if type(field) is dataclasses.Field]
+        if type(fields) is dict and not isinstance(obj, type)
+        else None
+    )
+    if named is None or len(named) != len(fields) or any(type(n) is not str or is_dunder(n) for n, _f in named):
         raise runtime_policy_error(
             f"dataclasses.{what}() of a class, or of a dataclass with special field names",
             f"{what}() takes dataclass instances with ordinary field names.",
         )
-    return dataclasses.fields(obj)
+    return named
+
+
+def _instance_fields(obj: Any, what: str) -> list[str] | None:
+    """The names of the instance fields of ``obj`` (not ``ClassVar`` or ``InitVar``), as `_dataclass_fields` checks."""
+    named = _dataclass_fields(obj, what)
+    if named is None:
+        return None
+    return [name for name, field in named if field._field_type is _FIELD_KINDS["_FIELD"]]  # type: ignore[attr-defined]
 
 
 def replace(obj: Any, /, **changes: Any) -> Any:
-    """`dataclasses.replace` of a dataclass instance whose fields have ordinary names (`_dataclass_fields`)."""
-    if _dataclass_fields(obj, "replace") is None:
+    """`dataclasses.replace` of a dataclass instance whose fields have ordinary names (`_dataclass_fields`).
+
+    The standard library's loop over the checked fields (it would read the table again, from the instance).
+    """
+    named = _dataclass_fields(obj, "replace")
+    if named is None:
         raise TypeError("replace() should be called on dataclass instances")
-    return dataclasses.replace(obj, **changes)
+    for name, field in named:
+        kind = field._field_type  # type: ignore[attr-defined]
+        if kind is _FIELD_KINDS["_FIELD_CLASSVAR"]:
+            continue
+        if not field.init:
+            if name in changes:
+                raise ValueError(f"field {name} is declared with init=False, it cannot be specified with replace()")
+            continue
+        if name not in changes:
+            if kind is _FIELD_KINDS["_FIELD_INITVAR"] and field.default is dataclasses.MISSING:
+                raise ValueError(f"InitVar {name!r} must be specified with replace()")
+            changes[name] = getattr(obj, name)
+    return type(obj)(**changes)
 
 
 def asdict(obj: Any, *, dict_factory: Callable[[list[tuple[str, Any]]], Any] = dict) -> Any:
@@ -356,11 +390,11 @@ def _plain(obj: Any, factory: Callable[[list[Any]], Any], what: str) -> Any:
 
     Reimplemented rather than checked beforehand: a field's value may differ between two reads.
     """
-    fields = _dataclass_fields(obj, what)
-    if fields is not None:
+    names = _instance_fields(obj, what)
+    if names is not None:
         if what == "asdict":
-            return factory([(f.name, _plain(getattr(obj, f.name), factory, what)) for f in fields])
-        return factory([_plain(getattr(obj, f.name), factory, what) for f in fields])
+            return factory([(name, _plain(getattr(obj, name), factory, what)) for name in names])
+        return factory([_plain(getattr(obj, name), factory, what) for name in names])
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple: its own type, built from positions
         return type(obj)(*[_plain(v, factory, what) for v in obj])
     if isinstance(obj, list | tuple):

@@ -342,3 +342,24 @@ def test_a_policy_without_the_module_refuses_its_values() -> None:
         assert scan_pickle(_stream(honest), RULE) is None, helper
         refusal = scan_pickle(_stream(honest), narrow)
         assert refusal is not None and "policy does not allow" in refusal.reason, (helper, refusal)
+
+
+def test_each_helper_checks_its_arguments_itself() -> None:
+    """The second layer: called by any route, a helper refuses what the rule refuses (the loader checks first)."""
+    import asyncio
+
+    from snapcell.checkpoint import _stdvalues as helpers
+
+    hostile: list[tuple[Any, tuple[Any, ...]]] = [
+        (helpers.rebuild_lock, ("locked; open",)),
+        (helpers.rebuild_event, (b"set",)),
+        (helpers.rebuild_semaphore, ("BoundedSemaphore:5/2",)),
+        (helpers.rebuild_condition, (asyncio.Semaphore(1),)),
+        (helpers.rebuild_queue, ("Queue:1:0", [1, 2])),
+        (helpers.rebuild_stringio, ("lf:9", "ab")),
+        (helpers.rebuild_bytesio, ("3", b"ab")),
+        (helpers.rebuild_zoneinfo, ("../../etc/passwd",)),
+    ]
+    for helper, args in hostile:
+        with pytest.raises(TypeError, match="refused"):
+            helper(*args)

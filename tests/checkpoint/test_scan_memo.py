@@ -1,0 +1,172 @@
+"""The scanner's memo and work bounds against hand-written streams (a compromised worker's dump).
+
+The loader checks every global again, but only the host's scan keeps ``BUILD`` off a global or an object a lookup
+returned (a library class patched in place, in the host's process when the load is inline). So the scanner must
+follow every memo entry the loader will see, and its work must stay linear in the stream it is handed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from snapcell import Policy
+from snapcell.checkpoint import _scan, scan_pickle
+from snapcell.runner._runner import checkpoint_rule
+
+RULE = checkpoint_rule(Policy())
+
+
+def _s(text: str) -> bytes:
+    raw = text.encode()
+    return b"\x8c" + bytes([len(raw)]) + raw
+
+
+JSON_ENCODER = _s("json") + _s("JSONEncoder") + b"\x93"
+# BUILD's state: (None, {'patched': 'yes'}), set with setattr on the target (a class, here).
+PATCH = b"N}" + _s("patched") + _s("yes") + b"s\x86b"
+
+
+def _stream(body: bytes) -> bytes:
+    return b"\x80\x05" + body + b"."
+
+
+def _refuses_build_on_the_class(refusal: Any) -> bool:
+    return (
+        refusal is not None and (refusal.module, refusal.name) == ("json", "JSONEncoder") and "BUILD" in refusal.reason
+    )
+
+
+def test_build_on_a_global_read_from_the_memo_is_refused() -> None:
+    """The baseline the attacks below get around: the global, memoized and read back, is still a global."""
+    assert _refuses_build_on_the_class(scan_pickle(_stream(JSON_ENCODER + b"\x940h\x00" + PATCH), RULE))
+
+
+def test_a_global_memoized_again_inside_a_flat_group_stays_a_global() -> None:
+    """``(GET 0, MEMOIZE)`` inside a list's group: the copy at memo 2 is the class, not a new object."""
+    body = JSON_ENCODER + b"\x940" + b"]\x94(h\x00\x94e0" + b"h\x02" + PATCH
+    assert _refuses_build_on_the_class(scan_pickle(_stream(body), RULE))
+
+
+def test_a_global_memoized_past_the_memo_limit_is_not_forgotten() -> None:
+    """Once the scanner stops keeping memoized strings, a global memoized after them must still be followed."""
+    count = 1 << 18
+    fill = b"".join(_s(f"k{i}") + b"\x940" for i in range(count))
+    body = fill + JSON_ENCODER + b"\x940" + b"j" + count.to_bytes(4, "little") + PATCH
+    assert _refuses_build_on_the_class(scan_pickle(_stream(body), RULE))
+
+
+def test_a_put_cannot_shift_the_indices_memoize_uses() -> None:
+    """The unpickler numbers MEMOIZE by its count of entries: after ``PUT 255`` the class lands at 1, not 0."""
+    body = b"Nq\xff0" + JSON_ENCODER + b"\x940" + b"h\x01" + PATCH
+    refusal = scan_pickle(_stream(body), RULE)
+    assert refusal is not None
+    # The same shift would show the scanner 'json' where the loader reads 'os'.
+    body = b"Nq\xff0" + _s("os") + b"\x940" + _s("json") + b"\x940" + b"h\x01" + _s("system") + b"\x93"
+    assert scan_pickle(_stream(body), RULE) is not None
+
+
+@pytest.mark.parametrize("put", [b"q\x01", b"r" + (1 << 27).to_bytes(4, "little"), b"p5\n"])
+def test_a_put_past_the_entries_written_is_refused(put: bytes) -> None:
+    """The loader grows its memo table to the index (a 2**27 index is 2 GiB); picklers number entries in order."""
+    refusal = scan_pickle(_stream(b"N" + put), RULE)
+    assert refusal is not None and "memo index" in refusal.reason
+    assert scan_pickle(_stream(b"Nq\x00q\x000Nq\x01"), RULE) is None  # in order, and again at one index: fine
+
+
+class _Budget:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def spend(self, amount: int = 1) -> None:
+        self.used += amount
+        if self.used > self.limit:
+            raise AssertionError(f"the scanner did more than {self.limit} steps of work")
+
+
+def test_shared_nested_tuples_are_walked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``t = (t, t, t)`` forty times over is a 130-byte stream whose tree has 3**40 leaves."""
+    budget = _Budget(10_000)
+    original = _scan._no_helpers
+
+    def counted(values: Any) -> Any:
+        budget.spend()
+        return original(values)
+
+    monkeypatch.setattr(_scan, "_no_helpers", counted)
+    stream = _stream(b"]" + _s("a") + b"22\x87" * 40 + b"a")
+    assert scan_pickle(stream, RULE) is None
+    assert budget.used <= 200
+
+
+def test_deeply_nested_tuples_are_scanned_not_raised() -> None:
+    stream = _stream(_s("builtins") + _s("len") + b"\x93N" + b"\x85" * 100_000 + b"\x85R")
+    assert scan_pickle(stream, RULE) is None
+
+
+class _CountingTokens:
+    """Stands in for the group token pattern and counts the tokens it hands out."""
+
+    def __init__(self, pattern: re.Pattern[bytes], budget: _Budget) -> None:
+        self.pattern = pattern
+        self.budget = budget
+
+    def finditer(self, *args: Any) -> Iterator[re.Match[bytes]]:
+        for match in self.pattern.finditer(*args):
+            self.budget.spend()
+            yield match
+
+    def findall(self, *args: Any) -> list[Any]:
+        found = self.pattern.findall(*args)
+        self.budget.spend(len(found))
+        return found
+
+
+def test_reads_into_a_flat_group_read_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads of a big group's last entry, again and again: each was a walk of the whole group."""
+    budget = _Budget(200_000)
+    flat_group, group_tokens = _scan._group_patterns()
+    counting = _CountingTokens(group_tokens, budget)
+    monkeypatch.setattr(_scan, "_group_patterns", lambda: (flat_group, counting))
+    entries, reads = 20_000, 5_000
+    group = b"(" + b"\x8c\x01a\x94" * entries + b"e"
+    last = b"j" + entries.to_bytes(4, "little") + b"0"  # memo 0 is the list
+    assert scan_pickle(b"\x80\x05]\x94" + group + last * reads + b".", RULE) is None
+    assert budget.used <= 5 * entries  # counted once, indexed once: two tokens per entry
+
+
+class _CountingMemo(dict[int, object]):
+    budget: _Budget
+
+    def __iter__(self) -> Iterator[int]:
+        for key in super().__iter__():
+            self.budget.spend()
+            yield key
+
+
+def test_many_groups_after_a_full_memo_do_not_walk_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each flat group that memoizes looked through the whole memo (2**18 strings) for entries to overwrite."""
+    budget = _Budget(1_000_000)
+    _CountingMemo.budget = budget
+    original = _scan._Scanner.__init__
+
+    def init(self: Any, *args: Any) -> None:
+        original(self, *args)
+        self.memo = _CountingMemo()
+
+    monkeypatch.setattr(_scan._Scanner, "__init__", init)
+    fill = b"".join(_s(f"{i % 1000:03}") + b"\x940" for i in range(1 << 18))
+    assert scan_pickle(_stream(fill + b"](\x8c\x01a\x94e0" * 200 + b"N"), RULE) is None
+    assert budget.used == 0
+
+
+def test_the_globals_and_lookups_kept_in_the_memo_are_bounded() -> None:
+    """Kept past the limit for constants, each costs the host a memo entry: four stream bytes may not buy 100."""
+    copies = b"h\x00\x940" * ((1 << 20) + 1)  # GET the class, MEMOIZE it again, POP
+    refusal = scan_pickle(_stream(JSON_ENCODER + b"\x94" + copies), RULE)
+    assert refusal is not None and "memoized globals" in refusal.reason
+    assert scan_pickle(_stream(JSON_ENCODER + b"\x94" + b"h\x00\x940" * 1000), RULE) is None
