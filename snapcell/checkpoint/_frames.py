@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from cloudpickle.cloudpickle import _should_pickle_by_reference
+
 from snapcell.checkpoint._stdvalues import keeps_identity
 
 __all__ = [
@@ -82,17 +84,42 @@ def shared_ids(
 
     Counted: containers (list, dict, set, bytearray, deque), closure cells, script functions (their globals are
     the session namespace) other than methods, instances of script classes, numpy arrays and pandas frames.
-    Not counted: atoms, anything of a library pickled by reference, and what lives inside a class (its dict's
-    values and their own dicts, annotations and defaults).
+    Not counted: atoms, anything of a library pickled by reference, and what lives inside a class pickled by
+    value (its dict's values and their own dicts, annotations and defaults). A class pickled by reference brings
+    none of its dict into the memo, so its dict is not looked at.
+
+    Whether an object counts depends only on its type, except for functions: the verdict is taken once per type
+    (a memo of a DataFrame holds a thousand strings of one type), and atoms are passed over first.
     """
     objects = [obj for _index, obj in memo.values()]
     inside: set[int] = set()
+    verdicts: dict[type, bool] = {}
+    candidates = []
     for obj in objects:
-        if isinstance(obj, type) and obj.__module__ != "builtins":
+        cls = type(obj)
+        if cls in _ATOMS:
+            continue
+        if isinstance(obj, type) and not _by_reference(obj):
             for value in vars(obj).values():
                 _add_internals(value, inside)
-    ids = {id(obj) for obj in objects if id(obj) not in inside and not skip(obj) and _identity_matters(obj, namespace)}
+        if cls is types.FunctionType:
+            if obj.__globals__ is namespace and not _is_method(obj):
+                candidates.append(obj)
+            continue
+        verdict = verdicts.get(cls)
+        if verdict is None:
+            verdict = verdicts[cls] = _type_matters(cls)
+        if verdict:
+            candidates.append(obj)
+    ids = {id(obj) for obj in candidates if id(obj) not in inside and not skip(obj)}
     return ids, objects
+
+
+def _by_reference(cls: type) -> bool:
+    """True when cloudpickle pickles ``cls`` by reference (module and name): then its dict is not in the memo."""
+    if cls.__module__ == "builtins":
+        return True
+    return bool(_should_pickle_by_reference(cls))
 
 
 def _add_internals(value: object, inside: set[int]) -> None:
@@ -109,15 +136,13 @@ def _add_internals(value: object, inside: set[int]) -> None:
 
 _CONTAINERS = (list, dict, set, bytearray, deque, types.CellType)
 _DATA_TYPES = frozenset({("numpy", "ndarray"), ("pandas", "DataFrame"), ("pandas", "Series")})
+# Immutable types that hold no reference a script could share: never counted, and passed over first.
+_ATOMS = frozenset({str, bytes, int, float, complex, bool, type(None), tuple, frozenset, range})
 
 
-def _identity_matters(obj: object, namespace: dict[str, Any]) -> bool:
-    if isinstance(obj, types.FunctionType):
-        return obj.__globals__ is namespace and not _is_method(obj)
-    if isinstance(obj, _CONTAINERS):
-        return True
-    cls = type(obj)
-    if keeps_identity(cls):
+def _type_matters(cls: type) -> bool:
+    """Whether objects of ``cls`` (other than functions) are counted: the type-only part of `shared_ids`' rule."""
+    if issubclass(cls, _CONTAINERS) or keeps_identity(cls):
         return True
     module = cls.__module__
     return module == "__main__" or (module.split(".")[0], cls.__name__) in _DATA_TYPES

@@ -306,6 +306,7 @@ class _Builder:
     rule: GlobalRule | Callable[[str], bool] | None
     trial: TrialLoad | None
     restored: set[bytes] | None
+    scanned: set[bytes] | None = None
     failed: dict[str, Exception] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
 
@@ -325,12 +326,24 @@ class _Builder:
             return None
         if self.rule is not None:
             for part in parts:
-                refusal = scan_pickle(part.data, self.rule)
+                refusal = self.scan(part.data, self.rule)
                 if refusal is not None:
                     self.failed[name] = _RefusedGlobal(refusal)
                     return None
         self.sizes[name] = sum(_part_bytes(part) for part in parts)
         return Frame([name], layout, parts)
+
+    def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> Refusal | None:
+        """`scan_pickle`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per bytes)."""
+        digest = hash_buffer(data) if self.scanned is not None else None
+        if digest is not None and self.scanned is not None and digest in self.scanned:
+            return None
+        refusal = scan_pickle(data, rule)
+        if refusal is None and digest is not None and self.scanned is not None:
+            if len(self.scanned) > _MAX_RESTORED:
+                self.scanned.clear()
+            self.scanned.add(digest)
+        return refusal
 
     def together(self, names: list[str], variables: Mapping[str, object]) -> Frame | None:
         """Variables that share objects, pickled as one tuple; None when that fails (then each goes alone)."""
@@ -409,6 +422,7 @@ def dump_namespace(
     rule: GlobalRule | Callable[[str], bool] | None = None,
     trial: TrialLoad | None = None,
     restored: set[bytes] | None = None,
+    scanned: set[bytes] | None = None,
     definitions: Iterable[str] = (),
     frame_blob_threshold: int | None = FRAME_BLOB_BYTES,
 ) -> Dumped:
@@ -439,6 +453,9 @@ def dump_namespace(
             fail at load); each new frame is restored by it right after pickling, and a variable whose frame
             fails is dropped and named.
         restored: Hashes of frames that ``trial`` restored before (kept by the caller across dumps).
+        scanned: Hashes of pickles that passed ``rule`` before; their scan is skipped (the scan is a function of
+            the bytes and the rule), and pickles that pass are added. Kept by the caller across dumps made with one
+            ``rule`` only: a set filled under another rule would let a refused global through.
         definitions: Top-level def/class/import statements of the cells, re-run at load when a function or
             class cannot be restored.
         frame_blob_threshold: Smallest frame part stored once as a content-addressed blob; None keeps every
@@ -450,7 +467,7 @@ def dump_namespace(
     Raises:
         UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
     """
-    builder = _Builder(namespace, rule, trial, restored)
+    builder = _Builder(namespace, rule, trial, restored, scanned)
     frames = builder.frames(variables)
     failed = builder.failed
     dill_sections: list[tuple[str, bytes]] = []

@@ -121,6 +121,8 @@ class Runner:
         self._watch: Watchdog | None = None
         self.loaded = False  # the namespace came from a checkpoint (see `_loopfree.runs_without_loop`)
         self._restored: set[bytes] = set()
+        # Pickles that passed `self.rule` at an earlier dump (the rule is fixed for the runner's life).
+        self._scanned: set[bytes] = set()
         # Variables the last dump dropped and named, with the id of the value: the next dump names a variable again
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
         self._named_drops: dict[str, int] = {}
@@ -391,6 +393,7 @@ class Runner:
             rule=self.rule,
             trial=self._bounded_trial,
             restored=self._restored,
+            scanned=self._scanned,
             definitions=self.definitions.sources(),
         )
         dropped = dumped.manifest.dropped

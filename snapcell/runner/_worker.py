@@ -498,15 +498,17 @@ class _NoHost:
 
 
 def _warm_up() -> None:
-    """Run a throwaway cell and dump, so a session's first run does not pay for lazy imports and caches.
+    """Run a throwaway cell, dump and load it, so a session's first run does not pay for lazy imports and caches.
 
     No wall-time limit: the watchdog thread must not start before the sandbox, which wants a single thread.
     """
     import asyncio
 
     runner = Runner(policy=Policy(), limits=Limits(wall_time_s=None))
-    asyncio.run(runner.run("x = [1]\nx", bridge=_NoHost(), host_names=()))
-    runner.dump(created_at=0.0)
+    # ``y`` is large enough to be a frame blob: its manifest entry's model is built on first use.
+    asyncio.run(runner.run("x = [1]\ny = 'y' * 20_000\nx", bridge=_NoHost(), host_names=()))
+    dumped = runner.dump(created_at=0.0)
+    runner.load(dumped.body, dumped.new_blobs)  # and the load path: a fresh worker's first step is a load
 
 
 def main(argv: list[str] | None = None) -> int:
