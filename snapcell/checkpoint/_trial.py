@@ -7,6 +7,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+from snapcell.checkpoint._classes import ProcessClasses
 from snapcell.checkpoint._unpickle import FindGlobal, _RestrictedUnpickler
 
 __all__ = ["make_trial_load"]
@@ -21,7 +22,11 @@ def make_trial_load(find_global: FindGlobal, builtins_table: Any) -> Callable[[b
 
     def trial(data: bytes, buffers: list[Any]) -> Any:
         unpickler = _TrialUnpickler(
-            io.BytesIO(data), find_global=find_global, namespace={"__builtins__": builtins_table}, buffers=buffers
+            io.BytesIO(data),
+            find_global=find_global,
+            namespace={"__builtins__": builtins_table},
+            buffers=buffers,
+            classes=ProcessClasses(),
         )
         return unpickler.load()
 

@@ -1,0 +1,146 @@
+"""Class tracker ids at inline loads: a checkpoint cannot reach another session's live class in the same host.
+
+cloudpickle restores a class under the tracker id its pickle carries and keeps one table of ids per process, so a
+second pickle naming an id gets the class the first made, and sets its state. Several conversations share one
+host process inline; a checkpoint that names conversation A's tracker id (a leaked checkpoint, the same one loaded
+twice) would replace A's methods. The ids below are read from cloudpickle's table by the test, as an attacker
+holding A's checkpoint bytes would read them there; the stream passes the host's scan, so it could be signed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import cloudpickle
+import pytest
+
+from snapcell import Policy, Pool, Session
+from snapcell.checkpoint import Keyring, Manifest, VariableInfo, scan_pickle
+from snapcell.checkpoint._classes import LoadClasses
+from snapcell.checkpoint._format import Codec, Header, SectionKind, pack_container
+from snapcell.runner._runner import checkpoint_rule
+from snapcell.storage import MemoryStore
+
+from .helpers import KEY, crafted_body, sign_and_store
+from .test_unpickle_hostile import call, glob, s, stream
+
+_CP = cloudpickle.cloudpickle
+A_CELL = "class C:\n    def who(self):\n        return 'a'\nc = C()\nbox = [C]\n"
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def pool(store: MemoryStore) -> Iterator[Pool]:
+    with Pool(store, signing_keys=[KEY], isolation="inline") as pool:
+        yield pool
+
+
+@pytest.fixture
+def checkpoint_a(pool: Pool) -> bytes:
+    with pool.checkout() as session:
+        session.feed_run(A_CELL)
+        return session.dump()
+
+
+def _tracker_id(session: Session) -> str:
+    tracker_id = _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS.get(session.feed_run("C"))
+    assert isinstance(tracker_id, str)
+    return tracker_id
+
+
+def _class_under(tracker_id: str) -> bytes:
+    """A signed-looking pickle of a class ``C`` whose ``who`` says 'b', carrying ``tracker_id``."""
+
+    class C:
+        def who(self) -> str:
+            return "b"
+
+    _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[C] = tracker_id
+    try:
+        data = cloudpickle.dumps(C, protocol=5)
+    finally:
+        del _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[C]
+    assert tracker_id.encode() in data
+    assert scan_pickle(data, checkpoint_rule(Policy())) is None  # the host's scan would sign it
+    return data
+
+
+def _dill_body(data: bytes) -> bytearray:
+    info = VariableInfo(name="x", type_name="type", size_bytes=len(data), serializer="dill")
+    manifest = Manifest(created_at=0.0, python="3", libraries={}, variables=[info])
+    return pack_container(Header(format_version=3), manifest, [(SectionKind.DILL, Codec.RAW, len(data), data)])
+
+
+def test_a_checkpoint_naming_another_session_s_tracker_id_leaves_its_class_alone(
+    pool: Pool, store: MemoryStore, checkpoint_a: bytes
+) -> None:
+    with pool.checkout() as a, pool.checkout() as b:
+        a.load_session(checkpoint_a)
+        crafted = sign_and_store(store, Keyring([KEY]), crafted_body(_class_under(_tracker_id(a))))
+        b.load_session(crafted)
+        assert b.feed_run("x().who()") == "b"  # B got a class of its own
+        assert a.feed_run("c.who(), C().who(), box[0] is C is type(c)") == ("a", "a", True)
+
+
+def test_a_dill_section_may_not_name_cloudpickle_s_class_makers(
+    pool: Pool, store: MemoryStore, checkpoint_a: bytes
+) -> None:
+    """dill never writes them; through dill's unpickler they skipped every check the cloudpickle path makes."""
+    with pool.checkout() as a, pool.checkout() as b:
+        a.load_session(checkpoint_a)
+        crafted = sign_and_store(store, Keyring([KEY]), _dill_body(_class_under(_tracker_id(a))))
+        b.load_session(crafted)
+        assert b.feed_run("'x' in dir()") is False
+        assert a.feed_run("c.who(), C().who()") == ("a", "a")
+
+
+def test_a_stream_calling_the_tracker_lookup_gets_no_other_session_s_class(
+    pool: Pool, store: MemoryStore, checkpoint_a: bytes
+) -> None:
+    with pool.checkout() as a, pool.checkout() as b:
+        a.load_session(checkpoint_a)
+        lookup = call(glob("cloudpickle.cloudpickle", "_lookup_class_or_track"), s(_tracker_id(a)), b"N")
+        assert scan_pickle(stream(lookup), checkpoint_rule(Policy())) is None
+        crafted = sign_and_store(store, Keyring([KEY]), crafted_body(stream(lookup)))
+        b.load_session(crafted)
+        assert b.feed_run("x") is None
+
+
+def test_one_checkpoint_loaded_in_two_sessions_gives_each_its_own_class(pool: Pool, checkpoint_a: bytes) -> None:
+    """Before, the second load reset the first session's class, whose methods then read the second's globals."""
+    with pool.checkout() as a, pool.checkout() as b:
+        a.load_session(checkpoint_a)
+        a.feed_run("mark = 'a'\nC.where = lambda self: mark")
+        b.load_session(checkpoint_a)
+        b.feed_run("mark = 'b'\nC.where = lambda self: mark")
+        assert a.feed_run("c.where(), box[0] is C is type(c)") == ("a", True)
+        assert b.feed_run("c.where(), box[0] is C is type(c)") == ("b", True)
+        assert a.feed_run("C") is not b.feed_run("C")
+
+
+def test_a_session_s_class_keeps_its_identity_across_frames_and_a_second_dump(pool: Pool, checkpoint_a: bytes) -> None:
+    with pool.checkout() as a:
+        a.load_session(checkpoint_a)
+        assert a.feed_run("type(c) is box[0] is C, c.who()") == (True, "a")
+        again = a.dump()
+    with pool.checkout() as b:
+        b.load_session(again)
+        assert b.feed_run("type(c) is box[0] is C, c.who()") == (True, "a")
+
+
+def test_a_load_keeps_a_free_tracker_id_for_later_dumps_and_renames_a_taken_one() -> None:
+    free = uuid.uuid4().hex
+    classes = LoadClasses()
+    first = type("First", (), {})
+    assert classes.made(free, first) is first
+    assert classes.made(free, type("Again", (), {})) is first  # the same load: the same class
+    assert _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[first] == free  # a later dump writes the same id
+    other = type("Other", (), {})
+    assert LoadClasses().made(free, other) is other  # another load: its own class
+    renamed = _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[other]
+    assert renamed != free and _CP._DYNAMIC_CLASS_TRACKER_BY_ID[free] is first
