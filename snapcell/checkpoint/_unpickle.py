@@ -47,6 +47,7 @@ from snapcell.checkpoint._pickle import (
 )
 from snapcell.checkpoint._rule import (
     HELPERS,
+    NOT_IN_DILL,
 )
 from snapcell.errors import CheckpointCorrupt
 
@@ -195,7 +196,7 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
             if name in ("_load_type", "_create_code"):
                 return self._find_global(module, name)
             return checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
-        if module == "cloudpickle.cloudpickle" and name in _TRACKED:
+        if (module, name) in NOT_IN_DILL:
             # dill never writes cloudpickle's makers and setstate helpers; through this unpickler they would skip the
             # checks above (only a class the load made gets state, the session's builtins, the load's own classes).
             raise pickle.UnpicklingError(

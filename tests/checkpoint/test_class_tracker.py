@@ -16,9 +16,12 @@ import cloudpickle
 import pytest
 
 from snapcell import Policy, Pool, Session
-from snapcell.checkpoint import Keyring, Manifest, VariableInfo, scan_pickle
+from snapcell.checkpoint import Keyring, Manifest, VariableInfo, scan_body, scan_pickle
 from snapcell.checkpoint._classes import LoadClasses
+from snapcell.checkpoint._findglobal import make_find_global
 from snapcell.checkpoint._format import Codec, Header, SectionKind, pack_container
+from snapcell.checkpoint._rule import NOT_IN_DILL
+from snapcell.checkpoint._unpickle import load_namespace
 from snapcell.runner._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 
@@ -144,3 +147,14 @@ def test_a_load_keeps_a_free_tracker_id_for_later_dumps_and_renames_a_taken_one(
     assert LoadClasses().made(free, other) is other  # another load: its own class
     renamed = _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[other]
     assert renamed != free and _CP._DYNAMIC_CLASS_TRACKER_BY_ID[free] is first
+
+
+@pytest.mark.parametrize("name", sorted(name for _module, name in NOT_IN_DILL))
+def test_the_host_s_scan_and_the_loader_refuse_cloudpickle_s_makers_in_a_dill_section(name: str) -> None:
+    data = stream(glob("cloudpickle.cloudpickle", name))
+    rule = checkpoint_rule(Policy())
+    assert scan_pickle(data, rule) is None  # a cloudpickle section may name it
+    refusal = scan_body(_dill_body(data), rule=rule)
+    assert refusal is not None and refusal[0].name == name
+    loaded = load_namespace(_dill_body(data), namespace={}, find_global=make_find_global(rule))
+    assert "x" not in loaded.variables and "not allowed" in loaded.failed["x"]
