@@ -5,35 +5,42 @@ ids for the whole process: a second pickle naming the same id gets the class the
 state. In a host that runs several sessions inline, that is another conversation's live class, and a checkpoint
 that names its id (a leaked checkpoint, the same checkpoint loaded twice) would replace its methods. So a load
 resolves ids only among the classes it made itself (across all its frames, so identity holds within a namespace),
-and registers each new class with cloudpickle for later dumps under the same id when the id is free in the process,
-else under a fresh one.
+and never through cloudpickle's table of ids. It only tells cloudpickle which id a class it made had, so that a
+later dump writes the same id (a frame's bytes stay the same from turn to turn and are stored once); two sessions
+may then dump one id for their own classes, which is harmless, since no load looks the id up in the process.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import cloudpickle
 
-__all__ = ["LoadClasses", "ProcessClasses"]
+__all__ = ["LoadClasses", "make_skeleton_class", "make_skeleton_enum", "make_typevar"]
 
 _CP = cloudpickle.cloudpickle
 
 
 class LoadClasses:
-    """The classes one load made, by tracker id: what the load's helpers resolve ids against."""
+    """The classes one load made, by tracker id: what the load's helpers resolve ids against.
 
-    def __init__(self) -> None:
+    Args:
+        register: Tell cloudpickle each new class's id for later dumps (a load into a session); False for a dump's
+            check that its frames restore, whose classes are thrown away.
+    """
+
+    def __init__(self, *, register: bool = True) -> None:
         self._by_id: dict[str, Any] = {}
+        self._register = register
 
     def made(self, tracker_id: str | None, made: Any) -> Any:
-        """The class (enum, TypeVar) this load already made under ``tracker_id``, else ``made``, now registered."""
+        """The class (enum, TypeVar) this load already made under ``tracker_id``, else ``made``."""
         if tracker_id is None:
             return made
         known = self._by_id.setdefault(tracker_id, made)
-        if known is made:
-            _register(made, tracker_id)
+        if known is made and self._register:
+            with _CP._DYNAMIC_CLASS_TRACKER_LOCK:
+                _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS.setdefault(made, tracker_id)
         return known
 
     def lookup(self, tracker_id: str | None, class_def: Any) -> Any:
@@ -43,27 +50,8 @@ class LoadClasses:
         return self._by_id.get(tracker_id, class_def)
 
 
-class ProcessClasses:
-    """cloudpickle's own process-wide resolution, for a dump's check of its own frames against the live classes."""
-
-    def made(self, tracker_id: str | None, made: Any) -> Any:
-        return _CP._lookup_class_or_track(tracker_id, made)
-
-    def lookup(self, tracker_id: str | None, class_def: Any) -> Any:
-        return _CP._lookup_class_or_track(tracker_id, class_def)
-
-
-def _register(cls: Any, tracker_id: str) -> None:
-    """Let a later dump pickle ``cls`` under ``tracker_id`` (stable bytes across turns) unless another class has it."""
-    with _CP._DYNAMIC_CLASS_TRACKER_LOCK:
-        if _CP._DYNAMIC_CLASS_TRACKER_BY_ID.get(tracker_id) is not None:
-            tracker_id = uuid.uuid4().hex
-        _CP._DYNAMIC_CLASS_TRACKER_BY_ID[tracker_id] = cls
-        _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[cls] = tracker_id
-
-
 def make_skeleton_class(
-    classes: LoadClasses | ProcessClasses,
+    classes: LoadClasses,
     type_constructor: Any,
     name: str,
     bases: tuple[Any, ...],
@@ -77,7 +65,7 @@ def make_skeleton_class(
 
 
 def make_skeleton_enum(
-    classes: LoadClasses | ProcessClasses,
+    classes: LoadClasses,
     bases: tuple[Any, ...],
     name: str,
     qualname: str,
@@ -92,7 +80,7 @@ def make_skeleton_enum(
 
 
 def make_typevar(
-    classes: LoadClasses | ProcessClasses,
+    classes: LoadClasses,
     name: str,
     bound: Any,
     constraints: Any,

@@ -28,7 +28,6 @@ from snapcell.checkpoint._blobs import (
 )
 from snapcell.checkpoint._classes import (
     LoadClasses,
-    ProcessClasses,
     make_skeleton_class,
     make_skeleton_enum,
     make_typevar,
@@ -86,7 +85,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         find_global: FindGlobal,
         namespace: dict[str, Any],
         buffers: list[Any],
-        classes: LoadClasses | ProcessClasses,
+        classes: LoadClasses,
     ) -> None:
         super().__init__(file, buffers=buffers)
         self._find_global = find_global

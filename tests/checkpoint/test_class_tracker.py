@@ -136,17 +136,57 @@ def test_a_session_s_class_keeps_its_identity_across_frames_and_a_second_dump(po
         assert b.feed_run("type(c) is box[0] is C, c.who()") == (True, "a")
 
 
-def test_a_load_keeps_a_free_tracker_id_for_later_dumps_and_renames_a_taken_one() -> None:
-    free = uuid.uuid4().hex
+def test_a_load_tells_cloudpickle_the_id_for_later_dumps_but_never_looks_ids_up_in_the_process() -> None:
+    tracker_id = uuid.uuid4().hex
     classes = LoadClasses()
     first = type("First", (), {})
-    assert classes.made(free, first) is first
-    assert classes.made(free, type("Again", (), {})) is first  # the same load: the same class
-    assert _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[first] == free  # a later dump writes the same id
+    assert classes.made(tracker_id, first) is first
+    assert classes.made(tracker_id, type("Again", (), {})) is first  # the same load: the same class
+    assert _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[first] == tracker_id  # a later dump writes the same id
     other = type("Other", (), {})
-    assert LoadClasses().made(free, other) is other  # another load: its own class
-    renamed = _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS[other]
-    assert renamed != free and _CP._DYNAMIC_CLASS_TRACKER_BY_ID[free] is first
+    assert LoadClasses().made(tracker_id, other) is other  # another load: its own class
+    assert tracker_id not in _CP._DYNAMIC_CLASS_TRACKER_BY_ID
+    trial = type("Trial", (), {})
+    assert LoadClasses(register=False).made(uuid.uuid4().hex, trial) is trial
+    assert trial not in _CP._DYNAMIC_CLASS_TRACKER_BY_CLASS
+
+
+def test_inline_turns_keep_a_class_s_tracker_id(pool: Pool, checkpoint_a: bytes) -> None:
+    """A frame holding the class keeps its bytes from turn to turn (stored once), though the last class lives."""
+    ids = []
+    checkpoint = checkpoint_a
+    for _turn in range(3):
+        with pool.checkout() as session:
+            session.load_session(checkpoint)
+            ids.append(_tracker_id(session))
+            checkpoint = session.dump()
+    assert len(set(ids)) == 1
+
+
+RECORDER = """
+seen = []
+class Rec:
+    def __setstate__(self, state):
+        seen.append(state)
+        self.__dict__.update(state)
+r = Rec()
+r.n = 1
+"""
+
+
+def test_a_dump_s_check_that_frames_restore_runs_no_live_session_s_code(pool: Pool) -> None:
+    """The check made the live class under the tracker id, possibly another inline session's, and ran its methods."""
+    with pool.checkout() as a:
+        a.feed_run(RECORDER)
+        checkpoint = a.dump()
+        assert a.feed_run("seen") == []
+        with pool.checkout() as b:
+            b.load_session(checkpoint)
+            assert b.feed_run("seen, r.n") == ([{"n": 1}], 1)  # the load ran B's own copy
+            b.feed_run("r.n = 2")
+            b.dump()
+            assert b.feed_run("len(seen)") == 1
+        assert a.feed_run("seen") == []
 
 
 @pytest.mark.parametrize("name", sorted(name for _module, name in NOT_IN_DILL))
