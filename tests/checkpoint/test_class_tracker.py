@@ -9,6 +9,7 @@ holding A's checkpoint bytes would read them there; the stream passes the host's
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -29,6 +30,7 @@ from .helpers import KEY, crafted_body, sign_and_store
 from .test_unpickle_hostile import call, glob, s, stream
 
 _CP = cloudpickle.cloudpickle
+MARK = "snapcell-class-tracker-canary"
 A_CELL = "class C:\n    def who(self):\n        return 'a'\nc = C()\nbox = [C]\n"
 
 
@@ -198,3 +200,22 @@ def test_the_host_s_scan_and_the_loader_refuse_cloudpickle_s_makers_in_a_dill_se
     assert refusal is not None and refusal[0].name == name
     loaded = load_namespace(_dill_body(data), namespace={}, find_global=make_find_global(rule))
     assert "x" not in loaded.variables and "not allowed" in loaded.failed["x"]
+
+
+def test_a_library_class_tracked_by_the_stream_does_not_become_one_it_made(store: MemoryStore) -> None:
+    """``_lookup_class_or_track(id, JSONEncoder)`` then a skeleton class under that id handed back the library class
+    as one the load made, and ``_class_setstate`` patched it in the host; the host's scan passes the stream."""
+    cp, tracker_id = "cloudpickle.cloudpickle", uuid.uuid4().hex
+    body = (
+        call(glob(cp, "_lookup_class_or_track"), s(tracker_id), glob("json", "JSONEncoder"))
+        + b"0"
+        + call(glob(cp, "_make_skeleton_class"), glob("builtins", "type"), s("C"), b")", b"}", s(tracker_id), b"N")
+        + b"\x940"
+        + call(glob(cp, "_class_setstate"), b"h\x00", b"}" + s(MARK) + s("yes") + b"s}\x86")
+    )
+    assert scan_pickle(stream(body), checkpoint_rule(Policy())) is None
+    checkpoint = sign_and_store(store, Keyring([KEY]), crafted_body(stream(body)))
+    with Pool(store, signing_keys=[KEY], isolation="inline") as pool, pool.checkout() as session:
+        session.load_session(checkpoint)
+        assert session.feed_run("x.__name__") == "C"
+    assert not hasattr(json.JSONEncoder, MARK)
