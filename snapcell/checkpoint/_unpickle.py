@@ -192,7 +192,7 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
             if name == "_create_function":
                 builtins_table = self._builtins if self._builtins is not None else {}
                 return functools.partial(_dill_create_function, builtins_table)
-            if name in ("_load_type", "_create_code"):
+            if name in ("_load_type", "_create_code", "_create_namedtuple"):
                 return self._find_global(module, name)
             return checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
         if (module, name) in NOT_IN_DILL:

@@ -9,9 +9,12 @@ holding A's checkpoint bytes would read them there; the stream passes the host's
 
 from __future__ import annotations
 
+import difflib
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -219,3 +222,31 @@ def test_a_library_class_tracked_by_the_stream_does_not_become_one_it_made(store
         session.load_session(checkpoint)
         assert session.feed_run("x.__name__") == "C"
     assert not hasattr(json.JSONEncoder, MARK)
+
+
+def _namedtuple(name: str, module: str) -> bytes:
+    return call(glob("dill._dill", "_create_namedtuple"), s(name), b"]" + s("a") + b"a", s(module))
+
+
+@pytest.mark.parametrize("body", [crafted_body, _dill_body], ids=["cloudpickle", "dill"])
+def test_dill_s_namedtuple_maker_hands_back_only_a_class_the_checkpoint_may_name(store: MemoryStore, body: Any) -> None:
+    """dill's own imported the module and handed back any class of that name (``subprocess.Popen``), past the rule."""
+    data = stream(
+        call(
+            glob("builtins", "tuple"),
+            b"(" + _namedtuple("Popen", "subprocess") + _namedtuple("Match", "difflib") + b"t",
+        )
+    )
+    assert scan_pickle(data, checkpoint_rule(Policy())) is None
+    checkpoint = sign_and_store(store, Keyring([KEY]), body(data))
+    with Pool(store, signing_keys=[KEY], isolation="inline") as pool, pool.checkout() as session:
+        session.load_session(checkpoint)
+        made, named = session.feed_run("x")
+    assert made is not subprocess.Popen and made._fields == ("a",)
+    assert named is difflib.Match  # a namedtuple the checkpoint may name is the library's own
+
+
+def test_the_scan_refuses_build_on_what_the_namedtuple_maker_hands_back() -> None:
+    patch = b"N}" + s(MARK) + s("yes") + b"s\x86b"
+    refusal = scan_pickle(stream(_namedtuple("Match", "difflib") + patch), checkpoint_rule(Policy()))
+    assert refusal is not None and "BUILD" in refusal.reason
