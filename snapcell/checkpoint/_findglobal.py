@@ -7,6 +7,7 @@ as data are wrapped so their arguments are checked on every call, and the builti
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import pickle
@@ -194,7 +195,25 @@ def make_find_global(
                 raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, a path through a module")
         return checked(kind, _refuse_state(module, name, target), rule)
 
+    overrides[("dill._dill", "_create_namedtuple")] = functools.partial(_create_namedtuple, find_global)
     return find_global
+
+
+def _create_namedtuple(
+    find_global: FindGlobal, name: str, fieldnames: Any, modulename: str, defaults: Any = None
+) -> type[tuple[Any, ...]]:
+    """dill's ``_create_namedtuple``, whose look-up of an existing class goes through the rule.
+
+    dill's own imports ``modulename`` and hands back any class or module of that name (``subprocess.Popen``), past
+    the rule; here an existing namedtuple class is used only when the checkpoint may name it, else a new one is made.
+    """
+    try:
+        existing = find_global(modulename, name)
+    except (pickle.UnpicklingError, ImportError, AttributeError):
+        existing = None
+    if isinstance(existing, type) and issubclass(existing, tuple) and hasattr(existing, "_fields"):
+        return existing
+    return collections.namedtuple(name, fieldnames, defaults=defaults, module=modulename)
 
 
 def _is_builtin_exception(name: str) -> bool:

@@ -66,7 +66,7 @@ def scan_body(
     for section in container.sections:
         if section.kind is SectionKind.DILL or (section.kind is SectionKind.STREAM and cloud_vars):
             data = _decompress(section.codec, section.data, section.raw_size, writable=False)
-            refusal = scan_pickle(data, rule)
+            refusal = scan_pickle(data, rule, dill=section.kind is SectionKind.DILL)
             del data
             if section.kind is SectionKind.STREAM:
                 names = cloud_vars

@@ -153,6 +153,15 @@ HELPERS: dict[tuple[str, str], str] = {
 # helper's arguments are checked by `snapcell.checkpoint._stdvalues.value_call_refusal`.
 HELPERS.update(VALUE_HELPERS)
 _VALUE_KINDS = frozenset(VALUE_HELPERS.values())
+# cloudpickle's makers and setstate helpers, which dill never writes: a dill section that names them is refused (the
+# loader's dill unpickler would skip the checks its cloudpickle unpickler makes around them).
+NOT_IN_DILL = frozenset(
+    ("cloudpickle.cloudpickle", name)
+    for name in (
+        "_make_function", "_function_setstate", "_class_setstate", "_lookup_class_or_track", "_make_typevar",
+        "_make_skeleton_class", "_make_skeleton_enum",
+    )
+)  # fmt: skip
 
 # Modules whose names are only reachable through HELPERS: a serializer's module holds `os`, `sys` and eval-like
 # helpers (``dill._dill`` plus ``"os.mkdir"``), and snapcell's own modules are not script API.

@@ -22,6 +22,7 @@ from snapcell.checkpoint._hoststate import resolved_global, state_refusal
 from snapcell.checkpoint._rule import (
     ALIASES,
     HELPERS,
+    NOT_IN_DILL,
     PLAIN,
     TYPE_CALL,
     AllowModule,
@@ -123,7 +124,9 @@ _CATEGORY[ord("N")] = _C_NONE
 _FIXED_NUMBER = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x88: 1, 0x89: 1}
 
 
-def scan_pickle(data: bytes | bytearray | memoryview, rule: GlobalRule | AllowModule) -> Refusal | None:
+def scan_pickle(
+    data: bytes | bytearray | memoryview, rule: GlobalRule | AllowModule, *, dill: bool = False
+) -> Refusal | None:
     """Check every global a pickle stream (one or more pickles back to back) would resolve, without unpickling.
 
     Walks the opcodes with a small abstract stack machine: string constants are followed through the stack and
@@ -135,12 +138,13 @@ def scan_pickle(data: bytes | bytearray | memoryview, rule: GlobalRule | AllowMo
     Args:
         data: The raw (decompressed) pickle bytes.
         rule: The policy's part of the rule, as the loader uses it (or just its module check).
+        dill: The pickle is a dill section, which may not name cloudpickle's makers (`NOT_IN_DILL`).
 
     Returns:
         None when every global passes the rule, else the first `Refusal`.
     """
     view = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
-    scanner = _Scanner(view, as_rule(rule))
+    scanner = _Scanner(view, as_rule(rule), dill)
     try:
         scanner.run()
     except _Refused as exc:
@@ -151,9 +155,10 @@ def scan_pickle(data: bytes | bytearray | memoryview, rule: GlobalRule | AllowMo
 
 
 class _Scanner:
-    def __init__(self, data: bytes | bytearray | memoryview, rule: GlobalRule) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview, rule: GlobalRule, dill: bool = False) -> None:
         self.data = data
         self.rule = rule
+        self.dill = dill
         self.op_offset = 0
         self.index = 0
         self.flat_ok = True
@@ -226,6 +231,8 @@ class _Scanner:
         problem = global_refusal(module, name, self.rule)
         if problem is not None:
             raise _Refused(module, name, problem)
+        if self.dill and (module, name) in NOT_IN_DILL:
+            raise _Refused(module, name, "a cloudpickle helper in a dill section")
         module, name = ALIASES.get((module, name), (module, name))  # the loader resolves the public twin
         kind = HELPERS.get((module, name), PLAIN)
         if kind == PLAIN and (module, name) not in HELPERS:

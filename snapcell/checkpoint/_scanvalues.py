@@ -55,6 +55,7 @@ class _ModuleRef(_Opaque):
 _FOREIGN_HELPERS = frozenset(
     {
         ("cloudpickle.cloudpickle", "_get_dataclass_field_type_sentinel"),
+        ("dill._dill", "_create_namedtuple"),  # an existing namedtuple class the checkpoint may name (the loader's)
         ("pandas._libs.tslibs.nattype", "__nat_unpickle"),
     }
 )

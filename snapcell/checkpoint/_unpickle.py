@@ -26,6 +26,12 @@ from snapcell.checkpoint._blobs import (
     hash_buffer,
     unpack_blob_ref,
 )
+from snapcell.checkpoint._classes import (
+    LoadClasses,
+    make_skeleton_class,
+    make_skeleton_enum,
+    make_typevar,
+)
 from snapcell.checkpoint._findglobal import PICKLE_MODULE, FindGlobal, checked, make_find_global
 from snapcell.checkpoint._format import (
     Codec,
@@ -40,6 +46,7 @@ from snapcell.checkpoint._pickle import (
 )
 from snapcell.checkpoint._rule import (
     HELPERS,
+    NOT_IN_DILL,
 )
 from snapcell.errors import CheckpointCorrupt
 
@@ -72,11 +79,19 @@ class LoadedNamespace:
 
 class _RestrictedUnpickler(pickle.Unpickler):
     def __init__(
-        self, file: io.BytesIO, *, find_global: FindGlobal, namespace: dict[str, Any], buffers: list[Any]
+        self,
+        file: io.BytesIO,
+        *,
+        find_global: FindGlobal,
+        namespace: dict[str, Any],
+        buffers: list[Any],
+        classes: LoadClasses,
     ) -> None:
         super().__init__(file, buffers=buffers)
         self._find_global = find_global
         self._namespace = namespace
+        # What class tracker ids stand for: the load's own classes (`_classes`), shared by the frames of one load.
+        self._classes = classes
         # Functions and classes this load made: only they may get state from cloudpickle's setstate helpers, so a
         # checkpoint cannot patch a library class or function that it merely names.
         self._made: dict[int, Any] = {}
@@ -96,6 +111,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return functools.partial(self._set_state, functools.partial(_function_setstate, builtins_table))
         elif name == "_class_setstate":
             return functools.partial(self._set_state, helper)
+        elif name == "_lookup_class_or_track":
+            return self._classes.lookup
+        elif name == "_make_typevar":
+            return functools.partial(make_typevar, self._classes)
+        elif name in _CLASS_MAKERS:
+            helper = functools.partial(_CLASS_MAKERS[name], self._classes)
         return functools.partial(self._make, helper)
 
     def _make(self, helper: Callable[..., Any], *args: Any) -> Any:
@@ -114,8 +135,19 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent reference {pid!r}")
 
 
+_CLASS_MAKERS: dict[str, Callable[..., Any]] = {
+    "_make_skeleton_class": make_skeleton_class,
+    "_make_skeleton_enum": make_skeleton_enum,
+}
 _TRACKED = frozenset(
-    {"_make_function", "_function_setstate", "_class_setstate", "_make_skeleton_class", "_make_skeleton_enum"}
+    {
+        "_make_function",
+        "_function_setstate",
+        "_class_setstate",
+        "_lookup_class_or_track",
+        "_make_typevar",
+        *_CLASS_MAKERS,
+    }
 )
 
 
@@ -160,9 +192,15 @@ class _RestrictedDillUnpickler(dill.Unpickler):  # type: ignore[misc]
             if name == "_create_function":
                 builtins_table = self._builtins if self._builtins is not None else {}
                 return functools.partial(_dill_create_function, builtins_table)
-            if name in ("_load_type", "_create_code"):
+            if name in ("_load_type", "_create_code", "_create_namedtuple"):
                 return self._find_global(module, name)
             return checked(HELPERS[(module, name)], getattr(dill._dill, name), lambda _m: False)
+        if (module, name) in NOT_IN_DILL:
+            # dill never writes cloudpickle's makers and setstate helpers; through this unpickler they would skip the
+            # checks above (only a class the load made gets state, the session's builtins, the load's own classes).
+            raise pickle.UnpicklingError(
+                f"the checkpoint's dill section refers to {module}.{name}, which is not allowed"
+            )
         return self._find_global(module, name)
 
 
@@ -294,7 +332,9 @@ def _load_stream(
         elif section.kind is SectionKind.BLOB:
             buffers.append(_assemble(section.data, section.raw_size, blobs))
     cloud_vars = [v for v in manifest.variables if v.serializer == "cloudpickle"]
-    unpickler = _RestrictedUnpickler(io.BytesIO(stream), find_global=find_global, namespace=namespace, buffers=buffers)
+    unpickler = _RestrictedUnpickler(
+        io.BytesIO(stream), find_global=find_global, namespace=namespace, buffers=buffers, classes=LoadClasses()
+    )
     for index, info in enumerate(cloud_vars):
         try:
             result.variables[info.name] = unpickler.load()
@@ -363,6 +403,7 @@ def _load_frames(
 ) -> None:
     """Format 3: each frame restored on its own; one that fails costs only its own variables, named with why."""
     listed = {ref.hash for ref in manifest.blobs}
+    classes = LoadClasses()  # one class per tracker id across the frames, as in the namespace that was dumped
     for frame, parts in zip(manifest.frames, frame_parts(sections, manifest), strict=True):
         # Bytes first, for every part: a missing or altered blob is the whole checkpoint's problem.
         loaded_parts = []
@@ -378,7 +419,7 @@ def _load_frames(
         try:
             values = [
                 _RestrictedUnpickler(
-                    io.BytesIO(data), find_global=find_global, namespace=namespace, buffers=buffers
+                    io.BytesIO(data), find_global=find_global, namespace=namespace, buffers=buffers, classes=classes
                 ).load()
                 for data, buffers in loaded_parts
             ]

@@ -363,8 +363,8 @@ class Busy:
 busy = Busy()
 """
 
-# The dump restores each new frame to check it, with the live class (cloudpickle's tracker); a __setstate__ that
-# loops only for a class made by the load passes that check and hangs only at load.
+# The dump restores each new frame to check it (with a class of its own, as a load makes); a __setstate__ that loops
+# only in another worker passes that check and hangs only at load.
 # Restores at once in the worker that dumps it (its trial restore draws the first number after seed 7) and loops in
 # any other: a new worker draws from its own reseeded stream. (Comparing class ids is not enough: children forked from
 # one zygote lay out their heaps alike, so a class re-created at load can land at the address it had.)
