@@ -8,7 +8,7 @@ frame. Everything else is its own frame: a value that fails to pickle, or to res
 Only objects whose identity can matter are counted (`shared_ids`): containers, script functions and instances,
 arrays. Atoms (str, numbers, tuples, classes, modules, code) and library objects pickled by reference are left
 out: sharing them carries no meaning, and interned strings would otherwise merge everything. So are the objects
-inside a class's own dict (methods, dataclass fields): cloudpickle restores a class once per process (its
+inside a class's own dict (methods, dataclass fields): snapcell restores a class once per load (its
 tracker) however many frames hold it, and counting them would merge every pair of variables holding instances
 of one class.
 
