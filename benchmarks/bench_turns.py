@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import alternate_async, parse_args, print_table, ratio, summarize_ms, write_jsonl
+from benchmarks._common import alternate_async, parse_args, print_table, ratio, summarize_ms, wait_warm, write_jsonl
 from snapcell import AsyncPool, CodeTool, Policy, SQLiteHeads
 from snapcell.storage import LocalStore
 
@@ -44,6 +44,7 @@ WARMUP = 2
 CONVERSATIONS = 50
 TURNS = 10
 WARM_WORKERS = 2  # workers started ahead of the cold turns
+SETTLE_S = 0.02  # untimed pause before each measured turn: the previous turn's background check-in ends
 KEY = "benchmark-signing-key-0123456789"
 POLICY = Policy().with_modules(["pandas", "numpy"])
 SETUP_CODE = 'rows = [{"id": i, "name": f"row-{i}", "v": i * 0.5} for i in range(100)]\nturns = 0\n'
@@ -63,13 +64,15 @@ class Tools:
     def __init__(self, root: Path) -> None:
         # Two warm conversations hold a worker each; the cold tool needs its own. Its two turns (small, then
         # DataFrame) run back to back, each on a fresh worker: with one worker started ahead, the DataFrame turn would
-        # wait for the start-up of the worker that replaces the small turn's.
+        # wait for the start-up of the worker that replaces the small turn's. A checked-in worker holds its slot
+        # until it is reaped, so the limit leaves room for those besides the warm sessions and the two started
+        # ahead (with 4, a cold turn evicted a warm conversation, and its next turn loaded like a cold one).
         self.pool = AsyncPool(
             LocalStore(root),
             isolation="process",
             policy=POLICY,
             signing_keys=[KEY],
-            max_workers=4,
+            max_workers=8,
             min_warm_workers=WARM_WORKERS,
         )
         self.heads = SQLiteHeads(root / ".heads.sqlite3")
@@ -95,6 +98,9 @@ class Tools:
             ("turn_warm", self.warm, "warm-small", TURN_CODE),
             ("turn_warm_dataframe", self.warm, "warm-df", DF_TURN),
         ):
+            # As a server that is not saturated: the previous turn's check-in and the pool's refill are done.
+            await wait_warm(self.pool)
+            await asyncio.sleep(SETTLE_S)
             start = time.perf_counter()
             answer = await tool.run_code(conversation, code)
             out[metric] = time.perf_counter() - start
