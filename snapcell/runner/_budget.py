@@ -13,6 +13,7 @@ from snapcell.runner._limits import Limits
 
 __all__ = [
     "Budget",
+    "either_budget",
     "MAX_ARTIFACTS",
     "MAX_ARTIFACT_FIELD_BYTES",
     "MAX_ASSIGNED",
@@ -156,3 +157,13 @@ def reply_budget(kind: str, limits: Limits, blob_bytes: int = 0) -> Budget:
         return _bounded((_text_bytes(MAX_DECLARATIONS_CHARS) or 0) + _ERROR_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS)
     # Control requests (init, queue, reset, recycle, close) and start-up: a few short fields, or an error.
     return _bounded(_ERROR_BYTES + _FIELDS_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS)
+
+
+@functools.lru_cache(maxsize=64)
+def either_budget(a: Budget, b: Budget) -> Budget:
+    """A budget that admits what either does (a run's frames: its reply, or a host-function call)."""
+    return Budget(
+        message_bytes=max(a.message_bytes, b.message_bytes),
+        items=max(a.items, b.items),
+        blob_bytes=max(a.blob_bytes, b.blob_bytes),
+    )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import resource
@@ -30,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from snapcell.errors import OutputLimitExceeded, SessionError
+from snapcell.runner._budget import either_budget
 from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._hostcalls import PendingCall, call_host, finish_call
 from snapcell.runner._limits import Limits
@@ -411,7 +411,7 @@ class WorkerProcess:
         counter = CallBudget(limits.max_host_calls) if op == "run" else None
         if counter is not None:
             calls_budget = reply_budget("call", limits)
-            budget = _larger(budget, calls_budget)
+            budget = either_budget(budget, calls_budget)
         if self._rend != self._rstart:
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
@@ -590,13 +590,3 @@ async def _deadline(timeout_s: float | None, worker: WorkerProcess) -> AsyncIter
     except TimeoutError:
         await worker.kill()
         raise _Died("timeout") from None
-
-
-@functools.lru_cache(maxsize=64)
-def _larger(a: Budget, b: Budget) -> Budget:
-    """A budget that admits what either does (a run's frames: its reply, or a host-function call)."""
-    return Budget(
-        message_bytes=max(a.message_bytes, b.message_bytes),
-        items=max(a.items, b.items),
-        blob_bytes=max(a.blob_bytes, b.blob_bytes),
-    )
