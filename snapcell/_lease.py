@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from snapcell.errors import ConversationBusy, SnapcellError, StorageUnavailable
-from snapcell.storage import AsyncHeads, HeadStore, RecordHeads
+from snapcell.storage import AsyncHeads, Head, HeadStore, RecordHeads
 
 __all__ = ["TurnLeases"]
 
@@ -52,6 +52,13 @@ class TurnLeases:
         self._aheads = AsyncHeads(heads)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._background: set[asyncio.Task[None]] = set()
+        # Heads read with the lease, in the same store call (one thread hand-off and transaction fewer per turn), by
+        # lease owner; only for the stores' own get/acquire_lease (a subclass overriding either is called as usual).
+        cls: type[object] = type(heads)
+        self._read_with_lease = isinstance(heads, RecordHeads) and all(
+            getattr(cls, name) is getattr(RecordHeads, name) for name in ("get", "acquire_lease")
+        )
+        self._read: dict[str, Head | None] = {}
 
     async def bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
         """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``); TimeoutError after."""
@@ -91,6 +98,7 @@ class TurnLeases:
             try:
                 yield held
             finally:
+                self._read.pop(owner, None)
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)
                 if held:
@@ -115,7 +123,7 @@ class TurnLeases:
         The attempt runs in a thread that cannot be stopped: if this turn is cancelled or gives up waiting, the
         lease is given back once the attempt finishes, or it would keep the conversation locked for a whole ttl.
         """
-        attempt = asyncio.ensure_future(self._aheads.acquire_lease(conversation_id, owner, self.ttl_s))
+        attempt = asyncio.ensure_future(self._attempt(conversation_id, owner))
         try:
             return await self.bounded(asyncio.shield(attempt))
         except TimeoutError as exc:
@@ -124,6 +132,22 @@ class TurnLeases:
         except asyncio.CancelledError:
             self.in_background(self.release(conversation_id, owner, after=attempt))
             raise
+
+    async def _attempt(self, conversation_id: str, owner: str) -> bool:
+        if not self._read_with_lease:
+            return await self._aheads.acquire_lease(conversation_id, owner, self.ttl_s)
+        heads = self.heads
+        assert isinstance(heads, RecordHeads)
+        taken, head = await asyncio.to_thread(heads.acquire_lease_and_get, conversation_id, owner, self.ttl_s)
+        if taken:
+            self._read[owner] = head
+        return taken
+
+    def head_read(self, owner: str) -> tuple[bool, Head | None]:
+        """The head read when ``owner``'s lease was taken, once: (False, None) when it was not read then."""
+        if owner in self._read:
+            return True, self._read.pop(owner)
+        return False, None
 
     async def _busy(self, conversation_id: str) -> ConversationBusy:
         """The error of a turn that waited ``lease_wait_s``: who holds the conversation, and is it still alive."""

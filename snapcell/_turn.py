@@ -52,7 +52,9 @@ async def run_turn(
     turn_id: str,
     conversation: Conversation | None = None,
 ) -> str:
-    head = await tool._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
+    read, head = tool._leases.head_read(owner[0])
+    if not read:
+        head = await tool._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
     done = head.turn(turn_id) if head is not None else None
     if done is not None:
         if conversation is not None and head is not None and conversation.last_turn_id != turn_id:

@@ -288,3 +288,34 @@ def test_a_head_without_a_version_is_not_silently_restarted(pool: Pool) -> None:
     with pytest.raises(StorageError, match="no version"):
         tool.run_code("c", "n")
     assert heads.record("c").checkpoint_id == head.checkpoint_id  # type: ignore[union-attr]
+
+
+class Counting(MemoryHeads):
+    """Counts the store's reads and transactions (its get and acquire_lease are the store's own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = self.updates = 0
+
+    def _read(self, conversation_id: str) -> Head | None:
+        self.reads += 1
+        return super()._read(conversation_id)
+
+    def _update(self, conversation_id: str, transition: Any) -> Head | None:
+        self.updates += 1
+        return super()._update(conversation_id, transition)
+
+
+def test_a_turn_reads_its_head_with_the_lease(pool: Pool) -> None:
+    heads = Counting()
+    tool = SyncCodeTool(pool, heads=heads)
+    try:
+        assert tool.run_code("c", "x = 1") == "(no output)"
+        heads.reads = heads.updates = 0
+        assert tool.run_code("c", "x += 1\nx") == "2"
+        # The head is read in the lease's transaction, the lease given back with the head write: two in all.
+        assert (heads.reads, heads.updates) == (0, 2)
+        assert tool.run_code("c", "x += 1\nx", turn_id="t") == "3"
+        assert tool.run_code("c", "x += 1\nx", turn_id="t") == "3"  # the head read with the lease replays it
+    finally:
+        tool.close()

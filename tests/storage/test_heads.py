@@ -336,3 +336,19 @@ def test_sqlite_heads_of_an_earlier_schema_gain_turns(tmp_path: Path) -> None:
     heads.compare_and_set("c", "v1", B, history=[A], turn=TurnRecord("t1", "ok"))
     assert heads.get("c").turns == (TurnRecord("t1", "ok"),)  # type: ignore[union-attr]
     heads.close()
+
+
+def test_acquire_lease_and_get_reads_the_head_with_the_lease(heads: HeadStore) -> None:
+    from snapcell import StorageError
+    from snapcell.storage import Head, RecordHeads
+
+    assert isinstance(heads, RecordHeads)
+    assert heads.acquire_lease_and_get("c", "s/t1", 60) == (True, None)  # no head yet: taken, nothing to read
+    version = heads.compare_and_set("c", None, A, owner="s/t1", release_lease=True)
+    taken, head = heads.acquire_lease_and_get("c", "s/t2", 60)
+    assert taken and head == heads.get("c")
+    assert head is not None and head.checkpoint_id == A and head.version == version and head.lease_owner == "s/t2"
+    assert heads.acquire_lease_and_get("c", "other/t3", 60) == (False, None)  # held: not taken, not read
+    heads._update("d", lambda record: Head(checkpoint_id=A, version=""))
+    with pytest.raises(StorageError, match="no version"):  # malformed, as get says
+        heads.acquire_lease_and_get("d", "s/t4", 60)
