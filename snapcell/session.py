@@ -154,7 +154,7 @@ class AsyncSession:
                 nothing was unpickled and the session is unchanged.
             CheckpointExpired: The ID is older than the ttl; the session is unchanged.
             CheckpointNotFound: No checkpoint is stored under the ID; the session is unchanged.
-            CheckpointVersionError: Another snapcell format or Python version wrote it; the session is unchanged.
+            CheckpointVersionError: A checkpoint format this snapcell cannot read; the session is unchanged.
             StorageError: The store failed; the session is unchanged and the call may be retried.
         """
         self._start()

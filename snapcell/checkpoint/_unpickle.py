@@ -256,7 +256,7 @@ def load_namespace(
 
     Raises:
         CheckpointCorrupt: Malformed bytes, or a blob that is missing or does not match its hash.
-        CheckpointVersionError: Another format or Python version wrote them.
+        CheckpointVersionError: A checkpoint format this snapcell cannot read (another Python version is not one).
     """
     container = parse_container(body, max_raw_bytes=max_raw_bytes)
     _check_blob_total(container.sections, blobs or {})
