@@ -167,7 +167,7 @@ def blob_keys_of(stored: bytes | bytearray | memoryview) -> list[str]:
 
     Raises:
         CheckpointCorrupt: The bytes are not a readable checkpoint.
-        CheckpointVersionError: Another format or Python version wrote them.
+        CheckpointVersionError: A checkpoint format this snapcell cannot read.
     """
     from snapcell.checkpoint._format import parse_container
 

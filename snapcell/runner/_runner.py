@@ -432,7 +432,7 @@ class Runner:
 
         Raises:
             CheckpointCorrupt: The body is malformed, or a blob is missing or altered.
-            CheckpointVersionError: Another format or Python version wrote it.
+            CheckpointVersionError: A checkpoint format this snapcell cannot read.
         """
         from snapcell.checkpoint._unpickle import load_namespace
 
