@@ -13,8 +13,11 @@ from typing import Any
 from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.runner import DEFAULT_MODULES, HostCall, Policy, RunResult
+from snapcell.runner._budget import (
+    MAX_ASSIGNED,
+    MAX_ASSIGNED_CHARS,
+)
 from snapcell.runner._runner import DROPPED_PREFIX, dropped_note
-from snapcell.runner._wire import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
 from snapcell.storage import TurnRecord
 
 __all__ = [

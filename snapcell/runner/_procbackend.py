@@ -19,6 +19,18 @@ from typing import Any, Literal
 
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
 from snapcell.errors import RunCancelled, ScriptError, SessionError, TimeLimitExceeded, WorkerLost
+from snapcell.runner._budget import (
+    MAX_ARTIFACTS,
+    MAX_ASSIGNED,
+    MAX_ASSIGNED_CHARS,
+    MAX_DUMP_BLOBS,
+    MAX_LIST_FILES,
+    MAX_MANIFEST_ITEMS,
+    MAX_NAME_CHARS,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SUMMARY_CHARS,
+)
 from snapcell.runner._host import HostCall
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
@@ -31,16 +43,6 @@ from snapcell.runner._process import (
 )
 from snapcell.runner._result import Artifact, RunResult
 from snapcell.runner._wire import (
-    MAX_ARTIFACTS,
-    MAX_ASSIGNED,
-    MAX_ASSIGNED_CHARS,
-    MAX_DUMP_BLOBS,
-    MAX_LIST_FILES,
-    MAX_MANIFEST_ITEMS,
-    MAX_NAME_CHARS,
-    MAX_NOTE_CHARS,
-    MAX_NOTES,
-    MAX_SUMMARY_CHARS,
     MalformedMessage,
     count_items,
     error_from_plain,

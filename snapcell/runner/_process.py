@@ -6,7 +6,7 @@ unpickles what a worker sends (see `_wire`), and it kills a worker that overruns
 grace, or that the pool no longer needs.
 
 Every worker is assumed hostile. Each frame it sends is checked against the budget of the request in
-flight (`_wire.reply_budget`) before anything is allocated, and read as it arrives, so a claimed size
+flight (`_budget.reply_budget`) before anything is allocated, and read as it arrives, so a claimed size
 costs nothing until it is sent; host-function calls are counted here against ``max_host_calls``; every
 request has a deadline; and why a worker died is decided from what the host sees (its exit status,
 its peak memory from ``wait4``), never from what it wrote to stderr, of which only the tail is read.
@@ -29,7 +29,11 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from snapcell.errors import OutputLimitExceeded, SessionError
-from snapcell.runner._budget import either_budget
+from snapcell.runner._budget import (
+    Budget,
+    either_budget,
+    reply_budget,
+)
 from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._hostcalls import PendingCall, call_host, finish_call
 from snapcell.runner._limits import Limits
@@ -40,10 +44,8 @@ from snapcell.runner._sandbox import sandbox_failure, worker_sandbox_settings
 from snapcell.runner._scratch import detach_scratch, remove_scratch
 from snapcell.runner._wire import (
     FRAME,
-    Budget,
     decode,
     encode,
-    reply_budget,
     to_plain,
 )
 from snapcell.runner._zygotehost import ForkedChild, Zygote

@@ -7,7 +7,7 @@ and size. Messages are JSON: the reading side can build nothing but plain data, 
 cannot share or cycle, so its size on the host is bounded by its bytes. Values JSON lacks travel as
 one-key tagged objects (``{"$t": [...]}`` for a tuple, ``{"$b": "<base64>"}`` for bytes, ...); a
 one-key dict whose key starts with ``$`` is escaped as ``{"$dict": [key, value]}``. What each frame may
-hold (the protocol's size limits and each reply's budget) is in `_budget`, re-exported here.
+hold (the protocol's size limits and each reply's budget) is in `_budget`.
 """
 
 from __future__ import annotations
@@ -28,30 +28,11 @@ from typing import Any
 
 from snapcell import errors
 from snapcell.runner._budget import (
-    MAX_ARTIFACT_FIELD_BYTES,
-    MAX_ARTIFACTS,
-    MAX_ASSIGNED,
-    MAX_ASSIGNED_CHARS,
-    MAX_CHECKPOINT_REPLY_BYTES,
-    MAX_DECLARATIONS_CHARS,
-    MAX_DEPTH,
-    MAX_DUMP_BLOBS,
     MAX_ERROR_NAMES,
     MAX_ERROR_TEXT_CHARS,
-    MAX_ITEMS,
-    MAX_LIST_BYTES,
-    MAX_LIST_FILES,
-    MAX_MANIFEST_ITEMS,
-    MAX_MESSAGE_BYTES,
     MAX_MESSAGE_DEPTH,
     MAX_MESSAGE_ITEMS,
     MAX_NAME_CHARS,
-    MAX_NOTE_CHARS,
-    MAX_NOTES,
-    MAX_SUMMARY_CHARS,
-    Budget,
-    reply_budget,
-    value_items,
 )
 from snapcell.runner._limits import Limits
 from snapcell.runner._plain import JSON_SCALARS as _JSON_SCALARS
@@ -61,29 +42,7 @@ from snapcell.runner._plain import NotPlainData, to_plain
 from snapcell.runner._values import VALUE_TAGS, Tagged
 
 __all__ = [
-    "Budget",
     "FRAME",
-    "MAX_ARTIFACTS",
-    "MAX_ARTIFACT_FIELD_BYTES",
-    "MAX_ASSIGNED",
-    "MAX_ASSIGNED_CHARS",
-    "MAX_CHECKPOINT_REPLY_BYTES",
-    "MAX_DECLARATIONS_CHARS",
-    "MAX_DEPTH",
-    "MAX_DUMP_BLOBS",
-    "MAX_ERROR_NAMES",
-    "MAX_ERROR_TEXT_CHARS",
-    "MAX_ITEMS",
-    "MAX_LIST_BYTES",
-    "MAX_LIST_FILES",
-    "MAX_MANIFEST_ITEMS",
-    "MAX_MESSAGE_BYTES",
-    "MAX_MESSAGE_DEPTH",
-    "MAX_MESSAGE_ITEMS",
-    "MAX_NAME_CHARS",
-    "MAX_NOTES",
-    "MAX_NOTE_CHARS",
-    "MAX_SUMMARY_CHARS",
     "MalformedMessage",
     "NotPlainData",
     "check_script",
@@ -93,10 +52,8 @@ __all__ = [
     "encode",
     "error_from_plain",
     "error_to_plain",
-    "reply_budget",
     "split_parts",
     "to_plain",
-    "value_items",
 ]
 
 FRAME = struct.Struct(">QQ")  # message length, blob length

@@ -26,14 +26,7 @@ from snapcell.errors import (
     TimeLimitExceeded,
     WorkspaceError,
 )
-from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
-from snapcell.runner._limits import Limits
-from snapcell.runner._loopfree import finish_without_loop, runs_without_loop
-from snapcell.runner._policy import Policy
-from snapcell.runner._result import RunResult
-from snapcell.runner._runner import Runner
-from snapcell.runner._values import to_value
-from snapcell.runner._wire import (
+from snapcell.runner._budget import (
     MAX_ASSIGNED,
     MAX_ASSIGNED_CHARS,
     MAX_CHECKPOINT_REPLY_BYTES,
@@ -42,13 +35,22 @@ from snapcell.runner._wire import (
     MAX_NOTE_CHARS,
     MAX_NOTES,
     MAX_SUMMARY_CHARS,
+    reply_budget,
+    value_items,
+)
+from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
+from snapcell.runner._limits import Limits
+from snapcell.runner._loopfree import finish_without_loop, runs_without_loop
+from snapcell.runner._policy import Policy
+from snapcell.runner._result import RunResult
+from snapcell.runner._runner import Runner
+from snapcell.runner._values import to_value
+from snapcell.runner._wire import (
     count_items,
     cut_text,
     encode,
     error_to_plain,
-    reply_budget,
     split_parts,
-    value_items,
 )
 from snapcell.runner._workerchannel import Channel, WorkerBridge
 from snapcell.workspace import effective_quota

@@ -14,18 +14,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import OutputLimitExceeded
+from snapcell.runner._budget import (
+    MAX_MESSAGE_BYTES,
+    reply_budget,
+    value_items,
+)
 from snapcell.runner._host import CallBudget
 from snapcell.runner._limits import Limits
 from snapcell.runner._wire import (
     FRAME,
-    MAX_MESSAGE_BYTES,
     NotPlainData,
     count_items,
     decode,
     encode,
-    reply_budget,
     to_plain,
-    value_items,
 )
 
 if TYPE_CHECKING:

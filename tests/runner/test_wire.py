@@ -11,14 +11,14 @@ import zoneinfo
 import pytest
 
 from snapcell import Limits, OutputLimitExceeded, ScriptSyntaxError
-from snapcell.runner import _wire
+from snapcell.runner import _budget, _wire
+from snapcell.runner._budget import reply_budget
 from snapcell.runner._wire import (
     MalformedMessage,
     NotPlainData,
     check_script,
     decode,
     encode,
-    reply_budget,
     split_parts,
     to_plain,
 )
@@ -116,14 +116,14 @@ def test_encode_refuses_what_is_not_plain() -> None:
     with pytest.raises(NotPlainData):
         encode({"value": {1, 2}})
     deep: list[object] = []
-    for _ in range(_wire.MAX_MESSAGE_DEPTH + 1):
+    for _ in range(_budget.MAX_MESSAGE_DEPTH + 1):
         deep = [deep]
     with pytest.raises(NotPlainData):
         encode({"value": deep})
 
 
 def test_deeply_nested_message_fails_cleanly() -> None:
-    for depth in (_wire.MAX_MESSAGE_DEPTH + 1, 500, 100_000):
+    for depth in (_budget.MAX_MESSAGE_DEPTH + 1, 500, 100_000):
         data = b'{"v":' + b"[" * depth + b"]" * depth + b"}"
         with pytest.raises(MalformedMessage, match="deeper|malformed"):
             decode(data)
@@ -132,7 +132,7 @@ def test_deeply_nested_message_fails_cleanly() -> None:
         decode(tuples)
     # The limit is exact: the message dict plus MAX_MESSAGE_DEPTH - 1 lists decodes to that very nesting,
     # one list more does not.
-    limit = _wire.MAX_MESSAGE_DEPTH
+    limit = _budget.MAX_MESSAGE_DEPTH
     expected: list[object] = []
     for _ in range(limit - 2):
         expected = [expected]
@@ -279,10 +279,10 @@ def test_an_honest_reply_at_every_cap_fits_its_budget() -> None:
         "stdout": wide * (4096 + 150),
         "stderr": wide * (4096 + 150),
         "duration_s": 1e300,
-        "notes": [_wire.cut_text(wide * 10**4, _wire.MAX_NOTE_CHARS)] * _wire.MAX_NOTES,
+        "notes": [_wire.cut_text(wide * 10**4, _budget.MAX_NOTE_CHARS)] * _budget.MAX_NOTES,
         "error": _wire.error_to_plain(error),
         "memory_bytes": 2**63,
-        "namespace_summary": wide * _wire.MAX_SUMMARY_CHARS,
+        "namespace_summary": wide * _budget.MAX_SUMMARY_CHARS,
     }
     assert len(encode({"v": value})) <= 64 * 1024
     data = encode(reply)
@@ -297,11 +297,11 @@ def test_error_texts_are_cut_on_both_sides() -> None:
     from snapcell.errors import ScriptError, UnpicklableValue
 
     plain = _wire.error_to_plain(ScriptError("m" * 10**6, hint="h" * 10**6, traceback_text="t" * 10**6))
-    assert all(len(plain[key]) == _wire.MAX_ERROR_TEXT_CHARS for key in ("message", "hint", "traceback_text"))
+    assert all(len(plain[key]) == _budget.MAX_ERROR_TEXT_CHARS for key in ("message", "hint", "traceback_text"))
     names = _wire.error_to_plain(UnpicklableValue("x", variable_names=["v" * 1000] * 10_000))["variable_names"]
-    assert len(names) == _wire.MAX_ERROR_NAMES and all(len(n) == _wire.MAX_NAME_CHARS for n in names)
+    assert len(names) == _budget.MAX_ERROR_NAMES and all(len(n) == _budget.MAX_NAME_CHARS for n in names)
     rebuilt = _wire.error_from_plain({"class": "ScriptError", "message": "m" * 10**6, "hint": "h" * 10**6})
-    assert len(str(rebuilt)) == len(rebuilt.hint) == _wire.MAX_ERROR_TEXT_CHARS
+    assert len(str(rebuilt)) == len(rebuilt.hint) == _budget.MAX_ERROR_TEXT_CHARS
     assert "1000000 characters, cut" in str(rebuilt) and str(rebuilt).startswith("m") and str(rebuilt).endswith("m")
 
 
