@@ -11,8 +11,9 @@ clients, SQLite, the CLI.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from snapcell._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from snapcell._inspect import InspectReport, inspect_checkpoint
@@ -243,22 +244,4 @@ __all__ = [
 ]
 
 
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:  # a subpackage not imported yet (``snapcell.storage``), as when this file imported them all
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once imported, an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
