@@ -9,9 +9,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from snapcell import Policy
-from snapcell.checkpoint import Keyring, Manifest, VariableInfo
+import pytest
+
+from snapcell import CheckpointRefused, Policy, Pool, RunResult
+from snapcell.checkpoint import Dumped, Keyring, Manifest, VariableInfo
 from snapcell.checkpoint._format import Codec, Header, SectionKind, pack_container
+from snapcell.storage import MemoryStore
 
 KEY = "checkpoint-tests-signing-key-0123456789"
 OTHER_KEY = "another-signing-key-for-wrong-key-tests"
@@ -97,3 +100,28 @@ def sign_and_store(store: Any, keyring: Keyring, body: bytes | bytearray, *, now
     cid = keyring.new_id(now)
     store.put(cid.storage_key, bytes(keyring.sign(bytes(body), cid)))
     return cid.raw
+
+
+def refused_dump(body: bytes | bytearray) -> tuple[CheckpointRefused, list[Any]]:
+    """Dump a session whose worker (here: a backend returning ``body``) sends crafted bytes; the refusal raised
+    and what the store holds afterwards."""
+    store = MemoryStore()
+    with Pool(store, signing_keys=[KEY], isolation="inline") as pool, pool.checkout() as session:
+        manifest = Manifest(created_at=0.0, python="3", libraries={}, variables=[])
+
+        async def hostile_dump(**_options: Any) -> Dumped:
+            return Dumped(bytearray(body), manifest)
+
+        session._inner._backend.dump = hostile_dump  # type: ignore[method-assign]
+        with pytest.raises(CheckpointRefused) as caught:
+            session.dump()
+    return caught.value, list(store.scan())
+
+
+def load_signed(pool: Any, store: Any, body: bytes | bytearray) -> RunResult:
+    """Sign ``body`` with `KEY` as if the host had, load it in a session of ``pool`` and ask whether ``x`` exists."""
+    checkpoint = sign_and_store(store, Keyring([KEY]), body)
+    with pool.checkout() as session:
+        session.load_session(checkpoint)
+        result: RunResult = session.run("'x' in dir()")
+    return result

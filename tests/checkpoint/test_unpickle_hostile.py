@@ -19,12 +19,12 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from snapcell import CheckpointRefused, Policy, Pool
-from snapcell.checkpoint import Dumped, Keyring, Manifest, dump_namespace, scan_body, scan_pickle
+from snapcell import Policy, Pool
+from snapcell.checkpoint import dump_namespace, scan_body, scan_pickle
 from snapcell.runner._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 
-from .helpers import KEY, crafted_body, sign_and_store
+from .helpers import KEY, crafted_body, load_signed, refused_dump
 
 RULE = checkpoint_rule(Policy())
 
@@ -220,19 +220,9 @@ def test_the_scanner_refuses_every_stream(tmp_path: Path, case: str) -> None:
 @pytest.mark.parametrize("case", [c for c in CASES if c not in LOAD_TIME_ONLY])
 def test_the_host_never_signs_a_dump_holding_one(tmp_path: Path, case: str) -> None:
     """A worker (here: a backend returning crafted bytes) sends the stream; the dump fails and nothing is stored."""
-    body = crafted_body(streams(str(tmp_path / case))[case])
-    store = MemoryStore()
-    with Pool(store, signing_keys=[KEY], isolation="inline") as pool, pool.checkout() as session:
-        manifest = Manifest(created_at=0.0, python="3", libraries={}, variables=[])
-
-        async def hostile_dump(**_options: Any) -> Dumped:
-            return Dumped(bytearray(body), manifest)
-
-        session._inner._backend.dump = hostile_dump  # type: ignore[method-assign]
-        with pytest.raises(CheckpointRefused) as caught:
-            session.dump()
-    assert caught.value.variable_names == ["x"]
-    assert list(store.scan()) == []
+    refusal, stored = refused_dump(crafted_body(streams(str(tmp_path / case))[case]))
+    assert refusal.variable_names == ["x"]
+    assert stored == []
 
 
 @pytest.fixture(scope="module", params=["inline", "process"])
@@ -246,10 +236,7 @@ def loading_pool(request: pytest.FixtureRequest) -> Any:
 def test_the_loader_refuses_every_stream_even_when_signed(loading_pool: Any, tmp_path: Path, case: str) -> None:
     pool, store = loading_pool
     canary = tmp_path / case
-    checkpoint = sign_and_store(store, Keyring([KEY]), crafted_body(streams(str(canary))[case]))
-    with pool.checkout() as session:
-        session.load_session(checkpoint)
-        result = session.run("'x' in dir()")
+    result = load_signed(pool, store, crafted_body(streams(str(canary))[case]))
     assert result.value is False
     assert any("x" in note for note in result.notes), result.notes
     assert not canary.exists()
