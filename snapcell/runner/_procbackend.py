@@ -7,13 +7,9 @@ plus ``grace_s``. Either way the worker is replaced and the caller gets `WorkerL
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
 import inspect
-import os
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -82,6 +78,7 @@ class ProcessBackend:
         calls: list[HostCall] | None = None,
         limits: Limits | None = None,
         limit_name: str = "",
+        cancel_grace_s: float | None = None,
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and return its reply, whose op must be ``expect``.
 
@@ -94,6 +91,8 @@ class ProcessBackend:
             calls: Where the host-function calls served are recorded.
             limits: The limits the request runs under; the session's by default.
             limit_name: The `Limits` field behind ``timeout_s``, named when it is overrun.
+            cancel_grace_s: For a run: how long its reply is awaited after its caller is cancelled (see
+                `WorkerProcess.request`).
 
         Raises:
             WorkerLost: The worker died, overran ``timeout_s`` or sent a malformed reply; it is killed.
@@ -106,7 +105,13 @@ class ProcessBackend:
             raise SessionError("no worker process")
         try:
             reply, reply_blob = await worker.request(
-                message, parts, timeout_s=timeout_s, lookup=lookup, calls=calls, limits=limits
+                message,
+                parts,
+                timeout_s=timeout_s,
+                lookup=lookup,
+                calls=calls,
+                limits=limits,
+                cancel_grace_s=cancel_grace_s,
             )
         except _Died as exc:
             await self._pool.release(worker)
@@ -152,8 +157,10 @@ class ProcessBackend:
         worker = self.worker
         stat = worker.stat if worker is not None else None
         cpu_before = stat.cpu_seconds() if stat is not None else None
-        request = asyncio.ensure_future(
-            self._request(
+        # The request runs in this task. A cancellation of it stops the script (its namespace is kept) and the run's
+        # reply is awaited for the grace period (see `_hostchannel`); a worker that does not answer is killed (lost).
+        try:
+            reply, blob = await self._request(
                 {
                     "op": "run",
                     # A str subclass is sent as its text; anything else is not a script, which the worker says.
@@ -168,28 +175,15 @@ class ProcessBackend:
                 calls=calls,
                 limits=limits,
                 limit_name="wall_time_s",
+                cancel_grace_s=limits.grace_s + 1.0,
             )
-        )
-        cancelled = False
-        try:
-            reply, blob = await asyncio.shield(request)
-        except asyncio.CancelledError:
-            if request.done() or worker is None:
+        except WorkerLost:
+            if worker is None or not worker.caller_cancelled:
                 raise
-            # Our caller was cancelled: ask the worker to stop the script where it is (its namespace is kept) and
-            # wait for the run's reply for the grace period; a worker that does not answer is killed (lost).
-            cancelled = True
-            with contextlib.suppress(_Died, OSError):
-                await worker.send_control({"op": "cancel"})
-            if worker.pid is not None and not worker.dead:
-                with contextlib.suppress(OSError):  # it is mid-run, so alive: the pid is still its own
-                    os.kill(worker.pid, signal.SIGUSR1)
-            try:
-                reply, blob = await asyncio.wait_for(request, limits.grace_s + 1.0)
-            except (TimeoutError, WorkerLost):
-                # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
-                await self.discard()
-                raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
+            # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
+            await self.discard()
+            raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
+        cancelled = worker is not None and worker.caller_cancelled
         cpu_after = stat.cpu_seconds() if stat is not None else None
         cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
         peak = stat.peak_rss() if stat is not None else None
