@@ -62,6 +62,8 @@ class ProcessBackend:
         self._limits = limits
         self.mounts = dict(mounts or {})
         self.worker: WorkerProcess | None = None
+        # The worker's CPU seconds read after the last run, with that worker and its request count then.
+        self._cpu_mark: tuple[WorkerProcess, int, float] | None = None
 
     async def start(self) -> None:
         """Acquire the session's worker."""
@@ -156,7 +158,11 @@ class ProcessBackend:
             await self.start()
         worker = self.worker
         stat = worker.stat if worker is not None else None
-        cpu_before = stat.cpu_seconds() if stat is not None else None
+        mark = self._cpu_mark
+        if mark is not None and worker is mark[0] and worker.requests == mark[1]:
+            cpu_before: float | None = mark[2]  # no request since the last run's reading: the same number again
+        else:
+            cpu_before = stat.cpu_seconds() if stat is not None else None
         # The request runs in this task. A cancellation of it stops the script (its namespace is kept) and the run's
         # reply is awaited for the grace period (see `_hostchannel`); a worker that does not answer is killed (lost).
         try:
@@ -185,6 +191,7 @@ class ProcessBackend:
             raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
         cancelled = worker is not None and worker.caller_cancelled
         cpu_after = stat.cpu_seconds() if stat is not None else None
+        self._cpu_mark = (worker, worker.requests, cpu_after) if worker is not None and cpu_after is not None else None
         cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
         peak = stat.peak_rss() if stat is not None else None
         try:

@@ -107,6 +107,8 @@ class WorkerProcess(ChannelIO):
         self.pid: int | None = None
         self.sandbox: dict[str, str] = {}
         self.checkouts = 0
+        # Requests sent so far (a run's CPU reading may serve as the next one's start when none came between).
+        self.requests = 0
         # The (policy, limits) this worker was set up for ahead of a checkout (see `WorkerPool`), if any.
         self.settled: tuple[Policy, Limits] | None = None
         super().__init__()
@@ -300,6 +302,7 @@ class WorkerProcess(ChannelIO):
             _Died: The worker died, overran ``timeout_s`` or broke the protocol (it is killed then).
         """
         op = message.get("op")
+        self.requests += 1
         limits = self.limits if limits is None else limits
         budget = reply_budget(str(op), limits, self.max_blob_bytes)
         counter = CallBudget(limits.max_host_calls) if op == "run" else None
