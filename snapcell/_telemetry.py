@@ -79,12 +79,16 @@ def _trace_api() -> Any:
 
 
 def _tracer() -> Any:
-    """The snapcell tracer, or None when opentelemetry is not installed."""
+    """The snapcell tracer, or None when opentelemetry is not installed or no tracer provider is configured."""
     global _cached
     api = _trace_api()
     if api is None:
         return None
     provider = _provider if _provider is not None else api.get_tracer_provider()
+    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
+        # The API without a provider (none set yet, or the no-op one): every span would be a non-recording one, so
+        # none is started (each costs microseconds on every run). Checked on every call: one may be set later.
+        return None
     if _cached is None or _cached[0] is not provider:
         from snapcell import __version__
 
