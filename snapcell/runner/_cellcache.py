@@ -60,8 +60,10 @@ class CellCache:
         if known is not None:
             self._cells.move_to_end(key)
             register_source(filename, code)
-            cell = dataclasses.replace(known.cell, code=_renamed(known.cell.code, filename), filename=filename)
-            return dataclasses.replace(known, cell=cell)
+            old = known.cell
+            # Built directly: dataclasses.replace costs more than the rest of a cache hit.
+            cell = CompiledCell(_renamed(old.code, filename), old.is_async, old.has_value, old.future_flags, filename)
+            return PreparedCell(cell, known.bindable, known.defines)
         tree = parse_cell(code, filename)
         defines = any(bound_names(node) for node in tree.body)
         self._policy.check(tree, code, filename)
