@@ -17,7 +17,6 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["ChannelIO", "Died"]
@@ -61,21 +60,18 @@ class ChannelIO:
 
     # ------------------------------------------------------------------ cancellation
 
-    @contextlib.contextmanager
-    def serve_run(self, deadline: asyncio.Timeout, grace_s: float | None) -> Iterator[None]:
-        """Within the block, absorb the first cancellation of the current task (see the module's docstring).
+    def serve_run(self, deadline: asyncio.Timeout, grace_s: float | None) -> None:
+        """Until `run_served`, absorb the first cancellation of the current task (see the module's docstring).
 
         ``grace_s`` None: nothing is absorbed (a request other than a run).
         """
         self.caller_cancelled = False
-        if grace_s is None:
-            yield
-            return
-        self._caller, self._deadline, self._grace_s = asyncio.current_task(), deadline, grace_s
-        try:
-            yield
-        finally:
-            self._caller = self._deadline = None
+        if grace_s is not None:
+            self._caller, self._deadline, self._grace_s = asyncio.current_task(), deadline, grace_s
+
+    def run_served(self) -> None:
+        """End what `serve_run` began (plain calls, not a context manager: this runs for every request)."""
+        self._caller = self._deadline = None
 
     def absorb_cancel(self) -> bool:
         """Whether a cancellation that just reached a wait is the run's caller's, and is absorbed (see above)."""

@@ -313,9 +313,12 @@ class WorkerProcess(ChannelIO):
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
         traced: dict[str, Callable[..., Any] | None] = {}
+        # The deadline is entered here rather than through `_deadline` (a generator): this runs for every request.
+        deadline = asyncio.timeout(timeout_s)
         try:
-            async with _deadline(timeout_s, self) as deadline:
-                with self.serve_run(deadline, cancel_grace_s):
+            async with deadline:
+                self.serve_run(deadline, cancel_grace_s)
+                try:
                     await self._send(message, *parts)
                     while True:
                         while len(tasks) >= _MAX_PENDING_CALLS:
@@ -340,6 +343,11 @@ class WorkerProcess(ChannelIO):
                                     await self._send(served)
                             continue
                         return reply, reply_blob
+                finally:
+                    self.run_served()
+        except TimeoutError:
+            await self.kill()
+            raise _Died("timeout") from None
         finally:
             for task in tasks:
                 task.cancel()
