@@ -257,3 +257,26 @@ def test_a_run_cancelled_while_its_script_is_being_sent_leaves_the_channel_whole
             assert after.value == 1 and not after.restarted
 
     process_pool.call(scenario())
+
+
+def test_a_run_cancelled_while_an_async_host_function_is_pending_keeps_its_worker(process_pool: Pool) -> None:
+    started = asyncio.Event()
+
+    async def slow() -> int:
+        started.set()
+        await asyncio.sleep(120)
+        return 1
+
+    async def scenario() -> None:
+        async with process_pool.aio.checkout() as session:
+            task = asyncio.ensure_future(session.run("a = 1\nb = await slow()", external_lookup={"slow": slow}))
+            await asyncio.wait_for(started.wait(), 60)
+            task.cancel()
+            with pytest.raises(RunCancelled) as info:
+                await asyncio.wait_for(task, 60)
+            assert info.value.result.status == "cancelled"
+            assert info.value.result.assigned == ("a",)
+            after = await session.run("a")
+            assert after.value == 1 and not after.restarted  # the same worker, in step with the host
+
+    process_pool.call(scenario())
