@@ -101,11 +101,15 @@ def test_two_conversations_never_share_variables(tool: SyncCodeTool) -> None:
 def test_failed_and_timed_out_turns_still_move_the_head(pool: Pool) -> None:
     from snapcell import Limits
 
-    tool = SyncCodeTool(pool, heads=MemoryHeads(), limits=Limits(wall_time_s=0.3))
+    heads = MemoryHeads()
+    tool = SyncCodeTool(pool, heads=heads)
     tool.run_code("c", "a = 1")
     answer = tool.run_code("c", "b = 2\n1/0")
     assert "ZeroDivisionError" in answer and "line 2" in answer
-    answer = tool.run_code("c", "c = 3\nwhile True:\n    pass")
+    # A short limit only for the turn meant to hit it (a tool over the same heads: the same conversation).
+    answer = SyncCodeTool(pool, heads=heads, limits=Limits(wall_time_s=0.3)).run_code(
+        "c", "c = 3\nwhile True:\n    pass"
+    )
     assert "wall-time" in answer or "stopped" in answer
     assert tool.run_code("c", "a, b, c") == "(1, 2, 3)"
     head = tool.head("c")
