@@ -451,14 +451,23 @@ def test_tool_call_setup_refuses_anything_else(setup: str) -> None:
 
 
 class FailingRenewals(MemoryHeads):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = 0
+
     def renew_lease(self, *args: object, **kwargs: object) -> bool:
+        self.failed += 1
         raise StorageUnavailable("the head store is briefly unreachable")
 
 
 def test_a_failed_lease_renewal_does_not_fail_a_finished_turn(pool: Pool) -> None:
     heads = FailingRenewals()
-    tool = SyncCodeTool(pool, heads=heads, lease_ttl_s=0.06)
-    assert tool.run_code("c", "import time\ntime.sleep(0.2)\nx = 1\nx") == "1"
+    tool = SyncCodeTool(pool, heads=heads, lease_ttl_s=0.06, tools={"failed": lambda: heads.failed})
+    # The turn goes on until two renewals have failed (it awaits, so the renewer runs; a blocking sleep would leave
+    # it no turn of the loop, and the test nothing to show).
+    code = "import asyncio\nwhile failed() < 2:\n    await asyncio.sleep(0.01)\nx = 1\nx"
+    assert tool.run_code("c", code) == "1"
+    assert heads.failed >= 2
     head = heads.get("c")
     assert head is not None and head.checkpoint_id is not None and head.lease_owner is None
 
