@@ -6,7 +6,6 @@ with the expected error AND the namespace has no ``pwned`` AND the canary was ne
 
 from __future__ import annotations
 
-
 import pytest
 
 from snapcell import Limits
