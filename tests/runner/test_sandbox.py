@@ -31,8 +31,6 @@ from snapcell.runner import _seccomp
 from snapcell.runner._sandbox import LAYERS, is_active, parse_required, seccomp_denied_syscalls
 
 _MIB = 1024 * 1024
-# How long a killed process may take to be gone: a hang guard, not a timing bound.
-HANG_GUARD_S = 60.0
 
 PRELUDE = """
 import json, os, sys
@@ -540,7 +538,7 @@ def test_worker_dies_with_its_parent(probe, tmp_path):
         worker_pid = int(next(line for line in lines if line != "ready"))
         middle.kill()
         middle.wait()
-        assert _wait_gone(worker_pid, HANG_GUARD_S), "worker outlived its parent"
+        assert _wait_gone(worker_pid, 5), "worker outlived its parent"
     finally:
         middle.kill()
         middle.wait()
@@ -1000,8 +998,8 @@ def test_a_scratch_tmpfs_left_by_a_killed_host_is_swept_by_the_next_pool():
         scratch = os.path.dirname(workspace)  # the working directory is the workspace, inside the scratch tmpfs
         assert os.path.ismount(scratch)
         host.kill()
-        host.wait(HANG_GUARD_S)
-        assert _wait_gone(pid, HANG_GUARD_S), "the worker outlived its host"
+        host.wait(10)
+        assert _wait_gone(pid, 10), "the worker outlived its host"
         assert os.path.ismount(scratch)  # nobody was left to unmount it
         with snapcell.Pool("memory://", isolation="process", min_warm_workers=0) as pool, pool.checkout() as session:
             assert session.feed_run("1") == 1
