@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from snapcell import (
 )
 
 KEY_A = "session-tests-key-A-0123456789abcdef"
+# A hang guard for what a test waits on, not a timing bound.
+HANG_GUARD_S = 60.0
 KEY_B = "session-tests-key-B-0123456789abcdef"
 
 
@@ -86,25 +87,38 @@ def test_sync_and_async_host_functions(session: Session) -> None:
     assert [c.name for c in result.external_calls] == ["fetch"]
 
 
-def _overlapping(intervals: list[tuple[float, float]]) -> bool:
-    """Whether every recorded (start, end) interval overlaps every other: all were running at one moment."""
-    return max(start for start, _ in intervals) < min(end for _, end in intervals)
+class AllAtOnce:
+    """An async host function whose calls each wait until ``count`` of them are in flight, then return ``x * factor``.
+
+    Concurrency is counted, not timed: calls made one after another never finish (the run's wall limit, or the hang
+    guard, fails them), and ``peak`` says how many were in flight at once.
+    """
+
+    def __init__(self, count: int, factor: int = 1) -> None:
+        self.count = count
+        self.factor = factor
+        self.in_flight = self.peak = 0
+        self.everyone = asyncio.Event()
+
+    async def call(self, x: int) -> int:  # a method, not __call__: the host tells async functions by their def
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        if self.in_flight == self.count:
+            self.everyone.set()
+        try:
+            await asyncio.wait_for(self.everyone.wait(), HANG_GUARD_S)
+        finally:
+            self.in_flight -= 1
+        return x * self.factor
 
 
 def test_gather_runs_async_host_functions_concurrently(session: Session) -> None:
-    intervals: list[tuple[float, float]] = []
-
-    async def slow(x: int) -> int:
-        start = time.monotonic()
-        await asyncio.sleep(0.2)
-        intervals.append((start, time.monotonic()))
-        return x
-
+    slow = AllAtOnce(3)
     value = session.feed_run(
-        "import asyncio\nawait asyncio.gather(*[slow(i) for i in range(3)])", external_lookup={"slow": slow}
+        "import asyncio\nawait asyncio.gather(*[slow(i) for i in range(3)])", external_lookup={"slow": slow.call}
     )
     assert value == [0, 1, 2]
-    assert len(intervals) == 3 and _overlapping(intervals), f"the calls did not run concurrently: {intervals}"
+    assert slow.peak == 3, "the calls did not run concurrently"
 
 
 def test_host_functions_are_rebound_by_name_after_load(pool: Pool) -> None:
@@ -282,13 +296,7 @@ def test_checked_in_session_is_an_error(pool: Pool) -> None:
 
 
 def test_async_pool_basic_flow() -> None:
-    intervals: list[tuple[float, float]] = []
-
-    async def slow(x: int) -> int:
-        start = time.monotonic()
-        await asyncio.sleep(0.2)
-        intervals.append((start, time.monotonic()))
-        return x * 2
+    slow = AllAtOnce(3, factor=2)
 
     async def scenario() -> tuple[Any, ...]:
         async with AsyncPool("memory://", signing_keys=[KEY_A], isolation="inline") as pool:
@@ -298,7 +306,8 @@ def test_async_pool_basic_flow() -> None:
             async with pool.checkout() as session:
                 await session.load_session(checkpoint_id)
                 gathered = await session.feed_run(
-                    "import asyncio\nawait asyncio.gather(*[slow(x) for x in data])", external_lookup={"slow": slow}
+                    "import asyncio\nawait asyncio.gather(*[slow(x) for x in data])",
+                    external_lookup={"slow": slow.call},
                 )
                 result = await session.run("missing_name")
                 with pytest.raises(ScriptError):
@@ -307,7 +316,7 @@ def test_async_pool_basic_flow() -> None:
 
     first, gathered, error = asyncio.run(scenario())
     assert first == 3 and gathered == [2, 4, 6] and error == "NameError"
-    assert len(intervals) == 3 and _overlapping(intervals)  # the gathered calls ran concurrently
+    assert slow.peak == 3  # the gathered calls ran concurrently
 
 
 def test_async_session_refuses_overlapping_requests() -> None:
