@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import stat
 import subprocess
@@ -25,6 +26,7 @@ from snapcell import (
     Session,
     SessionError,
 )
+from snapcell._callables import is_async_callable
 
 KEY_A = "session-tests-key-A-0123456789abcdef"
 # A hang guard for what a test waits on, not a timing bound.
@@ -119,6 +121,37 @@ def test_gather_runs_async_host_functions_concurrently(session: Session) -> None
     )
     assert value == [0, 1, 2]
     assert slow.peak == 3, "the calls did not run concurrently"
+
+
+class AllAtOnceCallable(AllAtOnce):
+    """`AllAtOnce` offered as an object whose class defines ``async def __call__``."""
+
+    async def __call__(self, x: int) -> int:
+        return await self.call(x)
+
+
+def test_gather_runs_async_callable_objects_concurrently(session: Session) -> None:
+    # Told apart by the class's __call__: before, the host took such an object for a sync function (its calls ran
+    # one after another in process mode) and said "def slow(...)" in the tool text.
+    slow = AllAtOnceCallable(3)
+    value = session.feed_run(
+        "import asyncio\nawait asyncio.gather(*[slow(i) for i in range(3)])", external_lookup={"slow": slow}
+    )
+    assert value == [0, 1, 2]
+    assert slow.peak == 3, "the calls did not run concurrently"
+
+
+def test_is_async_callable() -> None:
+    async def coro(x: int) -> int:
+        return x
+
+    class SyncCall:
+        def __call__(self) -> None:
+            pass
+
+    assert is_async_callable(coro) and is_async_callable(functools.partial(coro, 1))
+    assert is_async_callable(AllAtOnceCallable(1)) and is_async_callable(AllAtOnce(1).call)
+    assert not any(map(is_async_callable, [len, lambda: 1, SyncCall(), AllAtOnceCallable, AllAtOnce]))
 
 
 def test_host_functions_are_rebound_by_name_after_load(pool: Pool) -> None:
