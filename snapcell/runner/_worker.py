@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import decimal
 import functools
 import os
 import signal
@@ -285,6 +284,8 @@ class Worker:
     def recycle(self) -> None:
         """Forget the session: a new namespace, an empty scratch directory, the default decimal context."""
         self.runner = self.new_runner()
+        import decimal  # not imported before a session needs it
+
         decimal.setcontext(decimal.Context())
         if self.workspace is not None:
             self.workspace.clear()

@@ -16,11 +16,12 @@ socket:
   fork: its own uid (derived by the host from the child's pid), Landlock, a seccomp filter naming the
   child's pid, rlimits, pdeathsig on the zygote. The zygote closes both descriptors.
 - host -> zygote: ``P``, once: import the heavy modules now, between fork requests.
-- zygote -> host: ``{"op": "ready", "preload": [...], ...}`` first; ``{"op": "preloaded", "preloaded": [...],
-  "threads": T}`` when the heavy modules are in; ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}``
-  per fork, in order; ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped
-  (the zygote is the parent: only it can wait for its children; in its loop, or from its SIGCHLD handler
-  during a preload step); ``{"op": "fork_failed", "error": ...}``.
+- zygote -> host: ``{"op": "ready", "preload": [...], "modules": N, ...}`` first (N: the modules it has imported);
+  ``{"op": "preloaded", "preloaded": [...], "threads": T}`` when the heavy modules are in;
+  ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}`` per fork, in order;
+  ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped (the zygote is the parent: only
+  it can wait for its children; in its loop, or from its SIGCHLD handler during a preload step);
+  ``{"op": "fork_failed", "error": ...}``.
 
 The zygote carries pdeathsig on the host; each child carries pdeathsig on the zygote. The host's death
 kills the zygote and with it every child; a zygote's death (only an outside kill or the OOM killer could
@@ -48,7 +49,7 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["THREAD_ENV", "main", "preload_modules", "reseed"]
+__all__ = ["THREAD_ENV", "import_worker", "main", "preload_modules", "reseed"]
 
 # Thread pools of numerical libraries are started at import: with one thread each, nothing runs in the
 # zygote but its main thread, and a fork copies no lock held by another thread.
@@ -307,6 +308,17 @@ def _build_views(preloaded: list[str]) -> None:
             default.view(name)
 
 
+def import_worker() -> None:
+    """Import what a first fork needs, and nothing more: the worker (what a first run needs), its import paths.
+
+    Everything else (`DEFERRED_MODULES`, the heavy modules, what a run imports on its first use of a module) is
+    imported later, by the second stage or a child: each module here delays every pool's first result.
+    """
+    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
+
+    _privileges.warm_import_paths()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a zygote process: ``CTRL_FD HOST_PID [MODULE,...]``.
 
@@ -321,15 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     modules = [name for name in (argv[2].split(",") if len(argv) > 2 else ()) if name in HEAVY_MODULES]
     preloader = _Preloader(modules)
     gc.disable()  # the imports make only objects that live on: collecting them now would only delay "ready"
-    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
-
-    _privileges.warm_import_paths()
+    import_worker()
     gc.freeze()  # no collection yet (it would delay the first fork): the second stage collects, then freezes again
     gc.enable()  # before any fork: a child collects its own garbage
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    _send(ctrl, {"op": "ready", "pid": os.getpid(), "preload": modules, "preloaded": [], "threads": _threads()})
+    hello = {"op": "ready", "pid": os.getpid(), "preload": modules, "preloaded": [], "threads": _threads()}
+    _send(ctrl, {**hello, "modules": len(sys.modules)})
     while True:
         # A waiting fork request goes before the next preload step; with no step left, wait for one.
         ready, _, _ = select.select([ctrl.fileno(), wake_r], [], [], 0 if preloader.pending else None)

@@ -84,6 +84,8 @@ class Zygote:
         # The heavy modules it imports after "ready" (those installed), and those it has imported so far.
         self.preloading: list[str] = []
         self.preloaded: list[str] = []
+        # How many modules it had imported when it said ready (``sys.modules``; what every pool's first fork waits for).
+        self.modules_at_ready = 0
         self._preload_requested = False
         self._ctrl: socket.socket | None = None
         self._stderr: IO[bytes] | None = None
@@ -152,6 +154,8 @@ class Zygote:
             raise ZygoteError(f"the zygote did not come up clean: {str(ready)[:300]}{self._stderr_tail()}")
         self.preloading = [str(m) for m in ready.get("preload", [])]
         self.preloaded = [str(m) for m in ready.get("preloaded", [])]
+        modules = ready.get("modules")
+        self.modules_at_ready = modules if type(modules) is int else 0
         self._reader = asyncio.ensure_future(self._read())
 
     def _stderr_tail(self) -> str:

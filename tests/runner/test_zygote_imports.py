@@ -1,0 +1,102 @@
+"""What a zygote imports before it says ready: each module there delays every new pool's first result (issue 16).
+
+The modules a first run does not need come later: in the zygote's second stage (for later children), or in a
+child when its script first needs them. A first child must still carry values of those modules both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+import json
+import subprocess
+import sys
+from typing import Any
+
+from snapcell import AsyncPool, Policy
+from snapcell.runner._zygotehost import Zygote
+
+# Measured with CPython 3.11: 149 modules at ready (163 before the cuts of issue 16). A new module-level import on
+# the worker's path shows up here; re-measure when CI moves to another Python.
+MAX_MODULES_AT_READY = 152
+# Never before ready: the heavy modules, the checkpoint code, and what a first run of "1+1" does not use.
+NOT_BEFORE_READY = (
+    "asyncio",
+    "numpy",
+    "pandas",
+    "pydantic",
+    "cloudpickle",
+    "dill",
+    "zstandard",
+    "snapcell.checkpoint",
+    "snapcell.storage",
+    "snapcell.pool",
+    "snapcell.session",
+    "snapcell.runner._sandbox",
+    "logging",
+    "traceback",
+    "pickle",
+    "decimal",
+    "datetime",
+    "base64",
+    "tempfile",
+    "sysconfig",
+)
+
+
+def test_a_zygote_says_ready_with_a_bounded_number_of_modules() -> None:
+    async def main() -> int:
+        zygote = Zygote((), cwd="/", env={})
+        await zygote.start()
+        try:
+            return zygote.modules_at_ready
+        finally:
+            await zygote.close()
+
+    modules = asyncio.run(main())
+    assert 0 < modules <= MAX_MODULES_AT_READY, f"the zygote imported {modules} modules before ready"
+
+
+def test_the_zygote_imports_no_heavy_or_later_module_before_ready() -> None:
+    # What the zygote runs before it says ready (`import_worker`), in a fresh interpreter started as a zygote is.
+    probe = (
+        "import json, sys\n"
+        "from snapcell.runner import _zygote\n"
+        "_zygote.import_worker()\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, env={})
+    loaded = set(json.loads(out.stdout))
+    assert "snapcell.runner._worker" in loaded  # the probe did import the worker
+    early = sorted(m for m in loaded if any(m == name or m.startswith(name + ".") for name in NOT_BEFORE_READY))
+    assert early == []
+
+
+def echo(*values: Any) -> list[Any]:
+    return list(values)
+
+
+def test_a_first_child_carries_dates_decimals_and_bytes_it_imports_on_demand() -> None:
+    script = (
+        "import sys\n"
+        "had = [m for m in ('datetime', 'decimal') if m in sys.modules]\n"
+        "import datetime, decimal\n"
+        "when = datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=2)))\n"
+        "values = (when, datetime.date(2024, 1, 2), datetime.timedelta(days=3), decimal.Decimal('1.25'))\n"
+        "values += (b'\\x00\\xff',)\n"
+        "[had, values, echo(*values)]"
+    )
+
+    async def main() -> Any:
+        # Unrestricted, to look at sys.modules; the zygote's first fork: before its second stage imports anything.
+        async with AsyncPool("memory://", policy=Policy.unrestricted(), min_warm_workers=0) as pool:
+            async with pool.checkout() as session:
+                return await session.feed_run(script, external_lookup={"echo": echo})
+
+    had, values, echoed = asyncio.run(main())
+    when = datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=2)))
+    expected = (when, datetime.date(2024, 1, 2), datetime.timedelta(days=3), decimal.Decimal("1.25"), b"\x00\xff")
+    assert had == []  # none imported before the script: the values below were recognised on demand
+    assert values == expected
+    assert echoed == list(expected)  # to the host function (arguments) and back (its reply)
