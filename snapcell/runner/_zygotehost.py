@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from typing import IO, Any
 
 from snapcell.runner._zygote import THREAD_ENV
@@ -112,8 +113,11 @@ class Zygote:
             return ", ".join(self.preloading) + " (importing)"
         return ", ".join(self.preloaded) or "nothing"
 
-    async def start(self) -> None:
+    async def start(self, *, meanwhile: Callable[[], None] | None = None) -> None:
         """Spawn the zygote and wait until it has imported the worker (the heavy modules follow its first fork).
+
+        Args:
+            meanwhile: Host-side work to do while the zygote starts (on another core: this process only waits then).
 
         Raises:
             ZygoteError: It could not start, or did not come up clean (single-threaded).
@@ -141,6 +145,12 @@ class Zygote:
         self.pid = self.process.pid
         host.setblocking(False)
         self._ctrl = host
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                await self.close()
+                raise
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(_STARTUP_TIMEOUT_S):
