@@ -12,7 +12,6 @@ import contextvars
 import functools
 import os
 import signal
-import socket
 import sys
 from collections.abc import Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -58,6 +57,7 @@ from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepa
 
 if TYPE_CHECKING:
     import asyncio  # imported by the first run that needs the event loop (`Worker.loop`), not before
+    from _socket import socket  # the C type: a zygote's child gets one without importing the socket module
 
 __all__ = ["main"]
 
@@ -517,6 +517,8 @@ def _warm_up() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a spawned worker process: ``FD [HOST_PID]``."""
     argv = sys.argv[1:] if argv is None else argv
+    import socket  # a spawned worker's (a zygote's child gets its socket from `_zygote`)
+
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
     _warm_up()
@@ -524,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve_session(sock, parent_pid=parent_pid)
 
 
-def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
+def serve_session(sock: socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
     """Serve one session on ``sock``: say "started", take the settings, apply the sandbox, answer requests.
 
     A spawned worker calls it after its imports; a child forked from a zygote (`_zygote`) calls it right after the

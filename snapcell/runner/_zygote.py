@@ -36,6 +36,8 @@ and `secrets`, `os.urandom` and `uuid` read the OS anyway.
 
 from __future__ import annotations
 
+import _socket
+import array
 import contextlib
 import ctypes
 import gc
@@ -45,7 +47,6 @@ import os
 import resource
 import select
 import signal
-import socket
 import sys
 from typing import Any
 
@@ -100,8 +101,18 @@ def reseed() -> None:
         numpy.random.seed()  # the legacy global RandomState; Generators made later seed from the OS
 
 
-def _send(ctrl: socket.socket, message: dict[str, Any]) -> None:
+def _send(ctrl: _socket.socket, message: dict[str, Any]) -> None:
     ctrl.send(json.dumps(message).encode())
+
+
+def _recv_fds(ctrl: _socket.socket, size: int, max_fds: int) -> tuple[bytes, list[int]]:
+    """``socket.recv_fds`` on the C socket type (the socket module's enums cost a zygote ~5% of its start-up)."""
+    fds = array.array("i")
+    data, ancillary, _flags, _addr = ctrl.recvmsg(size, _socket.CMSG_LEN(max_fds * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds)
 
 
 def _arm_pdeathsig(host_pid: int) -> None:
@@ -111,7 +122,7 @@ def _arm_pdeathsig(host_pid: int) -> None:
         os._exit(1)
 
 
-def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pid: int, host_pid: int) -> None:
+def _child(ctrl: _socket.socket, wake: tuple[int, int], fds: list[int], zygote_pid: int, host_pid: int) -> None:
     """In the forked child: drop the zygote's descriptors and handlers, reseed, serve one session; never returns."""
     code = 70
     try:
@@ -127,7 +138,7 @@ def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pi
         reseed()
         from snapcell.runner._worker import serve_session
 
-        sock = socket.socket(fileno=channel_fd)
+        sock = _socket.socket(fileno=channel_fd)
         sock.setblocking(True)
         code = serve_session(sock, parent_pid=zygote_pid, host_pid=host_pid)
     except BaseException:  # the child must never fall back into the zygote's loop
@@ -142,7 +153,7 @@ def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pi
         os._exit(code)
 
 
-def _fork(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], host_pid: int, preloaded: list[str]) -> None:
+def _fork(ctrl: _socket.socket, wake: tuple[int, int], fds: list[int], host_pid: int, preloaded: list[str]) -> None:
     zygote_pid = os.getpid()
     threads = _threads()
     pid = -1
@@ -180,7 +191,7 @@ def _high_water_rss() -> int:
 _reaping = False
 
 
-def _reap(ctrl: socket.socket) -> None:
+def _reap(ctrl: _socket.socket) -> None:
     """Report every child that has exited, after killing its process group (held by the zombie until reaped).
 
     Also run from the SIGCHLD handler during a preload step; a call nested in another (a signal during a reap)
@@ -232,7 +243,7 @@ class _Preloader:
             self.started = True
             self._steps = [_DEFERRED_STEP, *self.modules, ""]
 
-    def step(self, ctrl: socket.socket) -> None:
+    def step(self, ctrl: _socket.socket) -> None:
         """Run the next step; after the last, tell the host what was preloaded and how many threads run.
 
         A step that fails is skipped (its module is not preloaded; a child imports it, or meets its error, on demand)
@@ -246,7 +257,7 @@ class _Preloader:
         finally:
             signal.signal(signal.SIGCHLD, previous)
 
-    def _step(self, ctrl: socket.socket) -> None:
+    def _step(self, ctrl: _socket.socket) -> None:
         name = self._steps.pop(0)
         try:
             if name == _DEFERRED_STEP:
@@ -326,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     modules and the full warm-up follow when the host sends ``P`` (see `_Preloader`).
     """
     argv = sys.argv[1:] if argv is None else argv
-    ctrl = socket.socket(fileno=int(argv[0]))
+    ctrl = _socket.socket(fileno=int(argv[0]))
     ctrl.setblocking(True)
     host_pid = int(argv[1])
     _arm_pdeathsig(host_pid)
@@ -354,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             _reap(ctrl)
         if ctrl.fileno() in ready:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(ctrl, _MAX_CONTROL_BYTES, 2)
+                data, fds = _recv_fds(ctrl, _MAX_CONTROL_BYTES, 2)
             except InterruptedError:
                 continue
             if not data:
