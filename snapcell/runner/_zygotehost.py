@@ -28,6 +28,10 @@ __all__ = ["ForkedChild", "Zygote", "ZygoteError"]
 
 _STARTUP_TIMEOUT_S = 60.0
 _FORK_TIMEOUT_S = 30.0
+# How long after its first fork the zygote is asked for its second stage (`_zygote._Preloader`): by then that fork's
+# session has usually had its first result, which the second stage's imports would otherwise compete with for the
+# CPU (on a busy machine; an idle one runs them on another core). Later children fork between its steps either way.
+_PRELOAD_DELAY_S = 0.05
 _MAX_REPLY_BYTES = 4096
 
 
@@ -88,6 +92,7 @@ class Zygote:
         # How many modules it had imported when it said ready (``sys.modules``; what every pool's first fork waits for).
         self.modules_at_ready = 0
         self._preload_requested = False
+        self._preload_timer: asyncio.TimerHandle | None = None
         self._ctrl: socket.socket | None = None
         self._stderr: IO[bytes] | None = None
         self._forks: deque[asyncio.Future[dict[str, Any]]] = deque()
@@ -245,8 +250,7 @@ class Zygote:
                 # Only after the first fork, which so waits for nothing: the zygote imports the heavy modules
                 # between later fork requests.
                 self._preload_requested = True
-                with contextlib.suppress(OSError):  # a zygote gone meanwhile fails this fork's reply instead
-                    ctrl.send(b"P")
+                self._preload_timer = loop.call_later(_PRELOAD_DELAY_S, self._request_preload)
         try:
             async with asyncio.timeout(_FORK_TIMEOUT_S):
                 reply = await future
@@ -273,8 +277,18 @@ class Zygote:
             raise ZygoteError(f"could not verify the forked worker {pid}: {exc}") from exc
         return child
 
+    def _request_preload(self) -> None:
+        """Ask the zygote for its second stage (once, `_PRELOAD_DELAY_S` after its first fork)."""
+        self._preload_timer = None
+        if self._ctrl is not None:
+            with contextlib.suppress(OSError):  # a zygote gone meanwhile fails the next fork's reply instead
+                self._ctrl.send(b"P")
+
     async def close(self) -> None:
         """Kill the zygote (its children die with it) and close its channel; safe to call twice."""
+        if self._preload_timer is not None:
+            self._preload_timer.cancel()
+            self._preload_timer = None
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from snapcell import AsyncPool, Policy
 from snapcell.runner._zygote import _recv_fds
 from snapcell.runner._zygotehost import Zygote
@@ -129,3 +131,35 @@ def test_the_zygote_receives_descriptors_as_socket_recv_fds_does() -> None:
         os.close(w)
         host.close()
         zygote.close()
+
+
+def test_the_second_stage_is_asked_for_only_after_the_first_forks_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    from snapcell.runner import _workerpool, _zygotehost
+
+    requests: list[int] = []  # the zygotes whose second stage was asked for
+    real = _zygotehost.Zygote._request_preload
+
+    def request(self: _zygotehost.Zygote) -> None:
+        requests.append(self.pid)
+        real(self)
+
+    monkeypatch.setattr(_zygotehost.Zygote, "_request_preload", request)
+
+    async def first_result(wait_for_request: bool) -> tuple[Any, bool]:
+        async with AsyncPool("memory://", policy=Policy.unrestricted(), min_warm_workers=0) as pool:
+            async with pool.checkout() as session:
+                value = await session.feed_run("1 + 1")
+            (shared,) = _workerpool._SHARED[asyncio.get_running_loop()].values()
+            assert shared.zygote is not None
+            pending = shared.zygote._preload_timer is not None
+            deadline = asyncio.get_running_loop().time() + 60
+            while wait_for_request and not requests and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            return value, pending
+
+    monkeypatch.setattr(_zygotehost, "_PRELOAD_DELAY_S", 3600.0)
+    assert asyncio.run(first_result(False)) == (2, True)
+    assert requests == []  # the first session had its first result with no second stage asked for beside it
+    monkeypatch.setattr(_zygotehost, "_PRELOAD_DELAY_S", 0.0)
+    assert asyncio.run(first_result(True))[0] == 2
+    assert len(requests) == 1  # asked for by the timer the first fork set, once
