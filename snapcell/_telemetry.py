@@ -33,6 +33,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from snapcell._callables import is_async_callable
 from snapcell.errors import CheckpointError, TimeLimitExceeded, WorkerLost
 
 __all__ = [
@@ -371,7 +372,7 @@ def trace_host_function(name: str, func: F) -> F:
         return func
     attributes: Attributes = {"snapcell.function": name}
 
-    if inspect.iscoroutinefunction(func):
+    if is_async_callable(func):
 
         @functools.wraps(func)
         async def call_async(*args: Any, **kwargs: Any) -> Any:

@@ -11,12 +11,12 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import inspect
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from snapcell._callables import is_async_callable
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
 from snapcell.errors import RunCancelled, ScriptError, SessionError, TimeLimitExceeded, WorkerLost
 from snapcell.runner._budget import (
@@ -144,7 +144,7 @@ class ProcessBackend:
     async def run(
         self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
     ) -> RunResult:
-        host = {name: inspect.iscoroutinefunction(func) for name, func in lookup.items()}
+        host = {name: is_async_callable(func) for name, func in lookup.items()}
         timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
         calls: list[HostCall] = []
         if self.worker is None:

@@ -6,7 +6,6 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
@@ -47,6 +46,7 @@ from snapcell.runner._interrupt import (
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy, with_file_access
 from snapcell.runner._result import RunResult
+from snapcell.runner._stack import script_recursion_limit
 from snapcell.runner._summary import summarize_namespace
 
 if TYPE_CHECKING:
@@ -233,19 +233,16 @@ class Runner:
         caller_cancelled = False
         with capture_output(limits.max_output_bytes) as (out, err):
             bridge_token = bind_bridge(bridge)
-            old_depth = sys.getrecursionlimit()
-            if limits.max_recursion_depth is not None:
-                sys.setrecursionlimit(max(limits.max_recursion_depth + _stack_depth(), old_depth // 4))
             watchdog = Watchdog(limits.wall_time_s, self.namespace)
             self._watch = watchdog
             try:
-                value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
+                with script_recursion_limit(limits.max_recursion_depth):
+                    value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
             except cancelled_error():
                 caller_cancelled = True  # the awaiting caller was cancelled (inline mode): end the run as cancelled
             finally:
                 self._watch = None
                 watchdog.stop()
-                sys.setrecursionlimit(old_depth)
                 unbind_bridge(bridge_token)
         assigned = assigned_names(before, self.namespace, skip=_NOT_VARIABLES)
         if caller_cancelled or watchdog.cancelled:
@@ -510,14 +507,6 @@ def _locate(error: ScriptError) -> ScriptError:
                 + [f"{error.exc_type}: {error.exc_message}"]
             )
     return error
-
-
-def _stack_depth() -> int:
-    depth, frame = 0, sys._getframe()
-    while frame is not None:
-        depth += 1
-        frame = frame.f_back  # type: ignore[assignment]
-    return depth
 
 
 def _render(value: Any, limit: int | None) -> str:
