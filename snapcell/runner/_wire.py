@@ -72,24 +72,28 @@ def _tag_value(value: Any) -> Any:
     kind = type(value)
     if kind is bytes:
         return {"$b": binascii.b2a_base64(value, newline=False).decode("ascii")}  # base64.b64encode's own call
-    # Imported already when the value is one of their kinds (see `value_kinds`); imported here otherwise, for an
-    # error's sake only: a worker does not import them for messages without such values.
-    import datetime
-    import decimal
+    # The module of a date or Decimal is imported already (see `value_kinds`); a worker imports neither for messages
+    # without such values.
+    module = kind.__module__
+    if module == "datetime":
+        import datetime
 
-    if kind is datetime.datetime:
-        return {"$dt": value.isoformat()}
-    if kind is datetime.date:
-        return {"$d": value.isoformat()}
-    if kind is datetime.time:
-        return {"$tm": value.isoformat()}
-    if kind is datetime.timedelta:
-        return {"$td": [value.days, value.seconds, value.microseconds]}
-    if kind is datetime.timezone:
-        offset, *name = value.__getinitargs__()
-        return {"$tz": [offset.days, offset.seconds, offset.microseconds, name[0] if name else None]}
-    if kind is decimal.Decimal:
-        return {"$dec": str(value)}
+        if kind is datetime.datetime:
+            return {"$dt": value.isoformat()}
+        if kind is datetime.date:
+            return {"$d": value.isoformat()}
+        if kind is datetime.time:
+            return {"$tm": value.isoformat()}
+        if kind is datetime.timedelta:
+            return {"$td": [value.days, value.seconds, value.microseconds]}
+        if kind is datetime.timezone:
+            offset, *name = value.__getinitargs__()
+            return {"$tz": [offset.days, offset.seconds, offset.microseconds, name[0] if name else None]}
+    elif module == "decimal":
+        import decimal
+
+        if kind is decimal.Decimal:
+            return {"$dec": str(value)}
     raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
 
 
