@@ -56,8 +56,8 @@ from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
 from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
 
 if TYPE_CHECKING:
+    import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
     import asyncio  # imported by the first run that needs the event loop (`Worker.loop`), not before
-    from _socket import socket  # the C type: a zygote's child gets one without importing the socket module
 
 __all__ = ["main"]
 
@@ -283,9 +283,9 @@ class Worker:
 
     def recycle(self) -> None:
         """Forget the session: a new namespace, an empty scratch directory, the default decimal context."""
-        self.runner = self.new_runner()
         import decimal  # not imported before a session needs it
 
+        self.runner = self.new_runner()
         decimal.setcontext(decimal.Context())
         if self.workspace is not None:
             self.workspace.clear()
@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve_session(sock, parent_pid=parent_pid)
 
 
-def serve_session(sock: socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
+def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
     """Serve one session on ``sock``: say "started", take the settings, apply the sandbox, answer requests.
 
     A spawned worker calls it after its imports; a child forked from a zygote (`_zygote`) calls it right after the

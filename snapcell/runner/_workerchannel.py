@@ -30,8 +30,8 @@ from snapcell.runner._wire import (
 )
 
 if TYPE_CHECKING:
+    import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
     import asyncio  # a run imports it when it needs the event loop (`_worker.Worker.loop`)
-    from _socket import socket  # the C type: a zygote's child gets one without importing the socket module
 
 __all__ = ["Channel", "WorkerBridge"]
 
@@ -43,7 +43,7 @@ _WAIT_SLICE_S = 0.05
 class Channel:
     """Frames over the socket to the host; sends may come from any thread."""
 
-    def __init__(self, sock: socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self._sock = sock
         self._send_lock = threading.Lock()
         # Frames are read by whichever thread needs one (the main thread between requests and in a run's
