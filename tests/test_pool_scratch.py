@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from snapcell import Pool
+from snapcell import AsyncPool, Pool
 from snapcell.runner._scratch import _process_start, reclaim_scratch_dirs
 
 HOST = """
@@ -140,3 +141,49 @@ def test_a_dead_pids_directory_is_kept_while_its_lock_is_held(temp_dir: Path) ->
         finally:
             os.rename(foreign, root)
     assert not root.exists()
+
+
+def _count_reclaims(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record each reclaim a pool makes: True when a zygote process was starting (spawned, not ready) meanwhile."""
+    from snapcell.runner import _workerpool, _zygotehost
+
+    calls: list[bool] = []
+    starting: list[_zygotehost.Zygote] = []
+    original = _zygotehost.Zygote.start
+
+    async def start(self: _zygotehost.Zygote, **kwargs: object) -> None:
+        starting.append(self)
+        try:
+            await original(self, **kwargs)  # type: ignore[arg-type]
+        finally:
+            starting.remove(self)
+
+    def reclaim() -> list[str]:
+        calls.append(any(z.process is not None and z.process.poll() is None for z in starting))
+        return []
+
+    monkeypatch.setattr(_zygotehost.Zygote, "start", start)
+    monkeypatch.setattr(_workerpool, "reclaim_scratch_dirs", reclaim)
+    return calls
+
+
+def test_a_pool_reclaims_once_while_its_zygote_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_reclaims(monkeypatch)
+    with Pool("memory://", min_warm_workers=0, max_workers=1) as pool:
+        assert calls == []  # not before a worker is needed: then it overlaps the zygote's start-up
+        with pool.checkout() as session:
+            assert session.feed_run("1 + 1") == 2
+        with pool.checkout() as session:
+            assert session.feed_run("2 + 2") == 4
+    assert calls == [True]
+
+
+def test_a_pool_that_never_starts_a_worker_reclaims_when_it_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_reclaims(monkeypatch)
+
+    async def main() -> None:
+        async with AsyncPool("memory://", min_warm_workers=0, max_workers=1):
+            await asyncio.sleep(0)  # its fill task runs, and starts nothing
+
+    asyncio.run(main())
+    assert calls == [False]

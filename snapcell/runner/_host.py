@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -11,12 +10,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from snapcell._callables import is_async_callable
-from snapcell._telemetry import trace_host_function
 from snapcell.errors import ConfigError, OutputLimitExceeded
 
 __all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
-
-log = logging.getLogger("snapcell")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +139,8 @@ class LocalBridge:
         self._budget.admit(name, available=func is not None)
         if func is None:  # admit has raised already; this narrows the type
             raise NameError(name)
+        from snapcell._telemetry import trace_host_function  # host side only: a worker imports this module too
+
         return trace_host_function(name, func)
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -175,6 +173,8 @@ class LocalBridge:
 
 def _log_failure(name: str, exc: Exception) -> None:
     """Give the developer the host function's traceback (the script only sees the exception)."""
+    from snapcell._telemetry import log  # imports logging, which a worker does not need
+
     log.warning("snapcell: the host function %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc)
 
 

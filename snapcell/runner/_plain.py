@@ -6,13 +6,12 @@ timedelta, timezone) and Decimal, nested to a bounded depth and size. `_wire` wr
 
 from __future__ import annotations
 
-import datetime
-import decimal
+import sys
 from typing import Any
 
 from snapcell.runner._budget import MAX_DEPTH, MAX_ITEMS
 
-__all__ = ["DATETIMES", "JSON_SCALARS", "SCALARS", "VALUES", "NotPlainData", "to_plain"]
+__all__ = ["JSON_SCALARS", "SCALARS", "NotPlainData", "to_plain", "value_kinds"]
 
 # Larger ints are not plain data: CPython refuses to print or parse them as decimal text (and that is quadratic).
 _MAX_INT_BITS = 13_000
@@ -20,12 +19,39 @@ _MAX_INT_BITS = 13_000
 
 JSON_SCALARS = frozenset((type(None), bool, int, float, str))
 SCALARS = (type(None), bool, int, float, str, bytes)
-VALUES = (datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone, decimal.Decimal)
-DATETIMES = (datetime.datetime, datetime.time)
+# Once both modules are imported: see `value_kinds`.
+_value_kinds: tuple[type, ...] | None = None
+
+
+def value_kinds() -> tuple[type, ...]:
+    """The plain kinds that are neither scalars nor containers: date, datetime, time, timedelta, timezone, Decimal.
+
+    Only those whose module is imported: a value of one of these kinds comes from its module, so a worker imports
+    neither module for runs that hold no such value (its first run, say).
+    """
+    global _value_kinds
+    if _value_kinds is not None:
+        return _value_kinds
+    dates, numbers = sys.modules.get("datetime"), sys.modules.get("decimal")
+    kinds: tuple[type, ...] = ()
+    if dates is not None:
+        kinds += (dates.date, dates.datetime, dates.time, dates.timedelta, dates.timezone)
+    if numbers is not None:
+        kinds += (numbers.Decimal,)
+    if dates is not None and numbers is not None:
+        _value_kinds = kinds
+    return kinds
 
 
 class NotPlainData(TypeError):
     """A value that cannot cross the boundary as plain data."""
+
+
+def _fixed_offset(tzinfo: object) -> bool:
+    """Whether ``tzinfo`` is a fixed offset (a ``datetime.timezone``), which the wire can carry."""
+    import datetime  # imported already: a date or time holds it
+
+    return type(tzinfo) is datetime.timezone
 
 
 def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> Any:
@@ -36,6 +62,7 @@ def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITE
     ``datetime.timezone`` are not plain data.
     """
     budget = [max_items]
+    values = value_kinds()
 
     def convert(item: Any, depth: int) -> Any:
         budget[0] -= 1
@@ -46,8 +73,8 @@ def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITE
             if kind is int and item.bit_length() > _MAX_INT_BITS:
                 raise NotPlainData(f"an int of {item.bit_length()} bits is too large to be plain data")
             return item
-        if kind in VALUES:
-            if kind in DATETIMES and item.tzinfo is not None and type(item.tzinfo) is not datetime.timezone:
+        if kind in values:
+            if kind.__name__ in ("datetime", "time") and item.tzinfo is not None and not _fixed_offset(item.tzinfo):
                 raise NotPlainData(
                     f"a {kind.__name__} with a {type(item.tzinfo).__qualname__} tzinfo is not plain data"
                 )

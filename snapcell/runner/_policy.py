@@ -50,7 +50,6 @@ import builtins
 import importlib
 import importlib.util
 import os
-import pickle
 import sys
 import types
 from collections.abc import Callable, Iterable
@@ -284,7 +283,7 @@ class Policy:
 
         def subimport(name: str) -> ModuleView:
             if not self.allows_module(name):
-                raise pickle.UnpicklingError(f"the checkpoint imports module {name!r}, which the policy does not allow")
+                raise _refused(f"the checkpoint imports module {name!r}, which the policy does not allow")
             return self.view(name)
 
         return {
@@ -303,13 +302,13 @@ class Policy:
             owner = module
             for part in name.split("."):
                 if is_dunder(part) or attribute_problem(part) is not None and not part.startswith("_"):
-                    raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
+                    raise _refused(f"the checkpoint refers to {module}.{name}, which is not allowed")
                 if isinstance(target, types.ModuleType) and not part.startswith("_") and name_denied(owner, part):
-                    raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
+                    raise _refused(f"the checkpoint refers to {module}.{name}, which is not allowed")
                 target = getattr(target, part)
                 if isinstance(target, types.ModuleType):
                     if not self.allows_module(target.__name__):
-                        raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed")
+                        raise _refused(f"the checkpoint refers to {module}.{name}, which is not allowed")
                     owner = target.__name__
             if isinstance(target, types.ModuleType):
                 return self.view(target.__name__)
@@ -372,3 +371,10 @@ def _blocked_builtin(name: str, reason: str) -> Callable[..., Any]:
 
     blocked.__name__ = blocked.__qualname__ = name
     return blocked
+
+
+def _refused(message: str) -> Exception:
+    """The loader's error for a global the policy refuses (pickle is imported by then: the loader is running)."""
+    from pickle import UnpicklingError  # a worker's first run does not import pickle
+
+    return UnpicklingError(message)

@@ -7,7 +7,6 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
@@ -499,6 +498,8 @@ def _host_function(name: str) -> HostFunction:
 def _locate(error: ScriptError) -> ScriptError:
     """Give an error raised during the run (a host-call limit, say) the script line it came from."""
     if error.lineno is None:
+        import traceback  # an error's path only: a worker's first run does not import it
+
         frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.startswith("<cell-")]
         if frames:
             error.lineno, error.cell = frames[-1].lineno, frames[-1].filename
@@ -543,6 +544,8 @@ def _shorten(message: str, limit: int = 1000) -> str:
 
 
 def _script_error(exc: BaseException) -> ScriptError:
+    import traceback  # an error's path only: a worker's first run does not import it
+
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell-")]
     message = str(exc) if not isinstance(exc, KeyError) else repr(exc.args[0]) if exc.args else ""
     exc_type = type(exc).__name__

@@ -20,13 +20,13 @@ choose to collide) against a bound on repeats.
 from __future__ import annotations
 
 import collections
-import datetime
-import decimal
 import math
 import re
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from snapcell.runner._plain import value_kinds
 
 __all__ = ["VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
 
@@ -93,7 +93,6 @@ def _script_value(item: Any, text: str | None = None) -> Tagged:
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
-_PLAIN = (datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone, decimal.Decimal)
 _DTYPE = re.compile(
     r"[<>|](?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|[SU]\d{1,6}|[mM]8\[(?:Y|M|W|D|h|m|s|ms|us|ns)\])"
 )
@@ -121,14 +120,19 @@ def to_value(value: Any, *, max_items: int, max_bytes: int | None = None, top_re
         raise OverflowError(f"more than {max_items} items or {max_bytes} bytes") from None
 
 
-def _leaf(item: Any, kind: type) -> Any:
-    """A scalar, date or number as plain data or a tag; `_NOT_LEAF` for anything else."""
+def _leaf(item: Any, kind: type, values: tuple[type, ...]) -> Any:
+    """A scalar, date or number as plain data or a tag; `_NOT_LEAF` for anything else.
+
+    ``values`` is `value_kinds()` (taken once per value: every date or Decimal in it was made before).
+    """
     if kind in _SCALARS:
         if kind is int and item.bit_length() > _MAX_INT_BITS:
             return Tagged(("$sv", ["int", f"<int of {item.bit_length()} bits>"]))
         return item
-    if kind in _PLAIN:
-        if isinstance(item, datetime.datetime | datetime.time) and item.tzinfo is not None:
+    if kind in values:
+        if kind.__name__ in ("datetime", "time") and item.tzinfo is not None:
+            import datetime  # imported already: the value is one of its kinds
+
             if type(item.tzinfo) is not datetime.timezone:
                 offset = item.utcoffset()
                 if kind is not datetime.datetime or offset is None:
@@ -156,6 +160,7 @@ class _Converter:
         self.items = items
         self.nbytes = nbytes
         self.top_repr = top_repr
+        self.values = value_kinds()
 
     def spend(self, items: int = 1, nbytes: int = 0) -> None:
         self.items -= items
@@ -166,7 +171,7 @@ class _Converter:
     def convert(self, item: Any, depth: int) -> Any:
         self.spend()
         kind = type(item)
-        leaf = _leaf(item, kind)
+        leaf = _leaf(item, kind, self.values)
         if leaf is not _NOT_LEAF:
             return leaf
         if depth >= MAX_DEPTH:

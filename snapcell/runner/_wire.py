@@ -12,10 +12,7 @@ hold (the protocol's size limits and each reply's budget) is in `_budget`.
 
 from __future__ import annotations
 
-import base64
 import binascii
-import datetime
-import decimal
 import functools
 import gc
 import itertools
@@ -24,7 +21,7 @@ import json.encoder
 import re
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell import errors
 from snapcell.runner._budget import (
@@ -37,9 +34,11 @@ from snapcell.runner._budget import (
 from snapcell.runner._limits import Limits
 from snapcell.runner._plain import JSON_SCALARS as _JSON_SCALARS
 from snapcell.runner._plain import SCALARS as _SCALARS
-from snapcell.runner._plain import VALUES as _VALUES
-from snapcell.runner._plain import NotPlainData, to_plain
+from snapcell.runner._plain import NotPlainData, to_plain, value_kinds
 from snapcell.runner._values import VALUE_TAGS, Tagged
+
+if TYPE_CHECKING:
+    import datetime
 
 __all__ = [
     "FRAME",
@@ -72,20 +71,29 @@ def _tag_value(value: Any) -> Any:
     """JSON for one non-JSON plain value; the encoder calls it for every type it does not know."""
     kind = type(value)
     if kind is bytes:
-        return {"$b": base64.b64encode(value).decode("ascii")}
-    if kind is datetime.datetime:
-        return {"$dt": value.isoformat()}
-    if kind is datetime.date:
-        return {"$d": value.isoformat()}
-    if kind is datetime.time:
-        return {"$tm": value.isoformat()}
-    if kind is datetime.timedelta:
-        return {"$td": [value.days, value.seconds, value.microseconds]}
-    if kind is datetime.timezone:
-        offset, *name = value.__getinitargs__()
-        return {"$tz": [offset.days, offset.seconds, offset.microseconds, name[0] if name else None]}
-    if kind is decimal.Decimal:
-        return {"$dec": str(value)}
+        return {"$b": binascii.b2a_base64(value, newline=False).decode("ascii")}  # base64.b64encode's own call
+    # The module of a date or Decimal is imported already (see `value_kinds`); a worker imports neither for messages
+    # without such values.
+    module = kind.__module__
+    if module == "datetime":
+        import datetime
+
+        if kind is datetime.datetime:
+            return {"$dt": value.isoformat()}
+        if kind is datetime.date:
+            return {"$d": value.isoformat()}
+        if kind is datetime.time:
+            return {"$tm": value.isoformat()}
+        if kind is datetime.timedelta:
+            return {"$td": [value.days, value.seconds, value.microseconds]}
+        if kind is datetime.timezone:
+            offset, *name = value.__getinitargs__()
+            return {"$tz": [offset.days, offset.seconds, offset.microseconds, name[0] if name else None]}
+    elif module == "decimal":
+        import decimal
+
+        if kind is decimal.Decimal:
+            return {"$dec": str(value)}
     raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
 
 
@@ -151,7 +159,8 @@ def _depth(root: Any, max_depth: int) -> int:
     return depth
 
 
-_PLAIN_KINDS = frozenset((*_SCALARS, *_VALUES, list, tuple, dict, Tagged))
+# And `value_kinds`, whose modules may not be imported yet.
+_PLAIN_KINDS = frozenset((*_SCALARS, list, tuple, dict, Tagged))
 
 
 def _scan(root: Any, max_depth: int) -> tuple[int, set[type], set[type], bool]:
@@ -227,9 +236,12 @@ def encode(message: dict[str, Any]) -> bytes:
         depth, kinds, key_kinds, dollar = _scan(message, MAX_MESSAGE_DEPTH)
         if depth > MAX_MESSAGE_DEPTH:
             raise NotPlainData(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
-        if not kinds <= _PLAIN_KINDS or not key_kinds <= {str}:
-            odd = sorted(k.__qualname__ for k in (kinds - _PLAIN_KINDS) | (key_kinds - {str}))
-            raise NotPlainData(f"the message holds what is not plain data: {', '.join(odd)}")
+        odd = kinds - _PLAIN_KINDS
+        if odd:
+            odd = odd.difference(value_kinds())
+        if odd or not key_kinds <= {str}:
+            names = sorted(k.__qualname__ for k in odd | (key_kinds - {str}))
+            raise NotPlainData(f"the message holds what is not plain data: {', '.join(names)}")
         # The JSON encoder writes a tuple as a list; a copy with tags is made only when a tuple is there.
         tree = _tag_tree(message) if dollar or tuple in kinds or Tagged in kinds else message
     try:
@@ -254,12 +266,43 @@ def _ints(value: Any, count: int) -> list[int]:
 
 
 def _timezone(value: Any) -> datetime.timezone:
+    import datetime  # a worker imports it for the first message that holds a date or time, not before
+
     days, seconds, micros = _ints(value, 3)
     name = value[3] if len(value) == 4 else None
     offset = datetime.timedelta(days, seconds, micros)
     if name is None:
         return datetime.timezone(offset)
     return datetime.timezone(offset, _expect(name, str))
+
+
+def _bytes(value: Any) -> bytes:
+    import base64  # a worker imports it for the first message that holds bytes, not before
+
+    return base64.b64decode(_expect(value, str), validate=True)
+
+
+def _from_iso(name: str) -> Callable[[Any], Any]:
+    """The decoder of a date, datetime or time tag (written with ``isoformat``)."""
+
+    def untag(value: Any) -> Any:
+        import datetime  # a worker imports it for the first message that holds a date or time, not before
+
+        return getattr(datetime, name).fromisoformat(_expect(value, str))
+
+    return untag
+
+
+def _timedelta(value: Any) -> datetime.timedelta:
+    import datetime  # as in `_from_iso`
+
+    return datetime.timedelta(*_ints(value, 3))
+
+
+def _decimal(value: Any) -> Any:
+    import decimal  # a worker imports it for the first message that holds a Decimal, not before
+
+    return decimal.Decimal(_expect(value, str))
 
 
 def _one_key(value: Any) -> dict[str, Any]:
@@ -270,13 +313,13 @@ def _one_key(value: Any) -> dict[str, Any]:
 
 _UNTAG: dict[str, Any] = {
     "$t": lambda v: tuple(_expect(v, list)),
-    "$b": lambda v: base64.b64decode(_expect(v, str), validate=True),
-    "$dt": lambda v: datetime.datetime.fromisoformat(_expect(v, str)),
-    "$d": lambda v: datetime.date.fromisoformat(_expect(v, str)),
-    "$tm": lambda v: datetime.time.fromisoformat(_expect(v, str)),
-    "$td": lambda v: datetime.timedelta(*_ints(v, 3)),
+    "$b": _bytes,
+    "$dt": _from_iso("datetime"),
+    "$d": _from_iso("date"),
+    "$tm": _from_iso("time"),
+    "$td": _timedelta,
     "$tz": _timezone,
-    "$dec": lambda v: decimal.Decimal(_expect(v, str)),
+    "$dec": _decimal,
     "$dict": _one_key,
     **VALUE_TAGS,  # only in a run's value, from snapcell.runner._values.to_value
 }

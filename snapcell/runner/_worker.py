@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import decimal
 import functools
 import os
 import signal
-import socket
 import sys
 from collections.abc import Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -58,6 +56,7 @@ from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
 from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
 
 if TYPE_CHECKING:
+    import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
     import asyncio  # imported by the first run that needs the event loop (`Worker.loop`), not before
 
 __all__ = ["main"]
@@ -284,6 +283,8 @@ class Worker:
 
     def recycle(self) -> None:
         """Forget the session: a new namespace, an empty scratch directory, the default decimal context."""
+        import decimal  # not imported before a session needs it
+
         self.runner = self.new_runner()
         decimal.setcontext(decimal.Context())
         if self.workspace is not None:
@@ -516,6 +517,8 @@ def _warm_up() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a spawned worker process: ``FD [HOST_PID]``."""
     argv = sys.argv[1:] if argv is None else argv
+    import socket  # a spawned worker's (a zygote's child gets its socket from `_zygote`)
+
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
     _warm_up()
@@ -523,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve_session(sock, parent_pid=parent_pid)
 
 
-def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
+def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
     """Serve one session on ``sock``: say "started", take the settings, apply the sandbox, answer requests.
 
     A spawned worker calls it after its imports; a child forked from a zygote (`_zygote`) calls it right after the

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from snapcell.runner._wire import (
 )
 
 if TYPE_CHECKING:
+    import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
     import asyncio  # a run imports it when it needs the event loop (`_worker.Worker.loop`)
 
 __all__ = ["Channel", "WorkerBridge"]
@@ -43,7 +43,7 @@ _WAIT_SLICE_S = 0.05
 class Channel:
     """Frames over the socket to the host; sends may come from any thread."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self._sock = sock
         self._send_lock = threading.Lock()
         # Frames are read by whichever thread needs one (the main thread between requests and in a run's

@@ -3,7 +3,8 @@
 Checkouts are admitted through a fair queue: at most ``max_workers`` at once, the next ones wait in
 FIFO order, at most ``max_queued`` of them, and one more is refused at once with `Overloaded`.
 
-Every new pool first reclaims the scratch directories of hosts that died without closing theirs (see `_scratch`).
+Every new pool reclaims the scratch directories of hosts that died without closing theirs (see `_scratch`): while its
+first zygote starts (the host only waits then), before its first spawned worker, or when it closes, whichever is first.
 
 The pools of one event loop share their zygotes, one per set of preloaded modules (see `_SharedZygote`): a second
 pool's first worker costs a fork, not an interpreter start.
@@ -191,7 +192,7 @@ class WorkerPool:
         self.min_warm = min_warm
         self.max_workers = max_workers
         self.checkout_timeout_s = checkout_timeout_s
-        reclaim_scratch_dirs()
+        self._reclaimed = False
         self.scratch_root, lock_fd = make_scratch_root()
         # A pool that is never closed still removes its directory when it is collected or the interpreter exits.
         self._remove_scratch = weakref.finalize(self, remove_scratch_root, self.scratch_root, lock_fd, os.getpid())
@@ -204,6 +205,12 @@ class WorkerPool:
         self._fill_task: asyncio.Task[None] | None = None
         self._closed = False
         self._warned: set[str] = set()
+
+    def _reclaim(self) -> None:
+        """Reclaim the scratch directories of dead hosts (see `_scratch`), once per pool."""
+        if not self._reclaimed:
+            self._reclaimed = True
+            reclaim_scratch_dirs()
 
     def _live(self) -> int:
         return len(self._warm) + len(self._busy) + self._starting + sum(map(len, self._idle.values()))
@@ -269,6 +276,7 @@ class WorkerPool:
         async with shared.lock:
             zygote = shared.zygote
             if zygote is not None and zygote.alive:
+                self._reclaim()
                 return zygote
             if zygote is not None:
                 log.warning("snapcell: the zygote (pid %s) died; starting a new one", zygote.pid)
@@ -277,7 +285,7 @@ class WorkerPool:
             # Not in any pool's scratch directory: it outlives the pool that started it while others use it.
             zygote = Zygote(preload, cwd="/", env=_ENV)
             try:
-                await zygote.start()
+                await zygote.start(meanwhile=self._reclaim)
             except ZygoteError as exc:
                 log.warning("snapcell: %s; spawning workers instead", exc)
                 return None
@@ -321,6 +329,7 @@ class WorkerPool:
             except BaseException:
                 await asyncio.shield(worker.kill())
                 raise
+        self._reclaim()
         worker = WorkerProcess(self.scratch_root, command=self._worker_command)
         try:
             await worker.start()
@@ -475,4 +484,5 @@ class WorkerPool:
         self._idle.clear()
         await asyncio.gather(*(w.kill() for w in workers), *self._reaping)
         await self._release_zygotes()
+        self._reclaim()  # a pool that never started a worker reclaims too
         self._remove_scratch()

@@ -16,11 +16,12 @@ socket:
   fork: its own uid (derived by the host from the child's pid), Landlock, a seccomp filter naming the
   child's pid, rlimits, pdeathsig on the zygote. The zygote closes both descriptors.
 - host -> zygote: ``P``, once: import the heavy modules now, between fork requests.
-- zygote -> host: ``{"op": "ready", "preload": [...], ...}`` first; ``{"op": "preloaded", "preloaded": [...],
-  "threads": T}`` when the heavy modules are in; ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}``
-  per fork, in order; ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped
-  (the zygote is the parent: only it can wait for its children; in its loop, or from its SIGCHLD handler
-  during a preload step); ``{"op": "fork_failed", "error": ...}``.
+- zygote -> host: ``{"op": "ready", "preload": [...], "modules": N, ...}`` first (N: the modules it has imported);
+  ``{"op": "preloaded", "preloaded": [...], "threads": T}`` when the heavy modules are in;
+  ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}`` per fork, in order;
+  ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped (the zygote is the parent: only
+  it can wait for its children; in its loop, or from its SIGCHLD handler during a preload step);
+  ``{"op": "fork_failed", "error": ...}``.
 
 The zygote carries pdeathsig on the host; each child carries pdeathsig on the zygote. The host's death
 kills the zygote and with it every child; a zygote's death (only an outside kill or the OOM killer could
@@ -35,6 +36,8 @@ and `secrets`, `os.urandom` and `uuid` read the OS anyway.
 
 from __future__ import annotations
 
+import _socket
+import array
 import contextlib
 import ctypes
 import gc
@@ -44,11 +47,10 @@ import os
 import resource
 import select
 import signal
-import socket
 import sys
 from typing import Any
 
-__all__ = ["THREAD_ENV", "main", "preload_modules", "reseed"]
+__all__ = ["THREAD_ENV", "import_worker", "main", "preload_modules", "reseed"]
 
 # Thread pools of numerical libraries are started at import: with one thread each, nothing runs in the
 # zygote but its main thread, and a fork copies no lock held by another thread.
@@ -99,8 +101,18 @@ def reseed() -> None:
         numpy.random.seed()  # the legacy global RandomState; Generators made later seed from the OS
 
 
-def _send(ctrl: socket.socket, message: dict[str, Any]) -> None:
+def _send(ctrl: _socket.socket, message: dict[str, Any]) -> None:
     ctrl.send(json.dumps(message).encode())
+
+
+def _recv_fds(ctrl: _socket.socket, size: int, max_fds: int) -> tuple[bytes, list[int]]:
+    """``socket.recv_fds`` on the C socket type (the socket module's enums cost a zygote ~5% of its start-up)."""
+    fds = array.array("i")
+    data, ancillary, _flags, _addr = ctrl.recvmsg(size, _socket.CMSG_LEN(max_fds * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds)
 
 
 def _arm_pdeathsig(host_pid: int) -> None:
@@ -110,7 +122,7 @@ def _arm_pdeathsig(host_pid: int) -> None:
         os._exit(1)
 
 
-def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pid: int, host_pid: int) -> None:
+def _child(ctrl: _socket.socket, wake: tuple[int, int], fds: list[int], zygote_pid: int, host_pid: int) -> None:
     """In the forked child: drop the zygote's descriptors and handlers, reseed, serve one session; never returns."""
     code = 70
     try:
@@ -126,7 +138,7 @@ def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pi
         reseed()
         from snapcell.runner._worker import serve_session
 
-        sock = socket.socket(fileno=channel_fd)
+        sock = _socket.socket(fileno=channel_fd)
         sock.setblocking(True)
         code = serve_session(sock, parent_pid=zygote_pid, host_pid=host_pid)
     except BaseException:  # the child must never fall back into the zygote's loop
@@ -141,7 +153,7 @@ def _child(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], zygote_pi
         os._exit(code)
 
 
-def _fork(ctrl: socket.socket, wake: tuple[int, int], fds: list[int], host_pid: int, preloaded: list[str]) -> None:
+def _fork(ctrl: _socket.socket, wake: tuple[int, int], fds: list[int], host_pid: int, preloaded: list[str]) -> None:
     zygote_pid = os.getpid()
     threads = _threads()
     pid = -1
@@ -179,7 +191,7 @@ def _high_water_rss() -> int:
 _reaping = False
 
 
-def _reap(ctrl: socket.socket) -> None:
+def _reap(ctrl: _socket.socket) -> None:
     """Report every child that has exited, after killing its process group (held by the zombie until reaped).
 
     Also run from the SIGCHLD handler during a preload step; a call nested in another (a signal during a reap)
@@ -231,7 +243,7 @@ class _Preloader:
             self.started = True
             self._steps = [_DEFERRED_STEP, *self.modules, ""]
 
-    def step(self, ctrl: socket.socket) -> None:
+    def step(self, ctrl: _socket.socket) -> None:
         """Run the next step; after the last, tell the host what was preloaded and how many threads run.
 
         A step that fails is skipped (its module is not preloaded; a child imports it, or meets its error, on demand)
@@ -245,7 +257,7 @@ class _Preloader:
         finally:
             signal.signal(signal.SIGCHLD, previous)
 
-    def _step(self, ctrl: socket.socket) -> None:
+    def _step(self, ctrl: _socket.socket) -> None:
         name = self._steps.pop(0)
         try:
             if name == _DEFERRED_STEP:
@@ -307,6 +319,17 @@ def _build_views(preloaded: list[str]) -> None:
             default.view(name)
 
 
+def import_worker() -> None:
+    """Import what a first fork needs, and nothing more: the worker (what a first run needs), its import paths.
+
+    Everything else (`DEFERRED_MODULES`, the heavy modules, what a run imports on its first use of a module) is
+    imported later, by the second stage or a child: each module here delays every pool's first result.
+    """
+    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
+
+    _privileges.warm_import_paths()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a zygote process: ``CTRL_FD HOST_PID [MODULE,...]``.
 
@@ -314,22 +337,21 @@ def main(argv: list[str] | None = None) -> int:
     modules and the full warm-up follow when the host sends ``P`` (see `_Preloader`).
     """
     argv = sys.argv[1:] if argv is None else argv
-    ctrl = socket.socket(fileno=int(argv[0]))
+    ctrl = _socket.socket(fileno=int(argv[0]))
     ctrl.setblocking(True)
     host_pid = int(argv[1])
     _arm_pdeathsig(host_pid)
     modules = [name for name in (argv[2].split(",") if len(argv) > 2 else ()) if name in HEAVY_MODULES]
     preloader = _Preloader(modules)
     gc.disable()  # the imports make only objects that live on: collecting them now would only delay "ready"
-    from snapcell.runner import _privileges, _worker  # noqa: F401  (imported once, for every child)
-
-    _privileges.warm_import_paths()
+    import_worker()
     gc.freeze()  # no collection yet (it would delay the first fork): the second stage collects, then freezes again
     gc.enable()  # before any fork: a child collects its own garbage
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    _send(ctrl, {"op": "ready", "pid": os.getpid(), "preload": modules, "preloaded": [], "threads": _threads()})
+    hello = {"op": "ready", "pid": os.getpid(), "preload": modules, "preloaded": [], "threads": _threads()}
+    _send(ctrl, {**hello, "modules": len(sys.modules)})
     while True:
         # A waiting fork request goes before the next preload step; with no step left, wait for one.
         ready, _, _ = select.select([ctrl.fileno(), wake_r], [], [], 0 if preloader.pending else None)
@@ -343,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             _reap(ctrl)
         if ctrl.fileno() in ready:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(ctrl, _MAX_CONTROL_BYTES, 2)
+                data, fds = _recv_fds(ctrl, _MAX_CONTROL_BYTES, 2)
             except InterruptedError:
                 continue
             if not data:

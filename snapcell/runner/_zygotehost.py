@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from typing import IO, Any
 
 from snapcell.runner._zygote import THREAD_ENV
@@ -27,6 +28,10 @@ __all__ = ["ForkedChild", "Zygote", "ZygoteError"]
 
 _STARTUP_TIMEOUT_S = 60.0
 _FORK_TIMEOUT_S = 30.0
+# How long after its first fork the zygote is asked for its second stage (`_zygote._Preloader`): by then that fork's
+# session has usually had its first result, which the second stage's imports would otherwise compete with for the
+# CPU (on a busy machine; an idle one runs them on another core). Later children fork between its steps either way.
+_PRELOAD_DELAY_S = 0.05
 _MAX_REPLY_BYTES = 4096
 
 
@@ -84,7 +89,10 @@ class Zygote:
         # The heavy modules it imports after "ready" (those installed), and those it has imported so far.
         self.preloading: list[str] = []
         self.preloaded: list[str] = []
+        # How many modules it had imported when it said ready (``sys.modules``; what every pool's first fork waits for).
+        self.modules_at_ready = 0
         self._preload_requested = False
+        self._preload_timer: asyncio.TimerHandle | None = None
         self._ctrl: socket.socket | None = None
         self._stderr: IO[bytes] | None = None
         self._forks: deque[asyncio.Future[dict[str, Any]]] = deque()
@@ -110,8 +118,11 @@ class Zygote:
             return ", ".join(self.preloading) + " (importing)"
         return ", ".join(self.preloaded) or "nothing"
 
-    async def start(self) -> None:
+    async def start(self, *, meanwhile: Callable[[], None] | None = None) -> None:
         """Spawn the zygote and wait until it has imported the worker (the heavy modules follow its first fork).
+
+        Args:
+            meanwhile: Host-side work to do while the zygote starts (on another core: this process only waits then).
 
         Raises:
             ZygoteError: It could not start, or did not come up clean (single-threaded).
@@ -139,6 +150,12 @@ class Zygote:
         self.pid = self.process.pid
         host.setblocking(False)
         self._ctrl = host
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                await self.close()
+                raise
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(_STARTUP_TIMEOUT_S):
@@ -152,6 +169,8 @@ class Zygote:
             raise ZygoteError(f"the zygote did not come up clean: {str(ready)[:300]}{self._stderr_tail()}")
         self.preloading = [str(m) for m in ready.get("preload", [])]
         self.preloaded = [str(m) for m in ready.get("preloaded", [])]
+        modules = ready.get("modules")
+        self.modules_at_ready = modules if type(modules) is int else 0
         self._reader = asyncio.ensure_future(self._read())
 
     def _stderr_tail(self) -> str:
@@ -231,8 +250,7 @@ class Zygote:
                 # Only after the first fork, which so waits for nothing: the zygote imports the heavy modules
                 # between later fork requests.
                 self._preload_requested = True
-                with contextlib.suppress(OSError):  # a zygote gone meanwhile fails this fork's reply instead
-                    ctrl.send(b"P")
+                self._preload_timer = loop.call_later(_PRELOAD_DELAY_S, self._request_preload)
         try:
             async with asyncio.timeout(_FORK_TIMEOUT_S):
                 reply = await future
@@ -259,8 +277,18 @@ class Zygote:
             raise ZygoteError(f"could not verify the forked worker {pid}: {exc}") from exc
         return child
 
+    def _request_preload(self) -> None:
+        """Ask the zygote for its second stage (once, `_PRELOAD_DELAY_S` after its first fork)."""
+        self._preload_timer = None
+        if self._ctrl is not None:
+            with contextlib.suppress(OSError):  # a zygote gone meanwhile fails the next fork's reply instead
+                self._ctrl.send(b"P")
+
     async def close(self) -> None:
         """Kill the zygote (its children die with it) and close its channel; safe to call twice."""
+        if self._preload_timer is not None:
+            self._preload_timer.cancel()
+            self._preload_timer = None
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()

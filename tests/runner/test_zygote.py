@@ -168,7 +168,7 @@ def test_worker_command_bypasses_the_zygote() -> None:
 def test_a_zygote_that_cannot_start_falls_back_to_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
     from snapcell.runner import _zygotehost
 
-    async def broken(self: _zygotehost.Zygote) -> None:
+    async def broken(self: _zygotehost.Zygote, **_: object) -> None:
         raise _zygotehost.ZygoteError("no zygote here")
 
     monkeypatch.setattr(_zygotehost.Zygote, "start", broken)

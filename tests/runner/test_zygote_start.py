@@ -88,8 +88,8 @@ def _count_starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     starts: list[int] = []
     real = _zygotehost.Zygote.start
 
-    async def counted(self: _zygotehost.Zygote) -> None:
-        await real(self)
+    async def counted(self: _zygotehost.Zygote, **kwargs: Any) -> None:
+        await real(self, **kwargs)
         starts.append(self.pid)
 
     monkeypatch.setattr(_zygotehost.Zygote, "start", counted)
