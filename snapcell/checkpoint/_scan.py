@@ -91,22 +91,47 @@ def _length_prefixed() -> bytes:
     return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
 
 
+def _other_tokens() -> bytes:
+    """The tokens of a flat group (one opcode and its argument each) other than MEMOIZE, MARK and the extends."""
+    sized = _length_prefixed()
+    # A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
+    read = rb"h.(?!\x94)|j....(?!\x94)"
+    return rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
+
+
 @functools.cache
 def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
     every worker pays before its first run, while only a dump or a load scans)."""
-    sized = _length_prefixed()
-    # A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
-    read = rb"h.(?!\x94)|j....(?!\x94)"
-    token = (
-        rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x94|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
-    )
+    token = _other_tokens() + rb"|\x94"
     record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
     flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
     return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
 
 
+@functools.cache
+def _memoize_segments() -> re.Pattern[bytes]:
+    """A pattern whose matches cut a flat group (as `_group_patterns` matched it) after each MEMOIZE.
+
+    Each match is the group's other tokens up to and including one MEMOIZE or, last, the tokens after the last one (a
+    group ends with APPENDS/SETITEMS/ADDITEMS, never with MEMOIZE): a group holds one MEMOIZE fewer than the matches.
+    The tokens are the flat pattern's (each opcode byte starts one token of one length) and each match starts where
+    the last ended, so a ``\x94`` byte inside an argument is never taken for MEMOIZE; the possessive repeats never
+    backtrack into a token. Half the work of listing every token (`_group_patterns`' second pattern).
+    """
+    other = _other_tokens() + rb"|\(|[eu\x90]"
+    return re.compile(rb"(?:" + other + rb")*+\x94|(?:" + other + rb")++", re.DOTALL)
+
+
+def _memoize_count(data: bytes | bytearray | memoryview, start: int, stop: int) -> int:
+    """How many MEMOIZE a flat group (``data[start:stop]``, as `_group_patterns` matched it) holds."""
+    return _memoize_segments().subn(b"", data[start:stop])[1] - 1
+
+
 _MAX_LAZY = 1 << 20
+_MAX_PENDING = 4096
+# GET, BINGET, LONG_BINGET, PUT, BINPUT, LONG_BINPUT: they need the true memo count (`_Scanner._resolve`).
+_MEMO_OPS = frozenset(map(ord, "ghjpqr"))
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
 _CATEGORY = [_C_OTHER] * 256
@@ -173,6 +198,24 @@ class _Scanner:
         self.foreign = bytearray()
         self.calls = _Calls(self.rule)  # which calls the loader may make, and what each gives back
         self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
+        # Flat groups whose MEMOIZEs are not counted yet (`_resolve`): the memo count before each (not counting
+        # earlier pending groups), and where the group is.
+        self.pending: list[tuple[int, int, int]] = []
+
+    def _resolve(self, memo_next: int) -> int:
+        """Count the MEMOIZEs of the pending flat groups; returns the true number of memo entries so far.
+
+        Counting is put off until an index is needed (a memo read outside a group, a memo write of a value the
+        scanner follows, a PUT): a stream of plain data, whose reads are all inside groups, is never counted.
+        """
+        offset = 0
+        for before, start, stop in self.pending:
+            count = _memoize_count(self.data, start, stop)
+            if count:
+                self._add_lazy(before + offset, count, start, stop)
+                offset += count
+        self.pending.clear()
+        return memo_next + offset
 
     def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
         # Indices from `first` on are new: MEMOIZE never reuses one, and PUT is refused in a stream that memoizes.
@@ -275,9 +318,8 @@ class _Scanner:
         op = 0
         number_run = _NUMBER_RUN.match
         number_token = _NUMBER_TOKEN
-        flat_pattern, group_pattern = _group_patterns()
-        flat_group = flat_pattern.match
-        group_tokens = group_pattern.findall
+        flat_group = _group_patterns()[0].match
+        pending = self.pending
         memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
         missing = _MISSING
         try:
@@ -313,6 +355,8 @@ class _Scanner:
                     if self.puts:
                         raise _Refused("", "", _MIXED_MEMO)
                     value = stack[-1]
+                    if value is not opaque and pending:
+                        memo_next = self._resolve(memo_next)  # the index is kept: it must be the loader's
                     # Past the limit only constants are forgotten (a GET of one is opaque, which every check for
                     # a constant refuses); a global or a lookup's result is kept, or a GET would make it opaque.
                     if value is FOREIGN:
@@ -326,6 +370,8 @@ class _Scanner:
                     memo_next += 1
                     pos += 1
                 elif kind == _C_BINGET:
+                    if pending:
+                        memo_next = self._resolve(memo_next)
                     value = memo.get(data[pos + 1], missing)
                     stack.append(self._lazy(data[pos + 1]) if value is missing else value)
                     pos += 2
@@ -343,14 +389,13 @@ class _Scanner:
                         if stack[-1] is not opaque:
                             _check_target(stack[-1], "APPENDS/SETITEMS")
                         stop = group.end()
-                        count = (
-                            group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
-                        )
-                        if count:
-                            if self.puts:
+                        if memo_byte(b"\x94", pos, stop) >= 0:
+                            if self.puts and _memoize_count(data, pos, stop):
                                 raise _Refused("", "", _MIXED_MEMO)
-                            self._add_lazy(memo_next, count, pos, stop)
-                            memo_next += count
+                            # Counted when an index is needed (`_resolve`); a bounded number wait at a time.
+                            pending.append((memo_next, pos, stop))
+                            if len(pending) >= _MAX_PENDING:
+                                memo_next = self._resolve(memo_next)
                         pos = stop
                 elif kind == _C_EMPTY:
                     stack.append(opaque)
@@ -372,6 +417,8 @@ class _Scanner:
                     stack.append(None)
                     pos += 1
                 else:
+                    if pending and code in _MEMO_OPS:
+                        memo_next = self._resolve(memo_next)
                     pos, memo_next = self._slow(code, pos, stack, marks, memo, memo_next)
                     if len(stack) > limit:
                         raise _Refused("", "", "a pickle stack too deep to verify")

@@ -170,3 +170,67 @@ def test_the_globals_and_lookups_kept_in_the_memo_are_bounded() -> None:
     refusal = scan_pickle(_stream(JSON_ENCODER + b"\x94" + copies), RULE)
     assert refusal is not None and "memoized globals" in refusal.reason
     assert scan_pickle(_stream(JSON_ENCODER + b"\x94" + b"h\x00\x940" * 1000), RULE) is None
+
+
+# One token of each kind a flat group holds, each with a 0x94 byte in its argument (which is not MEMOIZE).
+_ARGUMENTS_WITH_0X94 = {
+    "BININT1": b"K\x94",
+    "BININT2": b"M\x94\x00",
+    "BININT": b"J\x00\x94\x00\x00",
+    "BINFLOAT": b"G\x94" + bytes(7),
+    "BINGET": b"h\x94",
+    "LONG_BINGET": b"j\x94\x00\x00\x00",
+    "SHORT_BINUNICODE": _s("a\u0514"),  # U+0514 is d4 94 in UTF-8
+    "SHORT_BINBYTES": b"C\x02\x94\x94",
+    "FRAME": b"\x95\x94" + bytes(7),
+}
+
+
+@pytest.mark.parametrize("token", list(_ARGUMENTS_WITH_0X94.values()), ids=list(_ARGUMENTS_WITH_0X94))
+def test_memo_indices_after_a_group_count_only_its_memoize_opcodes(token: bytes) -> None:
+    """A flat group's MEMOIZEs are counted when a later index needs them: a 0x94 argument byte is not one.
+
+    Memo 0 is the list, the group memoizes 'os' and 'system' (1, 2), then 'json' and 'dumps' are memoized outside
+    any group (3, 4), which makes the scanner count the group. Counted one too many or too few, the scanner's
+    indices part from the loader's: ``GET 3, GET 4`` (json.dumps) is then refused, or worse, a read of 1 and 2
+    (os.system) is taken for another pair.
+    """
+    group = b"(" + token + _s("os") + b"\x94" + _s("system") + b"\x94" + b"e"
+    constants = _s("json") + b"\x94" + _s("dumps") + b"\x94" + b"00"
+    head = b"]\x94" + group + constants
+    assert _scan._group_patterns()[0].match(group) is not None  # the group is taken whole, not opcode by opcode
+    assert scan_pickle(_stream(head + b"h\x03h\x04\x93a"), RULE) is None
+    refusal = scan_pickle(_stream(head + b"h\x01h\x02\x93a"), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_a_constant_memoized_after_groups_gets_the_loaders_index() -> None:
+    """The group count is put off; a string memoized after it must still land where the loader puts it.
+
+    Were the count skipped, 'json' (memo 3) would sit at 1 in the scanner, where the loader has 'os'.
+    """
+    group = b"(" + _s("os") + b"\x94" + _s("system") + b"\x94" + b"e"
+    body = b"]\x94" + group + _s("json") + b"\x940" + b"h\x01" + _s("system") + b"\x93a"
+    refusal = scan_pickle(_stream(body), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_plain_data_streams_are_never_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list of records reads its memo only inside groups: its MEMOIZEs are never counted (the fast path)."""
+    import pickle
+
+    counted: list[int] = []
+    original = _scan._memoize_count
+
+    def counting(data: Any, start: int, stop: int) -> int:
+        counted.append(stop - start)
+        return original(data, start, stop)
+
+    monkeypatch.setattr(_scan, "_memoize_count", counting)
+    rows = [{"id": i, "name": f"n{i}", "v": i * 0.5} for i in range(5000)]
+    assert scan_pickle(pickle.dumps(rows, protocol=5), RULE) is None
+    assert counted == []
+    # A read outside a group after them (a second pickle of the stream reads the first's key) counts them all once.
+    stream = pickle.dumps(rows, protocol=5)[:-1] + b"0h\x01."
+    assert scan_pickle(stream, RULE) is None
+    assert len(counted) == 5
