@@ -234,3 +234,25 @@ def test_plain_data_streams_are_never_counted(monkeypatch: pytest.MonkeyPatch) -
     stream = pickle.dumps(rows, protocol=5)[:-1] + b"0h\x01."
     assert scan_pickle(stream, RULE) is None
     assert len(counted) == 5
+
+
+def test_groups_counted_together_keep_their_own_first_index() -> None:
+    """Three groups wait to be counted at once: each starts where the ones before it end (memo 0 is the list)."""
+    groups = b"(" + _s("a") + b"\x94e" + b"(e" + b"(" + _s("json") + b"\x94" + _s("dumps") + b"\x94e"
+    assert scan_pickle(_stream(b"]\x94" + groups + b"h\x02h\x03\x93a"), RULE) is None
+    os_groups = b"(" + _s("os") + b"\x94e" + b"(" + _s("json") + b"\x94" + _s("system") + b"\x94e"
+    refusal = scan_pickle(_stream(b"]\x94" + os_groups + b"h\x01h\x03\x93a"), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_memo_opcodes_of_the_slow_path_count_the_groups_first() -> None:
+    """LONG_BINGET and GET read into a group; a PUT after a group that memoized is two numberings at once.
+
+    The list here is not memoized, so the group's MEMOIZEs are the stream's first: uncounted, a PUT would pass.
+    """
+    group = b"(" + _s("json") + b"\x94" + _s("dumps") + b"\x94e"
+    reads = [b"j\x00\x00\x00\x00j\x01\x00\x00\x00", b"g0\ng1\n"]
+    for read in reads:
+        assert scan_pickle(_stream(b"]" + group + read + b"\x93a"), RULE) is None
+    refusal = scan_pickle(_stream(b"]" + group + _s("os") + b"q\x000"), RULE)
+    assert refusal is not None and "both ways" in refusal.reason
