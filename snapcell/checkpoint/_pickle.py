@@ -51,7 +51,7 @@ from snapcell.checkpoint._frames import (
     shared_ids,
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
-from snapcell.checkpoint._scan import scan_pickle
+from snapcell.checkpoint._scan import scan_pickle, scan_pickle_data
 from snapcell.checkpoint._stdvalues import std_reducers
 from snapcell.errors import UnpicklableValue
 
@@ -188,12 +188,8 @@ def _pickle_part(obj: object, namespace: dict[str, Any]) -> Part:
 
     pickler = _NamespacePickler(out, namespace, keep_out_of_band)
     pickler.dump(obj)
-    ids, keep = shared_ids(pickler.memo.copy(), namespace, _is_token)
+    ids, keep = shared_ids(pickler.memo.copy(), namespace, _NAMESPACE_TOKEN)
     return Part(out.getvalue(), buffers, ids, keep)
-
-
-def _is_token(obj: object) -> bool:
-    return obj is _NAMESPACE_TOKEN
 
 
 def _part_bytes(part: Part) -> int:
@@ -326,24 +322,25 @@ class _Builder:
             return None
         if self.rule is not None:
             for part in parts:
-                refusal = self.scan(part.data, self.rule)
+                refusal, part.plain = self.scan(part.data, self.rule)
                 if refusal is not None:
                     self.failed[name] = _RefusedGlobal(refusal)
                     return None
         self.sizes[name] = sum(_part_bytes(part) for part in parts)
         return Frame([name], layout, parts)
 
-    def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> Refusal | None:
-        """`scan_pickle`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per bytes)."""
+    def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> tuple[Refusal | None, bool]:
+        """`scan_pickle_data`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per
+        bytes); then whether they are plain data is not known (False)."""
         digest = hash_buffer(data) if self.scanned is not None else None
         if digest is not None and self.scanned is not None and digest in self.scanned:
-            return None
-        refusal = scan_pickle(data, rule)
+            return None, False
+        refusal, plain = scan_pickle_data(data, rule)
         if refusal is None and digest is not None and self.scanned is not None:
             if len(self.scanned) > _MAX_RESTORED:
                 self.scanned.clear()
             self.scanned.add(digest)
-        return refusal
+        return refusal, plain
 
     def together(self, names: list[str], variables: Mapping[str, object]) -> Frame | None:
         """Variables that share objects, pickled as one tuple; None when that fails (then each goes alone)."""
@@ -358,6 +355,8 @@ class _Builder:
         if self.trial is None:
             return None
         for part in frame.parts:
+            if part.plain and not part.buffers:
+                continue  # plain data, as this process's pickler just wrote it: it restores (`scan_pickle_data`)
             digest = hash_buffer(part.data) if not part.buffers else None
             if digest is not None and self.restored is not None and digest in self.restored:
                 continue  # the same bytes restored before in this worker
@@ -378,13 +377,14 @@ class _Builder:
             if frame is not None:
                 alone[name] = frame
         names = list(alone)
-        groups = group_names(names, {n: set().union(*(p.ids for p in alone[n].parts)) for n in names})
+        groups = group_names(names, {n: [p.ids for p in alone[n].parts] for n in names})
         frames: list[Frame] = []
         for group in groups:
-            joint = self.together(group, variables) if len(group) > 1 else alone[group[0]]
-            if joint is not None and (problem := self.restores(joint)) is None:
-                frames.append(joint)
-                continue
+            if len(group) > 1:
+                joint = self.together(group, variables)
+                if joint is not None and self.restores(joint) is None:
+                    frames.append(joint)
+                    continue
             for name in group:  # apart, so one value that does not restore costs only itself
                 problem = self.restores(alone[name])
                 if problem is None:

@@ -46,7 +46,7 @@ from snapcell.checkpoint._scanvalues import (
     _Refused,
 )
 
-__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
+__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle", "scan_pickle_data"]
 
 # Opcode table, from pickletools: argument length (>= 0 fixed; the negative codes below), values popped (-1: pop to
 # the mark), values pushed.
@@ -130,6 +130,10 @@ def _memoize_count(data: bytes | bytearray | memoryview, start: int, stop: int) 
 
 _MAX_LAZY = 1 << 20
 _MAX_PENDING = 4096
+# The opcodes of the slow path that a protocol 5 pickler writes for plain data (the fast path's are all such):
+# PROTO, FRAME, STOP, strings, bytes, bytearray, long ints, tuples, frozenset, APPEND, SETITEM, POP, POP_MARK, DUP,
+# and the binary memo opcodes. Not globals, calls, BUILD, persistent ids, EXT or buffers, nor the text opcodes.
+_DATA_OPS = frozenset(b"\x80\x95.X\x8dCB\x8e\x96\x8a\x8bt\x85\x86\x87)\x91as012hjqr\x94KMJG\x88\x89N}]\x8f(eu\x90")
 # GET, BINGET, LONG_BINGET, PUT, BINPUT, LONG_BINPUT: they need the true memo count (`_Scanner._resolve`).
 _MEMO_OPS = frozenset(map(ord, "ghjpqr"))
 _MISSING = object()
@@ -168,15 +172,32 @@ def scan_pickle(
     Returns:
         None when every global passes the rule, else the first `Refusal`.
     """
+    return scan_pickle_data(data, rule, dill=dill)[0]
+
+
+def scan_pickle_data(
+    data: bytes | bytearray | memoryview, rule: GlobalRule | AllowModule, *, dill: bool = False
+) -> tuple[Refusal | None, bool]:
+    """`scan_pickle`, and whether the stream is plain data: no global, no call, no out-of-band buffer.
+
+    Such a stream builds only lists, dicts, sets, tuples, strings, bytes and numbers (`_DATA_OPS`): what a
+    pickler wrote for values of those types unpickles without running or resolving anything, so a dump need not
+    restore it to learn that it would.
+
+    Returns:
+        The first `Refusal` (None when every global passes), and True when the stream is plain data.
+    """
     view = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
     scanner = _Scanner(view, as_rule(rule), dill)
     try:
         scanner.run()
     except _Refused as exc:
-        return Refusal(exc.refusal.module, exc.refusal.name, exc.refusal.reason, scanner.op_offset, scanner.index)
+        refusal = Refusal(exc.refusal.module, exc.refusal.name, exc.refusal.reason, scanner.op_offset, scanner.index)
+        return refusal, False
     except (IndexError, struct.error, ValueError, UnicodeDecodeError) as exc:
-        return Refusal("", "", f"a malformed pickle stream ({type(exc).__name__})", scanner.op_offset, scanner.index)
-    return None
+        reason = f"a malformed pickle stream ({type(exc).__name__})"
+        return Refusal("", "", reason, scanner.op_offset, scanner.index), False
+    return None, scanner.plain
 
 
 class _Scanner:
@@ -201,6 +222,7 @@ class _Scanner:
         # Flat groups whose MEMOIZEs are not counted yet (`_resolve`): the memo count before each (not counting
         # earlier pending groups), and where the group is.
         self.pending: list[tuple[int, int, int]] = []
+        self.plain = True  # only opcodes of plain data so far (`scan_pickle_data`)
 
     def _resolve(self, memo_next: int) -> int:
         """Count the MEMOIZEs of the pending flat groups; returns the true number of memo entries so far.
@@ -436,6 +458,8 @@ class _Scanner:
         spec = _OPS.get(code)
         if spec is None:
             raise _Refused("", "", f"unknown opcode {code:#x}")
+        if code not in _DATA_OPS:
+            self.plain = False
         arglen, pops, pushes = spec
         pos += 1
         arg_start = pos

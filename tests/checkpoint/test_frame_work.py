@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 import types
 from typing import Any
@@ -49,17 +50,34 @@ def test_a_script_class_still_keeps_its_own_dict_out_of_the_count() -> None:
     assert _frame_names(dumped) == [["k1"], ["k2"]]  # the class's own list does not merge its instances
 
 
+def test_a_script_function_held_by_two_variables_keeps_them_together() -> None:
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def f(x):\n    return x\nhandlers = {'h': f}\n", namespace)
+    variables = {"f": namespace["f"], "handlers": namespace["handlers"], "other": [1]}
+    dumped = dump_namespace(variables, namespace=namespace, created_at=0.0)
+    assert _frame_names(dumped) == [["f", "handlers"], ["other"]]
+
+
 def test_a_library_class_attribute_shared_by_two_variables_keeps_them_together() -> None:
     names = re.RegexFlag._member_names_  # a list in a library class's dict; the class itself goes by reference
     dumped = dump_namespace({"a": (re.RegexFlag, names), "b": names}, namespace={}, created_at=0.0)
     assert _frame_names(dumped) == [["a", "b"]]
 
 
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Record the bytes of every scan a dump makes (of frames, with `scan_pickle_data`; of dill's, `scan_pickle`)."""
+    scans: list[bytes] = []
+    scan_pickle, scan_pickle_data = _pickle.scan_pickle, _pickle.scan_pickle_data
+    monkeypatch.setattr(_pickle, "scan_pickle", lambda data, rule: scans.append(bytes(data)) or scan_pickle(data, rule))
+    monkeypatch.setattr(
+        _pickle, "scan_pickle_data", lambda data, rule: scans.append(bytes(data)) or scan_pickle_data(data, rule)
+    )
+    return scans
+
+
 def test_a_pickle_that_passed_the_rule_is_not_scanned_again(monkeypatch: pytest.MonkeyPatch) -> None:
     numpy = pytest.importorskip("numpy")
-    scans: list[bytes] = []
-    scan_pickle = _pickle.scan_pickle
-    monkeypatch.setattr(_pickle, "scan_pickle", lambda data, rule: scans.append(bytes(data)) or scan_pickle(data, rule))
+    scans = _count_scans(monkeypatch)
     rows = [{"i": i, "name": f"row-{i}"} for i in range(200)]
     scanned: set[bytes] = set()
 
@@ -82,9 +100,35 @@ def test_a_pickle_that_passed_the_rule_is_not_scanned_again(monkeypatch: pytest.
 
 
 def test_without_a_scanned_set_every_pickle_is_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
-    scans: list[bytes] = []
-    scan_pickle = _pickle.scan_pickle
-    monkeypatch.setattr(_pickle, "scan_pickle", lambda data, rule: scans.append(bytes(data)) or scan_pickle(data, rule))
+    scans = _count_scans(monkeypatch)
     for _ in range(2):
         dump_namespace({"rows": list(range(100)), "n": 1}, namespace={}, created_at=0.0, rule=RULE)
     assert len(scans) == 4
+
+
+def test_only_frames_of_plain_data_go_without_a_trial_restore() -> None:
+    """A frame of lists, dicts, strings and numbers restores (no global, no call); any other is restored to check.
+
+    The trial here fails every frame it is given: what it is given is dropped, what is not given survives.
+    """
+    trials: list[bytes] = []
+
+    def failing_trial(data: bytes, buffers: list[Any]) -> Any:
+        trials.append(bytes(data))
+        raise ValueError("would not restore")
+
+    plain = {
+        "rows": [{"id": i, "name": f"n{i}", "v": i * 0.5, "ok": i % 2 == 0} for i in range(3000)],
+        "nested": ({1, 2}, frozenset({"a"}), b"raw", bytearray(b"ba"), 2**100, -(2**70), None, [[], {}, ()]),
+        "text": "x" * 100_000,
+    }
+    called = {
+        "when": datetime.date(2024, 1, 2),
+        "flags": re.compile("a+"),
+        "mixed": [{"id": i} for i in range(3000)] + [datetime.date(2024, 1, 3)],  # the last part names a class
+    }
+    dumped = dump_namespace({**plain, **called}, namespace={}, created_at=0.0, rule=RULE, trial=failing_trial)
+    assert sorted(v.name for v in dumped.manifest.variables) == sorted(plain)
+    assert sorted(d.name for d in dumped.manifest.dropped) == sorted(called)
+    assert all("would not restore" in d.reason for d in dumped.manifest.dropped)
+    assert len(trials) == len(called)  # one part each: each value's first part that fails

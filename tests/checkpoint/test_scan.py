@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import pickle
+import pickletools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
 from snapcell.checkpoint import HELPERS, global_refusal, scan_pickle
+from snapcell.checkpoint._scan import _DATA_OPS, scan_pickle_data
 from snapcell.runner._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())
@@ -111,3 +115,45 @@ def test_a_value_memoized_again_inside_a_group_is_followed_exactly() -> None:
     os_group = b"(\x8c\x02os\x94h\x01\x94e"
     refusal = scan_pickle(_list_then_global(os_group, b"h\x02\x8c\x06system\x93"), RULE)
     assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=data)
+def test_plain_data_is_reported_plain(value: object) -> None:
+    """What a protocol 5 pickler writes for lists, dicts, sets, tuples, strings, bytes and real numbers."""
+    assert scan_pickle_data(pickle.dumps(value, protocol=5), RULE) == (None, not _holds_complex(value))
+
+
+def _holds_complex(value: object) -> bool:
+    """complex() is a call in a pickle: such a stream is not plain."""
+    if isinstance(value, dict):
+        return any(map(_holds_complex, value.values()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(map(_holds_complex, value))
+    return isinstance(value, complex)
+
+
+def test_streams_that_name_a_global_call_or_take_a_buffer_are_not_plain() -> None:
+    """Each of these could fail to restore (or run something): the dump must restore them to know."""
+    rows = [{"id": i} for i in range(2000)]  # a flat-group prefix: what follows must still count
+    kinds = {
+        "a global": [*rows, len],
+        "a call": [*rows, datetime.date(2024, 1, 2)],
+        "BUILD": [*rows, argparse.Namespace(x=1)],
+        "a complex number": [*rows, 1j],
+    }
+    for kind, value in kinds.items():
+        assert scan_pickle_data(pickle.dumps(value, protocol=5), lambda module: True) == (None, False), kind
+    buffered = pickle.dumps(pickle.PickleBuffer(b"x" * 100), protocol=5, buffer_callback=lambda buffer: False)
+    assert scan_pickle_data(buffered, RULE) == (None, False)
+    assert scan_pickle_data(pickle.dumps({"a": [1.5]}, protocol=0), RULE) == (None, False)  # text opcodes
+    refused, plain = scan_pickle_data(b"cos\nsystem\n.", RULE)
+    assert refused is not None and not plain
+
+
+def test_no_opcode_that_resolves_calls_or_takes_a_buffer_counts_as_plain_data() -> None:
+    names = {op.name for op in pickletools.opcodes if ord(op.code) in _DATA_OPS}
+    resolve_or_call = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
+    elsewhere = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"}
+    assert names.isdisjoint(resolve_or_call | elsewhere)
+    assert len(names) == len(_DATA_OPS)  # each is an opcode
