@@ -67,7 +67,8 @@ class Part:
     ids: set[int]
     # The memo's objects, kept alive until grouping is done so that no id is reused by a later temporary.
     keep: list[Any] = field(default_factory=list)
-    # The pickle is plain data (no global, no call), as the dump's scan found: restoring it cannot fail.
+    # The pickle is plain data (no global, no call, no buffer), as its pickler or the dump's scan found: the rule
+    # refuses none of it, and restoring it cannot fail.
     plain: bool = False
 
 

@@ -51,7 +51,7 @@ from snapcell.checkpoint._frames import (
     shared_ids,
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
-from snapcell.checkpoint._scan import scan_pickle, scan_pickle_data
+from snapcell.checkpoint._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
 from snapcell.checkpoint._stdvalues import std_reducers
 from snapcell.errors import UnpicklableValue
 
@@ -149,8 +149,13 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         # call it for every object, which triples the time to dump a list of a million ints.)
         self.globals_ref[id(namespace)] = _NAMESPACE_TOKEN
         self._std_reducers = std_reducers()
+        # No object so far went through `reducer_override`, which the pickler calls for every object but None,
+        # bools and exact ints, floats, strings, bytes, dicts, sets, frozensets, lists and tuples (and buffers, which
+        # are out of band here or plain bytes): then the stream holds only opcodes of plain data.
+        self.plain = True
 
     def reducer_override(self, obj: object) -> Any:
+        self.plain = False
         if isinstance(obj, re.Pattern):
             # The stdlib's copyreg reducer names the private ``re._compile``, which the checkpoint rule refuses;
             # ``re.compile`` is public API of an allowed module, given plain data (fid-ckpt, issue 14).
@@ -189,7 +194,7 @@ def _pickle_part(obj: object, namespace: dict[str, Any]) -> Part:
     pickler = _NamespacePickler(out, namespace, keep_out_of_band)
     pickler.dump(obj)
     ids, keep = shared_ids(pickler.memo.copy(), namespace, _NAMESPACE_TOKEN)
-    return Part(out.getvalue(), buffers, ids, keep)
+    return Part(out.getvalue(), buffers, ids, keep, plain=pickler.plain and not buffers)
 
 
 def _part_bytes(part: Part) -> int:
@@ -322,6 +327,8 @@ class _Builder:
             return None
         if self.rule is not None:
             for part in parts:
+                if part.plain and len(part.data) <= PLAIN_UNREFUSED_BYTES:
+                    continue  # the rule refuses nothing in plain data (the host scans it before signing)
                 refusal, part.plain = self.scan(part.data, self.rule)
                 if refusal is not None:
                     self.failed[name] = _RefusedGlobal(refusal)
@@ -356,7 +363,7 @@ class _Builder:
             return None
         for part in frame.parts:
             if part.plain and not part.buffers:
-                continue  # plain data, as this process's pickler just wrote it: it restores (`scan_pickle_data`)
+                continue  # plain data, as this process's pickler just wrote it: it restores (`_DATA_OPS`)
             digest = hash_buffer(part.data) if not part.buffers else None
             if digest is not None and self.restored is not None and digest in self.restored:
                 continue  # the same bytes restored before in this worker

@@ -46,7 +46,7 @@ from snapcell.checkpoint._scanvalues import (
     _Refused,
 )
 
-__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle", "scan_pickle_data"]
+__all__ = ["FOREIGN", "OPAQUE", "PLAIN_UNREFUSED_BYTES", "Refusal", "scan_pickle", "scan_pickle_data"]
 
 # Opcode table, from pickletools: argument length (>= 0 fixed; the negative codes below), values popped (-1: pop to
 # the mark), values pushed.
@@ -60,6 +60,9 @@ for _op in pickletools.opcodes:
 del _op, _before, _pops
 
 _MAX_STACK = 1 << 22  # 4M values (32 MB of references); deeper streams are refused, not followed
+# A stream of plain data (`_DATA_OPS`) a pickler wrote is refused only when it is too deep, which takes more values
+# on the stack than a stream of this many bytes can push (at least a byte each).
+PLAIN_UNREFUSED_BYTES = _MAX_STACK
 _MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten (a GET of them is opaque)
 # Picklers number the memo one way: PUT with explicit indices (protocols 0-3), each the count of entries so far, or
 # MEMOIZE (4 and up), whose index the unpickler takes from that count. A stream that mixes them, or PUTs past the

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
+import pickle
 import re
 import types
 from typing import Any
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _frames, _pickle, dump_namespace
+from snapcell.checkpoint import _frames, _pickle, _scan, dump_namespace
 from snapcell.checkpoint._pickle import _pickle_part
+from snapcell.checkpoint._scan import scan_pickle_data
 from snapcell.runner._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())  # numpy is not allowed: an array's pickle is refused
@@ -78,12 +83,13 @@ def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 def test_a_pickle_that_passed_the_rule_is_not_scanned_again(monkeypatch: pytest.MonkeyPatch) -> None:
     numpy = pytest.importorskip("numpy")
     scans = _count_scans(monkeypatch)
-    rows = [{"i": i, "name": f"row-{i}"} for i in range(200)]
+    # Dates: plain data (ints, dicts) is not scanned in the dump at all (the pickler says it is plain).
+    rows = [{"i": datetime.date(2024, 1, 1 + i % 28), "name": f"row-{i}"} for i in range(200)]
     scanned: set[bytes] = set()
 
     def dump(n: int) -> Any:
         scans.clear()
-        variables = {"rows": rows, "n": n, "arr": numpy.arange(3)}
+        variables = {"rows": rows, "n": datetime.date(2024, 1, n), "arr": numpy.arange(3)}
         return dump_namespace(variables, namespace={}, created_at=0.0, rule=RULE, scanned=scanned)
 
     first = dump(1)
@@ -102,8 +108,20 @@ def test_a_pickle_that_passed_the_rule_is_not_scanned_again(monkeypatch: pytest.
 def test_without_a_scanned_set_every_pickle_is_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
     scans = _count_scans(monkeypatch)
     for _ in range(2):
-        dump_namespace({"rows": list(range(100)), "n": 1}, namespace={}, created_at=0.0, rule=RULE)
+        variables = {"rows": [datetime.date(2024, 1, 1)] * 100, "n": datetime.date(2024, 1, 2)}
+        dump_namespace(variables, namespace={}, created_at=0.0, rule=RULE)
     assert len(scans) == 4
+
+
+def test_plain_data_is_not_scanned_in_the_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule refuses nothing in plain data: the dump takes its pickler's word (the host scans it to sign)."""
+    scans = _count_scans(monkeypatch)
+    rows = [{"id": i, "name": f"n{i}"} for i in range(5000)]  # cut into parts
+    dumped = dump_namespace(
+        {"rows": rows, "n": 1, "when": datetime.date(2024, 1, 1)}, namespace={}, created_at=0.0, rule=RULE
+    )
+    assert len(scans) == 1 and b"datetime" in scans[0]
+    assert len(dumped.manifest.variables) == 3
 
 
 def test_only_frames_of_plain_data_go_without_a_trial_restore() -> None:
@@ -132,3 +150,52 @@ def test_only_frames_of_plain_data_go_without_a_trial_restore() -> None:
     assert sorted(d.name for d in dumped.manifest.dropped) == sorted(called)
     assert all("would not restore" in d.reason for d in dumped.manifest.dropped)
     assert len(trials) == len(called)  # one part each: each value's first part that fails
+
+
+_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**100), max_value=2**100),
+        st.floats(),
+        st.text(max_size=20),
+        st.binary(max_size=20),
+        st.sampled_from([1j, datetime.date(2024, 1, 2), len, collections.OrderedDict(a=1), bytearray(b"ba")]),
+        st.builds(pickle.PickleBuffer, st.binary(max_size=10)),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6),
+        st.tuples(inner, inner),
+        st.dictionaries(st.text(max_size=5), inner, max_size=6),
+        st.frozensets(st.integers(), max_size=4),
+        st.builds(collections.Counter, st.dictionaries(st.text(max_size=3), st.integers(), max_size=3)),
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_values)
+def test_what_the_pickler_calls_plain_the_scan_finds_plain(value: object) -> None:
+    """The dump takes its pickler's word that a pickle is plain data (no scan, no trial restore): it must hold."""
+    part = _pickle_part((value,), {})
+    refusal, plain = scan_pickle_data(part.data, lambda module: True)
+    assert refusal is None
+    if part.plain:
+        assert plain
+
+
+def test_the_pickler_calls_plain_only_exact_builtin_data() -> None:
+    assert _pickle_part(([{"a": (1, 2.5, None)}, {"s"}, frozenset({b"b"})],), {}).plain
+    assert _pickle_part((bytearray(b"x"),), {}).plain  # BYTEARRAY8
+    for value in [1j, datetime.date(2024, 1, 2), collections.OrderedDict(), len, _pickle]:
+        assert not _pickle_part(([1, {"k": value}],), {}).plain, value
+
+
+def test_plain_data_too_deep_to_scan_is_still_dropped_alone() -> None:
+    """The one refusal plain data can meet is a stack too deep to verify: a stream that long is scanned."""
+    # One byte (NONE) per value, all on the stack; the depth is checked at the stream's frames (every 64 KiB).
+    deep = (None,) * (_scan.PLAIN_UNREFUSED_BYTES + (1 << 17))
+    dumped = dump_namespace({"deep": deep, "n": [1]}, namespace={}, created_at=0.0, rule=RULE)
+    assert [d.name for d in dumped.manifest.dropped] == ["deep"]
+    assert [v.name for v in dumped.manifest.variables] == ["n"]
