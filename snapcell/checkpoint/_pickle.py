@@ -51,7 +51,7 @@ from snapcell.checkpoint._frames import (
     shared_ids,
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
-from snapcell.checkpoint._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
+from snapcell.checkpoint._scan import PLAIN_UNREFUSED_BYTES, compile_patterns, scan_pickle, scan_pickle_data
 from snapcell.checkpoint._stdvalues import std_reducers
 from snapcell.errors import UnpicklableValue
 
@@ -474,6 +474,9 @@ def dump_namespace(
     Raises:
         UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
     """
+    if rule is not None:
+        # Here rather than in the first scan: a worker's warm-up dump (plain data, so not scanned) builds them.
+        compile_patterns()
     builder = _Builder(namespace, rule, trial, restored, scanned)
     frames = builder.frames(variables)
     failed = builder.failed

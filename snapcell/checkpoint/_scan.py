@@ -126,6 +126,12 @@ def _memoize_segments() -> re.Pattern[bytes]:
     return re.compile(rb"(?:" + other + rb")*+\x94|(?:" + other + rb")++", re.DOTALL)
 
 
+def compile_patterns() -> None:
+    """Compile the scanner's patterns now (~30 ms, once per process), not in the first scan that needs them."""
+    _group_patterns()
+    _memoize_segments()
+
+
 def _memoize_count(data: bytes | bytearray | memoryview, start: int, stop: int) -> int:
     """How many MEMOIZE a flat group (``data[start:stop]``, as `_group_patterns` matched it) holds."""
     return _memoize_segments().subn(b"", data[start:stop])[1] - 1
@@ -230,8 +236,9 @@ class _Scanner:
     def _resolve(self, memo_next: int) -> int:
         """Count the MEMOIZEs of the pending flat groups; returns the true number of memo entries so far.
 
-        Counting is put off until an index is needed (a memo read outside a group, a memo write of a value the
-        scanner follows, a PUT): a stream of plain data, whose reads are all inside groups, is never counted.
+        Counting is put off until an index is needed (a memo read outside a group of an entry from the first waiting
+        group on, a memo write of a value the scanner follows, a PUT): a stream of plain data, whose reads are all
+        inside groups, is never counted; entries made before the first waiting group are where the loader has them.
         """
         offset = 0
         for before, start, stop in self.pending:
@@ -395,8 +402,8 @@ class _Scanner:
                     memo_next += 1
                     pos += 1
                 elif kind == _C_BINGET:
-                    if pending:
-                        memo_next = self._resolve(memo_next)
+                    if pending and data[pos + 1] >= pending[0][0]:
+                        memo_next = self._resolve(memo_next)  # a read of an entry a waiting group may have made
                     value = memo.get(data[pos + 1], missing)
                     stack.append(self._lazy(data[pos + 1]) if value is missing else value)
                     pos += 2
@@ -442,7 +449,7 @@ class _Scanner:
                     stack.append(None)
                     pos += 1
                 else:
-                    if pending and code in _MEMO_OPS:
+                    if pending and code in _MEMO_OPS and not _reads_before(code, data, pos, pending[0][0]):
                         memo_next = self._resolve(memo_next)
                     pos, memo_next = self._slow(code, pos, stack, marks, memo, memo_next)
                     if len(stack) > limit:
@@ -605,6 +612,11 @@ class _Scanner:
                     return pos, memo_next
             stack.extend([opaque] * pushes)
         return pos, memo_next
+
+
+def _reads_before(code: int, data: bytes | bytearray | memoryview, pos: int, first: int) -> bool:
+    """True for a LONG_BINGET of an entry made before index ``first`` (the waiting groups' first; they need no count)."""
+    return code == ord("j") and pos + 5 <= len(data) and _U4.unpack_from(data, pos + 1)[0] < first
 
 
 def _memo_key(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> int:

@@ -199,3 +199,12 @@ def test_plain_data_too_deep_to_scan_is_still_dropped_alone() -> None:
     dumped = dump_namespace({"deep": deep, "n": [1]}, namespace={}, created_at=0.0, rule=RULE)
     assert [d.name for d in dumped.manifest.dropped] == ["deep"]
     assert [v.name for v in dumped.manifest.variables] == ["n"]
+
+
+def test_a_dump_with_a_rule_compiles_the_scan_patterns_even_when_it_scans_nothing() -> None:
+    """A worker's warm-up dump is plain data (not scanned): it must still build the patterns its first scan needs."""
+    _scan._group_patterns.cache_clear()
+    _scan._memoize_segments.cache_clear()
+    dump_namespace({"x": [1]}, namespace={}, created_at=0.0, rule=RULE)
+    assert _scan._group_patterns.cache_info().currsize == 1
+    assert _scan._memoize_segments.cache_info().currsize == 1

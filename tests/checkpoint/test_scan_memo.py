@@ -256,3 +256,18 @@ def test_memo_opcodes_of_the_slow_path_count_the_groups_first() -> None:
         assert scan_pickle(_stream(b"]" + group + read + b"\x93a"), RULE) is None
     refusal = scan_pickle(_stream(b"]" + group + _s("os") + b"q\x000"), RULE)
     assert refusal is not None and "both ways" in refusal.reason
+
+
+def test_reads_of_entries_made_before_the_groups_do_not_count_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DataFrame's pickle reads its dtype classes again after its columns' groups: those need no count."""
+    counted: list[int] = []
+    original = _scan._memoize_count
+    monkeypatch.setattr(_scan, "_memoize_count", lambda *args: counted.append(1) or original(*args))
+    group = b"(" + _s("a") + b"\x94" + _s("b") + b"\x94e"
+    head = JSON_ENCODER + b"\x940" + b"]\x94" + group + b"0"  # the class is memo 0, the list 1, the group 2 and 3
+    for read in (b"h\x00", b"j\x00\x00\x00\x00"):
+        assert scan_pickle(_stream(head + read), RULE) is None
+    assert counted == []
+    assert _refuses_build_on_the_class(scan_pickle(_stream(head + b"h\x00" + PATCH), RULE))
+    assert scan_pickle(_stream(head + b"h\x02"), RULE) is None  # a read into the group counts it
+    assert counted == [1]
