@@ -615,7 +615,7 @@ class _Scanner:
 
 
 def _reads_before(code: int, data: bytes | bytearray | memoryview, pos: int, first: int) -> bool:
-    """True for a LONG_BINGET of an entry made before index ``first`` (the waiting groups' first; they need no count)."""
+    """True for a LONG_BINGET of an entry made before index ``first`` (the first waiting group needs no count)."""
     return code == ord("j") and pos + 5 <= len(data) and _U4.unpack_from(data, pos + 1)[0] < first
 
 
