@@ -407,6 +407,8 @@ class _Scanner:
                     value = memo.get(data[pos + 1], missing)
                     stack.append(self._lazy(data[pos + 1]) if value is missing else value)
                     pos += 2
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
                 elif kind == _C_MARK:
                     # A MARK before a run of numbers is left to the number path (its own fast case).
                     group = (
@@ -448,6 +450,8 @@ class _Scanner:
                 elif kind == _C_NONE:
                     stack.append(None)
                     pos += 1
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
                 else:
                     if pending and code in _MEMO_OPS and not _reads_before(code, data, pos, pending[0][0]):
                         memo_next = self._resolve(memo_next)

@@ -7,6 +7,7 @@ import datetime
 import pickle
 import pickletools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,8 +83,11 @@ def test_every_helper_of_the_table_is_exact() -> None:
         assert global_refusal(module, name, RULE) is not None
 
 
-def test_deep_streams_are_refused_not_followed() -> None:
-    assert scan_pickle(b"\x80\x05" + b"]" * (1 << 22 | 1) + b".", RULE) is not None
+@pytest.mark.parametrize("value", [b"]", b"N", b"h\x00"], ids=["EMPTY_LIST", "NONE", "BINGET"])
+def test_deep_streams_are_refused_not_followed(value: bytes) -> None:
+    """Each value on the scanner's stack is 8 bytes of the host's memory for one or two bytes of stream."""
+    refusal = scan_pickle(b"\x80\x05N\x94(" + value * (1 << 22 | 1) + b"t.", RULE)
+    assert refusal is not None and "too deep" in refusal.reason
 
 
 def _list_then_global(group: bytes, tail: bytes) -> bytes:
