@@ -78,7 +78,7 @@ _U8 = struct.Struct("<Q")
 _STR_OPS = frozenset({ord("X"), 0x8D, ord("V")})
 # Numbers and booleans (fixed-size opcodes), matched a run at a time; one match of the token pattern per value.
 _NUMBER_TOKEN = re.compile(rb"K.|M..|J....|G.{8}|\x88|\x89", re.DOTALL)
-_NUMBER_RUN = re.compile(rb"(?:K.|M..|J....|G.{8}|\x88|\x89)+", re.DOTALL)
+_NUMBER_RUN = re.compile(rb"(?:K.|M..|J....|G.{8}|\x88|\x89)++", re.DOTALL)
 # Values that can be popped into a container without a check (helpers that take names are _Global, tuples nest).
 _INERT_TYPES = frozenset({_Opaque, str, type(None)})
 _EXTEND_CODES = frozenset({ord("e"), ord("u"), 0x90})
@@ -107,8 +107,11 @@ def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
     every worker pays before its first run, while only a dump or a load scans)."""
     token = _other_tokens() + rb"|\x94"
-    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
-    flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
+    # Possessive repeats: no token starts with an extend opcode, and MARK is none, so giving back a token or a record
+    # never lets a group end; a greedy repeat kept a backtracking entry per token (the engine's stack, grown by
+    # realloc and copying, was half the scan's work).
+    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*+[eu\x90]"
+    flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*+[eu\x90]", re.DOTALL)
     return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
 
 

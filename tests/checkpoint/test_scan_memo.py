@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from snapcell import Policy
 from snapcell.checkpoint import _scan, scan_pickle
@@ -271,3 +273,24 @@ def test_reads_of_entries_made_before_the_groups_do_not_count_them(monkeypatch: 
     assert _refuses_build_on_the_class(scan_pickle(_stream(head + b"h\x00" + PATCH), RULE))
     assert scan_pickle(_stream(head + b"h\x02"), RULE) is None  # a read into the group counts it
     assert counted == [1]
+
+
+_PIECES = [
+    b"(", b"e", b"u", b"\x90", b"}", b"]", b"\x8f", b")", b"\x94", b"N", b"\x88", b"K\x01", b"K\x94", b"M\x01\x02",
+    b"J\x01\x02\x03\x04", b"G" + bytes(8), b"h\x02", b"j\x02\x00\x00\x00", b"\x8c\x02ab", b"C\x01e", b"\x95" + bytes(8),
+    b"0", b"t", b"\x93", b"e(",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(_PIECES), max_size=40))
+def test_the_possessive_patterns_match_what_greedy_ones_match(pieces: list[bytes]) -> None:
+    """The scanner's repeats do not give back tokens (no backtracking stack): they must take the same spans."""
+    data = b"(" + b"".join(pieces)
+    flat_group = _scan._group_patterns()[0]
+    patterns = [(flat_group, data), (_scan._NUMBER_RUN, b"".join(pieces))]
+    for possessive, text in patterns:
+        greedy = re.compile(possessive.pattern.replace(b")*+", b")*").replace(b")++", b")+"), re.DOTALL)
+        assert greedy.pattern != possessive.pattern
+        found, expected = possessive.match(text), greedy.match(text)
+        assert (found and found.span()) == (expected and expected.span())
