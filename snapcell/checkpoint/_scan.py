@@ -163,6 +163,8 @@ _CATEGORY[ord("h")] = _C_BINGET
 _CATEGORY[ord("(")] = _C_MARK
 _CATEGORY[ord("N")] = _C_NONE
 _FIXED_NUMBER = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x88: 1, 0x89: 1}
+_STRIDE_TOKENS = 1024  # number tokens looked at per stride
+_MIN_STRIDE = 16  # a shorter stretch of one opcode goes to the pattern
 
 
 def scan_pickle(
@@ -351,7 +353,6 @@ class _Scanner:
         memo_next = 0
         pos = 0
         op = 0
-        number_run = _NUMBER_RUN.match
         number_token = _NUMBER_TOKEN
         flat_group = _group_patterns()[0].match
         pending = self.pending
@@ -365,10 +366,9 @@ class _Scanner:
                 # The frequent opcodes first: numbers, short strings, memo, marks and containers make up big streams.
                 if kind == _C_NUMBER:
                     # Runs of numbers are the bulk of large lists: found and counted at C speed.
-                    run = number_run(data, pos)
-                    if run is None:
+                    stop = _number_run_end(data, pos, end)
+                    if stop == pos:
                         raise ValueError("truncated number")
-                    stop = run.end()
                     if stop < end and data[stop] in _EXTEND_CODES and marks and marks[-1] == len(stack) > 0:
                         # MARK, numbers, APPENDS/SETITEMS: the values go straight into the container below.
                         if stack[-1] is not opaque:
@@ -619,6 +619,27 @@ class _Scanner:
                     return pos, memo_next
             stack.extend([opaque] * pushes)
         return pos, memo_next
+
+
+def _number_run_end(data: bytes | bytearray | memoryview, pos: int, end: int) -> int:
+    """Where the run of number opcodes at ``pos`` ends (``pos``: none is whole there), as `_NUMBER_RUN` finds it.
+
+    A stretch of one opcode (a list of sorted ints is a few) is counted by stride: every ``width`` bytes from a token
+    of that opcode starts the next token, so the leading copies of the opcode byte in the strided slice are tokens.
+    A mixed run goes to the pattern.
+    """
+    while pos < end:
+        code = data[pos]
+        width = _FIXED_NUMBER.get(code)
+        if width is None:
+            return pos
+        probe = bytes(data[pos : pos + width * _STRIDE_TOKENS : width])
+        same = min(len(probe) - len(probe.lstrip(probe[:1])), (end - pos) // width)  # whole tokens only
+        if same < _MIN_STRIDE:
+            run = _NUMBER_RUN.match(data, pos)
+            return pos if run is None else run.end()
+        pos += same * width
+    return pos
 
 
 def _reads_before(code: int, data: bytes | bytearray | memoryview, pos: int, first: int) -> bool:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import HELPERS, global_refusal, scan_pickle
+from snapcell.checkpoint import HELPERS, _scan, global_refusal, scan_pickle
 from snapcell.checkpoint._scan import _DATA_OPS, scan_pickle_data
 from snapcell.runner._runner import checkpoint_rule
 
@@ -161,3 +161,31 @@ def test_no_opcode_that_resolves_calls_or_takes_a_buffer_counts_as_plain_data() 
     elsewhere = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"}
     assert names.isdisjoint(resolve_or_call | elsewhere)
     assert len(names) == len(_DATA_OPS)  # each is an opcode
+
+
+_NUMBER_TOKENS = [
+    b"KK",
+    b"JJJJJ",
+    b"K\x01",
+    b"M\x01\x02",
+    b"J\x01\x02\x03\x04",
+    b"G" + bytes(range(8)),
+    b"\x88",
+    b"\x89",
+    b"JK",
+    b"KJ",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.sampled_from(_NUMBER_TOKENS), st.integers(1, 3000)), max_size=5),
+    tail=st.sampled_from([b"", b"e", b"K", b"J\x01\x02", b"G\x00", b"N", b"M\x01"]),
+    view=st.booleans(),
+)
+def test_number_runs_end_where_the_pattern_ends_them(runs: list[tuple[bytes, int]], tail: bytes, view: bool) -> None:
+    """Stretches of one opcode are counted by stride (a truncated last token is not whole): as the pattern does."""
+    data = b"".join(token * count for token, count in runs) + tail
+    run = _scan._NUMBER_RUN.match(data)
+    source: bytes | memoryview = memoryview(data) if view else data
+    assert _scan._number_run_end(source, 0, len(data)) == (run.end() if run else 0)
