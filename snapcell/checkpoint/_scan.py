@@ -94,24 +94,36 @@ def _length_prefixed() -> bytes:
     return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
 
 
-def _other_tokens() -> bytes:
-    """The tokens of a flat group (one opcode and its argument each) other than MEMOIZE, MARK and the extends."""
+def _atoms() -> bytes:
+    """The tokens of a flat group (one opcode and its argument each) but MEMOIZE, empty containers, MARK and extends.
+
+    Each starts with its own opcode byte, so their order does not change what matches; the frequent ones come first
+    (the engine tries each alternative's first byte in turn).
+    """
     sized = _length_prefixed()
     # A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
-    read = rb"h.(?!\x94)|j....(?!\x94)"
-    return rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
+    return (
+        rb"\x8c" + sized + rb"|h.(?!\x94)|K.|J....|G.{8}|M..|N|\x88|\x89|j....(?!\x94)|C" + sized + rb"|\x95.{8}"
+    )
+
+
+def _other_tokens() -> bytes:
+    """The tokens of a flat group (one opcode and its argument each) other than MEMOIZE, MARK and the extends."""
+    return _atoms() + rb"|[\]})\x8f]"
 
 
 @functools.cache
 def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
     every worker pays before its first run, while only a dump or a load scans)."""
-    token = _other_tokens() + rb"|\x94"
+    token = rb"\x94|" + _other_tokens()
     # Possessive repeats: no token starts with an extend opcode, and MARK is none, so giving back a token or a record
     # never lets a group end; a greedy repeat kept a backtracking entry per token (the engine's stack, grown by
-    # realloc and copying, was half the scan's work).
-    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*+[eu\x90]"
-    flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*+[eu\x90]", re.DOTALL)
+    # realloc and copying, was half the scan's work). A record is tried before an empty container's token (both
+    # start with one), and after the tokens that start with other bytes (or every token would try it first).
+    record = rb"[\]}\x8f]\x94?\((?:" + token + rb")*+[eu\x90]"
+    other = rb"\x94|" + _atoms() + rb"|" + record + rb"|[\]})\x8f]"
+    flat_group = re.compile(rb"\((?:" + other + rb")*+[eu\x90]", re.DOTALL)
     return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
 
 

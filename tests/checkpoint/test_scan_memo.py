@@ -285,7 +285,8 @@ _PIECES = [
 @settings(max_examples=300, deadline=None)
 @given(pieces=st.lists(st.sampled_from(_PIECES), max_size=40))
 def test_the_possessive_patterns_match_what_greedy_ones_match(pieces: list[bytes]) -> None:
-    """The scanner's repeats do not give back tokens (no backtracking stack): they must take the same spans."""
+    """The scanner's repeats do not give back tokens (no backtracking stack), and its tokens are in another order: the
+    spans must be the same."""
     data = b"(" + b"".join(pieces)
     flat_group = _scan._group_patterns()[0]
     patterns = [(flat_group, data), (_scan._NUMBER_RUN, b"".join(pieces))]
@@ -294,3 +295,19 @@ def test_the_possessive_patterns_match_what_greedy_ones_match(pieces: list[bytes
         assert greedy.pattern != possessive.pattern
         found, expected = possessive.match(text), greedy.match(text)
         assert (found and found.span()) == (expected and expected.span())
+    found, expected = flat_group.match(data), _FIRST_FLAT_GROUP.match(data)
+    assert (found and found.span()) == (expected and expected.span())
+
+
+def _first_flat_group() -> re.Pattern[bytes]:
+    """The flat-group pattern as first written (greedy, record first, tokens in opcode order)."""
+    sized = _scan._length_prefixed()
+    read = rb"h.(?!\x94)|j....(?!\x94)"
+    token = (
+        rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x94|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
+    )
+    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
+    return re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
+
+
+_FIRST_FLAT_GROUP = _first_flat_group()
