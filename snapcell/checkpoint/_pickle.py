@@ -51,7 +51,8 @@ from snapcell.checkpoint._frames import (
     shared_ids,
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
-from snapcell.checkpoint._scan import PLAIN_UNREFUSED_BYTES, compile_patterns, scan_pickle, scan_pickle_data
+from snapcell.checkpoint._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
+from snapcell.checkpoint._scanplain import compile_patterns
 from snapcell.checkpoint._stdvalues import std_reducers
 from snapcell.errors import UnpicklableValue
 
@@ -455,10 +456,11 @@ def dump_namespace(
         blob_threshold: Smallest buffer stored as a blob; None keeps every buffer inside the body.
         rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
             the loader would refuse (`snapcell.checkpoint._scan`) is dropped and named, as the host would refuse
-            the whole checkpoint before signing it.
+            the whole checkpoint before signing it. A pickle of plain data (lists, dicts, sets, tuples, strings,
+            bytes and numbers only, as the pickler saw) names none and is not scanned here; the host scans it.
         trial: The loader's restricted unpickler (pickle bytes and buffers to a value, raising when it would
             fail at load); each new frame is restored by it right after pickling, and a variable whose frame
-            fails is dropped and named.
+            fails is dropped and named. A frame of plain data cannot fail to restore and is not restored.
         restored: Hashes of frames that ``trial`` restored before (kept by the caller across dumps).
         scanned: Hashes of pickles that passed ``rule`` before; their scan is skipped (the scan is a function of
             the bytes and the rule), and pickles that pass are added. Kept by the caller across dumps made with one

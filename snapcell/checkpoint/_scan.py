@@ -6,15 +6,15 @@ checks, `call_refusal`) on every global it resolves. A signature therefore means
 checkpoint names and the loader accepts each one".
 
 The scanner is a small abstract stack machine over pickletools' opcode table: string constants are followed through
-the stack and the memo, anything else is opaque, and what it cannot prove safe it refuses.
+the stack and the memo, anything else is opaque, and what it cannot prove safe it refuses. Plain data, the bulk of
+big streams, goes at C speed: runs of numbers (by stride or one pattern) and flat groups of a container's items (one
+pattern), whose MEMOIZEs are counted only when a later memo index needs them (`_Scanner._resolve`).
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import pickletools
-import re
 import struct
 from array import array
 
@@ -32,6 +32,13 @@ from snapcell.checkpoint._rule import (
     global_refusal,
 )
 from snapcell.checkpoint._scancalls import _Calls
+from snapcell.checkpoint._scanplain import (
+    _DATA_OPS,
+    _NUMBER_TOKEN,
+    _group_patterns,
+    _memoize_count,
+    _number_run_end,
+)
 from snapcell.checkpoint._scanvalues import (
     _SETSTATE,
     FOREIGN,
@@ -76,88 +83,11 @@ _I4 = struct.Struct("<i")
 _U8 = struct.Struct("<Q")
 
 _STR_OPS = frozenset({ord("X"), 0x8D, ord("V")})
-# Numbers and booleans (fixed-size opcodes), matched a run at a time; one match of the token pattern per value.
-_NUMBER_TOKEN = re.compile(rb"K.|M..|J....|G.{8}|\x88|\x89", re.DOTALL)
-_NUMBER_RUN = re.compile(rb"(?:K.|M..|J....|G.{8}|\x88|\x89)++", re.DOTALL)
 # Values that can be popped into a container without a check (helpers that take names are _Global, tuples nest).
 _INERT_TYPES = frozenset({_Opaque, str, type(None)})
 _EXTEND_CODES = frozenset({ord("e"), ord("u"), 0x90})
-# Flat groups, the bulk of large dicts and lists of records: MARK, then values that neither name a global nor call
-# anything (numbers, short strings and bytes, memo reads and MEMOIZE, empty containers, and records: an empty
-# container filled by one such group), then APPENDS/SETITEMS/ADDITEMS. Everything above the mark goes into the
-# container, so only the memo changes: MEMOIZE is counted at C speed, and the values it stored are read again
-# from the stream only if a later GET needs one (`_Scanner._lazy`).
-
-
-def _length_prefixed() -> bytes:
-    """A pattern for one length byte and that many bytes (regular expressions cannot count otherwise)."""
-    return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
-
-
-def _atoms() -> bytes:
-    """The tokens of a flat group (one opcode and its argument each) but MEMOIZE, empty containers, MARK and extends.
-
-    Each starts with its own opcode byte, so their order does not change what matches; the frequent ones come first
-    (the engine tries each alternative's first byte in turn).
-    """
-    sized = _length_prefixed()
-    # A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
-    return (
-        rb"\x8c" + sized + rb"|h.(?!\x94)|K.|J....|G.{8}|M..|N|\x88|\x89|j....(?!\x94)|C" + sized + rb"|\x95.{8}"
-    )
-
-
-def _other_tokens() -> bytes:
-    """The tokens of a flat group (one opcode and its argument each) other than MEMOIZE, MARK and the extends."""
-    return _atoms() + rb"|[\]})\x8f]"
-
-
-@functools.cache
-def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
-    every worker pays before its first run, while only a dump or a load scans)."""
-    token = rb"\x94|" + _other_tokens()
-    # Possessive repeats: no token starts with an extend opcode, and MARK is none, so giving back a token or a record
-    # never lets a group end; a greedy repeat kept a backtracking entry per token (the engine's stack, grown by
-    # realloc and copying, was half the scan's work). A record is tried before an empty container's token (both
-    # start with one), and after the tokens that start with other bytes (or every token would try it first).
-    record = rb"[\]}\x8f]\x94?\((?:" + token + rb")*+[eu\x90]"
-    other = rb"\x94|" + _atoms() + rb"|" + record + rb"|[\]})\x8f]"
-    flat_group = re.compile(rb"\((?:" + other + rb")*+[eu\x90]", re.DOTALL)
-    return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
-
-
-@functools.cache
-def _memoize_segments() -> re.Pattern[bytes]:
-    """A pattern whose matches cut a flat group (as `_group_patterns` matched it) after each MEMOIZE.
-
-    Each match is the group's other tokens up to and including one MEMOIZE or, last, the tokens after the last one (a
-    group ends with APPENDS/SETITEMS/ADDITEMS, never with MEMOIZE): a group holds one MEMOIZE fewer than the matches.
-    The tokens are the flat pattern's (each opcode byte starts one token of one length) and each match starts where
-    the last ended, so a ``\x94`` byte inside an argument is never taken for MEMOIZE; the possessive repeats never
-    backtrack into a token. Half the work of listing every token (`_group_patterns`' second pattern).
-    """
-    other = _other_tokens() + rb"|\(|[eu\x90]"
-    return re.compile(rb"(?:" + other + rb")*+\x94|(?:" + other + rb")++", re.DOTALL)
-
-
-def compile_patterns() -> None:
-    """Compile the scanner's patterns now (~30 ms, once per process), not in the first scan that needs them."""
-    _group_patterns()
-    _memoize_segments()
-
-
-def _memoize_count(data: bytes | bytearray | memoryview, start: int, stop: int) -> int:
-    """How many MEMOIZE a flat group (``data[start:stop]``, as `_group_patterns` matched it) holds."""
-    return _memoize_segments().subn(b"", data[start:stop])[1] - 1
-
-
 _MAX_LAZY = 1 << 20
 _MAX_PENDING = 4096
-# The opcodes of the slow path that a protocol 5 pickler writes for plain data (the fast path's are all such):
-# PROTO, FRAME, STOP, strings, bytes, bytearray, long ints, tuples, frozenset, APPEND, SETITEM, POP, POP_MARK, DUP,
-# and the binary memo opcodes. Not globals, calls, BUILD, persistent ids, EXT or buffers, nor the text opcodes.
-_DATA_OPS = frozenset(b"\x80\x95.X\x8dCB\x8e\x96\x8a\x8bt\x85\x86\x87)\x91as012hjqr\x94KMJG\x88\x89N}]\x8f(eu\x90")
 # GET, BINGET, LONG_BINGET, PUT, BINPUT, LONG_BINPUT: they need the true memo count (`_Scanner._resolve`).
 _MEMO_OPS = frozenset(map(ord, "ghjpqr"))
 _MISSING = object()
@@ -174,9 +104,6 @@ _CATEGORY[0x94] = _C_MEMOIZE
 _CATEGORY[ord("h")] = _C_BINGET
 _CATEGORY[ord("(")] = _C_MARK
 _CATEGORY[ord("N")] = _C_NONE
-_FIXED_NUMBER = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x88: 1, 0x89: 1}
-_STRIDE_TOKENS = 1024  # number tokens looked at per stride
-_MIN_STRIDE = 16  # a shorter stretch of one opcode goes to the pattern
 
 
 def scan_pickle(
@@ -338,13 +265,12 @@ class _Scanner:
         data = self.data
         end = len(data)
         category = _CATEGORY
-        fixed_number = _FIXED_NUMBER
         opaque = OPAQUE
         stack: list[object] = []
         marks: list[int] = []
         memo = self.memo
         limit = _MAX_STACK
-        pos = self._loop(data, end, category, fixed_number, opaque, stack, marks, memo, limit)
+        pos = self._loop(data, end, category, opaque, stack, marks, memo, limit)
         if pos != end or self.stop_end != end:
             raise ValueError("truncated")
         if stack or marks:
@@ -355,7 +281,6 @@ class _Scanner:
         data: bytes | bytearray | memoryview,
         end: int,
         category: list[int],
-        fixed_number: dict[int, int],
         opaque: _Opaque,
         stack: list[object],
         marks: list[int],
@@ -631,27 +556,6 @@ class _Scanner:
                     return pos, memo_next
             stack.extend([opaque] * pushes)
         return pos, memo_next
-
-
-def _number_run_end(data: bytes | bytearray | memoryview, pos: int, end: int) -> int:
-    """Where the run of number opcodes at ``pos`` ends (``pos``: none is whole there), as `_NUMBER_RUN` finds it.
-
-    A stretch of one opcode (a list of sorted ints is a few) is counted by stride: every ``width`` bytes from a token
-    of that opcode starts the next token, so the leading copies of the opcode byte in the strided slice are tokens.
-    A mixed run goes to the pattern.
-    """
-    while pos < end:
-        code = data[pos]
-        width = _FIXED_NUMBER.get(code)
-        if width is None:
-            return pos
-        probe = bytes(data[pos : pos + width * _STRIDE_TOKENS : width])
-        same = min(len(probe) - len(probe.lstrip(probe[:1])), (end - pos) // width)  # whole tokens only
-        if same < _MIN_STRIDE:
-            run = _NUMBER_RUN.match(data, pos)
-            return pos if run is None else run.end()
-        pos += same * width
-    return pos
 
 
 def _reads_before(code: int, data: bytes | bytearray | memoryview, pos: int, first: int) -> bool:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _frames, _pickle, _scan, dump_namespace
+from snapcell.checkpoint import _frames, _pickle, _scan, _scanplain, dump_namespace
 from snapcell.checkpoint._pickle import _pickle_part
 from snapcell.checkpoint._scan import scan_pickle_data
 from snapcell.runner._runner import checkpoint_rule
@@ -203,8 +203,8 @@ def test_plain_data_too_deep_to_scan_is_still_dropped_alone() -> None:
 
 def test_a_dump_with_a_rule_compiles_the_scan_patterns_even_when_it_scans_nothing() -> None:
     """A worker's warm-up dump is plain data (not scanned): it must still build the patterns its first scan needs."""
-    _scan._group_patterns.cache_clear()
-    _scan._memoize_segments.cache_clear()
+    _scanplain._group_patterns.cache_clear()
+    _scanplain._memoize_segments.cache_clear()
     dump_namespace({"x": [1]}, namespace={}, created_at=0.0, rule=RULE)
-    assert _scan._group_patterns.cache_info().currsize == 1
-    assert _scan._memoize_segments.cache_info().currsize == 1
+    assert _scanplain._group_patterns.cache_info().currsize == 1
+    assert _scanplain._memoize_segments.cache_info().currsize == 1

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import HELPERS, _scan, global_refusal, scan_pickle
-from snapcell.checkpoint._scan import _DATA_OPS, scan_pickle_data
+from snapcell.checkpoint import HELPERS, _scanplain, global_refusal, scan_pickle
+from snapcell.checkpoint._scan import scan_pickle_data
+from snapcell.checkpoint._scanplain import _DATA_OPS
 from snapcell.runner._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())
@@ -186,6 +187,6 @@ _NUMBER_TOKENS = [
 def test_number_runs_end_where_the_pattern_ends_them(runs: list[tuple[bytes, int]], tail: bytes, view: bool) -> None:
     """Stretches of one opcode are counted by stride (a truncated last token is not whole): as the pattern does."""
     data = b"".join(token * count for token, count in runs) + tail
-    run = _scan._NUMBER_RUN.match(data)
+    run = _scanplain._NUMBER_RUN.match(data)
     source: bytes | memoryview = memoryview(data) if view else data
-    assert _scan._number_run_end(source, 0, len(data)) == (run.end() if run else 0)
+    assert _scanplain._number_run_end(source, 0, len(data)) == (run.end() if run else 0)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _scan, scan_pickle
+from snapcell.checkpoint import _scan, _scanplain, scan_pickle
 from snapcell.runner._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())
@@ -289,7 +289,7 @@ def test_the_possessive_patterns_match_what_greedy_ones_match(pieces: list[bytes
     spans must be the same."""
     data = b"(" + b"".join(pieces)
     flat_group = _scan._group_patterns()[0]
-    patterns = [(flat_group, data), (_scan._NUMBER_RUN, b"".join(pieces))]
+    patterns = [(flat_group, data), (_scanplain._NUMBER_RUN, b"".join(pieces))]
     for possessive, text in patterns:
         greedy = re.compile(possessive.pattern.replace(b")*+", b")*").replace(b")++", b")+"), re.DOTALL)
         assert greedy.pattern != possessive.pattern
@@ -301,7 +301,7 @@ def test_the_possessive_patterns_match_what_greedy_ones_match(pieces: list[bytes
 
 def _first_flat_group() -> re.Pattern[bytes]:
     """The flat-group pattern as first written (greedy, record first, tokens in opcode order)."""
-    sized = _scan._length_prefixed()
+    sized = _scanplain._length_prefixed()
     read = rb"h.(?!\x94)|j....(?!\x94)"
     token = (
         rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x94|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
