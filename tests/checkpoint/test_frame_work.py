@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import gc
 import pickle
 import re
 import types
@@ -208,3 +209,27 @@ def test_a_dump_with_a_rule_compiles_the_scan_patterns_even_when_it_scans_nothin
     dump_namespace({"x": [1]}, namespace={}, created_at=0.0, rule=RULE)
     assert _scanplain._group_patterns.cache_info().currsize == 1
     assert _scanplain._memoize_segments.cache_info().currsize == 1
+
+
+def test_the_memo_is_read_without_the_collector_which_is_back_on_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo's copy makes two objects per entry; collections they set off walked the whole namespace."""
+    enabled: list[bool] = []
+    original = _pickle.shared_ids
+
+    def recording(*args: Any) -> Any:
+        enabled.append(gc.isenabled())
+        return original(*args)
+
+    monkeypatch.setattr(_pickle, "shared_ids", recording)
+    assert gc.isenabled()
+    dump_namespace({"rows": [{"i": i} for i in range(3000)], "n": 1}, namespace={}, created_at=0.0)
+    assert enabled and not any(enabled)
+    assert gc.isenabled()
+
+    def failing(*args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_pickle, "shared_ids", failing)
+    dumped = dump_namespace({"n": 1}, namespace={}, created_at=0.0)
+    assert [v.serializer for v in dumped.manifest.variables] == ["dill"]  # the frame failed: dill's fallback
+    assert gc.isenabled()
