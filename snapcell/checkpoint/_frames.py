@@ -101,7 +101,8 @@ def shared_ids(
     types_of = list(map(type, objects))
     kinds = set(types_of)
     counted = {cls for cls in kinds if cls not in _ATOMS and cls is not types.FunctionType and _type_matters(cls)}
-    ids = set(map(id, compress(objects, map(counted.__contains__, types_of)))) if counted else set()
+    # The memo's keys are its objects' ids.
+    ids = set(compress(memo, map(counted.__contains__, types_of))) if counted else set()
     inside: set[int] = set()
     metaclasses = {cls for cls in kinds if issubclass(cls, type)}
     if metaclasses:
