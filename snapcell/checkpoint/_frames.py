@@ -172,11 +172,13 @@ def items_per_part(sample_bytes: int) -> int:
 
 def cut(value: dict[Any, Any] | list[Any], per_part: int) -> tuple[str, list[list[Any]]]:
     """A dict or list as its layout and its parts of ``per_part`` items (key-value pairs, or slices)."""
-    items: Iterable[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
+    if isinstance(value, list):
+        return "list", [value[start : start + per_part] for start in range(0, len(value), per_part)]  # C-speed copies
+    items: Iterable[Any] = iter(value.items())
     parts = []
     while part := list(islice(items, per_part)):
         parts.append(part)
-    return ("dict" if isinstance(value, dict) else "list"), parts
+    return "dict", parts
 
 
 def group_names(names: list[str], ids: dict[str, list[set[int]]]) -> list[list[str]]:

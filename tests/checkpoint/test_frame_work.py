@@ -233,3 +233,15 @@ def test_the_memo_is_read_without_the_collector_which_is_back_on_after(monkeypat
     dumped = dump_namespace({"n": 1}, namespace={}, created_at=0.0)
     assert [v.serializer for v in dumped.manifest.variables] == ["dill"]  # the frame failed: dill's fallback
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("length", [0, 1, 63, 64, 65, 1000])
+def test_a_list_is_cut_into_slices_of_the_part_size_in_order(length: int) -> None:
+    value = list(range(length))
+    layout, parts = _frames.cut(value, 64)
+    assert layout == "list" and [len(part) for part in parts] == [64] * (length // 64) + [length % 64] * (
+        length % 64 > 0
+    )
+    assert [item for part in parts for item in part] == value
+    layout, parts = _frames.cut(dict.fromkeys(value), 64)
+    assert layout == "dict" and [key for part in parts for key, _ in part] == value
