@@ -546,7 +546,12 @@ def test_a_dump_after_a_load_does_not_trial_restore_the_frames_that_load_restore
     """Restorability is checked at dump by restoring each new frame; a frame the load just restored is known good."""
     with Pool("memory://", signing_keys=[KEY_A], isolation="inline") as pool:
         with pool.checkout() as first:
-            first.run("rows = [{'i': i, 'name': f'row-{i}'} for i in range(50)]\nn = 3")
+            # Dates: a frame of plain data (ints, dicts) is never trial restored (`scan_pickle_data`).
+            first.run(
+                "import datetime\n"
+                "rows = [{'i': datetime.date(2024, 1, 1 + i % 28)} for i in range(50)]\n"
+                "n = datetime.date(2024, 1, 3)"
+            )
             checkpoint_id = first.dump()
         with pool.checkout() as session:  # a new runner, as a new worker would be
             session.load_session(checkpoint_id)
@@ -559,7 +564,7 @@ def test_a_dump_after_a_load_does_not_trial_restore_the_frames_that_load_restore
                 return original(data, buffers)
 
             runner._trial = counted
-            session.run("n = 4")
+            session.run("n = datetime.date(2024, 1, 4)")
             session.dump()
-            assert session.feed_run("len(rows), n") == (50, 4)
+            assert session.feed_run("len(rows), n.day") == (50, 4)
     assert len(trials) == 1  # n's new frame; rows' frame is the one the load restored

@@ -25,9 +25,10 @@ from __future__ import annotations
 import pickle
 import types
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import compress, islice
+from operator import itemgetter
 from typing import Any
 
 from cloudpickle.cloudpickle import _should_pickle_by_reference
@@ -66,6 +67,9 @@ class Part:
     ids: set[int]
     # The memo's objects, kept alive until grouping is done so that no id is reused by a later temporary.
     keep: list[Any] = field(default_factory=list)
+    # The pickle is plain data (no global, no call, no buffer), as its pickler or the dump's scan found: the rule
+    # refuses none of it, and restoring it cannot fail.
+    plain: bool = False
 
 
 @dataclass(slots=True)
@@ -78,40 +82,39 @@ class Frame:
 
 
 def shared_ids(
-    memo: dict[int, tuple[int, Any]], namespace: dict[str, Any], skip: Callable[[object], bool]
+    memo: dict[int, tuple[int, Any]], namespace: dict[str, Any], leave_out: object
 ) -> tuple[set[int], list[Any]]:
     """The ids of a pickler memo's objects whose identity can matter across variables, and the objects themselves.
 
     Counted: containers (list, dict, set, bytearray, deque), closure cells, script functions (their globals are
     the session namespace) other than methods, instances of script classes, numpy arrays and pandas frames.
-    Not counted: atoms, anything of a library pickled by reference, and what lives inside a class pickled by
-    value (its dict's values and their own dicts, annotations and defaults). A class pickled by reference brings
-    none of its dict into the memo, so its dict is not looked at.
+    Not counted: atoms, anything of a library pickled by reference, what lives inside a class pickled by value
+    (its dict's values and their own dicts, annotations and defaults), and ``leave_out``. A class pickled by
+    reference brings none of its dict into the memo, so its dict is not looked at.
 
-    Whether an object counts depends only on its type, except for functions: the verdict is taken once per type
-    (a memo of a DataFrame holds a thousand strings of one type), and atoms are passed over first.
+    Whether an object counts depends only on its type, except for functions and classes: the verdict is taken once
+    per type (a memo of a DataFrame holds a thousand strings of one type), and the objects of counted types are
+    picked out at C speed (a list of 100k dicts has 100k of them); only functions and classes are looked at one by
+    one.
     """
-    objects = [obj for _index, obj in memo.values()]
+    objects = list(map(itemgetter(1), memo.values()))
+    types_of = list(map(type, objects))
+    kinds = set(types_of)
+    counted = {cls for cls in kinds if cls not in _ATOMS and cls is not types.FunctionType and _type_matters(cls)}
+    # The memo's keys are its objects' ids.
+    ids = set(compress(memo, map(counted.__contains__, types_of))) if counted else set()
     inside: set[int] = set()
-    verdicts: dict[type, bool] = {}
-    candidates = []
-    for obj in objects:
-        cls = type(obj)
-        if cls in _ATOMS:
-            continue
-        if isinstance(obj, type) and not _by_reference(obj):
-            for value in vars(obj).values():
-                _add_internals(value, inside)
-        if cls is types.FunctionType:
-            if obj.__globals__ is namespace and not _is_method(obj):
-                candidates.append(obj)
-            continue
-        verdict = verdicts.get(cls)
-        if verdict is None:
-            verdict = verdicts[cls] = _type_matters(cls)
-        if verdict:
-            candidates.append(obj)
-    ids = {id(obj) for obj in candidates if id(obj) not in inside and not skip(obj)}
+    metaclasses = {cls for cls in kinds if issubclass(cls, type)}
+    if metaclasses:
+        for cls in compress(objects, map(metaclasses.__contains__, types_of)):
+            if not _by_reference(cls):
+                for value in vars(cls).values():
+                    _add_internals(value, inside)
+    if types.FunctionType in kinds:
+        functions = compress(objects, map({types.FunctionType}.__contains__, types_of))
+        ids.update(id(f) for f in functions if f.__globals__ is namespace and not _is_method(f))
+    ids -= inside
+    ids.discard(id(leave_out))
     return ids, objects
 
 
@@ -169,15 +172,31 @@ def items_per_part(sample_bytes: int) -> int:
 
 def cut(value: dict[Any, Any] | list[Any], per_part: int) -> tuple[str, list[list[Any]]]:
     """A dict or list as its layout and its parts of ``per_part`` items (key-value pairs, or slices)."""
-    items: Iterable[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
+    if isinstance(value, list):
+        return "list", [value[start : start + per_part] for start in range(0, len(value), per_part)]  # C-speed copies
+    items: Iterable[Any] = iter(value.items())
     parts = []
     while part := list(islice(items, per_part)):
         parts.append(part)
-    return ("dict" if isinstance(value, dict) else "list"), parts
+    return "dict", parts
 
 
-def group_names(names: list[str], ids: dict[str, set[int]]) -> list[list[str]]:
-    """Union-find: names whose id sets meet end up in one group; groups and their members keep ``names``' order."""
+def group_names(names: list[str], ids: dict[str, list[set[int]]]) -> list[list[str]]:
+    """Union-find: names whose id sets (one or more each) meet end up in one group; groups keep ``names``' order.
+
+    Most namespaces share nothing between variables: that is checked first with set operations, at C speed.
+    """
+    if len(names) > 1:
+        seen: set[int] = set()
+        for name in names:
+            for part_ids in ids.get(name, ()):
+                if not seen.isdisjoint(part_ids):
+                    return _union_find(names, ids)
+                seen |= part_ids
+    return [[name] for name in names]
+
+
+def _union_find(names: list[str], ids: dict[str, list[set[int]]]) -> list[list[str]]:
     parent = {name: name for name in names}
 
     def find(name: str) -> str:
@@ -188,12 +207,13 @@ def group_names(names: list[str], ids: dict[str, set[int]]) -> list[list[str]]:
 
     owner: dict[int, str] = {}
     for name in names:
-        for obj_id in ids.get(name, ()):
-            other = owner.setdefault(obj_id, name)
-            if other != name:
-                a, b = find(other), find(name)
-                if a != b:
-                    parent[b] = a
+        for part_ids in ids.get(name, ()):
+            for obj_id in part_ids:
+                other = owner.setdefault(obj_id, name)
+                if other != name:
+                    a, b = find(other), find(name)
+                    if a != b:
+                        parent[b] = a
     groups: dict[str, list[str]] = {}
     for name in names:
         groups.setdefault(find(name), []).append(name)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import io
 import pickle
 import re
 import reprlib
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Literal
@@ -51,7 +53,8 @@ from snapcell.checkpoint._frames import (
     shared_ids,
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
-from snapcell.checkpoint._scan import scan_pickle
+from snapcell.checkpoint._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
+from snapcell.checkpoint._scanplain import compile_patterns
 from snapcell.checkpoint._stdvalues import std_reducers
 from snapcell.errors import UnpicklableValue
 
@@ -149,8 +152,13 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         # call it for every object, which triples the time to dump a list of a million ints.)
         self.globals_ref[id(namespace)] = _NAMESPACE_TOKEN
         self._std_reducers = std_reducers()
+        # No object so far went through `reducer_override`, which the pickler calls for every object but None,
+        # bools and exact ints, floats, strings, bytes, dicts, sets, frozensets, lists and tuples (and buffers, which
+        # are out of band here or plain bytes): then the stream holds only opcodes of plain data.
+        self.plain = True
 
     def reducer_override(self, obj: object) -> Any:
+        self.plain = False
         if isinstance(obj, re.Pattern):
             # The stdlib's copyreg reducer names the private ``re._compile``, which the checkpoint rule refuses;
             # ``re.compile`` is public API of an allowed module, given plain data (fid-ckpt, issue 14).
@@ -188,12 +196,26 @@ def _pickle_part(obj: object, namespace: dict[str, Any]) -> Part:
 
     pickler = _NamespacePickler(out, namespace, keep_out_of_band)
     pickler.dump(obj)
-    ids, keep = shared_ids(pickler.memo.copy(), namespace, _is_token)
-    return Part(out.getvalue(), buffers, ids, keep)
+    with _no_collection():
+        ids, keep = shared_ids(pickler.memo.copy(), namespace, _NAMESPACE_TOKEN)
+    return Part(out.getvalue(), buffers, ids, keep, plain=pickler.plain and not buffers)
 
 
-def _is_token(obj: object) -> bool:
-    return obj is _NAMESPACE_TOKEN
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """Hold off the cyclic garbage collector while the memo is copied and read.
+
+    The copy makes two objects per memo entry (a list of 100k dicts: 200k entries), which set off collections that
+    walk every object of the namespace: three quarters of the copy's time. They all die right after (no cycle).
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _part_bytes(part: Part) -> int:
@@ -326,24 +348,27 @@ class _Builder:
             return None
         if self.rule is not None:
             for part in parts:
-                refusal = self.scan(part.data, self.rule)
+                if part.plain and len(part.data) <= PLAIN_UNREFUSED_BYTES:
+                    continue  # the rule refuses nothing in plain data (the host scans it before signing)
+                refusal, part.plain = self.scan(part.data, self.rule)
                 if refusal is not None:
                     self.failed[name] = _RefusedGlobal(refusal)
                     return None
         self.sizes[name] = sum(_part_bytes(part) for part in parts)
         return Frame([name], layout, parts)
 
-    def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> Refusal | None:
-        """`scan_pickle`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per bytes)."""
+    def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> tuple[Refusal | None, bool]:
+        """`scan_pickle_data`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per
+        bytes); then whether they are plain data is not known (False)."""
         digest = hash_buffer(data) if self.scanned is not None else None
         if digest is not None and self.scanned is not None and digest in self.scanned:
-            return None
-        refusal = scan_pickle(data, rule)
+            return None, False
+        refusal, plain = scan_pickle_data(data, rule)
         if refusal is None and digest is not None and self.scanned is not None:
             if len(self.scanned) > _MAX_RESTORED:
                 self.scanned.clear()
             self.scanned.add(digest)
-        return refusal
+        return refusal, plain
 
     def together(self, names: list[str], variables: Mapping[str, object]) -> Frame | None:
         """Variables that share objects, pickled as one tuple; None when that fails (then each goes alone)."""
@@ -358,6 +383,8 @@ class _Builder:
         if self.trial is None:
             return None
         for part in frame.parts:
+            if part.plain and not part.buffers:
+                continue  # plain data, as this process's pickler just wrote it: it restores (`_DATA_OPS`)
             digest = hash_buffer(part.data) if not part.buffers else None
             if digest is not None and self.restored is not None and digest in self.restored:
                 continue  # the same bytes restored before in this worker
@@ -378,13 +405,14 @@ class _Builder:
             if frame is not None:
                 alone[name] = frame
         names = list(alone)
-        groups = group_names(names, {n: set().union(*(p.ids for p in alone[n].parts)) for n in names})
+        groups = group_names(names, {n: [p.ids for p in alone[n].parts] for n in names})
         frames: list[Frame] = []
         for group in groups:
-            joint = self.together(group, variables) if len(group) > 1 else alone[group[0]]
-            if joint is not None and (problem := self.restores(joint)) is None:
-                frames.append(joint)
-                continue
+            if len(group) > 1:
+                joint = self.together(group, variables)
+                if joint is not None and self.restores(joint) is None:
+                    frames.append(joint)
+                    continue
             for name in group:  # apart, so one value that does not restore costs only itself
                 problem = self.restores(alone[name])
                 if problem is None:
@@ -448,10 +476,11 @@ def dump_namespace(
         blob_threshold: Smallest buffer stored as a blob; None keeps every buffer inside the body.
         rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
             the loader would refuse (`snapcell.checkpoint._scan`) is dropped and named, as the host would refuse
-            the whole checkpoint before signing it.
+            the whole checkpoint before signing it. A pickle of plain data (lists, dicts, sets, tuples, strings,
+            bytes and numbers only, as the pickler saw) names none and is not scanned here; the host scans it.
         trial: The loader's restricted unpickler (pickle bytes and buffers to a value, raising when it would
             fail at load); each new frame is restored by it right after pickling, and a variable whose frame
-            fails is dropped and named.
+            fails is dropped and named. A frame of plain data cannot fail to restore and is not restored.
         restored: Hashes of frames that ``trial`` restored before (kept by the caller across dumps).
         scanned: Hashes of pickles that passed ``rule`` before; their scan is skipped (the scan is a function of
             the bytes and the rule), and pickles that pass are added. Kept by the caller across dumps made with one
@@ -467,6 +496,9 @@ def dump_namespace(
     Raises:
         UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
     """
+    if rule is not None:
+        # Here rather than in the first scan: a worker's warm-up dump (plain data, so not scanned) builds them.
+        compile_patterns()
     builder = _Builder(namespace, rule, trial, restored, scanned)
     frames = builder.frames(variables)
     failed = builder.failed

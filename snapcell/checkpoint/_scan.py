@@ -6,15 +6,15 @@ checks, `call_refusal`) on every global it resolves. A signature therefore means
 checkpoint names and the loader accepts each one".
 
 The scanner is a small abstract stack machine over pickletools' opcode table: string constants are followed through
-the stack and the memo, anything else is opaque, and what it cannot prove safe it refuses.
+the stack and the memo, anything else is opaque, and what it cannot prove safe it refuses. Plain data, the bulk of
+big streams, goes at C speed: runs of numbers (by stride or one pattern) and flat groups of a container's items (one
+pattern), whose MEMOIZEs are counted only when a later memo index needs them (`_Scanner._resolve`).
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import pickletools
-import re
 import struct
 from array import array
 
@@ -32,6 +32,13 @@ from snapcell.checkpoint._rule import (
     global_refusal,
 )
 from snapcell.checkpoint._scancalls import _Calls
+from snapcell.checkpoint._scanplain import (
+    _DATA_OPS,
+    _NUMBER_TOKEN,
+    _group_patterns,
+    _memoize_count,
+    _number_run_end,
+)
 from snapcell.checkpoint._scanvalues import (
     _SETSTATE,
     FOREIGN,
@@ -46,7 +53,7 @@ from snapcell.checkpoint._scanvalues import (
     _Refused,
 )
 
-__all__ = ["FOREIGN", "OPAQUE", "Refusal", "scan_pickle"]
+__all__ = ["FOREIGN", "OPAQUE", "PLAIN_UNREFUSED_BYTES", "Refusal", "scan_pickle", "scan_pickle_data"]
 
 # Opcode table, from pickletools: argument length (>= 0 fixed; the negative codes below), values popped (-1: pop to
 # the mark), values pushed.
@@ -60,6 +67,9 @@ for _op in pickletools.opcodes:
 del _op, _before, _pops
 
 _MAX_STACK = 1 << 22  # 4M values (32 MB of references); deeper streams are refused, not followed
+# A stream of plain data (`_DATA_OPS`) a pickler wrote is refused only when it is too deep, which takes more values
+# on the stack than a stream of this many bytes can push (at least a byte each).
+PLAIN_UNREFUSED_BYTES = _MAX_STACK
 _MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten (a GET of them is opaque)
 # Picklers number the memo one way: PUT with explicit indices (protocols 0-3), each the count of entries so far, or
 # MEMOIZE (4 and up), whose index the unpickler takes from that count. A stream that mixes them, or PUTs past the
@@ -73,40 +83,13 @@ _I4 = struct.Struct("<i")
 _U8 = struct.Struct("<Q")
 
 _STR_OPS = frozenset({ord("X"), 0x8D, ord("V")})
-# Numbers and booleans (fixed-size opcodes), matched a run at a time; one match of the token pattern per value.
-_NUMBER_TOKEN = re.compile(rb"K.|M..|J....|G.{8}|\x88|\x89", re.DOTALL)
-_NUMBER_RUN = re.compile(rb"(?:K.|M..|J....|G.{8}|\x88|\x89)+", re.DOTALL)
 # Values that can be popped into a container without a check (helpers that take names are _Global, tuples nest).
 _INERT_TYPES = frozenset({_Opaque, str, type(None)})
 _EXTEND_CODES = frozenset({ord("e"), ord("u"), 0x90})
-# Flat groups, the bulk of large dicts and lists of records: MARK, then values that neither name a global nor call
-# anything (numbers, short strings and bytes, memo reads and MEMOIZE, empty containers, and records: an empty
-# container filled by one such group), then APPENDS/SETITEMS/ADDITEMS. Everything above the mark goes into the
-# container, so only the memo changes: MEMOIZE is counted at C speed, and the values it stored are read again
-# from the stream only if a later GET needs one (`_Scanner._lazy`).
-
-
-def _length_prefixed() -> bytes:
-    """A pattern for one length byte and that many bytes (regular expressions cannot count otherwise)."""
-    return b"(?:" + b"|".join(re.escape(bytes([size])) + b".{%d}" % size for size in range(256)) + b")"
-
-
-@functools.cache
-def _group_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """The flat-group pattern and the group-token pattern, compiled on first use (~10 ms: not at import, which
-    every worker pays before its first run, while only a dump or a load scans)."""
-    sized = _length_prefixed()
-    # A memo read that MEMOIZE copies (no pickler writes it) ends a group: only the slow path follows what was read.
-    read = rb"h.(?!\x94)|j....(?!\x94)"
-    token = (
-        rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x94|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
-    )
-    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
-    flat_group = re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
-    return flat_group, re.compile(rb"(\x94)|\(|[eu\x90]|" + token, re.DOTALL)
-
-
 _MAX_LAZY = 1 << 20
+_MAX_PENDING = 4096
+# GET, BINGET, LONG_BINGET, PUT, BINPUT, LONG_BINPUT: they need the true memo count (`_Scanner._resolve`).
+_MEMO_OPS = frozenset(map(ord, "ghjpqr"))
 _MISSING = object()
 _C_OTHER, _C_NUMBER, _C_SHORT_STR, _C_MEMOIZE, _C_BINGET, _C_MARK, _C_EMPTY, _C_EXTEND, _C_NONE = range(9)
 _CATEGORY = [_C_OTHER] * 256
@@ -121,7 +104,6 @@ _CATEGORY[0x94] = _C_MEMOIZE
 _CATEGORY[ord("h")] = _C_BINGET
 _CATEGORY[ord("(")] = _C_MARK
 _CATEGORY[ord("N")] = _C_NONE
-_FIXED_NUMBER = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x88: 1, 0x89: 1}
 
 
 def scan_pickle(
@@ -143,15 +125,32 @@ def scan_pickle(
     Returns:
         None when every global passes the rule, else the first `Refusal`.
     """
+    return scan_pickle_data(data, rule, dill=dill)[0]
+
+
+def scan_pickle_data(
+    data: bytes | bytearray | memoryview, rule: GlobalRule | AllowModule, *, dill: bool = False
+) -> tuple[Refusal | None, bool]:
+    """`scan_pickle`, and whether the stream is plain data: no global, no call, no out-of-band buffer.
+
+    Such a stream builds only lists, dicts, sets, tuples, strings, bytes and numbers (`_DATA_OPS`): what a
+    pickler wrote for values of those types unpickles without running or resolving anything, so a dump need not
+    restore it to learn that it would.
+
+    Returns:
+        The first `Refusal` (None when every global passes), and True when the stream is plain data.
+    """
     view = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
     scanner = _Scanner(view, as_rule(rule), dill)
     try:
         scanner.run()
     except _Refused as exc:
-        return Refusal(exc.refusal.module, exc.refusal.name, exc.refusal.reason, scanner.op_offset, scanner.index)
+        refusal = Refusal(exc.refusal.module, exc.refusal.name, exc.refusal.reason, scanner.op_offset, scanner.index)
+        return refusal, False
     except (IndexError, struct.error, ValueError, UnicodeDecodeError) as exc:
-        return Refusal("", "", f"a malformed pickle stream ({type(exc).__name__})", scanner.op_offset, scanner.index)
-    return None
+        reason = f"a malformed pickle stream ({type(exc).__name__})"
+        return Refusal("", "", reason, scanner.op_offset, scanner.index), False
+    return None, scanner.plain
 
 
 class _Scanner:
@@ -173,6 +172,26 @@ class _Scanner:
         self.foreign = bytearray()
         self.calls = _Calls(self.rule)  # which calls the loader may make, and what each gives back
         self.puts = 0  # memo entries PUT so far (their indices are 0 .. puts - 1)
+        # Flat groups whose MEMOIZEs are not counted yet (`_resolve`): the memo count before each (not counting
+        # earlier pending groups), and where the group is.
+        self.pending: list[tuple[int, int, int]] = []
+        self.plain = True  # only opcodes of plain data so far (`scan_pickle_data`)
+
+    def _resolve(self, memo_next: int) -> int:
+        """Count the MEMOIZEs of the pending flat groups; returns the true number of memo entries so far.
+
+        Counting is put off until an index is needed (a memo read outside a group of an entry from the first waiting
+        group on, a memo write of a value the scanner follows, a PUT): a stream of plain data, whose reads are all
+        inside groups, is never counted; entries made before the first waiting group are where the loader has them.
+        """
+        offset = 0
+        for before, start, stop in self.pending:
+            count = _memoize_count(self.data, start, stop)
+            if count:
+                self._add_lazy(before + offset, count, start, stop)
+                offset += count
+        self.pending.clear()
+        return memo_next + offset
 
     def _add_lazy(self, first: int, count: int, start: int, stop: int) -> None:
         # Indices from `first` on are new: MEMOIZE never reuses one, and PUT is refused in a stream that memoizes.
@@ -246,13 +265,12 @@ class _Scanner:
         data = self.data
         end = len(data)
         category = _CATEGORY
-        fixed_number = _FIXED_NUMBER
         opaque = OPAQUE
         stack: list[object] = []
         marks: list[int] = []
         memo = self.memo
         limit = _MAX_STACK
-        pos = self._loop(data, end, category, fixed_number, opaque, stack, marks, memo, limit)
+        pos = self._loop(data, end, category, opaque, stack, marks, memo, limit)
         if pos != end or self.stop_end != end:
             raise ValueError("truncated")
         if stack or marks:
@@ -263,7 +281,6 @@ class _Scanner:
         data: bytes | bytearray | memoryview,
         end: int,
         category: list[int],
-        fixed_number: dict[int, int],
         opaque: _Opaque,
         stack: list[object],
         marks: list[int],
@@ -273,11 +290,9 @@ class _Scanner:
         memo_next = 0
         pos = 0
         op = 0
-        number_run = _NUMBER_RUN.match
         number_token = _NUMBER_TOKEN
-        flat_pattern, group_pattern = _group_patterns()
-        flat_group = flat_pattern.match
-        group_tokens = group_pattern.findall
+        flat_group = _group_patterns()[0].match
+        pending = self.pending
         memo_byte = data.find if isinstance(data, bytes | bytearray) else bytes(data).find
         missing = _MISSING
         try:
@@ -288,10 +303,9 @@ class _Scanner:
                 # The frequent opcodes first: numbers, short strings, memo, marks and containers make up big streams.
                 if kind == _C_NUMBER:
                     # Runs of numbers are the bulk of large lists: found and counted at C speed.
-                    run = number_run(data, pos)
-                    if run is None:
+                    stop = _number_run_end(data, pos, end)
+                    if stop == pos:
                         raise ValueError("truncated number")
-                    stop = run.end()
                     if stop < end and data[stop] in _EXTEND_CODES and marks and marks[-1] == len(stack) > 0:
                         # MARK, numbers, APPENDS/SETITEMS: the values go straight into the container below.
                         if stack[-1] is not opaque:
@@ -313,6 +327,8 @@ class _Scanner:
                     if self.puts:
                         raise _Refused("", "", _MIXED_MEMO)
                     value = stack[-1]
+                    if value is not opaque and pending:
+                        memo_next = self._resolve(memo_next)  # the index is kept: it must be the loader's
                     # Past the limit only constants are forgotten (a GET of one is opaque, which every check for
                     # a constant refuses); a global or a lookup's result is kept, or a GET would make it opaque.
                     if value is FOREIGN:
@@ -326,9 +342,13 @@ class _Scanner:
                     memo_next += 1
                     pos += 1
                 elif kind == _C_BINGET:
+                    if pending and data[pos + 1] >= pending[0][0]:
+                        memo_next = self._resolve(memo_next)  # a read of an entry a waiting group may have made
                     value = memo.get(data[pos + 1], missing)
                     stack.append(self._lazy(data[pos + 1]) if value is missing else value)
                     pos += 2
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
                 elif kind == _C_MARK:
                     # A MARK before a run of numbers is left to the number path (its own fast case).
                     group = (
@@ -343,14 +363,13 @@ class _Scanner:
                         if stack[-1] is not opaque:
                             _check_target(stack[-1], "APPENDS/SETITEMS")
                         stop = group.end()
-                        count = (
-                            group_tokens(data, pos, stop).count(b"\x94") if memo_byte(b"\x94", pos, stop) >= 0 else 0
-                        )
-                        if count:
-                            if self.puts:
+                        if memo_byte(b"\x94", pos, stop) >= 0:
+                            if self.puts and _memoize_count(data, pos, stop):
                                 raise _Refused("", "", _MIXED_MEMO)
-                            self._add_lazy(memo_next, count, pos, stop)
-                            memo_next += count
+                            # Counted when an index is needed (`_resolve`); a bounded number wait at a time.
+                            pending.append((memo_next, pos, stop))
+                            if len(pending) >= _MAX_PENDING:
+                                memo_next = self._resolve(memo_next)
                         pos = stop
                 elif kind == _C_EMPTY:
                     stack.append(opaque)
@@ -371,7 +390,11 @@ class _Scanner:
                 elif kind == _C_NONE:
                     stack.append(None)
                     pos += 1
+                    if len(stack) > limit:
+                        raise _Refused("", "", "a pickle stack too deep to verify")
                 else:
+                    if pending and code in _MEMO_OPS and not _reads_before(code, data, pos, pending[0][0]):
+                        memo_next = self._resolve(memo_next)
                     pos, memo_next = self._slow(code, pos, stack, marks, memo, memo_next)
                     if len(stack) > limit:
                         raise _Refused("", "", "a pickle stack too deep to verify")
@@ -389,6 +412,8 @@ class _Scanner:
         spec = _OPS.get(code)
         if spec is None:
             raise _Refused("", "", f"unknown opcode {code:#x}")
+        if code not in _DATA_OPS:
+            self.plain = False
         arglen, pops, pushes = spec
         pos += 1
         arg_start = pos
@@ -531,6 +556,11 @@ class _Scanner:
                     return pos, memo_next
             stack.extend([opaque] * pushes)
         return pos, memo_next
+
+
+def _reads_before(code: int, data: bytes | bytearray | memoryview, pos: int, first: int) -> bool:
+    """True for a LONG_BINGET of an entry made before index ``first`` (the first waiting group needs no count)."""
+    return code == ord("j") and pos + 5 <= len(data) and _U4.unpack_from(data, pos + 1)[0] < first
 
 
 def _memo_key(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> int:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import collections
+import datetime
+import gc
+import pickle
 import re
 import types
 from typing import Any
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _frames, _pickle, dump_namespace
+from snapcell.checkpoint import _frames, _pickle, _scan, _scanplain, dump_namespace
 from snapcell.checkpoint._pickle import _pickle_part
+from snapcell.checkpoint._scan import scan_pickle_data
 from snapcell.runner._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())  # numpy is not allowed: an array's pickle is refused
@@ -49,23 +56,41 @@ def test_a_script_class_still_keeps_its_own_dict_out_of_the_count() -> None:
     assert _frame_names(dumped) == [["k1"], ["k2"]]  # the class's own list does not merge its instances
 
 
+def test_a_script_function_held_by_two_variables_keeps_them_together() -> None:
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def f(x):\n    return x\nhandlers = {'h': f}\n", namespace)
+    variables = {"f": namespace["f"], "handlers": namespace["handlers"], "other": [1]}
+    dumped = dump_namespace(variables, namespace=namespace, created_at=0.0)
+    assert _frame_names(dumped) == [["f", "handlers"], ["other"]]
+
+
 def test_a_library_class_attribute_shared_by_two_variables_keeps_them_together() -> None:
     names = re.RegexFlag._member_names_  # a list in a library class's dict; the class itself goes by reference
     dumped = dump_namespace({"a": (re.RegexFlag, names), "b": names}, namespace={}, created_at=0.0)
     assert _frame_names(dumped) == [["a", "b"]]
 
 
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Record the bytes of every scan a dump makes (of frames, with `scan_pickle_data`; of dill's, `scan_pickle`)."""
+    scans: list[bytes] = []
+    scan_pickle, scan_pickle_data = _pickle.scan_pickle, _pickle.scan_pickle_data
+    monkeypatch.setattr(_pickle, "scan_pickle", lambda data, rule: scans.append(bytes(data)) or scan_pickle(data, rule))
+    monkeypatch.setattr(
+        _pickle, "scan_pickle_data", lambda data, rule: scans.append(bytes(data)) or scan_pickle_data(data, rule)
+    )
+    return scans
+
+
 def test_a_pickle_that_passed_the_rule_is_not_scanned_again(monkeypatch: pytest.MonkeyPatch) -> None:
     numpy = pytest.importorskip("numpy")
-    scans: list[bytes] = []
-    scan_pickle = _pickle.scan_pickle
-    monkeypatch.setattr(_pickle, "scan_pickle", lambda data, rule: scans.append(bytes(data)) or scan_pickle(data, rule))
-    rows = [{"i": i, "name": f"row-{i}"} for i in range(200)]
+    scans = _count_scans(monkeypatch)
+    # Dates: plain data (ints, dicts) is not scanned in the dump at all (the pickler says it is plain).
+    rows = [{"i": datetime.date(2024, 1, 1 + i % 28), "name": f"row-{i}"} for i in range(200)]
     scanned: set[bytes] = set()
 
     def dump(n: int) -> Any:
         scans.clear()
-        variables = {"rows": rows, "n": n, "arr": numpy.arange(3)}
+        variables = {"rows": rows, "n": datetime.date(2024, 1, n), "arr": numpy.arange(3)}
         return dump_namespace(variables, namespace={}, created_at=0.0, rule=RULE, scanned=scanned)
 
     first = dump(1)
@@ -82,9 +107,141 @@ def test_a_pickle_that_passed_the_rule_is_not_scanned_again(monkeypatch: pytest.
 
 
 def test_without_a_scanned_set_every_pickle_is_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
-    scans: list[bytes] = []
-    scan_pickle = _pickle.scan_pickle
-    monkeypatch.setattr(_pickle, "scan_pickle", lambda data, rule: scans.append(bytes(data)) or scan_pickle(data, rule))
+    scans = _count_scans(monkeypatch)
     for _ in range(2):
-        dump_namespace({"rows": list(range(100)), "n": 1}, namespace={}, created_at=0.0, rule=RULE)
+        variables = {"rows": [datetime.date(2024, 1, 1)] * 100, "n": datetime.date(2024, 1, 2)}
+        dump_namespace(variables, namespace={}, created_at=0.0, rule=RULE)
     assert len(scans) == 4
+
+
+def test_plain_data_is_not_scanned_in_the_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule refuses nothing in plain data: the dump takes its pickler's word (the host scans it to sign)."""
+    scans = _count_scans(monkeypatch)
+    rows = [{"id": i, "name": f"n{i}"} for i in range(5000)]  # cut into parts
+    dumped = dump_namespace(
+        {"rows": rows, "n": 1, "when": datetime.date(2024, 1, 1)}, namespace={}, created_at=0.0, rule=RULE
+    )
+    assert len(scans) == 1 and b"datetime" in scans[0]
+    assert len(dumped.manifest.variables) == 3
+
+
+def test_only_frames_of_plain_data_go_without_a_trial_restore() -> None:
+    """A frame of lists, dicts, strings and numbers restores (no global, no call); any other is restored to check.
+
+    The trial here fails every frame it is given: what it is given is dropped, what is not given survives.
+    """
+    trials: list[bytes] = []
+
+    def failing_trial(data: bytes, buffers: list[Any]) -> Any:
+        trials.append(bytes(data))
+        raise ValueError("would not restore")
+
+    plain = {
+        "rows": [{"id": i, "name": f"n{i}", "v": i * 0.5, "ok": i % 2 == 0} for i in range(3000)],
+        "nested": ({1, 2}, frozenset({"a"}), b"raw", bytearray(b"ba"), 2**100, -(2**70), None, [[], {}, ()]),
+        "text": "x" * 100_000,
+    }
+    called = {
+        "when": datetime.date(2024, 1, 2),
+        "flags": re.compile("a+"),
+        "mixed": [{"id": i} for i in range(3000)] + [datetime.date(2024, 1, 3)],  # the last part names a class
+    }
+    dumped = dump_namespace({**plain, **called}, namespace={}, created_at=0.0, rule=RULE, trial=failing_trial)
+    assert sorted(v.name for v in dumped.manifest.variables) == sorted(plain)
+    assert sorted(d.name for d in dumped.manifest.dropped) == sorted(called)
+    assert all("would not restore" in d.reason for d in dumped.manifest.dropped)
+    assert len(trials) == len(called)  # one part each: each value's first part that fails
+
+
+_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**100), max_value=2**100),
+        st.floats(),
+        st.text(max_size=20),
+        st.binary(max_size=20),
+        st.sampled_from([1j, datetime.date(2024, 1, 2), len, collections.OrderedDict(a=1), bytearray(b"ba")]),
+        st.builds(pickle.PickleBuffer, st.binary(max_size=10)),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6),
+        st.tuples(inner, inner),
+        st.dictionaries(st.text(max_size=5), inner, max_size=6),
+        st.frozensets(st.integers(), max_size=4),
+        st.builds(collections.Counter, st.dictionaries(st.text(max_size=3), st.integers(), max_size=3)),
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_values)
+def test_what_the_pickler_calls_plain_the_scan_finds_plain(value: object) -> None:
+    """The dump takes its pickler's word that a pickle is plain data (no scan, no trial restore): it must hold."""
+    part = _pickle_part((value,), {})
+    refusal, plain = scan_pickle_data(part.data, lambda module: True)
+    assert refusal is None
+    if part.plain:
+        assert plain
+
+
+def test_the_pickler_calls_plain_only_exact_builtin_data() -> None:
+    assert _pickle_part(([{"a": (1, 2.5, None)}, {"s"}, frozenset({b"b"})],), {}).plain
+    assert _pickle_part((bytearray(b"x"),), {}).plain  # BYTEARRAY8
+    for value in [1j, datetime.date(2024, 1, 2), collections.OrderedDict(), len, _pickle]:
+        assert not _pickle_part(([1, {"k": value}],), {}).plain, value
+
+
+def test_plain_data_too_deep_to_scan_is_still_dropped_alone() -> None:
+    """The one refusal plain data can meet is a stack too deep to verify: a stream that long is scanned."""
+    # One byte (NONE) per value, all on the stack; the depth is checked at the stream's frames (every 64 KiB).
+    deep = (None,) * (_scan.PLAIN_UNREFUSED_BYTES + (1 << 17))
+    dumped = dump_namespace({"deep": deep, "n": [1]}, namespace={}, created_at=0.0, rule=RULE)
+    assert [d.name for d in dumped.manifest.dropped] == ["deep"]
+    assert [v.name for v in dumped.manifest.variables] == ["n"]
+
+
+def test_a_dump_with_a_rule_compiles_the_scan_patterns_even_when_it_scans_nothing() -> None:
+    """A worker's warm-up dump is plain data (not scanned): it must still build the patterns its first scan needs."""
+    _scanplain._group_patterns.cache_clear()
+    _scanplain._memoize_segments.cache_clear()
+    dump_namespace({"x": [1]}, namespace={}, created_at=0.0, rule=RULE)
+    assert _scanplain._group_patterns.cache_info().currsize == 1
+    assert _scanplain._memoize_segments.cache_info().currsize == 1
+
+
+def test_the_memo_is_read_without_the_collector_which_is_back_on_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo's copy makes two objects per entry; collections they set off walked the whole namespace."""
+    enabled: list[bool] = []
+    original = _pickle.shared_ids
+
+    def recording(*args: Any) -> Any:
+        enabled.append(gc.isenabled())
+        return original(*args)
+
+    monkeypatch.setattr(_pickle, "shared_ids", recording)
+    assert gc.isenabled()
+    dump_namespace({"rows": [{"i": i} for i in range(3000)], "n": 1}, namespace={}, created_at=0.0)
+    assert enabled and not any(enabled)
+    assert gc.isenabled()
+
+    def failing(*args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_pickle, "shared_ids", failing)
+    dumped = dump_namespace({"n": 1}, namespace={}, created_at=0.0)
+    assert [v.serializer for v in dumped.manifest.variables] == ["dill"]  # the frame failed: dill's fallback
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("length", [0, 1, 63, 64, 65, 1000])
+def test_a_list_is_cut_into_slices_of_the_part_size_in_order(length: int) -> None:
+    value = list(range(length))
+    layout, parts = _frames.cut(value, 64)
+    assert layout == "list" and [len(part) for part in parts] == [64] * (length // 64) + [length % 64] * (
+        length % 64 > 0
+    )
+    assert [item for part in parts for item in part] == value
+    layout, parts = _frames.cut(dict.fromkeys(value), 64)
+    assert layout == "dict" and [key for part in parts for key, _ in part] == value

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import pickle
+import pickletools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import HELPERS, global_refusal, scan_pickle
+from snapcell.checkpoint import HELPERS, _scanplain, global_refusal, scan_pickle
+from snapcell.checkpoint._scan import scan_pickle_data
+from snapcell.checkpoint._scanplain import _DATA_OPS
 from snapcell.runner._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())
@@ -78,8 +84,11 @@ def test_every_helper_of_the_table_is_exact() -> None:
         assert global_refusal(module, name, RULE) is not None
 
 
-def test_deep_streams_are_refused_not_followed() -> None:
-    assert scan_pickle(b"\x80\x05" + b"]" * (1 << 22 | 1) + b".", RULE) is not None
+@pytest.mark.parametrize("value", [b"]", b"N", b"h\x00"], ids=["EMPTY_LIST", "NONE", "BINGET"])
+def test_deep_streams_are_refused_not_followed(value: bytes) -> None:
+    """Each value on the scanner's stack is 8 bytes of the host's memory for one or two bytes of stream."""
+    refusal = scan_pickle(b"\x80\x05N\x94(" + value * (1 << 22 | 1) + b"t.", RULE)
+    assert refusal is not None and "too deep" in refusal.reason
 
 
 def _list_then_global(group: bytes, tail: bytes) -> bytes:
@@ -111,3 +120,73 @@ def test_a_value_memoized_again_inside_a_group_is_followed_exactly() -> None:
     os_group = b"(\x8c\x02os\x94h\x01\x94e"
     refusal = scan_pickle(_list_then_global(os_group, b"h\x02\x8c\x06system\x93"), RULE)
     assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=data)
+def test_plain_data_is_reported_plain(value: object) -> None:
+    """What a protocol 5 pickler writes for lists, dicts, sets, tuples, strings, bytes and real numbers."""
+    assert scan_pickle_data(pickle.dumps(value, protocol=5), RULE) == (None, not _holds_complex(value))
+
+
+def _holds_complex(value: object) -> bool:
+    """complex() is a call in a pickle: such a stream is not plain."""
+    if isinstance(value, dict):
+        return any(map(_holds_complex, value.values()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(map(_holds_complex, value))
+    return isinstance(value, complex)
+
+
+def test_streams_that_name_a_global_call_or_take_a_buffer_are_not_plain() -> None:
+    """Each of these could fail to restore (or run something): the dump must restore them to know."""
+    rows = [{"id": i} for i in range(2000)]  # a flat-group prefix: what follows must still count
+    kinds = {
+        "a global": [*rows, len],
+        "a call": [*rows, datetime.date(2024, 1, 2)],
+        "BUILD": [*rows, argparse.Namespace(x=1)],
+        "a complex number": [*rows, 1j],
+    }
+    for kind, value in kinds.items():
+        assert scan_pickle_data(pickle.dumps(value, protocol=5), lambda module: True) == (None, False), kind
+    buffered = pickle.dumps(pickle.PickleBuffer(b"x" * 100), protocol=5, buffer_callback=lambda buffer: False)
+    assert scan_pickle_data(buffered, RULE) == (None, False)
+    assert scan_pickle_data(pickle.dumps({"a": [1.5]}, protocol=0), RULE) == (None, False)  # text opcodes
+    refused, plain = scan_pickle_data(b"cos\nsystem\n.", RULE)
+    assert refused is not None and not plain
+
+
+def test_no_opcode_that_resolves_calls_or_takes_a_buffer_counts_as_plain_data() -> None:
+    names = {op.name for op in pickletools.opcodes if ord(op.code) in _DATA_OPS}
+    resolve_or_call = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
+    elsewhere = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"}
+    assert names.isdisjoint(resolve_or_call | elsewhere)
+    assert len(names) == len(_DATA_OPS)  # each is an opcode
+
+
+_NUMBER_TOKENS = [
+    b"KK",
+    b"JJJJJ",
+    b"K\x01",
+    b"M\x01\x02",
+    b"J\x01\x02\x03\x04",
+    b"G" + bytes(range(8)),
+    b"\x88",
+    b"\x89",
+    b"JK",
+    b"KJ",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.sampled_from(_NUMBER_TOKENS), st.integers(1, 3000)), max_size=5),
+    tail=st.sampled_from([b"", b"e", b"K", b"J\x01\x02", b"G\x00", b"N", b"M\x01"]),
+    view=st.booleans(),
+)
+def test_number_runs_end_where_the_pattern_ends_them(runs: list[tuple[bytes, int]], tail: bytes, view: bool) -> None:
+    """Stretches of one opcode are counted by stride (a truncated last token is not whole): as the pattern does."""
+    data = b"".join(token * count for token, count in runs) + tail
+    run = _scanplain._NUMBER_RUN.match(data)
+    source: bytes | memoryview = memoryview(data) if view else data
+    assert _scanplain._number_run_end(source, 0, len(data)) == (run.end() if run else 0)

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _scan, scan_pickle
+from snapcell.checkpoint import _scan, _scanplain, scan_pickle
 from snapcell.runner._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())
@@ -170,3 +172,142 @@ def test_the_globals_and_lookups_kept_in_the_memo_are_bounded() -> None:
     refusal = scan_pickle(_stream(JSON_ENCODER + b"\x94" + copies), RULE)
     assert refusal is not None and "memoized globals" in refusal.reason
     assert scan_pickle(_stream(JSON_ENCODER + b"\x94" + b"h\x00\x940" * 1000), RULE) is None
+
+
+# One token of each kind a flat group holds, each with a 0x94 byte in its argument (which is not MEMOIZE).
+_ARGUMENTS_WITH_0X94 = {
+    "BININT1": b"K\x94",
+    "BININT2": b"M\x94\x00",
+    "BININT": b"J\x00\x94\x00\x00",
+    "BINFLOAT": b"G\x94" + bytes(7),
+    "BINGET": b"h\x94",
+    "LONG_BINGET": b"j\x94\x00\x00\x00",
+    "SHORT_BINUNICODE": _s("a\u0514"),  # U+0514 is d4 94 in UTF-8
+    "SHORT_BINBYTES": b"C\x02\x94\x94",
+    "FRAME": b"\x95\x94" + bytes(7),
+}
+
+
+@pytest.mark.parametrize("token", list(_ARGUMENTS_WITH_0X94.values()), ids=list(_ARGUMENTS_WITH_0X94))
+def test_memo_indices_after_a_group_count_only_its_memoize_opcodes(token: bytes) -> None:
+    """A flat group's MEMOIZEs are counted when a later index needs them: a 0x94 argument byte is not one.
+
+    Memo 0 is the list, the group memoizes 'os' and 'system' (1, 2), then 'json' and 'dumps' are memoized outside
+    any group (3, 4), which makes the scanner count the group. Counted one too many or too few, the scanner's
+    indices part from the loader's: ``GET 3, GET 4`` (json.dumps) is then refused, or worse, a read of 1 and 2
+    (os.system) is taken for another pair.
+    """
+    group = b"(" + token + _s("os") + b"\x94" + _s("system") + b"\x94" + b"e"
+    constants = _s("json") + b"\x94" + _s("dumps") + b"\x94" + b"00"
+    head = b"]\x94" + group + constants
+    assert _scan._group_patterns()[0].match(group) is not None  # the group is taken whole, not opcode by opcode
+    assert scan_pickle(_stream(head + b"h\x03h\x04\x93a"), RULE) is None
+    refusal = scan_pickle(_stream(head + b"h\x01h\x02\x93a"), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_a_constant_memoized_after_groups_gets_the_loaders_index() -> None:
+    """The group count is put off; a string memoized after it must still land where the loader puts it.
+
+    Were the count skipped, 'json' (memo 3) would sit at 1 in the scanner, where the loader has 'os'.
+    """
+    group = b"(" + _s("os") + b"\x94" + _s("system") + b"\x94" + b"e"
+    body = b"]\x94" + group + _s("json") + b"\x940" + b"h\x01" + _s("system") + b"\x93a"
+    refusal = scan_pickle(_stream(body), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_plain_data_streams_are_never_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list of records reads its memo only inside groups: its MEMOIZEs are never counted (the fast path)."""
+    import pickle
+
+    counted: list[int] = []
+    original = _scan._memoize_count
+
+    def counting(data: Any, start: int, stop: int) -> int:
+        counted.append(stop - start)
+        return original(data, start, stop)
+
+    monkeypatch.setattr(_scan, "_memoize_count", counting)
+    rows = [{"id": i, "name": f"n{i}", "v": i * 0.5} for i in range(5000)]
+    assert scan_pickle(pickle.dumps(rows, protocol=5), RULE) is None
+    assert counted == []
+    # A read outside a group after them (a second pickle of the stream reads the first's key) counts them all once.
+    stream = pickle.dumps(rows, protocol=5)[:-1] + b"0h\x01."
+    assert scan_pickle(stream, RULE) is None
+    assert len(counted) == 5
+
+
+def test_groups_counted_together_keep_their_own_first_index() -> None:
+    """Three groups wait to be counted at once: each starts where the ones before it end (memo 0 is the list)."""
+    groups = b"(" + _s("a") + b"\x94e" + b"(e" + b"(" + _s("json") + b"\x94" + _s("dumps") + b"\x94e"
+    assert scan_pickle(_stream(b"]\x94" + groups + b"h\x02h\x03\x93a"), RULE) is None
+    os_groups = b"(" + _s("os") + b"\x94e" + b"(" + _s("json") + b"\x94" + _s("system") + b"\x94e"
+    refusal = scan_pickle(_stream(b"]\x94" + os_groups + b"h\x01h\x03\x93a"), RULE)
+    assert refusal is not None and (refusal.module, refusal.name) == ("os", "system")
+
+
+def test_memo_opcodes_of_the_slow_path_count_the_groups_first() -> None:
+    """LONG_BINGET and GET read into a group; a PUT after a group that memoized is two numberings at once.
+
+    The list here is not memoized, so the group's MEMOIZEs are the stream's first: uncounted, a PUT would pass.
+    """
+    group = b"(" + _s("json") + b"\x94" + _s("dumps") + b"\x94e"
+    reads = [b"j\x00\x00\x00\x00j\x01\x00\x00\x00", b"g0\ng1\n"]
+    for read in reads:
+        assert scan_pickle(_stream(b"]" + group + read + b"\x93a"), RULE) is None
+    refusal = scan_pickle(_stream(b"]" + group + _s("os") + b"q\x000"), RULE)
+    assert refusal is not None and "both ways" in refusal.reason
+
+
+def test_reads_of_entries_made_before_the_groups_do_not_count_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DataFrame's pickle reads its dtype classes again after its columns' groups: those need no count."""
+    counted: list[int] = []
+    original = _scan._memoize_count
+    monkeypatch.setattr(_scan, "_memoize_count", lambda *args: counted.append(1) or original(*args))
+    group = b"(" + _s("a") + b"\x94" + _s("b") + b"\x94e"
+    head = JSON_ENCODER + b"\x940" + b"]\x94" + group + b"0"  # the class is memo 0, the list 1, the group 2 and 3
+    for read in (b"h\x00", b"j\x00\x00\x00\x00"):
+        assert scan_pickle(_stream(head + read), RULE) is None
+    assert counted == []
+    assert _refuses_build_on_the_class(scan_pickle(_stream(head + b"h\x00" + PATCH), RULE))
+    assert scan_pickle(_stream(head + b"h\x02"), RULE) is None  # a read into the group counts it
+    assert counted == [1]
+
+
+_PIECES = [
+    b"(", b"e", b"u", b"\x90", b"}", b"]", b"\x8f", b")", b"\x94", b"N", b"\x88", b"K\x01", b"K\x94", b"M\x01\x02",
+    b"J\x01\x02\x03\x04", b"G" + bytes(8), b"h\x02", b"j\x02\x00\x00\x00", b"\x8c\x02ab", b"C\x01e", b"\x95" + bytes(8),
+    b"0", b"t", b"\x93", b"e(",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(_PIECES), max_size=40))
+def test_the_possessive_patterns_match_what_greedy_ones_match(pieces: list[bytes]) -> None:
+    """The scanner's repeats do not give back tokens (no backtracking stack), and its tokens are in another order: the
+    spans must be the same."""
+    data = b"(" + b"".join(pieces)
+    flat_group = _scan._group_patterns()[0]
+    patterns = [(flat_group, data), (_scanplain._NUMBER_RUN, b"".join(pieces))]
+    for possessive, text in patterns:
+        greedy = re.compile(possessive.pattern.replace(b")*+", b")*").replace(b")++", b")+"), re.DOTALL)
+        assert greedy.pattern != possessive.pattern
+        found, expected = possessive.match(text), greedy.match(text)
+        assert (found and found.span()) == (expected and expected.span())
+    found, expected = flat_group.match(data), _FIRST_FLAT_GROUP.match(data)
+    assert (found and found.span()) == (expected and expected.span())
+
+
+def _first_flat_group() -> re.Pattern[bytes]:
+    """The flat-group pattern as first written (greedy, record first, tokens in opcode order)."""
+    sized = _scanplain._length_prefixed()
+    read = rb"h.(?!\x94)|j....(?!\x94)"
+    token = (
+        rb"K.|M..|J....|G.{8}|\x88|\x89|N|" + read + rb"|\x94|\x8c" + sized + rb"|C" + sized + rb"|[\]})\x8f]|\x95.{8}"
+    )
+    record = rb"(?:\]|\}|\x8f)\x94?\((?:" + token + rb")*[eu\x90]"
+    return re.compile(rb"\((?:" + record + rb"|" + token + rb")*[eu\x90]", re.DOTALL)
+
+
+_FIRST_FLAT_GROUP = _first_flat_group()
