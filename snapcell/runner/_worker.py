@@ -42,6 +42,7 @@ from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._loopfree import finish_without_loop, runs_without_loop
 from snapcell.runner._policy import Policy
+from snapcell.runner._pretouch import pretouch
 from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
 from snapcell.runner._values import to_value
@@ -580,6 +581,7 @@ def serve_session(sock: socket.socket, *, parent_pid: int | None, host_pid: int 
     worker = Worker(channel, runner, workspace)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
     channel.send({"op": "ready", "sandbox": report})
+    pretouch(worker)  # while no request comes: the first turn's copy-on-write faults, taken now
     worker.serve()
     return 0
 
