@@ -390,6 +390,7 @@ class WorkerProcess:
         lookup: Mapping[str, Callable[..., Any]] | None = None,
         calls: list[HostCall] | None = None,
         limits: Limits | None = None,
+        follow_on: bool = False,
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and wait for its reply, serving host-function calls meanwhile.
 
@@ -403,6 +404,8 @@ class WorkerProcess:
             lookup: Host functions a run may call.
             calls: Where the host-function calls served are recorded.
             limits: The limits the request runs under (a run's own); the session's by default.
+            follow_on: ``message`` went as the ``then`` of the request before it, which the worker serves right
+                after that one succeeded: nothing is sent, and its reply may have arrived already.
 
         Raises:
             _Died: The worker died, overran ``timeout_s`` or broke the protocol (it is killed then).
@@ -414,13 +417,14 @@ class WorkerProcess:
         if counter is not None:
             calls_budget = reply_budget("call", limits)
             budget = either_budget(budget, calls_budget)
-        if self._rend != self._rstart:
+        if self._rend != self._rstart and not follow_on:
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
         traced: dict[str, Callable[..., Any] | None] = {}
         try:
             async with _deadline(timeout_s, self):
-                await self._send(message, *parts)
+                if not follow_on:
+                    await self._send(message, *parts)
                 while True:
                     if len(tasks) >= _MAX_PENDING_CALLS:
                         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
