@@ -43,7 +43,7 @@ def test_an_idle_worker_runs_every_step_and_puts_its_session_back(worker: tuple[
     runner = served.runner
     linecache.cache["<cell-1>"] = (3, None, ["abc\n"], "<cell-1>")
     try:
-        assert pretouch(served) == 5
+        assert pretouch(served) == 3
         assert served.runner is runner and served.workspace is None
         assert runner.variables() == {} and runner.cell_count == 0
         # The throwaway cells' source is gone: a session's traceback never shows it.
