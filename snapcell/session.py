@@ -341,7 +341,8 @@ class AsyncSession:
         """Save the namespace as a new checkpoint and return its ID.
 
         A variable that cannot be serialized is dropped, named in the manifest and in the next run's
-        notes; with ``on_unpicklable="fail"`` nothing is stored instead.
+        notes; with ``on_unpicklable="fail"`` nothing is stored instead. After ``run(..., then_dump=True)`` this
+        takes the dump the worker started when that run ended (dated when the run started), checked as any other.
 
         Returns:
             The new checkpoint's opaque, signed ID (``.hex()`` it to store as text).

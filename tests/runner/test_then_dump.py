@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from snapcell import Pool, UnpicklableValue
+from snapcell import Limits, Policy, Pool, UnpicklableValue
 from snapcell.runner._process import WorkerProcess
+from snapcell.runner._runner import Runner
+from snapcell.runner._wire import FRAME, decode, encode, to_plain
+from snapcell.runner._worker import Worker
+from snapcell.runner._workerchannel import Channel
 
 
 @pytest.fixture
@@ -90,3 +98,43 @@ def _dumped(pool: Pool, code: str) -> bytes:
     with pool.checkout() as session:
         session.feed_run(code)
         return session.dump()
+
+
+def _served(requests: list[dict[str, Any]]) -> list[str]:
+    """Serve ``requests`` (then a close) with a worker in this process; the op of every reply frame it sent."""
+    host, child = socket.socketpair()
+    previous = signal.getsignal(signal.SIGUSR1)
+    served = Worker(Channel(child), Runner(policy=Policy(), limits=Limits()))
+    try:
+        for message in [*requests, {"op": "close"}]:
+            payload = encode(message)
+            host.sendall(FRAME.pack(len(payload), 0) + payload)
+        served.serve()
+        child.close()
+        data, ops = b"", []
+        while chunk := host.recv(1 << 20):
+            data += chunk
+        while data:
+            size, blob_size = FRAME.unpack_from(data)
+            ops.append(str(decode(data[FRAME.size : FRAME.size + size])["op"]))
+            data = data[FRAME.size + size + blob_size :]
+        return ops
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        if "loop" in vars(served):
+            served.loop.close()
+            asyncio.set_event_loop(None)
+        host.close()
+        child.close()
+
+
+_DUMP = {"op": "dump", "created_at": 0.0, "level": 1, "on_unpicklable": "skip", "known_blobs": []}
+
+
+def test_the_worker_serves_a_follow_on_right_after_its_request_and_only_after_one_that_succeeded() -> None:
+    limits = to_plain(dataclasses.asdict(Limits()))
+    run = {"op": "run", "code": "x = 1\nx", "host": {}, "setup": False, "limits": limits}
+    assert _served([{**run, "then": _DUMP}, _DUMP]) == ["ran", "dumped", "dumped", "closed"]
+    # A request answered with an error (here a load whose parts do not add up) ends the chain.
+    bad_load = {"op": "load", "parts": [5, 5], "blobs": [], "then": run}
+    assert _served([bad_load]) == ["error", "closed"]
