@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from snapcell._callables import is_async_callable
 from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.runner import DEFAULT_MODULES, HostCall, Policy, RunResult
@@ -205,7 +206,7 @@ def tool_signatures(tools: Mapping[str, Callable[..., Any]]) -> list[str]:
                 signature = str(inspect.signature(func))
             except (TypeError, ValueError):
                 signature = "(...)"
-        prefix = "async def" if inspect.iscoroutinefunction(func) else "def"
+        prefix = "async def" if is_async_callable(func) else "def"
         doc = (inspect.getdoc(func) or "").strip().splitlines()
         lines.append(f"{prefix} {name}{signature}" + (f"\n    {doc[0]}" if doc else ""))
     return lines

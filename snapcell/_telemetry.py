@@ -33,6 +33,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from snapcell._callables import is_async_callable
 from snapcell.errors import CheckpointError, TimeLimitExceeded, WorkerLost
 
 __all__ = [
@@ -79,12 +80,16 @@ def _trace_api() -> Any:
 
 
 def _tracer() -> Any:
-    """The snapcell tracer, or None when opentelemetry is not installed."""
+    """The snapcell tracer, or None when opentelemetry is not installed or no tracer provider is configured."""
     global _cached
     api = _trace_api()
     if api is None:
         return None
     provider = _provider if _provider is not None else api.get_tracer_provider()
+    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
+        # The API without a provider (none set yet, or the no-op one): every span would be a non-recording one, so
+        # none is started (each costs microseconds on every run). Checked on every call: one may be set later.
+        return None
     if _cached is None or _cached[0] is not provider:
         from snapcell import __version__
 
@@ -371,7 +376,7 @@ def trace_host_function(name: str, func: F) -> F:
         return func
     attributes: Attributes = {"snapcell.function": name}
 
-    if inspect.iscoroutinefunction(func):
+    if is_async_callable(func):
 
         @functools.wraps(func)
         async def call_async(*args: Any, **kwargs: Any) -> Any:

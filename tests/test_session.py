@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,11 @@ from snapcell import (
     Session,
     SessionError,
 )
+from snapcell._callables import is_async_callable
 
 KEY_A = "session-tests-key-A-0123456789abcdef"
+# A hang guard for what a test waits on, not a timing bound.
+HANG_GUARD_S = 60.0
 KEY_B = "session-tests-key-B-0123456789abcdef"
 
 
@@ -86,25 +89,69 @@ def test_sync_and_async_host_functions(session: Session) -> None:
     assert [c.name for c in result.external_calls] == ["fetch"]
 
 
-def _overlapping(intervals: list[tuple[float, float]]) -> bool:
-    """Whether every recorded (start, end) interval overlaps every other: all were running at one moment."""
-    return max(start for start, _ in intervals) < min(end for _, end in intervals)
+class AllAtOnce:
+    """An async host function whose calls each wait until ``count`` of them are in flight, then return ``x * factor``.
+
+    Concurrency is counted, not timed: calls made one after another never finish (the run's wall limit, or the hang
+    guard, fails them), and ``peak`` says how many were in flight at once.
+    """
+
+    def __init__(self, count: int, factor: int = 1) -> None:
+        self.count = count
+        self.factor = factor
+        self.in_flight = self.peak = 0
+        self.everyone = asyncio.Event()
+
+    async def call(self, x: int) -> int:  # a method, not __call__: the host tells async functions by their def
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        if self.in_flight == self.count:
+            self.everyone.set()
+        try:
+            await asyncio.wait_for(self.everyone.wait(), HANG_GUARD_S)
+        finally:
+            self.in_flight -= 1
+        return x * self.factor
 
 
 def test_gather_runs_async_host_functions_concurrently(session: Session) -> None:
-    intervals: list[tuple[float, float]] = []
+    slow = AllAtOnce(3)
+    value = session.feed_run(
+        "import asyncio\nawait asyncio.gather(*[slow(i) for i in range(3)])", external_lookup={"slow": slow.call}
+    )
+    assert value == [0, 1, 2]
+    assert slow.peak == 3, "the calls did not run concurrently"
 
-    async def slow(x: int) -> int:
-        start = time.monotonic()
-        await asyncio.sleep(0.2)
-        intervals.append((start, time.monotonic()))
-        return x
 
+class AllAtOnceCallable(AllAtOnce):
+    """`AllAtOnce` offered as an object whose class defines ``async def __call__``."""
+
+    async def __call__(self, x: int) -> int:
+        return await self.call(x)
+
+
+def test_gather_runs_async_callable_objects_concurrently(session: Session) -> None:
+    # Told apart by the class's __call__: before, the host took such an object for a sync function (its calls ran
+    # one after another in process mode) and said "def slow(...)" in the tool text.
+    slow = AllAtOnceCallable(3)
     value = session.feed_run(
         "import asyncio\nawait asyncio.gather(*[slow(i) for i in range(3)])", external_lookup={"slow": slow}
     )
     assert value == [0, 1, 2]
-    assert len(intervals) == 3 and _overlapping(intervals), f"the calls did not run concurrently: {intervals}"
+    assert slow.peak == 3, "the calls did not run concurrently"
+
+
+def test_is_async_callable() -> None:
+    async def coro(x: int) -> int:
+        return x
+
+    class SyncCall:
+        def __call__(self) -> None:
+            pass
+
+    assert is_async_callable(coro) and is_async_callable(functools.partial(coro, 1))
+    assert is_async_callable(AllAtOnceCallable(1)) and is_async_callable(AllAtOnce(1).call)
+    assert not any(map(is_async_callable, [len, lambda: 1, SyncCall(), AllAtOnceCallable, AllAtOnce]))
 
 
 def test_host_functions_are_rebound_by_name_after_load(pool: Pool) -> None:
@@ -282,13 +329,7 @@ def test_checked_in_session_is_an_error(pool: Pool) -> None:
 
 
 def test_async_pool_basic_flow() -> None:
-    intervals: list[tuple[float, float]] = []
-
-    async def slow(x: int) -> int:
-        start = time.monotonic()
-        await asyncio.sleep(0.2)
-        intervals.append((start, time.monotonic()))
-        return x * 2
+    slow = AllAtOnce(3, factor=2)
 
     async def scenario() -> tuple[Any, ...]:
         async with AsyncPool("memory://", signing_keys=[KEY_A], isolation="inline") as pool:
@@ -298,7 +339,8 @@ def test_async_pool_basic_flow() -> None:
             async with pool.checkout() as session:
                 await session.load_session(checkpoint_id)
                 gathered = await session.feed_run(
-                    "import asyncio\nawait asyncio.gather(*[slow(x) for x in data])", external_lookup={"slow": slow}
+                    "import asyncio\nawait asyncio.gather(*[slow(x) for x in data])",
+                    external_lookup={"slow": slow.call},
                 )
                 result = await session.run("missing_name")
                 with pytest.raises(ScriptError):
@@ -307,7 +349,7 @@ def test_async_pool_basic_flow() -> None:
 
     first, gathered, error = asyncio.run(scenario())
     assert first == 3 and gathered == [2, 4, 6] and error == "NameError"
-    assert len(intervals) == 3 and _overlapping(intervals)  # the gathered calls ran concurrently
+    assert slow.peak == 3  # the gathered calls ran concurrently
 
 
 def test_async_session_refuses_overlapping_requests() -> None:

@@ -307,3 +307,29 @@ def test_namespace_summary_is_cheap() -> None:
     start = timeit.default_timer()
     assert summarize_namespace(huge).startswith("1000+ variables")
     assert timeit.default_timer() - start < 0.05
+
+
+def test_no_span_is_started_until_a_tracer_provider_is_configured(
+    inline_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    real_start = trace.ProxyTracer.start_span
+
+    def counting(self: trace.ProxyTracer, name: str, *args: Any, **kwargs: Any) -> Any:
+        started.append(name)
+        return real_start(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(trace.ProxyTracer, "start_span", counting)
+    monkeypatch.setattr(trace.NoOpTracer, "start_span", counting)
+    with inline_pool.checkout() as session:
+        assert session.feed_run("1 + 1") == 2
+        monkeypatch.setattr(trace, "get_tracer_provider", trace.NoOpTracerProvider)
+        assert session.feed_run("2 + 2") == 4
+        assert started == []  # the API alone (no provider set, or the no-op one): every span would record nothing
+        # A global provider set later is used from the next run on.
+        provider = TracerProvider()
+        exporter = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+        assert session.feed_run("3 + 3") == 6
+    assert [span.name for span in _named(exporter, "snapcell.run")] == ["snapcell.run"]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,6 +40,8 @@ __all__ = ["s3_server"]
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "tool-test-signing-key-0123456789"
+# A hang guard for events a test waits on, not a timing bound.
+HANG_GUARD_S = 60.0
 STUBS = '''
 def lookup(name: str) -> int:
     """Look a number up by name."""
@@ -98,11 +101,15 @@ def test_two_conversations_never_share_variables(tool: SyncCodeTool) -> None:
 def test_failed_and_timed_out_turns_still_move_the_head(pool: Pool) -> None:
     from snapcell import Limits
 
-    tool = SyncCodeTool(pool, heads=MemoryHeads(), limits=Limits(wall_time_s=0.3))
+    heads = MemoryHeads()
+    tool = SyncCodeTool(pool, heads=heads)
     tool.run_code("c", "a = 1")
     answer = tool.run_code("c", "b = 2\n1/0")
     assert "ZeroDivisionError" in answer and "line 2" in answer
-    answer = tool.run_code("c", "c = 3\nwhile True:\n    pass")
+    # A short limit only for the turn meant to hit it (a tool over the same heads: the same conversation).
+    answer = SyncCodeTool(pool, heads=heads, limits=Limits(wall_time_s=0.3)).run_code(
+        "c", "c = 3\nwhile True:\n    pass"
+    )
     assert "wall-time" in answer or "stopped" in answer
     assert tool.run_code("c", "a, b, c") == "(1, 2, 3)"
     head = tool.head("c")
@@ -331,25 +338,48 @@ def test_two_processes_on_s3_heads_lose_no_update(s3_server: str) -> None:
     assert len(entries) == 40 and entries.count("A") == 20 and entries.count("B") == 20
 
 
+class CountedLeases(SQLiteHeads):
+    """SQLite heads that count the lease attempts made through them."""
+
+    def __init__(self, path: Path, clock: Clock) -> None:
+        super().__init__(path, clock=clock)
+        self.attempts = 0
+
+    def acquire_lease(self, *args: Any, **kwargs: Any) -> bool:
+        self.attempts += 1
+        return super().acquire_lease(*args, **kwargs)
+
+    def acquire_lease_and_get(self, *args: Any, **kwargs: Any) -> Any:
+        self.attempts += 1
+        return super().acquire_lease_and_get(*args, **kwargs)
+
+
 def test_lease_of_a_killed_process_is_taken_over_after_expiry(tmp_path: Path) -> None:
     store = tmp_path / "store"
     heads_path = store / ".heads.sqlite3"
+    clock = Clock()  # this process's view of the head store's time; the child renews its lease on the real clock
+    heads = CountedLeases(heads_path, clock)
     with Pool(f"file://{store}", isolation="inline", signing_keys=[KEY]) as pool:
-        tool = SyncCodeTool(pool, heads=SQLiteHeads(heads_path), lease_wait_s=0.2)
-        tool.run_code("victim", "before = 1")
+        SyncCodeTool(pool, heads=heads).run_code("victim", "before = 1")
         child = _driver(f"file://{store}", f"sqlite://{heads_path}", "victim", "-", "0")
         try:
             assert child.stdout is not None
             assert child.stdout.readline().strip() == "ready"  # mid-turn, holding the lease
-            with pytest.raises(Conflict, match="another turn"):
-                tool.run_code("victim", "1")
         finally:
             child.send_signal(signal.SIGKILL)
             child.communicate()
-        patient = SyncCodeTool(pool, heads=tool.heads, lease_wait_s=10)
-        started = time.monotonic()
+        dead = heads.record("victim")
+        assert dead is not None and dead.lease_owner is not None  # a killed turn never gives its lease back
+        # As of its last renewal the lease is live: another turn is refused, however its wait goes.
+        clock.now = dead.lease_renewed_at
+        with pytest.raises(Conflict, match="another turn"):
+            SyncCodeTool(pool, heads=heads, lease_wait_s=0.2).run_code("victim", "1")
+        # Once it has expired, a waiting turn takes it over with its first attempt, not after more waiting.
+        clock.now = dead.lease_expires_at + 0.001
+        heads.attempts = 0
+        patient = SyncCodeTool(pool, heads=heads, lease_wait_s=10)
         assert patient.run_code("victim", "before") == "1"  # the killed turn's changes were never stored
-        assert time.monotonic() - started < 5
+        assert heads.attempts == 1
 
 
 def test_answer_hides_none_and_mentions_memory_only_when_it_matters() -> None:
@@ -421,14 +451,23 @@ def test_tool_call_setup_refuses_anything_else(setup: str) -> None:
 
 
 class FailingRenewals(MemoryHeads):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = 0
+
     def renew_lease(self, *args: object, **kwargs: object) -> bool:
+        self.failed += 1
         raise StorageUnavailable("the head store is briefly unreachable")
 
 
 def test_a_failed_lease_renewal_does_not_fail_a_finished_turn(pool: Pool) -> None:
     heads = FailingRenewals()
-    tool = SyncCodeTool(pool, heads=heads, lease_ttl_s=0.06)
-    assert tool.run_code("c", "import time\ntime.sleep(0.2)\nx = 1\nx") == "1"
+    tool = SyncCodeTool(pool, heads=heads, lease_ttl_s=0.06, tools={"failed": lambda: heads.failed})
+    # The turn goes on until two renewals have failed (it awaits, so the renewer runs; a blocking sleep would leave
+    # it no turn of the loop, and the test nothing to show).
+    code = "import asyncio\nwhile failed() < 2:\n    await asyncio.sleep(0.01)\nx = 1\nx"
+    assert tool.run_code("c", code) == "1"
+    assert heads.failed >= 2
     head = heads.get("c")
     assert head is not None and head.checkpoint_id is not None and head.lease_owner is None
 
@@ -451,22 +490,50 @@ def test_a_head_update_that_landed_despite_an_error_counts_as_done(pool: Pool) -
 
 
 class SlowLeases(MemoryHeads):
+    """Lease attempts that block until the test lets them go on; what they granted and gave back is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self.tried = threading.Event()
+        self.released = threading.Event()
+        self.granted: list[bool] = []
+
     def acquire_lease(self, *args: Any, **kwargs: Any) -> bool:
-        time.sleep(0.2)
-        return super().acquire_lease(*args, **kwargs)
+        self.entered.set()
+        self.go.wait(HANG_GUARD_S)
+        taken = super().acquire_lease(*args, **kwargs)
+        self.granted.append(taken)
+        return taken
+
+    def release_lease(self, conversation_id: str, owner: str) -> None:
+        record = self.record(conversation_id)
+        super().release_lease(conversation_id, owner)
+        self.tried.set()
+        if record is not None and record.lease_owner == owner:  # not a no-op release before the lease was taken
+            self.released.set()
 
 
 def test_a_turn_cancelled_while_taking_the_lease_gives_it_back() -> None:
     async def scenario() -> None:
         heads = SlowLeases()
         async with AsyncPool("memory://", isolation="inline") as pool:
-            tool = CodeTool(pool, heads=heads)
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(tool.run_code("c", "1"), 0.05)
-            await asyncio.sleep(0.3)  # the thread that took the lease finishes
-            head = heads.get("c")
-            assert head is None or head.lease_owner is None
-            assert await tool.run_code("c", "2") == "2"
+            tool = CodeTool(pool, heads=heads, lease_wait_s=0.1)
+            turn = asyncio.ensure_future(tool.run_code("c", "1"))
+            assert await asyncio.to_thread(heads.entered.wait, HANG_GUARD_S)  # its attempt is in the head store
+            turn.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await turn
+            # The turn's own cleanup tries to give back a lease not yet taken (a no-op); only then does the attempt, in
+            # a thread nobody can stop, take the lease after all...
+            assert await asyncio.to_thread(heads.tried.wait, HANG_GUARD_S)
+            heads.go.set()
+            assert await asyncio.to_thread(heads.released.wait, HANG_GUARD_S)  # ...and it is given back
+            assert heads.granted == [True]
+            record = heads.record("c")
+            assert record is None or record.lease_owner is None
+            assert await tool.run_code("c", "2") == "2"  # at once: a lease left behind would refuse it (0.1 s wait)
 
     asyncio.run(scenario())
 

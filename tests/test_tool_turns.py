@@ -128,6 +128,7 @@ class Hanging(MemoryHeads):
         self.hang: set[str] = set()
         self.release = threading.Event()
         self.late_writes: list[str] = []
+        self.decided = threading.Event()  # a late write landed or was refused
 
     def _maybe_hang(self, name: str) -> None:
         if name in self.hang:
@@ -145,8 +146,10 @@ class Hanging(MemoryHeads):
             version = super().compare_and_set(*args, **kwargs)
         except Conflict:
             self.late_writes.append("refused")
+            self.decided.set()
             raise
         self.late_writes.append("landed")
+        self.decided.set()
         return version
 
     def acquire_lease(self, *args: Any, **kwargs: Any) -> bool:
@@ -171,10 +174,7 @@ def test_a_hanging_head_store_fails_the_turn_naming_the_call(pool: Pool) -> None
         with pytest.raises(TurnOutcomeUnknown, match="storage_timeout_s"):
             tool.run_code("c", APPEND.format(tag="t2"), turn_id="slow-write")
         heads.release.set()  # the endpoint answers at last
-        for _ in range(6000):  # hang guard only: wait until the late write has been decided
-            if heads.late_writes:
-                break
-            time.sleep(0.01)
+        assert heads.decided.wait(60), "hang guard: the late write was never decided"
         heads.hang = set()
         # The failed turn gave its lease back first, so its late write is refused and the outcome is settled: the
         # retry runs the turn (its first run's host calls happened, but nothing of it was saved), once.

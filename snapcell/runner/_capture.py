@@ -133,6 +133,9 @@ class _Dispatch(io.TextIOBase):
 
 _lock = threading.Lock()
 _active = 0
+# The stand-ins last installed: put back again while the streams they wrap are still sys.stdout and sys.stderr, rather
+# than made anew for every run.
+_stand_ins: tuple[_Dispatch, _Dispatch] | None = None
 
 
 @contextmanager
@@ -141,12 +144,14 @@ def capture_output(limit: int | None) -> Iterator[tuple[TailBuffer, TailBuffer]]
 
     Tasks the run starts inherit the capture; other threads and tasks of the host do not.
     """
-    global _active
+    global _active, _stand_ins
     out, err = TailBuffer(limit), TailBuffer(limit)
     with _lock:
         if _active == 0 or not isinstance(sys.stdout, _Dispatch):
-            sys.stdout = _Dispatch(sys.stdout, 0)
-            sys.stderr = _Dispatch(sys.stderr, 1)
+            pair = _stand_ins
+            if pair is None or pair[0].original is not sys.stdout or pair[1].original is not sys.stderr:
+                pair = _stand_ins = (_Dispatch(sys.stdout, 0), _Dispatch(sys.stderr, 1))
+            sys.stdout, sys.stderr = pair
         _active += 1
     token = _targets.set((out, err))
     try:

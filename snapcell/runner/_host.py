@@ -10,6 +10,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from snapcell._callables import is_async_callable
 from snapcell._telemetry import trace_host_function
 from snapcell.errors import ConfigError, OutputLimitExceeded
 
@@ -146,7 +147,7 @@ class LocalBridge:
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         func = self._admit(name)
-        if inspect.iscoroutinefunction(func):
+        if is_async_callable(func):
             return self._call_async(name, func(*args, **kwargs))
         start = time.perf_counter()
         try:

@@ -7,16 +7,12 @@ plus ``grace_s``. Either way the worker is replaced and the caller gets `WorkerL
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
-import inspect
-import os
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from snapcell._callables import is_async_callable
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
 from snapcell.errors import RunCancelled, ScriptError, SessionError, SnapcellError, TimeLimitExceeded, WorkerLost
 from snapcell.runner._backend import DumpRequest
@@ -67,6 +63,8 @@ class ProcessBackend:
         self._limits = limits
         self.mounts = dict(mounts or {})
         self.worker: WorkerProcess | None = None
+        # The worker's CPU seconds read after the last run, with that worker and its request count then.
+        self._cpu_mark: tuple[WorkerProcess, int, float] | None = None
         # A dump asked for with the last run (its ``then``): the worker, the request, and what it was asked.
         self._then: tuple[WorkerProcess, dict[str, Any], DumpRequest] | None = None
 
@@ -85,6 +83,7 @@ class ProcessBackend:
         calls: list[HostCall] | None = None,
         limits: Limits | None = None,
         limit_name: str = "",
+        cancel_grace_s: float | None = None,
         then: tuple[dict[str, Any], DumpRequest] | None = None,
         follow_on: bool = False,
     ) -> tuple[dict[str, Any], bytearray]:
@@ -99,6 +98,8 @@ class ProcessBackend:
             calls: Where the host-function calls served are recorded.
             limits: The limits the request runs under; the session's by default.
             limit_name: The `Limits` field behind ``timeout_s``, named when it is overrun.
+            cancel_grace_s: For a run: how long its reply is awaited after its caller is cancelled (see
+                `WorkerProcess.request`).
             then: A dump the worker does right after this request succeeds (its request, sent as ``then``, and
                 what was asked); `dumped` reads its reply.
             follow_on: ``message`` is the ``then`` of the request before: read its reply, send nothing.
@@ -119,7 +120,14 @@ class ProcessBackend:
             self._then = (worker, then[0], then[1])
         try:
             reply, reply_blob = await worker.request(
-                message, parts, timeout_s=timeout_s, lookup=lookup, calls=calls, limits=limits, follow_on=follow_on
+                message,
+                parts,
+                timeout_s=timeout_s,
+                lookup=lookup,
+                calls=calls,
+                limits=limits,
+                cancel_grace_s=cancel_grace_s,
+                follow_on=follow_on,
             )
         except _Died as exc:
             self._then = None
@@ -166,16 +174,22 @@ class ProcessBackend:
         limits: Limits,
         then_dump: DumpRequest | None = None,
     ) -> RunResult:
-        host = {name: inspect.iscoroutinefunction(func) for name, func in lookup.items()}
+        host = {name: is_async_callable(func) for name, func in lookup.items()}
         timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
         calls: list[HostCall] = []
         if self.worker is None:
             await self.start()
         worker = self.worker
         stat = worker.stat if worker is not None else None
-        cpu_before = stat.cpu_seconds() if stat is not None else None
-        request = asyncio.ensure_future(
-            self._request(
+        mark = self._cpu_mark
+        if mark is not None and worker is mark[0] and worker.requests == mark[1]:
+            cpu_before: float | None = mark[2]  # no request since the last run's reading: the same number again
+        else:
+            cpu_before = stat.cpu_seconds() if stat is not None else None
+        # The request runs in this task. A cancellation of it stops the script (its namespace is kept) and the run's
+        # reply is awaited for the grace period (see `_hostchannel`); a worker that does not answer is killed (lost).
+        try:
+            reply, blob = await self._request(
                 {
                     "op": "run",
                     # A str subclass is sent as its text; anything else is not a script, which the worker says.
@@ -190,30 +204,18 @@ class ProcessBackend:
                 calls=calls,
                 limits=limits,
                 limit_name="wall_time_s",
+                cancel_grace_s=limits.grace_s + 1.0,
                 then=None if then_dump is None else (_dump_message(then_dump), then_dump),
             )
-        )
-        cancelled = False
-        try:
-            reply, blob = await asyncio.shield(request)
-        except asyncio.CancelledError:
-            if request.done() or worker is None:
+        except WorkerLost:
+            if worker is None or not worker.caller_cancelled:
                 raise
-            # Our caller was cancelled: ask the worker to stop the script where it is (its namespace is kept) and
-            # wait for the run's reply for the grace period; a worker that does not answer is killed (lost).
-            cancelled = True
-            with contextlib.suppress(_Died, OSError):
-                await worker.send_control({"op": "cancel"})
-            if worker.pid is not None and not worker.dead:
-                with contextlib.suppress(OSError):  # it is mid-run, so alive: the pid is still its own
-                    os.kill(worker.pid, signal.SIGUSR1)
-            try:
-                reply, blob = await asyncio.wait_for(request, limits.grace_s + 1.0)
-            except (TimeoutError, WorkerLost):
-                # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
-                await self.discard()
-                raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
+            # It did not stop in time (C code, say) and was killed: a cancellation whose run is lost.
+            await self.discard()
+            raise RunCancelled(RunResult(status="lost", external_calls=tuple(calls))) from None
+        cancelled = worker is not None and worker.caller_cancelled
         cpu_after = stat.cpu_seconds() if stat is not None else None
+        self._cpu_mark = (worker, worker.requests, cpu_after) if worker is not None and cpu_after is not None else None
         cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
         peak = stat.peak_rss() if stat is not None else None
         try:

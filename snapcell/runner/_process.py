@@ -36,6 +36,7 @@ from snapcell.runner._budget import (
 )
 from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._hostcalls import PendingCall, call_host, finish_call
+from snapcell.runner._hostchannel import ChannelIO, Died
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._privileges import LIVE_WORKER_PIDS
@@ -61,11 +62,7 @@ _CONTROL_TIMEOUT_S = 30.0
 _KILL_WAIT_S = 5.0
 # A worker whose channel closed exits at once; one still alive this long after is killed.
 _EXIT_WAIT_S = 1.0
-_READ_CHUNK = 256 * 1024
 _DECODE_INLINE_BYTES = 256 * 1024
-# A large frame's buffer starts this big and doubles as data arrives, so a claimed size costs nothing until it is
-# sent: the host never holds more than twice what the worker actually sent.
-_FIRST_BLOCK = 1024 * 1024
 # Largest blob a worker may send when its session has no memory limit; with one, twice that limit.
 _MAX_BLOB_BYTES_UNLIMITED = 64 * 1024**3
 _REFILL_DELAY_S = 0.05
@@ -79,11 +76,7 @@ _MEMORY_DEATH_SHARE = 0.75
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
-class _Died(Exception):
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.detail = detail
+_Died = Died
 
 
 def policy_to_plain(policy: Policy) -> dict[str, Any]:
@@ -95,7 +88,7 @@ def policy_to_plain(policy: Policy) -> dict[str, Any]:
     return to_plain(fields)  # type: ignore[no-any-return]
 
 
-class WorkerProcess:
+class WorkerProcess(ChannelIO):
     """One worker process and the channel to it. Use `start`, then `init`, then requests."""
 
     def __init__(
@@ -114,17 +107,11 @@ class WorkerProcess:
         self.pid: int | None = None
         self.sandbox: dict[str, str] = {}
         self.checkouts = 0
+        # Requests sent so far (a run's CPU reading may serve as the next one's start when none came between).
+        self.requests = 0
         # The (policy, limits) this worker was set up for ahead of a checkout (see `WorkerPool`), if any.
         self.settled: tuple[Policy, Limits] | None = None
-        self._sock: socket.socket | None = None
-        # Received bytes not yet consumed live in _rbuf[_rstart:_rend].
-        self._rbuf = bytearray(_READ_CHUNK)
-        self._rview = memoryview(self._rbuf)
-        self._rstart = self._rend = 0
-        # The channel stays registered with the event loop while frames are being read (see `_wait_readable`).
-        self._watching: asyncio.AbstractEventLoop | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._send_lock = asyncio.Lock()
+        super().__init__()
         self._stderr: Any = None
         self.dead = False
         # Largest blob accepted in a frame; none until `init` says how much memory the worker may use.
@@ -235,120 +222,22 @@ class WorkerProcess:
             raise SessionError(f"a worker process failed to start: {str(message)[:500]}")
         self.sandbox = {str(k)[:100]: str(v)[:1000] for k, v in sandbox.items()}
 
-    async def send_control(self, message: dict[str, Any]) -> None:
-        """Send a message that has no reply of its own (``cancel``) while a request is in flight.
-
-        Raises:
-            _Died: The worker is not running.
-        """
-        await self._send(message)
-
     async def _send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
         sock = self._sock
         if sock is None or self.dead:
             raise _Died("crash", "the worker is not running")
         payload = encode(message)
-        loop = asyncio.get_running_loop()
         try:
-            async with self._send_lock:  # frames from concurrent host-call results must not interleave
-                await loop.sock_sendall(sock, FRAME.pack(len(payload), sum(len(p) for p in parts)) + payload)
+            await self._lock_for_send()  # frames from concurrent host-call results must not interleave
+            try:
+                await self._sendall(sock, FRAME.pack(len(payload), sum(len(p) for p in parts)) + payload)
                 for part in parts:
                     if part:
-                        await loop.sock_sendall(sock, part)
+                        await self._sendall(sock, part)
+            finally:
+                self._send_lock.release()
         except (ConnectionError, OSError) as exc:
             raise _Died(await self._death_reason(), str(exc)) from exc
-
-    async def _read_exactly(self, size: int) -> bytearray:
-        sock = self._sock
-        if sock is None:
-            raise _Died("crash", "the worker is not running")
-        buffer, view = self._rbuf, self._rview
-        if self._rend - self._rstart >= size:
-            # Small frames usually arrive whole: one read serves the header and the message.
-            out = buffer[self._rstart : self._rstart + size]
-            self._rstart += size
-            return out
-        if size > len(buffer) // 2:
-            # A large payload goes straight into its own buffer, after what is already here.
-            got = self._rend - self._rstart
-            out = bytearray(max(min(size, _FIRST_BLOCK), got))
-            out[:got] = view[self._rstart : self._rend]
-            self._rstart = self._rend = 0
-            while got < size:
-                if got == len(out):
-                    out.extend(bytes(min(len(out), size - got)))
-                target = memoryview(out)[got:]
-                try:
-                    n = await self._recv_into(sock, target)
-                finally:
-                    target.release()  # `extend` above needs the buffer unexported
-                if n == 0:
-                    raise ConnectionResetError("the worker closed its channel")
-                got += n
-            return out
-        if self._rstart:  # make room at the end
-            kept = self._rend - self._rstart
-            view[:kept] = view[self._rstart : self._rend]
-            self._rstart, self._rend = 0, kept
-        while self._rend < size:
-            n = await self._recv_into(sock, view[self._rend :])
-            if n == 0:
-                raise ConnectionResetError("the worker closed its channel")
-            self._rend += n
-        out = buffer[:size]
-        self._rstart = size
-        return out
-
-    async def _recv_into(self, sock: socket.socket, target: memoryview) -> int:
-        """Receive what has arrived into ``target``, waiting for the channel to become readable if nothing has."""
-        while True:
-            try:
-                return sock.recv_into(target)
-            except (BlockingIOError, InterruptedError):
-                await self._wait_readable(sock)
-
-    async def _wait_readable(self, sock: socket.socket) -> None:
-        """Wait until the channel is readable.
-
-        The channel is registered with the loop once and stays so while someone waits each time it becomes
-        readable (most of a request), rather than registered and removed around every wait as
-        ``loop.sock_recv_into`` does: two ``epoll_ctl`` calls and a handle fewer per frame.
-        """
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiter = waiter
-        if self._watching is not loop:
-            self._unwatch()
-            loop.add_reader(sock.fileno(), self._on_readable)
-            self._watching = loop
-        try:
-            await waiter
-        finally:
-            if self._waiter is waiter:
-                self._waiter = None
-
-    def _on_readable(self) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            if not waiter.done():
-                waiter.set_result(None)
-            return
-        # Nobody waits. Usually the report is stale (the woken reader took the bytes since the loop polled); if
-        # bytes (or the end of the channel) are really there, stop watching, or the loop calls again every turn.
-        sock = self._sock
-        if sock is not None:
-            try:
-                sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                pass
-        self._unwatch()
-
-    def _unwatch(self) -> None:
-        loop, self._watching = self._watching, None
-        if loop is not None and self._sock is not None:
-            loop.remove_reader(self._sock.fileno())
 
     async def _receive(self, budget: Budget) -> tuple[dict[str, Any], bytearray, int]:
         """Read one frame within ``budget``: its message, its blob, and the message's length.
@@ -368,7 +257,9 @@ class WorkerProcess:
             if size < _DECODE_INLINE_BYTES:
                 message = decode(raw, max_items=budget.items)
             else:
-                message = await asyncio.to_thread(decode, raw, max_items=budget.items)
+                message = await self._patiently(
+                    asyncio.ensure_future(asyncio.to_thread(decode, raw, max_items=budget.items))
+                )
             del raw
             blob = await self._read_exactly(blob_size) if blob_size else bytearray()
         except (ConnectionError, OSError) as exc:
@@ -390,6 +281,7 @@ class WorkerProcess:
         lookup: Mapping[str, Callable[..., Any]] | None = None,
         calls: list[HostCall] | None = None,
         limits: Limits | None = None,
+        cancel_grace_s: float | None = None,
         follow_on: bool = False,
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and wait for its reply, serving host-function calls meanwhile.
@@ -404,6 +296,8 @@ class WorkerProcess:
             lookup: Host functions a run may call.
             calls: Where the host-function calls served are recorded.
             limits: The limits the request runs under (a run's own); the session's by default.
+            cancel_grace_s: For a run: the first cancellation of the calling task stops the script instead, and the
+                reply is awaited for at most this long after it (see `_hostchannel`); `caller_cancelled` says so.
             follow_on: ``message`` went as the ``then`` of the request before it, which the worker serves right
                 after that one succeeded: nothing is sent, and its reply may have arrived already.
 
@@ -411,6 +305,7 @@ class WorkerProcess:
             _Died: The worker died, overran ``timeout_s`` or broke the protocol (it is killed then).
         """
         op = message.get("op")
+        self.requests += 1
         limits = self.limits if limits is None else limits
         budget = reply_budget(str(op), limits, self.max_blob_bytes)
         counter = CallBudget(limits.max_host_calls) if op == "run" else None
@@ -421,29 +316,42 @@ class WorkerProcess:
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
         traced: dict[str, Callable[..., Any] | None] = {}
+        # The deadline is entered here rather than through `_deadline` (a generator): this runs for every request.
+        deadline = asyncio.timeout(timeout_s)
         try:
-            async with _deadline(timeout_s, self):
-                if not follow_on:
-                    await self._send(message, *parts)
-                while True:
-                    if len(tasks) >= _MAX_PENDING_CALLS:
-                        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                    reply, reply_blob, size = await self._receive(budget)
-                    if reply.get("op") == "call":
-                        if counter is None:
-                            await self._refuse("it sent a host-function call outside a run")
-                        else:
-                            await self._admit_call(reply, size, calls_budget, counter)
-                        served = call_host(reply, lookup or {}, calls, traced)
-                        if isinstance(served, PendingCall):  # an async function: awaited alongside the others
-                            task = asyncio.ensure_future(self._finish_call(served, calls))
-                            tasks.add(task)
-                            task.add_done_callback(tasks.discard)
-                        else:  # a sync function has answered already: no task, no loop turn
-                            with contextlib.suppress(_Died):
-                                await self._send(served)
-                        continue
-                    return reply, reply_blob
+            async with deadline:
+                self.serve_run(deadline, cancel_grace_s)
+                try:
+                    if not follow_on:
+                        await self._send(message, *parts)
+                    while True:
+                        while len(tasks) >= _MAX_PENDING_CALLS:
+                            try:
+                                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                            except asyncio.CancelledError:
+                                if not self.absorb_cancel():
+                                    raise
+                        reply, reply_blob, size = await self._receive(budget)
+                        if reply.get("op") == "call":
+                            if counter is None:
+                                await self._refuse("it sent a host-function call outside a run")
+                            else:
+                                await self._admit_call(reply, size, calls_budget, counter)
+                            served = call_host(reply, lookup or {}, calls, traced)
+                            if isinstance(served, PendingCall):  # an async function: awaited alongside the others
+                                task = asyncio.ensure_future(self._finish_call(served, calls))
+                                tasks.add(task)
+                                task.add_done_callback(tasks.discard)
+                            else:  # a sync function has answered already: no task, no loop turn
+                                with contextlib.suppress(_Died):
+                                    await self._send(served)
+                            continue
+                        return reply, reply_blob
+                finally:
+                    self.run_served()
+        except TimeoutError:
+            await self.kill()
+            raise _Died("timeout") from None
         finally:
             for task in tasks:
                 task.cancel()
@@ -588,11 +496,11 @@ class WorkerProcess:
 
 
 @contextlib.asynccontextmanager
-async def _deadline(timeout_s: float | None, worker: WorkerProcess) -> AsyncIterator[None]:
+async def _deadline(timeout_s: float | None, worker: WorkerProcess) -> AsyncIterator[asyncio.Timeout]:
     """Kill ``worker`` and raise ``_Died("timeout")`` when the block overruns ``timeout_s`` (None: no deadline)."""
     try:
-        async with asyncio.timeout(timeout_s):
-            yield
+        async with asyncio.timeout(timeout_s) as deadline:
+            yield deadline
     except TimeoutError:
         await worker.kill()
         raise _Died("timeout") from None

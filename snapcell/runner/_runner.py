@@ -6,7 +6,6 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -23,9 +22,10 @@ from snapcell.errors import (
     SnapcellError,
     TimeLimitExceeded,
 )
-from snapcell.runner._assigned import UNBOUND, assigned_names, bindable_names
+from snapcell.runner._assigned import UNBOUND, assigned_names
 from snapcell.runner._capture import capture_output
-from snapcell.runner._compile import RESULT_NAME, compile_cell, parse_cell, register_source
+from snapcell.runner._cellcache import CellCache
+from snapcell.runner._compile import RESULT_NAME, register_source
 from snapcell.runner._definitions import Definitions, setup_cells_assigning
 from snapcell.runner._guard import (
     GUARD_GLOBALS,
@@ -48,6 +48,7 @@ from snapcell.runner._interrupt import (
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy, with_file_access
 from snapcell.runner._result import RunResult
+from snapcell.runner._stack import script_recursion_limit
 from snapcell.runner._summary import summarize_namespace
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class Runner:
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
         self._watch: Watchdog | None = None
+        self._cells = CellCache(policy)
         self.loaded = False  # the namespace came from a checkpoint (see `_loopfree.runs_without_loop`)
         self._restored: set[bytes] = set()
         # Pickles that passed `self.rule` at an earlier dump (the rule is fixed for the runner's life).
@@ -217,36 +219,31 @@ class Runner:
                 error=ScriptSyntaxError(f"a script must be text, not {type(code).__name__}"), notes=tuple(notes)
             )
         try:
-            tree = parse_cell(code, filename)
-            self.policy.check(tree, code, filename)
-            self.policy.transform(tree)
-            cell = compile_cell(tree, code, filename, self.future_flags)
+            prepared = self._cells.prepare(code, filename, self.future_flags)
         except (ScriptSyntaxError, PolicyError) as exc:
             return RunResult(error=exc, duration_s=time.perf_counter() - start, notes=tuple(notes))
+        cell = prepared.cell
         self.cell_count += 1
         self.cells.append(code)
         self.future_flags = cell.future_flags
         self._bind_host_functions(host_names)
         value, error = None, None
         # Only names the cell can bind are watched, so this costs the cell's size, not the namespace's.
-        before = {name: id(self.namespace.get(name, UNBOUND)) for name in bindable_names(tree)}
+        before = {name: id(self.namespace.get(name, UNBOUND)) for name in prepared.bindable}
         cpu_start = time.process_time()
         caller_cancelled = False
         with capture_output(limits.max_output_bytes) as (out, err):
             bridge_token = bind_bridge(bridge)
-            old_depth = sys.getrecursionlimit()
-            if limits.max_recursion_depth is not None:
-                sys.setrecursionlimit(max(limits.max_recursion_depth + _stack_depth(), old_depth // 4))
             watchdog = Watchdog(limits.wall_time_s, self.namespace)
             self._watch = watchdog
             try:
-                value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
+                with script_recursion_limit(limits.max_recursion_depth):
+                    value, error = await self._execute(cell.code, cell.is_async, watchdog, bridge)
             except cancelled_error():
                 caller_cancelled = True  # the awaiting caller was cancelled (inline mode): end the run as cancelled
             finally:
                 self._watch = None
                 watchdog.stop()
-                sys.setrecursionlimit(old_depth)
                 unbind_bridge(bridge_token)
         assigned = assigned_names(before, self.namespace, skip=_NOT_VARIABLES)
         if caller_cancelled or watchdog.cancelled:
@@ -266,7 +263,8 @@ class Runner:
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
             )
-        self.definitions.record(code, self.namespace)
+        if prepared.defines:  # else recording finds nothing to keep (and would parse the cell again to see so)
+            self.definitions.record(code, self.namespace)
         if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
@@ -509,14 +507,6 @@ def _locate(error: ScriptError) -> ScriptError:
                 + [f"{error.exc_type}: {error.exc_message}"]
             )
     return error
-
-
-def _stack_depth() -> int:
-    depth, frame = 0, sys._getframe()
-    while frame is not None:
-        depth += 1
-        frame = frame.f_back  # type: ignore[assignment]
-    return depth
 
 
 def _render(value: Any, limit: int | None) -> str:

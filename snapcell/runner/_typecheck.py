@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from snapcell._callables import is_async_callable
 from snapcell.errors import ConfigError, TimeLimitExceeded, TypingError
 
 __all__ = ["Diagnostic", "TypeChecker", "declarations_from_namespace", "find_ty"]
@@ -484,7 +485,7 @@ def _declare(name: str, value: object, classes: dict[int, str], imports: dict[st
             "    def __getattr__(self, name: str) -> Any: ...",
         ]
     if callable(value) and _type_expr(value, 0, classes, imports) == "Any":
-        keyword = "async def" if inspect.iscoroutinefunction(value) else "def"
+        keyword = "async def" if is_async_callable(value) else "def"
         return [f"{keyword} {name}{_signature(value)}: ..."]
     return [f"{name}: {_type_expr(value, 0, classes, imports)}"]
 

@@ -320,6 +320,8 @@ def count_items(data: bytes | bytearray, limit: int) -> int:
     Separators are counted at C speed; only when that count is over ``limit`` are the strings (whose
     separators are not items) taken out and the count made again.
     """
+    if len(data) < limit:  # every value but the first follows a separator byte: no text this short holds more
+        return len(data) + 1
     count = _items_bound(data)
     if count > limit:
         count = _items_bound(_STRING.sub(b"", data))
@@ -352,7 +354,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_items: int | None = None
         finally:
             if paused:
                 gc.enable()
-        if raw.count(b"[") + raw.count(b"{") > MAX_MESSAGE_DEPTH:  # else it cannot be too deep
+        if len(raw) > MAX_MESSAGE_DEPTH and raw.count(b"[") + raw.count(b"{") > MAX_MESSAGE_DEPTH:  # else not too deep
             if _depth(message, MAX_MESSAGE_DEPTH) > MAX_MESSAGE_DEPTH:
                 raise MalformedMessage(f"the message is nested deeper than {MAX_MESSAGE_DEPTH} levels")
     except MalformedMessage:

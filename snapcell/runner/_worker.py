@@ -105,8 +105,8 @@ class Worker:
         self.bridge: WorkerBridge | None = None
         self._limits_plain: dict[str, Any] | None = None
         self._limits_run = runner.limits
-        # The host cancels a run with SIGUSR1 (and a "cancel" frame, skipped when read): no thread reads the channel
-        # while a synchronous cell runs, but a signal handler runs between its bytecodes.
+        # The host cancels a run with SIGUSR1 (a "cancel" frame, which hosts no longer send, is skipped): no thread
+        # reads the channel while a synchronous cell runs, but a signal handler runs between its bytecodes.
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.runner.cancel())
 
     @functools.cached_property

@@ -166,18 +166,14 @@ class WorkerBridge:
         return call_id
 
     def _call_sync(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        done = threading.Event()
+        # Whichever thread reads the result puts it here (a list's append is atomic); the waiting thread looks
+        # after each of its reads, so nothing needs waking.
         box: list[dict[str, Any]] = []
-
-        def deliver(message: dict[str, Any]) -> None:
-            box.append(message)
-            done.set()
-
-        call_id = self._request(name, args, kwargs, deliver)
+        call_id = self._request(name, args, kwargs, box.append)
         try:
             # The waiting thread reads the result itself (no reader thread to hand it over); short waits keep
             # it interruptible by the wall-time watchdog.
-            while not done.is_set():
+            while not box:
                 self.read_one(_WAIT_SLICE_S)
         finally:
             with self._lock:

@@ -239,3 +239,44 @@ def test_a_cancelled_run_that_does_not_stop_is_killed_and_the_session_restored(p
             assert after.value == (1, False) and after.restarted
 
     process_pool.call(scenario())
+
+
+def test_a_run_cancelled_while_its_script_is_being_sent_leaves_the_channel_whole(process_pool: Pool) -> None:
+    async def scenario() -> None:
+        async with process_pool.aio.checkout() as session:
+            await session.run("kept = 1")
+            # Larger than the socket's buffer: the request is still being written when its caller is cancelled.
+            task = asyncio.ensure_future(session.run("sent = 1\n" + "#" * 900_000 + "\nsent"))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(RunCancelled) as info:
+                await asyncio.wait_for(task, 60)
+            assert info.value.result.status != "lost"
+            # The whole frame went, the reply was read: the same worker answers the next run in step.
+            after = await session.run("kept")
+            assert after.value == 1 and not after.restarted
+
+    process_pool.call(scenario())
+
+
+def test_a_run_cancelled_while_an_async_host_function_is_pending_keeps_its_worker(process_pool: Pool) -> None:
+    started = asyncio.Event()
+
+    async def slow() -> int:
+        started.set()
+        await asyncio.sleep(120)
+        return 1
+
+    async def scenario() -> None:
+        async with process_pool.aio.checkout() as session:
+            task = asyncio.ensure_future(session.run("a = 1\nb = await slow()", external_lookup={"slow": slow}))
+            await asyncio.wait_for(started.wait(), 60)
+            task.cancel()
+            with pytest.raises(RunCancelled) as info:
+                await asyncio.wait_for(task, 60)
+            assert info.value.result.status == "cancelled"
+            assert info.value.result.assigned == ("a",)
+            after = await session.run("a")
+            assert after.value == 1 and not after.restarted  # the same worker, in step with the host
+
+    process_pool.call(scenario())

@@ -71,3 +71,24 @@ def test_no_cap_keeps_everything() -> None:
     for i in range(20_000):
         buffer.write(f"{i},")
     assert buffer.getvalue() == "".join(f"{i}," for i in range(20_000)) and buffer.dropped_bytes == 0
+
+
+def test_a_flood_of_small_writes_trims_once_per_32_kib_not_once_per_write(monkeypatch) -> None:
+    # What keeps a flood cheap is counted, not timed: trimming the buffer back to its cap is amortized.
+    trims: list[int] = []
+    trim = TailBuffer._trim
+
+    def counted(self: TailBuffer) -> None:
+        trims.append(1)
+        trim(self)
+
+    monkeypatch.setattr(TailBuffer, "_trim", counted)
+    with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
+        result = session.run("for i in range(10**6):\n    print(i)", limits=Limits(max_output_bytes=1000))
+    printed = sum(len(str(i)) + 1 for i in range(10**6))  # 2,000,000 writes: the number, then the newline
+    assert result.error is None
+    header, kept = result.stdout.split("\n", 1)
+    assert len(kept) == 1000 and kept.endswith("999998\n999999\n")
+    assert header == f"[... {printed - 1000} earlier characters of output were dropped ...]"
+    # ~105 with the 64 KiB of slack between trims (plus one per stream when the run's output is read).
+    assert len(trims) <= printed // (32 * 1024) + 2, f"{len(trims)} trims for {printed:,} characters"

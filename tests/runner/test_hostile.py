@@ -6,8 +6,6 @@ with the expected error AND the namespace has no ``pwned`` AND the canary was ne
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from snapcell import Limits
@@ -379,21 +377,21 @@ SWALLOWERS = {
 
 @pytest.mark.parametrize("code", list(SWALLOWERS.values()), ids=list(SWALLOWERS))
 def test_swallowed_timeouts_still_stop(run, code):
-    start = time.monotonic()
+    # No clock here: a script that swallows the interrupt for good hangs an inline run (pytest-timeout fails it),
+    # and gets its worker killed in process mode (WorkerLost, not this TimeLimitExceeded and its note); the
+    # variables kept show it was the interrupt that stopped it, not a restart.
     result = run("before = 41\n" + code + SUCCESS, limits=Limits(wall_time_s=0.3))
-    assert time.monotonic() - start < 3
     assert isinstance(result.error, TimeLimitExceeded), result.error
     assert any("stopped after 0.3 s" in n and "earlier variables are still defined" in n for n in result.notes)
     assert "CANARY" not in result.stdout
     assert run("(before + 1, 'pwned' in dir())").value == (42, False)
 
 
-def test_output_flood_is_capped_and_fast(run):
-    start = time.monotonic()
+def test_output_flood_is_capped(run):
+    # That the flood costs work in proportion to what is printed, not to what is printed times what is kept, is
+    # counted (trims per byte) in tests/runner/test_capture.py, not timed here.
     result = run("for i in range(10**6):\n    print(i)", limits=Limits(max_output_bytes=1000))
-    elapsed = time.monotonic() - start
     assert result.error is None
-    assert elapsed < 10
     assert result.stdout.endswith("999999\n")
     assert "earlier characters of output were dropped" in result.stdout
     assert len(result.stdout) < 1200

@@ -13,7 +13,6 @@ import dataclasses
 import os
 import resource
 import sys
-import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +28,9 @@ FAKE = str(Path(__file__).with_name("fake_worker.py"))
 MIB = 1024 * 1024
 # The host may hold this much more, at its peak, while a fake worker claims gigabytes and sends megabytes.
 MEMORY_BOUND = 64 * MIB
-# A hang guard, far above every deadline below (the longest is a dump's 0.5 s + 0.2 s grace + 1 s).
-HANG_GUARD_S = 30.0
+# A hang guard, not a timing bound: far above every deadline below (the longest is a dump's 0.5 s + 0.2 s grace
+# + 1 s), and below pytest-timeout's 120 s so that a hang fails its own test with a clear error.
+HANG_GUARD_S = 90.0
 LIMITS = Limits(
     wall_time_s=0.3,
     grace_s=0.2,
@@ -168,12 +168,10 @@ def test_a_lying_worker_gets_a_clear_error_within_a_deadline_and_a_memory_bound(
     recorded: list[Any] = []
     tracemalloc.reset_peak()
     before, _ = tracemalloc.get_traced_memory()
-    start = time.monotonic()
+    # The deadline is the host's: the stalling attacks must end in its "did not stop within" WorkerLost (below).
     outcome, exit_status = asyncio.run(asyncio.wait_for(_attack(attack, recorded), HANG_GUARD_S))
-    elapsed = time.monotonic() - start
     _, peak = tracemalloc.get_traced_memory()
     assert peak - before < MEMORY_BOUND, f"the host held {(peak - before) / MIB:.0f} MiB more"
-    assert elapsed < HANG_GUARD_S
     expected = EXPECTED[attack]
     if expected is None:
         _check_answer(attack, outcome, recorded)
@@ -413,10 +411,11 @@ def test_a_dump_that_hangs_is_stopped_and_the_session_restored(plain_pool: Pool,
         session.feed_run("kept = [1, 2]")
         session.dump()
         session.feed_run(cell)
-        start = time.monotonic()
-        with pytest.raises(WorkerLost, match="dump_time_s") as lost:
+        # The host's deadline stopped it (a C-level loop cannot stop itself; without that deadline it never returns).
+        with pytest.raises(
+            WorkerLost, match=r"dump did not finish within Limits\.dump_time_s \(plus grace_s: 0\.8 s\)"
+        ) as lost:
             session.dump()
-        assert time.monotonic() - start < HANG_GUARD_S
         assert lost.value.reason == "timeout"
         # Restored from the last good checkpoint: the stuck object is gone, and dumping works again.
         assert session.feed_run("kept") == [1, 2]
@@ -437,10 +436,11 @@ def test_a_checkpoint_that_hangs_at_load_is_reported_and_the_session_goes_on(pla
         session.feed_run(_LOOPS_AT_LOAD)
         bad = session.dump()
     with pool.checkout() as session:
-        start = time.monotonic()
-        with pytest.raises(WorkerLost, match="load of the checkpoint did not finish within Limits.load_time_s"):
+        with pytest.raises(
+            WorkerLost, match=r"load of the checkpoint did not finish within Limits\.load_time_s \(plus"
+        ) as lost:
             session.load_session(bad)
-        assert time.monotonic() - start < HANG_GUARD_S
+        assert lost.value.reason == "timeout"
         assert session.feed_run("1 + 1") == 2  # the conversation is not stuck
         session.load_session(good)
         assert session.feed_run("good") == 1

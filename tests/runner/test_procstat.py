@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from snapcell import Pool
 from snapcell.runner._procstat import ProcStat
 
@@ -42,3 +44,26 @@ def test_a_run_reports_the_workers_cpu_time_and_peak_memory() -> None:
         assert result.error is None
         assert result.cpu_time_s is not None and result.cpu_time_s > 0
         assert result.peak_memory_bytes is not None and result.peak_memory_bytes > 48 * 2**20
+
+
+def test_back_to_back_runs_read_the_cpu_time_once_each_and_other_requests_force_a_fresh_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readings: list[float | None] = []
+    read = ProcStat.cpu_seconds
+
+    def counting(self: ProcStat) -> float | None:
+        readings.append(read(self))
+        return readings[-1]
+
+    monkeypatch.setattr(ProcStat, "cpu_seconds", counting)
+    with Pool("memory://", isolation="process") as pool, pool.checkout() as session:
+        session.run("1 + 1")
+        assert len(readings) == 2  # before and after the first run
+        session.run("busy = sum(range(2_000_000))")
+        session.run("busy = sum(range(2_000_000))")
+        assert len(readings) == 4  # each later run starts from the reading that ended the one before
+        session.dump()  # a request between runs: its CPU time is not the next run's
+        result = session.run("busy = sum(range(2_000_000))")
+        assert len(readings) == 6
+        assert result.cpu_time_s == readings[-1] - readings[-2]  # type: ignore[operator]

@@ -339,3 +339,15 @@ def test_a_message_is_parsed_as_utf8_only() -> None:
     assert decode(text.encode("utf-8")) == {"op": "ran", "value": "\u00e9"}
     with pytest.raises(MalformedMessage):
         decode(text.encode("utf-16"))
+
+
+@pytest.mark.parametrize(
+    "text", [b"{}", b'{"a":1}', b"[1,2,3,[4,5],{}]", b'{"a":[1,{"b":[2,3]}],"c":"x,y:z"}', b"[" * 40]
+)
+def test_the_short_text_shortcut_of_count_items_decides_as_the_full_count(text: bytes) -> None:
+    def full_count(data: bytes, limit: int) -> int:  # count_items without its shortcut for short texts
+        count = _wire._items_bound(data)
+        return _wire._items_bound(_wire._STRING.sub(b"", data)) if count > limit else count
+
+    for limit in range(1, 2 * len(text) + 2):
+        assert (_wire.count_items(text, limit) > limit) == (full_count(text, limit) > limit), limit

@@ -1,0 +1,17 @@
+"""How the host tells an async host function from a sync one."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+__all__ = ["is_async_callable"]
+
+
+def is_async_callable(func: Any) -> bool:
+    """Whether calling ``func`` makes a coroutine: an ``async def`` function or method, a `functools.partial` of
+    one, or an object whose class defines ``async def __call__``."""
+    if inspect.iscoroutinefunction(func):
+        return True
+    call = inspect.getattr_static(type(func), "__call__", None)
+    return not inspect.isroutine(func) and inspect.iscoroutinefunction(call)
