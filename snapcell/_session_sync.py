@@ -55,11 +55,17 @@ class Session:
         setup: bool = False,
         skip_type_check: bool = False,
         limits: Limits | None = None,
+        then_dump: bool = False,
     ) -> RunResult:
         """See `AsyncSession.run`."""
         result: RunResult = self._call(
             self._inner.run(
-                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
+                code,
+                external_lookup=external_lookup,
+                setup=setup,
+                skip_type_check=skip_type_check,
+                limits=limits,
+                then_dump=then_dump,
             )
         )
         return result

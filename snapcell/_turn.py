@@ -76,7 +76,9 @@ async def run_turn(
         dropped_before = frozenset(d.name for d in session.manifest.dropped) if session.manifest else frozenset()
         try:
             # The answer of the turn whose dump dropped a variable named it; the run would name it again.
-            result = without_dropped_notes(await session.run(code, external_lookup=tool.tools, setup=setup))
+            # The dump always follows a run that ends: asked for with it, it costs no round trip of its own.
+            run = await session.run(code, external_lookup=tool.tools, setup=setup, then_dump=True)
+            result = without_dropped_notes(run)
         except RunCancelled as exc:
             result, cancelled = without_dropped_notes(exc.result), exc
             if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save

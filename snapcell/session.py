@@ -33,6 +33,7 @@ from snapcell.errors import (
     WorkspaceQuotaExceeded,
 )
 from snapcell.runner import Backend, Limits, Policy, RunResult
+from snapcell.runner._backend import DumpRequest
 from snapcell.runner._host import validate_lookup
 from snapcell.runner._runner import checkpoint_rule
 from snapcell.runner._typecheck import TypeChecker
@@ -234,6 +235,7 @@ class AsyncSession:
         setup: bool = False,
         skip_type_check: bool = False,
         limits: Limits | None = None,
+        then_dump: bool = False,
     ) -> RunResult:
         """Run a script and report everything it did; script problems do not raise.
 
@@ -243,6 +245,9 @@ class AsyncSession:
             setup: Mark the cell as a setup cell (imports, data loading), run again after a restart.
             skip_type_check: Skip type checking for this run.
             limits: Limits for this run instead of the session's.
+            then_dump: A `dump` (with ``on_unpicklable="skip"``) follows: a worker starts it as soon as the run
+                ends, in the same request, and that `dump` takes its result, dated when this run started (process
+                mode; a round trip fewer). Any other call first waits for that dump and drops it.
 
         Returns:
             The run's result; ``result.error`` holds a `ScriptError` when the script failed.
@@ -275,7 +280,16 @@ class AsyncSession:
             started = time.perf_counter()
             restarted, self._restarted = self._restarted, False
             try:
-                result = await self._backend.run(code, lookup=lookup, setup=setup, limits=limits or self._limits)
+                dump = (
+                    DumpRequest(
+                        created_at=self._clock(), level=self._level, on_unpicklable="skip", known_blobs=self._blobs
+                    )
+                    if then_dump
+                    else None
+                )
+                result = await self._backend.run(
+                    code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump
+                )
             except WorkerLost as exc:
                 exc.result = RunResult(
                     status="lost", duration_s=time.perf_counter() - started, restarted=restarted, error=None
@@ -327,7 +341,8 @@ class AsyncSession:
         """Save the namespace as a new checkpoint and return its ID.
 
         A variable that cannot be serialized is dropped, named in the manifest and in the next run's
-        notes; with ``on_unpicklable="fail"`` nothing is stored instead.
+        notes; with ``on_unpicklable="fail"`` nothing is stored instead. After ``run(..., then_dump=True)`` this
+        takes the dump the worker started when that run ended (dated when the run started), checked as any other.
 
         Returns:
             The new checkpoint's opaque, signed ID (``.hex()`` it to store as text).
@@ -346,10 +361,16 @@ class AsyncSession:
         self._start()
         try:
             now = self._clock()
+            ahead = self._backend.pending_dump
             try:
-                dumped = await self._backend.dump(
-                    created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
-                )
+                if ahead is not None and ahead.on_unpicklable == on_unpicklable and ahead.known_blobs is self._blobs:
+                    # Asked for with the run (``then_dump``), and nothing it depends on changed since.
+                    now = ahead.created_at
+                    dumped = await self._backend.dumped()
+                else:
+                    dumped = await self._backend.dump(
+                        created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
+                    )
                 await self._verify(dumped)
                 if not await self._blob_io.store(dumped, now + self._ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.

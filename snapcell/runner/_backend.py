@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
-from snapcell.errors import WorkspaceError
+from snapcell.errors import SessionError, WorkspaceError
 from snapcell.runner._host import LocalBridge
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
@@ -15,16 +16,46 @@ from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
 from snapcell.runner._typecheck import declarations_from_namespace
 
-__all__ = ["Backend", "InlineBackend"]
+__all__ = ["Backend", "DumpRequest", "InlineBackend"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DumpRequest:
+    """A dump asked for together with a run: what `Backend.dump` takes, fixed before the run starts."""
+
+    created_at: float
+    level: int
+    on_unpicklable: Literal["skip", "fail"]
+    known_blobs: Mapping[str, BlobRef]
 
 
 class Backend(Protocol):
     """A session's runner, in this process or in a worker; every method is a request to it."""
 
     async def run(
-        self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
+        self,
+        code: str,
+        *,
+        lookup: Mapping[str, Callable[..., Any]],
+        setup: bool,
+        limits: Limits,
+        then_dump: DumpRequest | None = None,
     ) -> RunResult:
-        """Run one cell; see `Runner.run`."""
+        """Run one cell; see `Runner.run`.
+
+        With ``then_dump``, a backend may dump right after the run, in the same request: `pending_dump` then says
+        so, and `dumped` returns that dump. A backend that does not (or a run that ended in an error) leaves
+        `pending_dump` None.
+        """
+        ...
+
+    @property
+    def pending_dump(self) -> DumpRequest | None:
+        """The dump the last run was asked to do after it, if that dump is under way and not yet taken by `dumped`."""
+        ...
+
+    async def dumped(self) -> Dumped:
+        """The dump of `pending_dump` (then None); as `dump`, with the same errors."""
         ...
 
     async def dump(
@@ -84,8 +115,15 @@ class InlineBackend:
         self.runner = Runner(policy=policy, limits=limits)
 
     async def run(
-        self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
+        self,
+        code: str,
+        *,
+        lookup: Mapping[str, Callable[..., Any]],
+        setup: bool,
+        limits: Limits,
+        then_dump: DumpRequest | None = None,
     ) -> RunResult:
+        # ``then_dump`` is left to `dump`: in this process there is no round trip to save.
         bridge = LocalBridge(lookup, max_calls=limits.max_host_calls)
         return await self.runner.run(code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits)
 
@@ -108,6 +146,13 @@ class InlineBackend:
 
     async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
         return await asyncio.to_thread(self.runner.load, body, blobs)
+
+    @property
+    def pending_dump(self) -> DumpRequest | None:
+        return None
+
+    async def dumped(self) -> Dumped:
+        raise SessionError("no dump is under way: this backend dumps when asked")
 
     async def reset(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from snapcell._callables import is_async_callable
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
-from snapcell.errors import RunCancelled, ScriptError, SessionError, TimeLimitExceeded, WorkerLost
+from snapcell.errors import RunCancelled, ScriptError, SessionError, SnapcellError, TimeLimitExceeded, WorkerLost
+from snapcell.runner._backend import DumpRequest
 from snapcell.runner._budget import (
     MAX_ARTIFACTS,
     MAX_ASSIGNED,
@@ -64,6 +65,8 @@ class ProcessBackend:
         self.worker: WorkerProcess | None = None
         # The worker's CPU seconds read after the last run, with that worker and its request count then.
         self._cpu_mark: tuple[WorkerProcess, int, float] | None = None
+        # A dump asked for with the last run (its ``then``): the worker, the request, and what it was asked.
+        self._then: tuple[WorkerProcess, dict[str, Any], DumpRequest] | None = None
 
     async def start(self) -> None:
         """Acquire the session's worker."""
@@ -81,6 +84,8 @@ class ProcessBackend:
         limits: Limits | None = None,
         limit_name: str = "",
         cancel_grace_s: float | None = None,
+        then: tuple[dict[str, Any], DumpRequest] | None = None,
+        follow_on: bool = False,
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and return its reply, whose op must be ``expect``.
 
@@ -95,16 +100,24 @@ class ProcessBackend:
             limit_name: The `Limits` field behind ``timeout_s``, named when it is overrun.
             cancel_grace_s: For a run: how long its reply is awaited after its caller is cancelled (see
                 `WorkerProcess.request`).
+            then: A dump the worker does right after this request succeeds (its request, sent as ``then``, and
+                what was asked); `dumped` reads its reply.
+            follow_on: ``message`` is the ``then`` of the request before: read its reply, send nothing.
 
         Raises:
             WorkerLost: The worker died, overran ``timeout_s`` or sent a malformed reply; it is killed.
             SnapcellError: The worker reported this error; the worker is kept.
         """
+        if not follow_on:
+            await self._drain()
         if self.worker is None:
             await self.start()
         worker = self.worker
         if worker is None:
             raise SessionError("no worker process")
+        if then is not None:
+            message = {**message, "then": then[0]}
+            self._then = (worker, then[0], then[1])
         try:
             reply, reply_blob = await worker.request(
                 message,
@@ -114,18 +127,22 @@ class ProcessBackend:
                 calls=calls,
                 limits=limits,
                 cancel_grace_s=cancel_grace_s,
+                follow_on=follow_on,
             )
         except _Died as exc:
+            self._then = None
             await self._pool.release(worker)
             self.worker = None
             raise _lost(exc, message.get("op"), timeout_s, limit_name) from None
         except BaseException:
             # Cancelled mid-request: the worker's state is unknown, so it goes.
+            self._then = None
             await self._pool.release(worker)
             self.worker = None
             raise
         op = reply.get("op")
         if op == "error":
+            self._then = None  # the worker serves a request's ``then`` only after it succeeded
             try:
                 error = error_from_plain(reply.get("error"))
             except MalformedMessage as exc:
@@ -149,7 +166,13 @@ class ProcessBackend:
         return _lost(_Died("crash", f"it sent a malformed reply: {str(exc)[:200]}"), op, None, "")
 
     async def run(
-        self, code: str, *, lookup: Mapping[str, Callable[..., Any]], setup: bool, limits: Limits
+        self,
+        code: str,
+        *,
+        lookup: Mapping[str, Callable[..., Any]],
+        setup: bool,
+        limits: Limits,
+        then_dump: DumpRequest | None = None,
     ) -> RunResult:
         host = {name: is_async_callable(func) for name, func in lookup.items()}
         timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
@@ -182,6 +205,7 @@ class ProcessBackend:
                 limits=limits,
                 limit_name="wall_time_s",
                 cancel_grace_s=limits.grace_s + 1.0,
+                then=None if then_dump is None else (_dump_message(then_dump), then_dump),
             )
         except WorkerLost:
             if worker is None or not worker.caller_cancelled:
@@ -239,22 +263,50 @@ class ProcessBackend:
         on_unpicklable: Literal["skip", "fail"],
         known_blobs: Mapping[str, BlobRef],
     ) -> Dumped:
+        request = DumpRequest(
+            created_at=created_at, level=level, on_unpicklable=on_unpicklable, known_blobs=known_blobs
+        )
+        return await self._dump(_dump_message(request))
+
+    @property
+    def pending_dump(self) -> DumpRequest | None:
+        then = self._then
+        return then[2] if then is not None and then[0] is self.worker else None
+
+    async def dumped(self) -> Dumped:
+        then, self._then = self._then, None
+        if then is None or then[0] is not self.worker:
+            raise SessionError("no dump is under way: the last run asked for none, or it was taken already")
+        return await self._dump(then[1], follow_on=True)
+
+    async def _dump(self, message: dict[str, Any], *, follow_on: bool = False) -> Dumped:
         reply, payload = await self._request(
-            {
-                "op": "dump",
-                "created_at": created_at,
-                "level": level,
-                "on_unpicklable": on_unpicklable,
-                "known_blobs": [ref.model_dump() for ref in known_blobs.values()],
-            },
+            message,
             expect="dumped",
             timeout_s=_step_timeout(self._limits, self._limits.dump_time_s),
             limit_name="dump_time_s",
+            follow_on=follow_on,
         )
         try:
             return _dumped(reply, payload)
         except (MalformedMessage, ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
             raise await self._malformed("dump", exc) from None
+
+    async def _drain(self) -> None:
+        """Read and drop the reply of a dump asked for with the last run that nobody took: the worker sent it.
+
+        Raises:
+            WorkerLost: The worker died meanwhile (the request after it is not sent).
+        """
+        if self.pending_dump is None:
+            self._then = None
+            return
+        try:
+            await self.dumped()
+        except WorkerLost:
+            raise
+        except SnapcellError as exc:  # that dump's own failure (a variable that cannot be pickled) is nobody's
+            log.debug("snapcell: a dump nobody took failed: %s", exc)
 
     async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
         names = list(blobs)
@@ -285,12 +337,15 @@ class ProcessBackend:
         return str(reply.get("text", ""))
 
     async def close(self) -> None:
+        if self.pending_dump is not None:
+            await self.discard()  # its dump reply is still on the way: not a worker to hand to the next session
         if self.worker is not None:
             worker, self.worker = self.worker, None
             reuse_for = None if self.mounts else (self._policy, self._limits)
             await self._pool.release(worker, reuse_for=reuse_for, reap_later=True)
 
     async def discard(self) -> None:
+        self._then = None
         if self.worker is not None:
             worker, self.worker = self.worker, None
             await self._pool.release(worker)  # killed, never reused
@@ -317,6 +372,16 @@ def _limits_plain(limits: Limits) -> dict[str, Any]:
     """A `Limits` as plain data; cached, since a session sends the same frozen limits with every run."""
     plain: dict[str, Any] = to_plain(dataclasses.asdict(limits))
     return plain
+
+
+def _dump_message(request: DumpRequest) -> dict[str, Any]:
+    return {
+        "op": "dump",
+        "created_at": request.created_at,
+        "level": request.level,
+        "on_unpicklable": request.on_unpicklable,
+        "known_blobs": [ref.model_dump() for ref in request.known_blobs.values()],
+    }
 
 
 def _step_timeout(limits: Limits, limit_s: float | None) -> float | None:

@@ -282,6 +282,7 @@ class WorkerProcess(ChannelIO):
         calls: list[HostCall] | None = None,
         limits: Limits | None = None,
         cancel_grace_s: float | None = None,
+        follow_on: bool = False,
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and wait for its reply, serving host-function calls meanwhile.
 
@@ -297,6 +298,8 @@ class WorkerProcess(ChannelIO):
             limits: The limits the request runs under (a run's own); the session's by default.
             cancel_grace_s: For a run: the first cancellation of the calling task stops the script instead, and the
                 reply is awaited for at most this long after it (see `_hostchannel`); `caller_cancelled` says so.
+            follow_on: ``message`` went as the ``then`` of the request before it, which the worker serves right
+                after that one succeeded: nothing is sent, and its reply may have arrived already.
 
         Raises:
             _Died: The worker died, overran ``timeout_s`` or broke the protocol (it is killed then).
@@ -309,7 +312,7 @@ class WorkerProcess(ChannelIO):
         if counter is not None:
             calls_budget = reply_budget("call", limits)
             budget = either_budget(budget, calls_budget)
-        if self._rend != self._rstart:
+        if self._rend != self._rstart and not follow_on:
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
         traced: dict[str, Callable[..., Any] | None] = {}
@@ -319,7 +322,8 @@ class WorkerProcess(ChannelIO):
             async with deadline:
                 self.serve_run(deadline, cancel_grace_s)
                 try:
-                    await self._send(message, *parts)
+                    if not follow_on:
+                        await self._send(message, *parts)
                     while True:
                         while len(tasks) >= _MAX_PENDING_CALLS:
                             try:

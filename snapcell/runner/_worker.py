@@ -40,6 +40,7 @@ from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
 from snapcell.runner._loopfree import finish_without_loop, runs_without_loop
 from snapcell.runner._policy import Policy
+from snapcell.runner._pretouch import pretouch
 from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
 from snapcell.runner._values import to_value
@@ -51,15 +52,16 @@ from snapcell.runner._wire import (
     split_parts,
 )
 from snapcell.runner._workerchannel import Channel, WorkerBridge
+from snapcell.runner._workersetup import apply_session_sandbox, warm_read_paths
 from snapcell.workspace import effective_quota
 from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
-from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
+from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR
 
 if TYPE_CHECKING:
     import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
     import asyncio  # imported by the first run that needs the event loop (`Worker.loop`), not before
 
-__all__ = ["main"]
+__all__ = ["main", "warm_read_paths"]  # the zygote's warm-up step computes the read paths through this module
 
 
 async def _carry_on(run: Coroutine[Any, Any, RunResult], waiting: Any) -> RunResult:
@@ -133,19 +135,29 @@ class Worker:
         while True:
             message, blob = self.next_request()
             op = message.get("op")
-            try:
-                reply, out = self.handle(op, message, blob)
-                payload = reply if isinstance(reply, bytes) else encode(reply)
-                if op in ("dump", "load") and len(payload) > MAX_CHECKPOINT_REPLY_BYTES:
-                    raise CheckpointError(
-                        f"the checkpoint's manifest is larger than the {MAX_CHECKPOINT_REPLY_BYTES:,} bytes a worker "
-                        "may send; keep fewer cells or variables in the session"
-                    )
-            except SnapcellError as exc:
-                payload, out = encode({"op": "error", "error": error_to_plain(exc)}), []
-            self.channel.send_payload(payload, *out)
+            # A request may name a follow-on (a run, the dump after it), served as soon as it succeeded: the host
+            # reads both replies without a round trip between them.
+            while self.answer(op, message, blob) and type(then := message.get("then")) is dict:
+                message, blob = then, bytearray()
+                op = message.get("op")
             if op == "close":
                 return
+
+    def answer(self, op: Any, message: dict[str, Any], blob: bytearray) -> bool:
+        """Serve one request and send its reply; False if that reply is an error."""
+        try:
+            reply, out = self.handle(op, message, blob)
+            payload = reply if isinstance(reply, bytes) else encode(reply)
+            if op in ("dump", "load") and len(payload) > MAX_CHECKPOINT_REPLY_BYTES:
+                raise CheckpointError(
+                    f"the checkpoint's manifest is larger than the {MAX_CHECKPOINT_REPLY_BYTES:,} bytes a worker "
+                    "may send; keep fewer cells or variables in the session"
+                )
+        except SnapcellError as exc:
+            self.channel.send_payload(encode({"op": "error", "error": error_to_plain(exc)}))
+            return False
+        self.channel.send_payload(payload, *out)
+        return True
 
     @contextlib.contextmanager
     def watched(self, step: str, limit_name: str, limit_s: float | None) -> Iterator[None]:
@@ -420,74 +432,6 @@ def policy_from_plain(data: dict[str, Any]) -> Policy:
     return Policy(**fields)
 
 
-# Landlock's read-only paths by ``sys.path``: computed once, in the zygote's warm-up step (`warm_read_paths`), rather
-# than by every forked child (four expansions of sysconfig's paths, and the copy-on-write faults they cause).
-_READ_PATHS: dict[tuple[str, ...], tuple[str, ...]] = {}
-
-
-def warm_read_paths() -> None:
-    """Compute the sandbox's read-only paths now (in a zygote), so that its forked workers find them ready."""
-    _read_paths()
-
-
-def _read_paths() -> list[str]:
-    key = tuple(sys.path)
-    known = _READ_PATHS.get(key)
-    if known is None:
-        import sysconfig
-
-        import snapcell
-
-        paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(snapcell.__file__))}
-        scheme = sysconfig.get_paths()
-        paths.update(path for name in ("stdlib", "platstdlib", "purelib", "platlib") if (path := scheme.get(name)))
-        paths.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
-        known = _READ_PATHS[key] = tuple(sorted(paths))
-    return list(known)
-
-
-def _apply_sandbox(
-    settings: dict[str, Any],
-    limits: Limits,
-    policy: Policy,
-    keep_fds: tuple[int, ...],
-    parent_pid: int | None,
-    host_pid: int | None = None,
-) -> dict[str, str]:
-    from snapcell.runner._sandbox import apply_sandbox
-
-    uid, gid = settings.get("uid"), settings.get("gid")
-    mounts = settings.get("mounts") or {}
-    mount_notes: list[str] = []
-
-    def prepare(scratch: str) -> list[str]:
-        paths, notes = prepare_scratch(
-            scratch,
-            mounts={str(k): str(v) for k, v in mounts.items()},
-            uid=uid if isinstance(uid, int) else None,
-            gid=gid if isinstance(gid, int) else None,
-        )
-        mount_notes.extend(notes)
-        return paths
-
-    report = apply_sandbox(
-        limits=limits,
-        scratch_dir=str(settings["scratch_dir"]),
-        read_paths=_read_paths(),
-        allow_fds=keep_fds,
-        parent_pid=parent_pid,
-        host_pid=host_pid,
-        uid=uid if isinstance(uid, int) else None,
-        gid=gid if isinstance(gid, int) else None,
-        quota_scratch=bool(settings.get("quota_scratch")),
-        require=[str(name) for name in settings.get("require", ())],
-        prepare_scratch=prepare,
-    )
-    layers: dict[str, str] = report.to_dict()
-    layers["workspace"] = "active: " + ("; ".join(mount_notes) or "no mounts")
-    return layers
-
-
 class _StepWatchdog(Watchdog):
     """The watchdog of a dump or load: the whole step runs on the script's behalf, so any frame may be interrupted."""
 
@@ -531,7 +475,7 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
 
     A spawned worker calls it after its imports; a child forked from a zygote (`_zygote`) calls it right after the
     fork, with ``parent_pid`` the zygote's pid and ``host_pid`` the host's. Workspace or other per-session set-up that
-    must happen before the sandbox goes between receiving ``init`` and `_apply_sandbox` below.
+    must happen before the sandbox goes between receiving ``init`` and `apply_session_sandbox` below.
 
     Returns:
         The process's exit code.
@@ -554,7 +498,7 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
         _statm_fd = None
     keep = (sock.fileno(),) if _statm_fd is None else (sock.fileno(), _statm_fd)
     try:
-        report = _apply_sandbox(settings, limits, policy, keep, parent_pid, host_pid)
+        report = apply_session_sandbox(settings, limits, policy, keep, parent_pid, host_pid)
     except (SandboxError, ConfigError) as exc:
         # No script may run half-confined: say why, and stop.
         failure = {"layer": getattr(exc, "layer", None), "errno": getattr(exc, "errno", None)}
@@ -583,6 +527,7 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
     worker = Worker(channel, runner, workspace)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
     channel.send({"op": "ready", "sandbox": report})
+    pretouch(worker)  # while no request comes: the first turn's copy-on-write faults, taken now
     worker.serve()
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.runner import _worker
+from snapcell.runner import _workersetup
 from snapcell.runner._scratch import detach_scratch
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -88,8 +88,8 @@ def test_read_only_paths_are_computed_once_per_import_path(monkeypatch: pytest.M
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sysconfig, "get_paths", counted)
-    monkeypatch.setattr(_worker, "_READ_PATHS", {})
-    first = _worker._read_paths()
-    assert _worker._read_paths() == first and len(calls) == 1
+    monkeypatch.setattr(_workersetup, "_READ_PATHS", {})
+    first = _workersetup._read_paths()
+    assert _workersetup._read_paths() == first and len(calls) == 1
     monkeypatch.setattr(sys, "path", [*sys.path, "/nonexistent-snapcell-path"])
-    assert _worker._read_paths() == first and len(calls) == 2
+    assert _workersetup._read_paths() == first and len(calls) == 2

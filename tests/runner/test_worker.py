@@ -369,12 +369,15 @@ worker.Worker.handle = handle
         "reply['op'] = 'loaded'",
     ],
 )
-def test_a_malformed_dump_reply_loses_the_worker_and_the_session_is_restored(open_pool: Pool, change: str) -> None:
+@pytest.mark.parametrize("then_dump", [False, True], ids=["asked-alone", "asked-with-the-run"])
+def test_a_malformed_dump_reply_loses_the_worker_and_the_session_is_restored(
+    open_pool: Pool, change: str, then_dump: bool
+) -> None:
     with open_pool.checkout() as session:
         session.feed_run("kept = 'from the checkpoint'")
         session.dump()
         pid = session.feed_run("import os\nos.getpid()")
-        session.feed_run(_PATCH_DUMP_REPLY.replace("{change}", change))
+        session.run(_PATCH_DUMP_REPLY.replace("{change}", change), then_dump=then_dump)
         with pytest.raises(WorkerLost, match="malformed") as lost:
             session.dump()
         assert lost.value.reason == "crash"
