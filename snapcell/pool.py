@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, TypeVar
 
+from snapcell._syncloop import SyncLoop
 from snapcell.checkpoint import Keyring
 from snapcell.errors import ConfigError, SessionError
 from snapcell.runner import Backend, InlineBackend, Limits, Policy
@@ -371,7 +372,7 @@ class Pool:
             clock=clock,
             max_clock_skew_s=max_clock_skew_s,
         )
-        self._loop = asyncio.Runner()
+        self._loop = SyncLoop()
         self._closed = False
 
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
