@@ -23,10 +23,14 @@ import collections
 import math
 import re
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell.runner._plain import value_kinds
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = ["VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
 

@@ -15,12 +15,15 @@ import os
 import shutil
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from snapcell.errors import CheckpointCorrupt, WorkspaceError, WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
 
+if TYPE_CHECKING:
+    from dataclasses import dataclass, field
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass, field
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, Dumped, WorkspaceFile
 

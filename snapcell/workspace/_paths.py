@@ -10,9 +10,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from snapcell.errors import ConfigError, WorkspacePathError
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = [
     "FileInfo",
