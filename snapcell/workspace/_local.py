@@ -12,7 +12,6 @@ import contextlib
 import errno
 import functools
 import os
-import shutil
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -354,6 +353,8 @@ class Workspace:
     def discard_staging(self) -> None:
         """Remove the staging directory, if any."""
         if os.path.lexists(self.staging):
+            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+
             shutil.rmtree(self.staging, ignore_errors=True)
 
     def clear(self) -> None:
@@ -362,6 +363,8 @@ class Workspace:
             if entry.name in self.mounts:
                 continue
             if entry.is_dir(follow_symlinks=False):
+                import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 with contextlib.suppress(OSError):
@@ -441,6 +444,8 @@ def empty_dir(path: str) -> None:
     """Remove everything inside ``path`` (best effort; nothing is followed)."""
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
+            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):
