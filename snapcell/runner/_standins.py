@@ -209,7 +209,10 @@ def wraps(
     return functools.partial(update_wrapper, wrapped=wrapped, assigned=assigned, updated=updated)
 
 
-_DOTTED = re.compile(r"\s*[A-Za-z]\w*(?:\s*\.\s*[A-Za-z]\w*)*\s*")
+@functools.cache
+def _dotted() -> re.Pattern[str]:
+    """A dotted name, spaces allowed around its parts; compiled on first use (a zygote says ready without it)."""
+    return re.compile(r"\s*[A-Za-z]\w*(?:\s*\.\s*[A-Za-z]\w*)*\s*")
 
 
 def _dispatch_type(value: Any) -> bool:
@@ -228,7 +231,7 @@ def _resolve_annotation(func: Any, value: Any) -> Any:
         return value
     table = func.__globals__ if isinstance(func, types.FunctionType) else None
     alternatives = str.__str__(value).split("|")
-    if table is None or not all(_DOTTED.fullmatch(text) for text in alternatives):
+    if table is None or not all(_dotted().fullmatch(text) for text in alternatives):
         raise runtime_policy_error(
             f"registering by the string annotation {value!r}",
             "Name the class: @f.register(SomeClass), or annotate with the class itself.",
