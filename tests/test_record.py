@@ -196,3 +196,21 @@ def test_making_the_shipped_records_compiles_nothing() -> None:
     # Only the standard library's namedtuples (functools, shutil) compile source text now.
     assert all(caller.endswith("collections/__init__.py'") for caller in callers.strip("[]").split(", ")), callers
     assert builtins.exec is exec  # the probe patched only its own interpreter
+
+
+@pytest.mark.parametrize("cls", [Limits, Policy, RunResult, Budget])
+def test_shipped_records_repr_and_defaults_match_a_real_dataclass(cls: Any) -> None:
+    # The same fields and defaults through dataclasses.dataclass itself: the defaults an instance gets, and its repr.
+    fields = dataclasses.fields(cls)
+    namespace: dict[str, Any] = {"__annotations__": {f.name: f.type for f in fields}}
+    namespace.update(
+        {f.name: dataclasses.field(default=f.default) for f in fields if f.default is not dataclasses.MISSING}
+    )
+    namespace.update({f.name: f for f in fields if f.default_factory is not dataclasses.MISSING})
+    real = dataclasses.dataclass(frozen=True, kw_only=True)(type(cls.__name__, (), namespace))
+    required = {"message_bytes": 1, "items": 2} if cls is Budget else {}
+    made, expected = cls(**required), real(**required)
+    assert repr(made) == repr(expected).replace("status=None", "status='ok'")  # RunResult's __post_init__
+    assert [getattr(made, f.name) for f in fields if f.name != "status"] == [
+        getattr(expected, f.name) for f in fields if f.name != "status"
+    ]
