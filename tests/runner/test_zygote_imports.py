@@ -22,9 +22,9 @@ from snapcell import AsyncPool, Policy
 from snapcell.runner._zygote import _recv_fds
 from snapcell.runner._zygotehost import Zygote
 
-# Measured with CPython 3.11: 138 modules at ready (165 before the cuts of issue 16's perf-cold3, 150 before perf-cold4's
-# dataclasses without dataclasses). A new module-level import on the worker's path shows up here; re-measure when CI
-# moves to another Python.
+# Measured with CPython 3.11: 138 modules at ready (165 before the cuts of issue 16's perf-cold3, 150 before
+# perf-cold4's). A new module-level import on the worker's path shows up here; re-measure when CI moves to another
+# Python.
 MAX_MODULES_AT_READY = 140
 # Never before ready: the heavy modules, the checkpoint code, and what a first run of "1+1" does not use.
 NOT_BEFORE_READY = (
