@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 __all__ = ["is_async_callable"]
@@ -11,6 +10,8 @@ __all__ = ["is_async_callable"]
 def is_async_callable(func: Any) -> bool:
     """Whether calling ``func`` makes a coroutine: an ``async def`` function or method, a `functools.partial` of
     one, or an object whose class defines ``async def __call__``."""
+    import inspect  # on a first call: a worker's zygote says ready without inspect (issue 16)
+
     if inspect.iscoroutinefunction(func):
         return True
     call = inspect.getattr_static(type(func), "__call__", None)

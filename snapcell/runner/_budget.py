@@ -6,10 +6,15 @@ request in flight before it allocates anything, so a worker that sends more is n
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 from snapcell.runner._limits import Limits
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = [
     "Budget",
@@ -76,7 +81,7 @@ _FIELDS_BYTES = 16 * 1024  # field names, numbers, the error's short fields
 _FIELDS_ITEMS = 1024
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Budget:
     """The most a reply from a worker may hold; the host checks a frame against it before reading it.
 

@@ -9,14 +9,19 @@ cached code objects are renamed, which costs a code object per function in the c
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from types import CodeType
+from typing import TYPE_CHECKING
 
 from snapcell.runner._assigned import bindable_names
 from snapcell.runner._compile import CompiledCell, compile_cell, parse_cell, register_source
 from snapcell.runner._definitions import bound_names
 from snapcell.runner._policy import Policy
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = ["CellCache", "PreparedCell"]
 
@@ -26,7 +31,7 @@ MAX_CELLS = 32
 MAX_CELL_CHARS = 8192
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)
 class PreparedCell:
     """A cell ready to run.
 

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import ast
-import inspect
 import linecache
-from dataclasses import dataclass
 from types import CodeType
+from typing import TYPE_CHECKING
 
 from snapcell.errors import ScriptSyntaxError
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = ["RESULT_NAME", "CompiledCell", "compile_cell", "register_source"]
 
 # The trailing expression's value is stored here for the length of one run.
 RESULT_NAME = "__snapcell_result__"
 
+# `inspect.CO_COROUTINE` (importing inspect costs a zygote ~5% of its start-up, issue 16).
+_CO_COROUTINE = 0x0080
 _FUTURE_MASK = 0
 for _feature in ("annotations", "generator_stop", "barry_as_FLUFL"):
     import __future__
@@ -95,7 +101,7 @@ def compile_cell(tree: ast.Module, source: str, filename: str, future_flags: int
     except SyntaxError as exc:
         raise _syntax_error(exc, source) from None
     register_source(filename, source)
-    is_async = bool(code.co_flags & inspect.CO_COROUTINE)
+    is_async = bool(code.co_flags & _CO_COROUTINE)
     return CompiledCell(code, is_async, has_value, future_flags, filename)
 
 

@@ -16,7 +16,6 @@ A guardrail, not a boundary: see DESIGN.md ("The runner and its boundary").
 
 from __future__ import annotations
 
-import inspect
 import sys
 import types
 import weakref
@@ -201,7 +200,7 @@ session_globals.__name__ = session_globals.__qualname__ = "globals"
 
 def run(main: Any, *, debug: bool | None = None) -> Any:
     """`asyncio.run` for scripts: the session already runs an event loop, so only the top level may use it."""
-    if inspect.iscoroutine(main):
+    if isinstance(main, types.CoroutineType):  # inspect.iscoroutine
         main.close()  # never awaited, and says nothing about it
     raise RuntimeError(
         "asyncio.run() cannot start a second event loop here: the session's loop is already running. "
@@ -212,7 +211,7 @@ def run(main: Any, *, debug: bool | None = None) -> Any:
 async def run_at_top_level(func: Any, /, *args: Any, **kwargs: Any) -> Any:
     """What a top-level ``asyncio.run(coro)`` becomes: ``await coro`` in the run's own task."""
     if func is run:
-        if len(args) != 1 or not inspect.iscoroutine(args[0]):
+        if len(args) != 1 or not isinstance(args[0], types.CoroutineType):
             raise ValueError(f"a coroutine was expected, got {args[0] if args else None!r}")
         return await args[0]
     return func(*args, **kwargs)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from snapcell._callables import is_async_callable
 from snapcell.errors import ConfigError, OutputLimitExceeded
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
 
@@ -154,6 +157,8 @@ class LocalBridge:
             self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
             _log_failure(name, exc)
             raise
+        import inspect  # not before a worker needs it: a zygote says ready without it (issue 16)
+
         if inspect.isawaitable(result):
             return self._call_async(name, result, start)
         self.calls.append(HostCall(name, time.perf_counter() - start))

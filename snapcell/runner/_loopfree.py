@@ -8,7 +8,6 @@ once a cell needed the loop, every later one of the worker uses it.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -20,7 +19,7 @@ __all__ = ["finish_without_loop", "runs_without_loop"]
 
 # Source text that could reach asyncio or wait for something: an import (statement, ``__import__``, ``importlib``),
 # ``await`` and ``async``. Matched anywhere (names, strings, comments): a false match only costs the event loop.
-_MAY_NEED_LOOP = re.compile("import|await|async")
+_MAY_NEED_LOOP = ("import", "await", "async")
 
 
 def runs_without_loop(runner: Runner, code: object) -> bool:
@@ -37,7 +36,7 @@ def runs_without_loop(runner: Runner, code: object) -> bool:
         and not runner.pending_setup
         and not runner.pending_definitions
         and isinstance(code, str)
-        and _MAY_NEED_LOOP.search(code) is None
+        and not any(word in code for word in _MAY_NEED_LOOP)
     )
 
 

@@ -53,8 +53,7 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import ConfigError, PolicyError
 from snapcell.runner._fidelity import fidelity_builtins
@@ -78,6 +77,11 @@ from snapcell.runner._rewrite import (
     rewrite_format_calls,
 )
 from snapcell.runner._standins import stand_in_builtins
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass, field
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass, field
 
 __all__ = ["DATA_MODULES", "DEFAULT_MODULES", "FILE_MODULES", "Policy", "with_file_access"]
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from snapcell.errors import RunCancelledError, ScriptError, TimeLimitExceeded
 from snapcell.runner._host import HostCall
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass, field
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass, field
 
 __all__ = ["Artifact", "RunResult", "RunStatus"]
 

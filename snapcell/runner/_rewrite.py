@@ -9,7 +9,12 @@ call (no ``__del__``). The names the rewritten code calls are entries of the ses
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass, field
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass, field
 
 __all__ = [
     "ASYNC_RUN_NAME",

@@ -39,8 +39,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import ConfigError, SandboxError
 from snapcell.runner import _seccomp
@@ -54,6 +53,11 @@ from snapcell.runner._privileges import (
     sweep_stale_scratch,
     worker_identity,
 )
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass, field
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass, field
 
 __all__ = [
     "LAYERS",

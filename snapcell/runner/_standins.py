@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import abc
 import builtins
-import copy
-import dataclasses
 import functools
 import keyword
 import operator
@@ -211,7 +209,10 @@ def wraps(
     return functools.partial(update_wrapper, wrapped=wrapped, assigned=assigned, updated=updated)
 
 
-_DOTTED = re.compile(r"\s*[A-Za-z]\w*(?:\s*\.\s*[A-Za-z]\w*)*\s*")
+@functools.cache
+def _dotted() -> re.Pattern[str]:
+    """A dotted name, spaces allowed around its parts; compiled on first use (a zygote says ready without it)."""
+    return re.compile(r"\s*[A-Za-z]\w*(?:\s*\.\s*[A-Za-z]\w*)*\s*")
 
 
 def _dispatch_type(value: Any) -> bool:
@@ -230,7 +231,7 @@ def _resolve_annotation(func: Any, value: Any) -> Any:
         return value
     table = func.__globals__ if isinstance(func, types.FunctionType) else None
     alternatives = str.__str__(value).split("|")
-    if table is None or not all(_DOTTED.fullmatch(text) for text in alternatives):
+    if table is None or not all(_dotted().fullmatch(text) for text in alternatives):
         raise runtime_policy_error(
             f"registering by the string annotation {value!r}",
             "Name the class: @f.register(SomeClass), or annotate with the class itself.",
@@ -296,6 +297,8 @@ def dataclass(cls: Any = None, /, **options: Any) -> Any:
             for name in annotations if isinstance(annotations, dict) else ():
                 if not (type(name) is str and name.isidentifier() and not keyword.iskeyword(name)):
                     raise runtime_policy_error(f"the dataclass field name {name!r}", "Field names must be identifiers.")
+        import dataclasses  # on a script's first dataclass: a zygote says ready without it (issue 16)
+
         return dataclasses.dataclass(target, **options)
 
     return wrap if cls is None else wrap(cls)
@@ -305,12 +308,18 @@ def make_dataclass(cls_name: str, fields: Any, *, namespace: Any = None, **optio
     """`dataclasses.make_dataclass` without a ``__del__``."""
     if isinstance(namespace, Mapping) and "__del__" in namespace:
         raise _finalizer_error()
+    import dataclasses
+
     cls = dataclasses.make_dataclass(cls_name, fields, namespace=namespace, **options)
     refuse_finalizer(cls)
     return cls
 
 
-_FIELD_KINDS = vars(dataclasses)  # the field-type sentinels: _FIELD, _FIELD_CLASSVAR, _FIELD_INITVAR
+def _field_kinds() -> dict[str, Any]:
+    """The field-type sentinels of `dataclasses`: ``_FIELD``, ``_FIELD_CLASSVAR``, ``_FIELD_INITVAR``."""
+    import dataclasses  # imported on first use: a zygote says ready without it (issue 16)
+
+    return vars(dataclasses)
 
 
 def _dataclass_fields(obj: Any, what: str) -> list[tuple[str, dataclasses.Field[Any]]] | None:
@@ -326,6 +335,8 @@ def _dataclass_fields(obj: Any, what: str) -> list[tuple[str, dataclasses.Field[
     fields = getattr(type(obj), "__dataclass_fields__", None)
     if fields is None:
         return None
+    import dataclasses
+
     named = (
         [(field.name, field) for field in list(fields.values()) if type(field) is dataclasses.Field]
         if type(fields) is dict and not isinstance(obj, type)
@@ -344,7 +355,7 @@ def _instance_fields(obj: Any, what: str) -> list[str] | None:
     named = _dataclass_fields(obj, what)
     if named is None:
         return None
-    return [name for name, field in named if field._field_type is _FIELD_KINDS["_FIELD"]]  # type: ignore[attr-defined]
+    return [name for name, field in named if field._field_type is _field_kinds()["_FIELD"]]  # type: ignore[attr-defined]
 
 
 def replace(obj: Any, /, **changes: Any) -> Any:
@@ -355,16 +366,17 @@ def replace(obj: Any, /, **changes: Any) -> Any:
     named = _dataclass_fields(obj, "replace")
     if named is None:
         raise TypeError("replace() should be called on dataclass instances")
+    kinds = _field_kinds()
     for name, field in named:
         kind = field._field_type  # type: ignore[attr-defined]
-        if kind is _FIELD_KINDS["_FIELD_CLASSVAR"]:
+        if kind is kinds["_FIELD_CLASSVAR"]:
             continue
         if not field.init:
             if name in changes:
                 raise ValueError(f"field {name} is declared with init=False, it cannot be specified with replace()")
             continue
         if name not in changes:
-            if kind is _FIELD_KINDS["_FIELD_INITVAR"] and field.default is dataclasses.MISSING:
+            if kind is kinds["_FIELD_INITVAR"] and field.default is kinds["MISSING"]:
                 raise ValueError(f"InitVar {name!r} must be specified with replace()")
             changes[name] = getattr(obj, name)
     return type(obj)(**changes)
@@ -405,6 +417,8 @@ def _plain(obj: Any, factory: Callable[[list[Any]], Any], what: str) -> Any:
             result.update(items)
             return result
         return type(obj)(items)
+    import copy  # on first use: a zygote says ready without it (issue 16)
+
     return copy.deepcopy(obj)
 
 
@@ -500,6 +514,7 @@ def checked_type_call(callee: Any, /, *args: Any, **kwargs: Any) -> Any:
 # Reached only by a script that imported asyncio: this module imports it there, not before (a first run needs none).
 if TYPE_CHECKING:
     import asyncio
+    import dataclasses
 
 
 def _script_namespace() -> dict[str, Any] | None:

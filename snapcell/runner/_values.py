@@ -20,13 +20,18 @@ choose to collide) against a bound on repeats.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import re
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcell.runner._plain import value_kinds
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = ["VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
 
@@ -93,9 +98,14 @@ def _script_value(item: Any, text: str | None = None) -> Tagged:
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
-_DTYPE = re.compile(
-    r"[<>|](?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|[SU]\d{1,6}|[mM]8\[(?:Y|M|W|D|h|m|s|ms|us|ns)\])"
-)
+
+
+@functools.cache
+def _dtype() -> re.Pattern[str]:
+    """The dtypes an array may cross with; compiled on first use: a zygote says ready without it (issue 16)."""
+    return re.compile(
+        r"[<>|](?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|[SU]\d{1,6}|[mM]8\[(?:Y|M|W|D|h|m|s|ms|us|ns)\])"
+    )
 
 
 def to_value(value: Any, *, max_items: int, max_bytes: int | None = None, top_repr: str | None = None) -> Any:
@@ -233,7 +243,7 @@ def _library_value(item: Any, kind: type, depth: int, converter: _Converter) -> 
 
 def _array(numpy: Any, array: Any, text: str | None = None) -> Tagged | None:
     dtype = array.dtype.str
-    if not _DTYPE.fullmatch(dtype) or array.dtype.itemsize == 0:
+    if not _dtype().fullmatch(dtype) or array.dtype.itemsize == 0:
         return _script_value(array) if text is None else None
     data = numpy.ascontiguousarray(array).tobytes()
     if text is None:
@@ -353,7 +363,7 @@ def _build_array(value: Any) -> Any:
     dtype, shape, data, text = parts
     dtype, text = _text(dtype, "a dtype"), _text(text, "a repr")
     shape = _list(shape, "a shape")
-    if not _DTYPE.fullmatch(dtype) or len(shape) > _MAX_NDIM or not all(type(n) is int and n >= 0 for n in shape):
+    if not _dtype().fullmatch(dtype) or len(shape) > _MAX_NDIM or not all(type(n) is int and n >= 0 for n in shape):
         raise ValueError("a $nd tag holds a dtype or shape that is not allowed")
     if type(data) is not bytes:
         raise ValueError("a $nd tag's data must be bytes")

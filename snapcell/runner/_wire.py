@@ -338,8 +338,13 @@ def _untag(obj: dict[str, Any]) -> Any:
     return obj  # unreachable: the dict has one key
 
 
-# A JSON string, escapes included; removed before counting a message's items when the quick count is too high.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+@functools.cache
+def _string() -> re.Pattern[bytes]:
+    """A JSON string, escapes included; removed before counting a message's items when the quick count is too high.
+
+    Compiled on first use: a zygote says ready without it (issue 16).
+    """
+    return re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
 def _items_bound(data: bytes | bytearray) -> int:
@@ -367,7 +372,7 @@ def count_items(data: bytes | bytearray, limit: int) -> int:
         return len(data) + 1
     count = _items_bound(data)
     if count > limit:
-        count = _items_bound(_STRING.sub(b"", data))
+        count = _items_bound(_string().sub(b"", data))
     return count
 
 

@@ -43,6 +43,7 @@ from snapcell.runner._policy import Policy
 from snapcell.runner._pretouch import pretouch
 from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
+from snapcell.runner._tempdir import set_tempdir
 from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
     count_items,
@@ -512,11 +513,9 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
     os.environ["TMPDIR"] = os.path.join(scratch, TMP_DIR)
     os.environ["MPLCONFIGDIR"] = os.path.join(scratch, TMP_DIR, "matplotlib")
     os.environ.setdefault("MPLBACKEND", "Agg")  # charts are files here: no display
-    # Set, not left to tempfile's own search (it probes each candidate by writing a file, which can fail here): not
-    # imported in the zygote before its first fork, so that child imports it now.
-    import tempfile
-
-    tempfile.tempdir = os.environ["TMPDIR"]
+    # Set, not left to tempfile's own search (it probes each candidate by writing a file, which can fail here). A
+    # zygote's first child has not imported tempfile (nor random, which it imports): set when something first does.
+    set_tempdir(os.environ["TMPDIR"])
     workspace = Workspace(
         ".",
         staging=os.path.join("..", STAGING_DIR),

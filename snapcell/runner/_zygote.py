@@ -98,10 +98,14 @@ def preload_modules(allowed: frozenset[str]) -> tuple[str, ...]:
 
 
 def reseed() -> None:
-    """Give this process random streams of its own: a forked child starts with its zygote's."""
-    import random
+    """Give this process random streams of its own: a forked child starts with its zygote's.
 
-    random.seed()
+    Only the modules imported before the fork: one imported later (`random` in a zygote's first child) seeds itself
+    from the OS then.
+    """
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()  # the legacy global RandomState; Generators made later seed from the OS

@@ -12,15 +12,17 @@ import contextlib
 import errno
 import functools
 import os
-import shutil
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from snapcell.errors import CheckpointCorrupt, WorkspaceError, WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
 
+if TYPE_CHECKING:
+    from dataclasses import dataclass, field
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass, field
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, Dumped, WorkspaceFile
 
@@ -351,6 +353,8 @@ class Workspace:
     def discard_staging(self) -> None:
         """Remove the staging directory, if any."""
         if os.path.lexists(self.staging):
+            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+
             shutil.rmtree(self.staging, ignore_errors=True)
 
     def clear(self) -> None:
@@ -359,6 +363,8 @@ class Workspace:
             if entry.name in self.mounts:
                 continue
             if entry.is_dir(follow_symlinks=False):
+                import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 with contextlib.suppress(OSError):
@@ -438,6 +444,8 @@ def empty_dir(path: str) -> None:
     """Remove everything inside ``path`` (best effort; nothing is followed)."""
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
+            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):

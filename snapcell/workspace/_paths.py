@@ -7,12 +7,18 @@ at most 1024 characters and 64 components, each at most 255 bytes. ``a//b`` and 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from snapcell.errors import ConfigError, WorkspacePathError
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._record import dataclass
 
 __all__ = [
     "FileInfo",
@@ -31,7 +37,6 @@ MAX_FILES = 10_000
 MAX_MOUNTS = 16
 # Files the script writes here during a run come back as artifacts (`RunResult.files`).
 OUT_DIR = "out"
-_MOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MEDIA_TYPES = {
     "png": "image/png",
     "jpg": "image/jpeg",
@@ -110,6 +115,12 @@ def check_path(path: object, *, mounts: Collection[str] = (), writing: bool = Fa
     return "/".join(parts)
 
 
+@functools.cache
+def _mount_name() -> re.Pattern[str]:
+    """A mount's name; compiled on first use: a zygote says ready without it (issue 16)."""
+    return re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
 def check_mounts(mounts: object) -> dict[str, str]:
     """Validate ``checkout(mounts=...)``: names to host directories, resolved to real absolute paths.
 
@@ -124,7 +135,7 @@ def check_mounts(mounts: object) -> dict[str, str]:
         raise ConfigError(f"at most {MAX_MOUNTS} mounts per session, not {len(mounts)}")
     checked: dict[str, str] = {}
     for name, source in mounts.items():
-        if not isinstance(name, str) or not _MOUNT_NAME.match(name) or name == OUT_DIR:
+        if not isinstance(name, str) or not _mount_name().match(name) or name == OUT_DIR:
             raise ConfigError(
                 f"mount name {name!r} must be a simple name such as 'data' (letters, digits, '.', '_', '-'; not 'out')"
             )

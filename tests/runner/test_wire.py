@@ -347,7 +347,7 @@ def test_a_message_is_parsed_as_utf8_only() -> None:
 def test_the_short_text_shortcut_of_count_items_decides_as_the_full_count(text: bytes) -> None:
     def full_count(data: bytes, limit: int) -> int:  # count_items without its shortcut for short texts
         count = _wire._items_bound(data)
-        return _wire._items_bound(_wire._STRING.sub(b"", data)) if count > limit else count
+        return _wire._items_bound(_wire._string().sub(b"", data)) if count > limit else count
 
     for limit in range(1, 2 * len(text) + 2):
         assert (_wire.count_items(text, limit) > limit) == (full_count(text, limit) > limit), limit

@@ -22,9 +22,10 @@ from snapcell import AsyncPool, Policy
 from snapcell.runner._zygote import _recv_fds
 from snapcell.runner._zygotehost import Zygote
 
-# Measured with CPython 3.11: 149 modules at ready (165 before the cuts of issue 16's perf-cold3). A new module-level
-# import on the worker's path shows up here; re-measure when CI moves to another Python.
-MAX_MODULES_AT_READY = 152
+# Measured with CPython 3.11: 138 modules at ready (165 before the cuts of issue 16's perf-cold3, 150 before
+# perf-cold4's). A new module-level import on the worker's path shows up here; re-measure when CI moves to another
+# Python.
+MAX_MODULES_AT_READY = 140
 # Never before ready: the heavy modules, the checkpoint code, and what a first run of "1+1" does not use.
 NOT_BEFORE_READY = (
     "asyncio",
@@ -49,6 +50,15 @@ NOT_BEFORE_READY = (
     "sysconfig",
     "socket",  # its enums; the zygote and its children use the C type, `_socket.socket`
     "selectors",
+    # `dataclasses` compiles each class's methods and imports `inspect` (see `snapcell._record`); copy, dis, random
+    "dataclasses",
+    "inspect",
+    "dis",
+    "copy",
+    "random",
+    "shutil",  # and with it bz2 and lzma: a workspace removes directories with it, never on a first run
+    "bz2",
+    "lzma",
 )
 
 
@@ -163,3 +173,23 @@ def test_the_second_stage_is_asked_for_only_after_the_first_forks_delay(monkeypa
     monkeypatch.setattr(_zygotehost, "_PRELOAD_DELAY_S", 0.0)
     assert asyncio.run(first_result(True))[0] == 2
     assert len(requests) == 1  # asked for by the timer the first fork set, once
+
+
+def test_a_first_childs_first_run_imports_neither_random_nor_tempfile() -> None:
+    # Written without the word "import", so that the run needs no event loop (see `_loopfree`), as a first `1 + 1`.
+    probe = (
+        "b = __builtins__\n"
+        "modules = (b if isinstance(b, dict) else vars(b))['__imp' + 'ort__']('sys').modules\n"
+        "[m for m in ('random', 'tempfile') if m in modules]"
+    )
+    later = "import tempfile, random\n(tempfile.tempdir, tempfile.gettempdir() == tempfile.tempdir, random.random())"
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with AsyncPool("memory://", policy=Policy.unrestricted(), min_warm_workers=0) as pool:
+            async with pool.checkout() as one, pool.checkout() as two:
+                return await one.feed_run(probe), await one.feed_run(later), await two.feed_run(later)
+
+    early, (where, same, draw), (_, _, other) = asyncio.run(main())
+    assert early == []
+    assert where is not None and where.endswith("/tmp") and same  # set by the worker when the script imported it
+    assert draw != other  # imported after the fork: seeded from the OS in each child
