@@ -18,7 +18,6 @@ than they saved.
 
 from __future__ import annotations
 
-import dataclasses
 import linecache
 import sys
 from collections.abc import Callable, Iterator
@@ -85,6 +84,8 @@ def pretouch(worker: Worker) -> int:
 
 def _steps(worker: Worker) -> Iterator[Callable[[], Any]]:
     """The throwaway turn, step by step, as the worker serves them (replies encoded, never sent)."""
+    import dataclasses  # not before a zygote's "ready" (tests/runner/test_zygote_imports.py)
+
     limits = to_plain(dataclasses.asdict(worker.runner.limits))
     run = {"op": "run", "code": _CELL, "host": {}, "setup": False, "limits": limits}
     dump = {"op": "dump", "created_at": 0.0, "level": _DUMP_LEVEL, "on_unpicklable": "skip", "known_blobs": []}
