@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import gc
 import pickle
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from snapcell.checkpoint import Keyring, _hostscan, dump_namespace, load_namespa
 from snapcell.checkpoint._format import SectionKind, parse_container
 from snapcell.checkpoint._hostscan import PassedFrames
 from snapcell.errors import CheckpointCorrupt
+from snapcell.runner._definitions import Definitions
 from snapcell.storage import MemoryStore
 
 KEY = "load-work-tests-signing-key-0123456789"
@@ -156,3 +158,39 @@ def test_a_cut_list_comes_back_whole_and_in_order() -> None:
     )
     assert loaded.variables["numbers"] == numbers
     assert loaded.variables["small"] == [1, 2]
+
+
+DEFINITIONS = """import math
+
+
+def area(r):
+    return math.pi * r * r
+
+
+class Box:
+    n = 7
+
+
+def area(r):
+    return r
+"""
+
+
+def test_a_load_whose_definitions_all_restored_parses_none_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace: dict[str, Any] = {}
+    exec(DEFINITIONS, namespace)
+    kept = Definitions()
+    kept.record(DEFINITIONS, namespace)
+    sources = kept.sources()
+    assert len(sources) == 3  # the import, the class, the later area
+    parsed: list[str] = []
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda text, *a, **k: parsed.append(text) or real(text, *a, **k))
+    loaded = Definitions(sources)
+    assert loaded.for_names({}) == ([], [])
+    assert loaded.sources() == sources  # the next dump keeps them as they were
+    assert parsed == []
+    assert loaded.for_names({"area", "Box"}) == ([sources[1], sources[2]], ["Box", "area"])
+    assert len(parsed) == 3
+    loaded.record("def area(r):\n    return 0\n", {"area": lambda r: 0})
+    assert loaded.sources() == [*sources[:2], "def area(r):\n    return 0\n"]
