@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from snapcell._syncloop import SyncLoop
 from snapcell.checkpoint import Keyring
+from snapcell.checkpoint._hostscan import PassedFrames
 from snapcell.errors import ConfigError, SessionError
 from snapcell.runner import Backend, InlineBackend, Limits, Policy
 from snapcell.runner._policy import with_file_access
@@ -160,6 +161,8 @@ class AsyncPool:
             )
         self.store = store
         self.keyring = resolve_keyring(self.store, signing_keys)
+        # Frame blobs the host scanned, by policy: a session loading this pool's own dump need not scan them again.
+        self._passed_frames = PassedFrames()
         self.ttl_s = float(ttl_s)
         self.policy = policy or (Policy.process_default() if isolation == "process" else Policy.stdlib_only())
         self.limits = limits or Limits()
@@ -309,6 +312,7 @@ class AsyncPool:
             checker=checker,
             policy=with_file_access(policy) if self.isolation == "process" else policy,
             mounts=mounts,
+            passed_frames=self._passed_frames,
         )
         self._sessions.add(session)
         try:

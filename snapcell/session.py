@@ -14,7 +14,13 @@ from snapcell._session_sync import Session
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
 from snapcell.checkpoint._format import MAX_MANIFEST_BYTES, Container, SectionKind
-from snapcell.checkpoint._hostscan import UnscannedFrame, check_frame_blobs, scanned_frames
+from snapcell.checkpoint._hostscan import (
+    PassedFrames,
+    UnscannedFrame,
+    check_frame_blobs,
+    frame_blob_hashes,
+    scanned_frames,
+)
 from snapcell.checkpoint._rule import Refusal
 from snapcell.errors import (
     CheckpointCorrupt,
@@ -78,12 +84,16 @@ class AsyncSession:
         policy: Policy | None = None,
         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
         mounts: Collection[str] = (),
+        passed_frames: PassedFrames | None = None,
     ) -> None:
         self._backend = backend
         self._max_skew_s = max_clock_skew_s
         self._mounts = frozenset(mounts)
         # The loader's module rule: every pickle is checked against it before the host signs anything.
-        self._rule = checkpoint_rule(policy or Policy())
+        self._policy = policy or Policy()
+        self._rule = checkpoint_rule(self._policy)
+        # Frames the pool's host scanned under each policy: a load of its own dump need not scan them again.
+        self._passed = passed_frames if passed_frames is not None else PassedFrames()
         self._store = store
         self._keyring = keyring
         self._ttl_s = ttl_s
@@ -192,16 +202,21 @@ class AsyncSession:
         else:
             body, key_index = self._keyring.verify_with_key(blob, cid)
         note_checkpoint(body)
-        refs = parse_container(body).manifest.blobs
+        container = parse_container(body)
+        refs = container.manifest.blobs
         # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
         blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
         self.manifest = await self._backend.load(body, blobs)
         if key_index != 0:
             self._frames = set()
-        elif sum(ref.raw_bytes for ref in refs) > _SCAN_THREAD_BYTES:
-            self._frames = await asyncio.to_thread(scanned_frames, body, blobs, self._rule)
         else:
-            self._frames = scanned_frames(body, blobs, self._rule)
+            frames = frame_blob_hashes(container)
+            known = self._passed.known(self._policy, frames)
+            if sum(size for digest, size in frames.items() if digest not in known) > _SCAN_THREAD_BYTES:
+                self._frames = await asyncio.to_thread(scanned_frames, container, blobs, self._rule, known=known)
+            else:
+                self._frames = scanned_frames(container, blobs, self._rule, known=known)
+            self._passed.add(self._policy, self._frames)
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = len(blob)
         # Only blobs in the signing key's namespace can be referred to by the next dump.
@@ -403,6 +418,7 @@ class AsyncSession:
             self._setup_since_checkpoint = []
             self._blobs = {ref.hash: ref for ref in manifest.blobs}
             self._frames = self._dump_frames
+            self._passed.add(self._policy, self._frames)
             return cid.raw
         finally:
             self._busy = False

@@ -203,10 +203,12 @@ def _pickle_part(obj: object, namespace: dict[str, Any]) -> Part:
 
 @contextlib.contextmanager
 def _no_collection() -> Iterator[None]:
-    """Hold off the cyclic garbage collector while the memo is copied and read.
+    """Hold off the cyclic garbage collector while the memo is copied and read, or while a checkpoint restores.
 
     The copy makes two objects per memo entry (a list of 100k dicts: 200k entries), which set off collections that
     walk every object of the namespace: three quarters of the copy's time. They all die right after (no cycle).
+    A restore makes only objects that live on (or die with the load's unpicklers), so collections during it walk
+    the growing namespace for nothing. The collector is back on after, also on error.
     """
     if not gc.isenabled():
         yield

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import pickle
 import sys
 import types
@@ -35,14 +36,17 @@ from snapcell.checkpoint._classes import (
 from snapcell.checkpoint._findglobal import PICKLE_MODULE, FindGlobal, checked, make_find_global
 from snapcell.checkpoint._format import (
     Codec,
+    Container,
     Manifest,
     Section,
     SectionKind,
+    VariableInfo,
     parse_container,
 )
 from snapcell.checkpoint._pickle import (
     _NAMESPACE_PID,
     _describe,
+    _no_collection,
 )
 from snapcell.checkpoint._rule import (
     HELPERS,
@@ -268,11 +272,25 @@ def load_namespace(
     result = LoadedNamespace({}, manifest)
     if container.header.python != sys.version_info[:2]:
         find_global = _without_code(find_global, container.header.python)
+    with _no_collection():
+        _load_all(container, result, namespace, find_global, blobs or {}, list(zip(dill_vars, dill_data, strict=True)))
+    return result
+
+
+def _load_all(
+    container: Container,
+    result: LoadedNamespace,
+    namespace: dict[str, Any],
+    find_global: FindGlobal,
+    blobs: Mapping[str, bytes | bytearray | memoryview],
+    dill_sections: list[tuple[VariableInfo, Section]],
+) -> None:
+    manifest = container.manifest
     if container.header.format_version >= 3:
-        _load_frames(container.sections, manifest, result, namespace, find_global, blobs or {})
+        _load_frames(container.sections, manifest, result, namespace, find_global, blobs)
     else:
-        _load_stream(container.sections, manifest, result, namespace, find_global, blobs or {})
-    for info, section in zip(dill_vars, dill_data, strict=True):
+        _load_stream(container.sections, manifest, result, namespace, find_global, blobs)
+    for info, section in dill_sections:
         data = _decompress(section.codec, section.data, section.raw_size, writable=False)
         try:
             result.variables[info.name] = _RestrictedDillUnpickler(
@@ -280,7 +298,6 @@ def load_namespace(
             ).load()
         except Exception as exc:  # as above
             result.failed[info.name] = _describe(exc)
-    return result
 
 
 _CODE_MAKERS = frozenset(
@@ -439,9 +456,14 @@ def _assemble_frame(names: list[str], layout: str, values: list[Any]) -> dict[st
         return dict(zip(names, value, strict=True))
     if not all(isinstance(v, list) for v in values):
         raise pickle.UnpicklingError("a frame part of items is not a list")
+    # The parts are joined at C speed (a Python loop over 1M items was a fifth of a 1M-int load); each part is a
+    # list its own unpickler just made, so the first one grows into the whole list.
     if layout == "dict":
-        return {names[0]: dict(pair for part in values for pair in part)}
-    return {names[0]: [item for part in values for item in part]}
+        return {names[0]: dict(itertools.chain.from_iterable(values))}
+    joined: list[Any] = values[0] if values else []
+    for part in values[1:]:
+        joined.extend(part)
+    return {names[0]: joined}
 
 
 # A buffer may repeat a chunk (a zero-filled array): at most this many times the distinct chunks' bytes in all.
