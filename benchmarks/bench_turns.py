@@ -12,7 +12,9 @@ Side by side in one event loop, alternating every repetition (issue 16):
 - ``throughput``: ``CONVERSATIONS`` conversations of ``TURNS`` turns each, all at once on one tool (default
   pool: one worker per CPU): turns per second, p50/p99 turn latency, turns lost, and the resident memory of each
   worker (RSS, and PSS/USS from ``/proc/<pid>/smaps_rollup``: the zygote's pages a worker still shares
-  count in its PSS only by share, and not at all in its USS).
+  count in its PSS only by share, and not at all in its USS). Twice: on a ``started`` pool (as a server's after its
+  start-up: one turn served and the zygote's second stage, its heavy imports, done) and on a ``fresh`` one, whose
+  first turns share the CPU with that second stage.
 
 Ratios are to monty's ``turn`` (x > 1: slower than monty). Run from the repository root:
 ``python -m benchmarks.bench_turns [--quick]``; JSON lines go to ``benchmarks/results/turns.jsonl``.
@@ -169,8 +171,12 @@ def _worker_pids(pool: AsyncPool) -> tuple[list[int], list[int]]:
     return zygotes, children
 
 
-async def throughput(root: Path) -> dict[str, Any]:
-    """``CONVERSATIONS`` x ``TURNS`` turns at once on a fresh pool and tool; latencies, losses and memory."""
+async def throughput(root: Path, *, started: bool) -> dict[str, Any]:
+    """``CONVERSATIONS`` x ``TURNS`` turns at once on a pool and tool; latencies, losses and memory.
+
+    ``started``: first serve one turn and wait until the zygote's second stage is done (see the module docstring);
+    else the turns start with the pool.
+    """
     # Every conversation may wait for a worker: the default queue (4 per worker) would refuse most of them at once
     # with Overloaded, which is the right answer for a server but not what this measures.
     pool = AsyncPool(LocalStore(root), isolation="process", signing_keys=[KEY], max_queued_checkouts=CONVERSATIONS)
@@ -202,6 +208,10 @@ async def throughput(root: Path) -> dict[str, Any]:
                 memory.extend(m for m in map(_memory, children) if m)
                 zygote_memory.extend(m for m in map(_memory, zygotes) if m)
 
+        if started:
+            async with pool.checkout() as session:  # not a turn of the tool: a warm session would keep its worker
+                await session.feed_run("1")
+            await _preloaded(pool)
         sampler = asyncio.ensure_future(sample())
         start = time.perf_counter()
         await asyncio.gather(*(conversation(n) for n in range(CONVERSATIONS)))
@@ -214,6 +224,7 @@ async def throughput(root: Path) -> dict[str, Any]:
         return round(statistics.median(m[key] for m in samples) / 2**20, 1) if samples else None
 
     return {
+        "pool": "started" if started else "fresh",
         "conversations": CONVERSATIONS,
         "turns_per_conversation": TURNS,
         "turns_per_s": round(len(latencies) / elapsed, 1),
@@ -228,7 +239,14 @@ async def throughput(root: Path) -> dict[str, Any]:
     }
 
 
-async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
+async def _preloaded(pool: AsyncPool, timeout_s: float = 30.0) -> None:
+    """Wait until the pool's zygote has finished its heavy imports (`AsyncPool.isolation_report` says so)."""
+    deadline = time.monotonic() + timeout_s
+    while "(importing)" in (await pool.isolation_report()).get("start", "") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[float]]], list[dict[str, Any]]]:
     tools = Tools(root / "turns")
     monty = Monty()
     trials: dict[str, Callable[[], Any]] = {"snapcell process": tools.trial}
@@ -242,13 +260,16 @@ async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[flo
         await tools.close()
         if monty.pool is not None:
             await monty.close()
-    return samples, await throughput(root / "throughput")
+    loads = []
+    for started in (True, False):
+        loads.append(await throughput(root / f"throughput-{'started' if started else 'fresh'}", started=started))
+    return samples, loads
 
 
 def main() -> None:
     args = parse_args(__doc__, "fewer repetitions")
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
-        samples, load = asyncio.run(measure(args.quick, Path(tmp)))
+        samples, loads = asyncio.run(measure(args.quick, Path(tmp)))
     base = summarize_ms(samples[BASELINE]["turn"])["median"] if BASELINE in samples else None
     rows, records = [], []
     for name, metrics in samples.items():
@@ -262,13 +283,15 @@ def main() -> None:
         [("metric", "metric"), ("method", "method"), ("min ms", "min"), ("median", "median"), ("max", "max")]
         + [("x monty turn", "ratio")],
     )
-    print(
-        f"\nthroughput: {load['conversations']} conversations x {load['turns_per_conversation']} turns on "
-        f"{load['workers']} workers: {load['turns_per_s']} turns/s, p50 {load['p50_ms']} ms, p99 {load['p99_ms']} "
-        f"ms, {load['lost']} lost; per worker RSS {load['worker_rss_mb']} MB, PSS {load['worker_pss_mb']} MB, "
-        f"USS {load['worker_uss_mb']} MB (zygote RSS {load['zygote_rss_mb']} MB)"
-    )
-    records.append({"method": "snapcell process", "metric": "throughput", **load})
+    for load in loads:
+        print(
+            f"\nthroughput on a {load['pool']} pool: {load['conversations']} conversations x "
+            f"{load['turns_per_conversation']} turns on {load['workers']} workers: {load['turns_per_s']} turns/s, "
+            f"p50 {load['p50_ms']} ms, p99 {load['p99_ms']} ms, {load['lost']} lost; per worker RSS "
+            f"{load['worker_rss_mb']} MB, PSS {load['worker_pss_mb']} MB, USS {load['worker_uss_mb']} MB "
+            f"(zygote RSS {load['zygote_rss_mb']} MB)"
+        )
+        records.append({"method": "snapcell process", "metric": "throughput", **load})
     path = write_jsonl("turns", [r | {"reps": QUICK_REPS if args.quick else REPS} for r in records])
     print(f"\nratios are to monty's turn (checkout+load+run+dump); results appended to {path}")
 
