@@ -297,7 +297,11 @@ class AsyncSession:
             try:
                 dump = (
                     DumpRequest(
-                        created_at=self._clock(), level=self._level, on_unpicklable="skip", known_blobs=self._blobs
+                        created_at=self._clock(),
+                        level=self._level,
+                        on_unpicklable="skip",
+                        known_blobs=self._blobs,
+                        passed_frames=self._frames,
                     )
                     if then_dump
                     else None
@@ -384,7 +388,11 @@ class AsyncSession:
                     dumped = await self._backend.dumped()
                 else:
                     dumped = await self._backend.dump(
-                        created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs=self._blobs
+                        created_at=now,
+                        level=self._level,
+                        on_unpicklable=on_unpicklable,
+                        known_blobs=self._blobs,
+                        passed_frames=self._frames,
                     )
                 await self._verify(dumped)
                 if not await self._blob_io.store(dumped, now + self._ttl_s):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, Protocol
 
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
@@ -27,6 +27,7 @@ class DumpRequest:
     level: int
     on_unpicklable: Literal["skip", "fail"]
     known_blobs: Mapping[str, BlobRef]
+    passed_frames: Collection[str] = ()
 
 
 class Backend(Protocol):
@@ -65,8 +66,13 @@ class Backend(Protocol):
         level: int,
         on_unpicklable: Literal["skip", "fail"],
         known_blobs: Mapping[str, BlobRef],
+        passed_frames: Collection[str] = (),
     ) -> Dumped:
-        """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks."""
+        """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks.
+
+        ``passed_frames``: hashes (hex) of frame blobs the host's scan passed under this session's policy; the
+        runner does not scan a frame with those bytes again (the host checks every byte it signs either way).
+        """
         ...
 
     async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
@@ -134,6 +140,7 @@ class InlineBackend:
         level: int,
         on_unpicklable: Literal["skip", "fail"],
         known_blobs: Mapping[str, BlobRef],
+        passed_frames: Collection[str] = (),
     ) -> Dumped:
         # Off the event loop: a large namespace takes seconds to pickle and compress.
         return await asyncio.to_thread(
@@ -142,6 +149,7 @@ class InlineBackend:
             level=level,
             on_unpicklable=on_unpicklable,
             known_blobs=known_blobs,
+            passed_frames=passed_frames,
         )
 
     async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:

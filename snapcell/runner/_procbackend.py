@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from snapcell._callables import is_async_callable
@@ -50,6 +51,9 @@ from snapcell.runner._workerpool import WorkerPool
 from snapcell.workspace import check_path
 
 __all__ = ["ProcessBackend"]
+
+# Frame hashes a dump request names as passed by the host (see `Backend.dump`); past this the worker scans the rest.
+MAX_PASSED_FRAMES = 4096
 
 
 class ProcessBackend:
@@ -262,9 +266,14 @@ class ProcessBackend:
         level: int,
         on_unpicklable: Literal["skip", "fail"],
         known_blobs: Mapping[str, BlobRef],
+        passed_frames: Collection[str] = (),
     ) -> Dumped:
         request = DumpRequest(
-            created_at=created_at, level=level, on_unpicklable=on_unpicklable, known_blobs=known_blobs
+            created_at=created_at,
+            level=level,
+            on_unpicklable=on_unpicklable,
+            known_blobs=known_blobs,
+            passed_frames=passed_frames,
         )
         return await self._dump(_dump_message(request))
 
@@ -381,6 +390,7 @@ def _dump_message(request: DumpRequest) -> dict[str, Any]:
         "level": request.level,
         "on_unpicklable": request.on_unpicklable,
         "known_blobs": [ref.model_dump() for ref in request.known_blobs.values()],
+        "passed_frames": list(itertools.islice(request.passed_frames, MAX_PASSED_FRAMES)),
     }
 
 

@@ -362,6 +362,7 @@ class Runner:
         level: int = 1,
         on_unpicklable: Literal["skip", "fail"] = "skip",
         known_blobs: Mapping[str, BlobRef] | None = None,
+        passed_frames: Collection[str] = (),
     ) -> Dumped:
         """Serialize the namespace into an unsigned checkpoint body and the blobs it needs.
 
@@ -370,12 +371,18 @@ class Runner:
             level: zstd level.
             on_unpicklable: What to do with a variable that cannot be serialized.
             known_blobs: Blobs the store already has, by hash; they are referenced, not encoded again.
+            passed_frames: Hashes (hex) of frame blobs the host's scan passed under this runner's policy (its
+                rule): a frame pickled to those bytes is not scanned again here. Only what the host asserts; the
+                host scans every frame it has not passed itself before signing.
 
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
         """
         from snapcell.checkpoint._pickle import dump_namespace
 
+        for digest in passed_frames:
+            if len(self._scanned) < _MAX_RESTORED_FRAMES:
+                self._scanned.add(bytes.fromhex(digest))
         dumped = dump_namespace(
             self.variables(),
             namespace=self.namespace,

@@ -242,6 +242,7 @@ class Worker:
                 level=level,
                 on_unpicklable="fail" if message.get("on_unpicklable") == "fail" else "skip",
                 known_blobs=known_blobs,
+                passed_frames=_frame_hashes(message.get("passed_frames")),
             )
             if snap is not None:
                 dumped = attach_snapshot(dumped, snap)
@@ -529,6 +530,16 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
     pretouch(worker)  # while no request comes: the first turn's copy-on-write faults, taken now
     worker.serve()
     return 0
+
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def _frame_hashes(value: Any) -> list[str]:
+    """The frame hashes of a dump request's ``passed_frames``: 32 hex digits each, at most 4096 (others ignored)."""
+    if type(value) is not list:
+        return []
+    return [h for h in value[:4096] if type(h) is str and len(h) == 32 and set(h) <= _HEX_DIGITS]
 
 
 if __name__ == "__main__":
