@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -128,33 +129,49 @@ class Hanging(MemoryHeads):
         self.hang: set[str] = set()
         self.release = threading.Event()
         self.late_writes: list[str] = []
-        self.decided = threading.Event()  # a late write landed or was refused
+        self._blocked = 0  # calls that hung and have not returned yet
+        self._returned = threading.Condition()
 
-    def _maybe_hang(self, name: str) -> None:
-        if name in self.hang:
+    @contextlib.contextmanager
+    def _maybe_hang(self, name: str) -> Iterator[None]:
+        if name not in self.hang:
+            yield
+            return
+        with self._returned:
+            self._blocked += 1
+        try:
             assert self.release.wait(60), "hang guard"
+            yield
+        finally:
+            with self._returned:
+                self._blocked -= 1
+                self._returned.notify_all()
+
+    def wait_returned(self) -> bool:
+        """Wait until every call that hung has returned (its late effect, if any, has landed): False after 60 s."""
+        with self._returned:
+            return self._returned.wait_for(lambda: self._blocked == 0, 60)
 
     def get(self, conversation_id: str) -> Head | None:
-        self._maybe_hang("get")
-        return super().get(conversation_id)
+        with self._maybe_hang("get"):
+            return super().get(conversation_id)
 
     def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
-        if "compare_and_set" not in self.hang:
-            return super().compare_and_set(*args, **kwargs)
-        self._maybe_hang("compare_and_set")
-        try:
-            version = super().compare_and_set(*args, **kwargs)
-        except Conflict:
-            self.late_writes.append("refused")
-            self.decided.set()
-            raise
-        self.late_writes.append("landed")
-        self.decided.set()
-        return version
+        late = "compare_and_set" in self.hang
+        with self._maybe_hang("compare_and_set"):
+            try:
+                version = super().compare_and_set(*args, **kwargs)
+            except Conflict:
+                if late:
+                    self.late_writes.append("refused")
+                raise
+            if late:
+                self.late_writes.append("landed")
+            return version
 
     def acquire_lease(self, *args: Any, **kwargs: Any) -> bool:
-        self._maybe_hang("acquire_lease")
-        return super().acquire_lease(*args, **kwargs)
+        with self._maybe_hang("acquire_lease"):
+            return super().acquire_lease(*args, **kwargs)
 
 
 def test_a_hanging_head_store_fails_the_turn_naming_the_call(pool: Pool) -> None:
@@ -174,7 +191,10 @@ def test_a_hanging_head_store_fails_the_turn_naming_the_call(pool: Pool) -> None
         with pytest.raises(TurnOutcomeUnknown, match="storage_timeout_s"):
             tool.run_code("c", APPEND.format(tag="t2"), turn_id="slow-write")
         heads.release.set()  # the endpoint answers at last
-        assert heads.decided.wait(60), "hang guard: the late write was never decided"
+        # Every hung call lands now, the timed-out lease take of the first turn too. Wait for all of them: a lease
+        # take of this tool's that lands late takes the lease over from a live turn of the same tool (the
+        # same-holder rule), whose save then fails with Conflict.
+        assert heads.wait_returned(), "hang guard: a hung call never returned"
         heads.hang = set()
         # The failed turn gave its lease back first, so its late write is refused and the outcome is settled: the
         # retry runs the turn (its first run's host calls happened, but nothing of it was saved), once.
