@@ -295,17 +295,7 @@ class AsyncSession:
             started = time.perf_counter()
             restarted, self._restarted = self._restarted, False
             try:
-                dump = (
-                    DumpRequest(
-                        created_at=self._clock(),
-                        level=self._level,
-                        on_unpicklable="skip",
-                        known_blobs=self._blobs,
-                        passed_frames=self._frames,
-                    )
-                    if then_dump
-                    else None
-                )
+                dump = self._dump_request(self._clock(), "skip") if then_dump else None
                 result = await self._backend.run(
                     code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump
                 )
@@ -355,6 +345,16 @@ class AsyncSession:
             raise result.error
         return result.value
 
+    def _dump_request(self, created_at: float, on_unpicklable: Literal["skip", "fail"]) -> DumpRequest:
+        """A dump of this session's namespace, referring to the blobs it knows and the frames the host passed."""
+        return DumpRequest(
+            created_at=created_at,
+            level=self._level,
+            on_unpicklable=on_unpicklable,
+            known_blobs=self._blobs,
+            passed_frames=self._frames,
+        )
+
     @trace_checkpoint("snapcell.dump")
     async def dump(self, *, on_unpicklable: Literal["skip", "fail"] = "skip") -> bytes:
         """Save the namespace as a new checkpoint and return its ID.
@@ -387,20 +387,12 @@ class AsyncSession:
                     now = ahead.created_at
                     dumped = await self._backend.dumped()
                 else:
-                    dumped = await self._backend.dump(
-                        created_at=now,
-                        level=self._level,
-                        on_unpicklable=on_unpicklable,
-                        known_blobs=self._blobs,
-                        passed_frames=self._frames,
-                    )
+                    dumped = await self._backend.dump(self._dump_request(now, on_unpicklable))
                 await self._verify(dumped)
                 if not await self._blob_io.store(dumped, now + self._ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
-                    dumped = await self._backend.dump(
-                        created_at=now, level=self._level, on_unpicklable=on_unpicklable, known_blobs={}
-                    )
+                    dumped = await self._backend.dump(self._dump_request(now, on_unpicklable))
                     await self._verify(dumped)
                     await self._blob_io.store(dumped, now + self._ttl_s)
             except (ForgedBlob, ForgedFiles) as exc:

@@ -21,7 +21,16 @@ __all__ = ["Backend", "DumpRequest", "InlineBackend"]
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DumpRequest:
-    """A dump asked for together with a run: what `Backend.dump` takes, fixed before the run starts."""
+    """What `Backend.dump` takes (and a run's ``then_dump``, fixed before the run starts).
+
+    Attributes:
+        created_at: Creation time for the manifest.
+        level: zstd level.
+        on_unpicklable: What to do with a variable that cannot be serialized.
+        known_blobs: Blobs the store already has, by hash; they are referenced, not encoded again.
+        passed_frames: Hashes (hex) of frame blobs the host's scan passed under this session's policy; the runner
+            does not scan a frame with those bytes again (the host checks every byte it signs either way).
+    """
 
     created_at: float
     level: int
@@ -59,20 +68,8 @@ class Backend(Protocol):
         """The dump of `pending_dump` (then None); as `dump`, with the same errors."""
         ...
 
-    async def dump(
-        self,
-        *,
-        created_at: float,
-        level: int,
-        on_unpicklable: Literal["skip", "fail"],
-        known_blobs: Mapping[str, BlobRef],
-        passed_frames: Collection[str] = (),
-    ) -> Dumped:
-        """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks.
-
-        ``passed_frames``: hashes (hex) of frame blobs the host's scan passed under this session's policy; the
-        runner does not scan a frame with those bytes again (the host checks every byte it signs either way).
-        """
+    async def dump(self, request: DumpRequest) -> Dumped:
+        """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks."""
         ...
 
     async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
@@ -133,23 +130,15 @@ class InlineBackend:
         bridge = LocalBridge(lookup, max_calls=limits.max_host_calls)
         return await self.runner.run(code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits)
 
-    async def dump(
-        self,
-        *,
-        created_at: float,
-        level: int,
-        on_unpicklable: Literal["skip", "fail"],
-        known_blobs: Mapping[str, BlobRef],
-        passed_frames: Collection[str] = (),
-    ) -> Dumped:
+    async def dump(self, request: DumpRequest) -> Dumped:
         # Off the event loop: a large namespace takes seconds to pickle and compress.
         return await asyncio.to_thread(
             self.runner.dump,
-            created_at=created_at,
-            level=level,
-            on_unpicklable=on_unpicklable,
-            known_blobs=known_blobs,
-            passed_frames=passed_frames,
+            created_at=request.created_at,
+            level=request.level,
+            on_unpicklable=request.on_unpicklable,
+            known_blobs=request.known_blobs,
+            passed_frames=request.passed_frames,
         )
 
     async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from snapcell._callables import is_async_callable
-from snapcell.checkpoint import BlobRef, Dumped, Manifest
+from snapcell.checkpoint import Dumped, Manifest
 from snapcell.errors import RunCancelled, ScriptError, SessionError, SnapcellError, TimeLimitExceeded, WorkerLost
 from snapcell.runner._backend import DumpRequest
 from snapcell.runner._budget import (
@@ -259,22 +259,7 @@ class ProcessBackend:
             out.append((item[0], item[1]))
         return out
 
-    async def dump(
-        self,
-        *,
-        created_at: float,
-        level: int,
-        on_unpicklable: Literal["skip", "fail"],
-        known_blobs: Mapping[str, BlobRef],
-        passed_frames: Collection[str] = (),
-    ) -> Dumped:
-        request = DumpRequest(
-            created_at=created_at,
-            level=level,
-            on_unpicklable=on_unpicklable,
-            known_blobs=known_blobs,
-            passed_frames=passed_frames,
-        )
+    async def dump(self, request: DumpRequest) -> Dumped:
         return await self._dump(_dump_message(request))
 
     @property

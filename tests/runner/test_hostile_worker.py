@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool, ScriptError, SessionError, WorkerLost
+from snapcell.runner._backend import DumpRequest
 from snapcell.runner._procbackend import ProcessBackend
 from snapcell.runner._workerpool import WorkerPool
 
@@ -137,7 +138,9 @@ async def _attack(attack: str, recorded: list[Any]) -> tuple[Any, int | None]:
         worker = backend.worker
         assert worker is not None and worker.process is not None
         if _driver(attack) == "dump":
-            outcome = await _outcome(backend.dump(created_at=0.0, level=1, on_unpicklable="skip", known_blobs={}))
+            outcome = await _outcome(
+                backend.dump(DumpRequest(created_at=0.0, level=1, on_unpicklable="skip", known_blobs={}))
+            )
         elif _driver(attack) == "load":
             outcome = await _outcome(backend.load(b"body", {}))
         else:
