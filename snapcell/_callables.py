@@ -14,5 +14,6 @@ def is_async_callable(func: Any) -> bool:
 
     if inspect.iscoroutinefunction(func):
         return True
-    call = inspect.getattr_static(type(func), "__call__", None)
-    return not inspect.isroutine(func) and inspect.iscoroutinefunction(call)
+    if inspect.isroutine(func):  # a plain function or method (the usual host function): its class's __call__ is not it
+        return False
+    return inspect.iscoroutinefunction(inspect.getattr_static(type(func), "__call__", None))
