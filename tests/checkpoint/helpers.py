@@ -109,7 +109,7 @@ def refused_dump(body: bytes | bytearray) -> tuple[CheckpointRefused, list[Any]]
     with Pool(store, signing_keys=[KEY], isolation="inline") as pool, pool.checkout() as session:
         manifest = Manifest(created_at=0.0, python="3", libraries={}, variables=[])
 
-        async def hostile_dump(**_options: Any) -> Dumped:
+        async def hostile_dump(_request: Any) -> Dumped:
             return Dumped(bytearray(body), manifest)
 
         session._inner._backend.dump = hostile_dump  # type: ignore[method-assign]

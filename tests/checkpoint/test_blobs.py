@@ -309,8 +309,8 @@ def test_a_forged_blob_from_the_runner_is_never_stored(
 
     real_dump = InlineBackend.dump
 
-    async def forging_dump(self: InlineBackend, **options: Any) -> Any:
-        dumped = await real_dump(self, **options)
+    async def forging_dump(self: InlineBackend, request: Any) -> Any:
+        dumped = await real_dump(self, request)
         for name in dumped.new_blobs:
             dumped.new_blobs[name] = b"\x00" + bytes(len(dumped.new_blobs[name]) - 1)  # raw codec, wrong bytes
         return dumped

@@ -176,8 +176,8 @@ def test_a_frame_blob_the_host_never_scanned_is_refused(pool: Pool, monkeypatch:
 
     real_dump = InlineBackend.dump
 
-    async def hiding_dump(self: InlineBackend, **options: Any) -> Any:
-        dumped = await real_dump(self, **options)
+    async def hiding_dump(self: InlineBackend, request: Any) -> Any:
+        dumped = await real_dump(self, request)
         frames = [
             bytes(s.data).hex() for s in parse_container(dumped.body).sections if s.kind is SectionKind.FRAME_BLOB
         ]

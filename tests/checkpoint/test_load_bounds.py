@@ -123,7 +123,7 @@ def test_a_dump_whose_manifest_claims_a_terabyte_blob_is_refused_before_allocati
         ref = BlobRef.model_construct(hash=digest.hex(), raw_bytes=1 << 40, stored_bytes=len(blob), stamp=0.0)
         body = _body([ref])
 
-        async def hostile_dump(**_options: Any) -> Dumped:
+        async def hostile_dump(_request: Any) -> Dumped:
             return Dumped(body, Manifest.model_construct(blobs=[ref]), new_blobs={digest.hex(): blob})
 
         session._inner._backend.dump = hostile_dump  # type: ignore[method-assign]
