@@ -51,6 +51,10 @@ class ChannelIO:
         # The channel stays registered with the event loop while frames are being read (see `_wait_readable`).
         self._watching: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
+        # A small frame's wait: the loop's readiness callback itself reads into _rbuf (see `_fill`); what ended
+        # the channel (its end, or an error), for the waiting reader to raise.
+        self._filling = False
+        self._ended: OSError | None = None
         self._send_lock = asyncio.Lock()
         # The run request in flight: the task it serves, its deadline and its grace period (see `serve_run`).
         self._caller: asyncio.Task[Any] | None = None
@@ -165,13 +169,34 @@ class ChannelIO:
             view[:kept] = view[self._rstart : self._rend]
             self._rstart, self._rend = 0, kept
         while self._rend < size:
-            n = await self._recv_into(sock, view[self._rend :])
-            if n == 0:
-                raise ConnectionResetError("the worker closed its channel")
-            self._rend += n
+            await self._fill(sock)
         out = buffer[:size]
         self._rstart = size
         return out
+
+    async def _fill(self, sock: socket.socket) -> None:
+        """Wait until more bytes are in ``_rbuf``, read by the loop's readiness callback (`_on_readable`).
+
+        The reader does not try a read of its own first: right after a request went out its reply has not come
+        (a read would fail), and a readiness report that turns out stale (the bytes it saw were read since the
+        loop polled) costs the callback one failed read instead of waking this task for nothing.
+
+        Raises:
+            ConnectionResetError: The worker closed its channel, or the host did (`kill`).
+            OSError: Reading failed.
+        """
+        before = self._rend
+        self._filling = True
+        try:
+            await self._wait_readable(sock)
+        finally:
+            self._filling = False
+        if self._rend == before:
+            ended, self._ended = self._ended, None
+            if ended is not None:
+                raise ended
+            if self._sock is not sock:
+                raise ConnectionResetError("the channel was closed")
 
     async def _recv_into(self, sock: socket.socket, target: memoryview) -> int:
         """Receive what has arrived into ``target``, waiting for the channel to become readable if nothing has."""
@@ -207,6 +232,19 @@ class ChannelIO:
     def _on_readable(self) -> None:
         waiter, self._waiter = self._waiter, None
         if waiter is not None:
+            if self._filling and not waiter.done() and self._sock is not None:
+                try:
+                    n = self._sock.recv_into(self._rview[self._rend :])
+                except (BlockingIOError, InterruptedError):  # a stale report: the reader keeps waiting
+                    self._waiter = waiter
+                    return
+                except OSError as exc:
+                    self._ended = exc
+                    n = 0
+                else:
+                    if n == 0:
+                        self._ended = ConnectionResetError("the worker closed its channel")
+                self._rend += n
             if not waiter.done():
                 waiter.set_result(None)
             return
