@@ -90,6 +90,7 @@ class ProcessBackend:
         cancel_grace_s: float | None = None,
         then: tuple[dict[str, Any], DumpRequest] | None = None,
         follow_on: bool = False,
+        run_limits: Limits | None = None,
     ) -> tuple[dict[str, Any], bytearray]:
         """Send a request and return its reply, whose op must be ``expect``.
 
@@ -107,6 +108,8 @@ class ProcessBackend:
             then: A dump the worker does right after this request succeeds (its request, sent as ``then``, and
                 what was asked); `dumped` reads its reply.
             follow_on: ``message`` is the ``then`` of the request before: read its reply, send nothing.
+            run_limits: For a run: its limits, added to ``message`` only when they are not those of the last run sent
+                to this worker (which keeps them): a session sends the same limits with nearly every run.
 
         Raises:
             WorkerLost: The worker died, overran ``timeout_s`` or sent a malformed reply; it is killed.
@@ -119,6 +122,9 @@ class ProcessBackend:
         worker = self.worker
         if worker is None:
             raise SessionError("no worker process")
+        if run_limits is not None and worker.run_limits is not run_limits and worker.run_limits != run_limits:
+            message["limits"] = _limits_plain(run_limits)
+            worker.run_limits = run_limits
         if then is not None:
             message = {**message, "then": then[0]}
             self._then = (worker, then[0], then[1])
@@ -200,7 +206,6 @@ class ProcessBackend:
                     "code": str.__str__(code) if isinstance(code, str) else None,
                     "host": host,
                     "setup": setup,
-                    "limits": _limits_plain(limits),
                 },
                 expect="ran",
                 timeout_s=timeout,
@@ -209,6 +214,7 @@ class ProcessBackend:
                 limits=limits,
                 limit_name="wall_time_s",
                 cancel_grace_s=limits.grace_s + 1.0,
+                run_limits=limits,
                 then=None if then_dump is None else (_dump_message(then_dump), then_dump),
             )
         except WorkerLost:

@@ -118,6 +118,8 @@ class WorkerProcess(ChannelIO):
         self.max_blob_bytes = 0
         # The session's limits (from `init`): they size the budget of every reply.
         self.limits = Limits()
+        # The limits of the last run request sent (None: none yet): the worker runs under them until one names others.
+        self.run_limits: Limits | None = None
         self._inherited_rss = 0
         # Its CPU time and peak memory, read by the host from /proc once it has started.
         self.stat: ProcStat | None = None

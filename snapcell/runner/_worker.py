@@ -105,6 +105,8 @@ class Worker:
         self.bridge: WorkerBridge | None = None
         self._limits_plain: dict[str, Any] | None = None
         self._limits_run = runner.limits
+        # The limits the host named last in a run request (see `next_request`).
+        self._host_limits: dict[str, Any] | None = None
         # The host cancels a run with SIGUSR1 (a "cancel" frame, which hosts no longer send, is skipped): no thread
         # reads the channel while a synchronous cell runs, but a signal handler runs between its bytecodes.
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.runner.cancel())
@@ -129,7 +131,14 @@ class Worker:
                     message, blob = self.channel.receive()
             except (EOFError, OSError, ValueError):
                 os._exit(0)
-            if message.get("op") not in ("result", "cancel"):  # a cancel arrives as SIGUSR1 (see __init__)
+            op = message.get("op")
+            if op == "run":
+                # The host names a run's limits only when they differ from those of the last run it sent.
+                if "limits" in message:
+                    self._host_limits = message["limits"]
+                elif self._host_limits is not None:
+                    message["limits"] = self._host_limits
+            if op not in ("result", "cancel"):  # a cancel arrives as SIGUSR1 (see __init__)
                 return message, blob
 
     def serve(self) -> None:
@@ -308,8 +317,10 @@ class Worker:
         else:
             empty_dir(".")
 
-    def run_limits(self, plain: dict[str, Any]) -> Limits:
-        """The limits a run request names; the last run's object again when they are the same (they usually are)."""
+    def run_limits(self, plain: dict[str, Any] | None) -> Limits:
+        """The limits a run request names (the session's if none); the last run's object again when they are equal."""
+        if plain is None:
+            return self.runner.limits
         if plain != self._limits_plain:
             self._limits_run = Limits(**plain)
             self._limits_plain = plain
@@ -352,7 +363,7 @@ class Worker:
         bytes of its artifacts."""
         # Never str() what came instead of a script: the runner answers anything but text with a ScriptSyntaxError.
         code: Any = message.get("code")
-        limits = self.run_limits(message["limits"])
+        limits = self.run_limits(message.get("limits"))
         host = {str(k): bool(v) for k, v in message.get("host", {}).items()}
         # Once a run has made the loop, every later run uses it too.
         loop_free = "loop" not in vars(self) and not any(host.values()) and runs_without_loop(self.runner, code)

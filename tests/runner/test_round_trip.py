@@ -6,7 +6,7 @@ import asyncio
 import socket
 from typing import Any
 
-from snapcell import AsyncPool
+from snapcell import AsyncPool, Limits
 
 
 def double(x: int) -> int:
@@ -31,6 +31,35 @@ class _CountingSocket:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
+
+
+def test_a_run_names_its_limits_only_when_they_differ_from_the_last_run_sent() -> None:
+    """The same limits go to the worker once, not with every run, and the worker keeps running under them."""
+
+    async def scenario() -> tuple[list[bool], list[str]]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            worker = session._backend.worker  # type: ignore[attr-defined]
+            sent: list[bool] = []
+            real = worker._send
+
+            async def spy(message: dict[str, Any], *parts: Any) -> None:
+                if message.get("op") == "run":
+                    sent.append("limits" in message)
+                await real(message, *parts)
+
+            worker._send = spy
+            code = "print('x' * 300)"
+            outputs = []
+            for limits in (None, None, Limits(max_output_bytes=100), Limits(max_output_bytes=100), None, None):
+                result = await session.run(code, limits=limits)
+                outputs.append(result.stdout)
+            return sent, outputs
+
+    sent, outputs = asyncio.run(scenario())
+    assert sent == [True, False, True, False, True, False]
+    full, capped = "x" * 300 + "\n", [len(out) for out in outputs[2:4]]
+    assert outputs[:2] == [full, full] and outputs[4:] == [full, full]
+    assert all(size < 300 for size in capped), capped  # the tighter limits applied to both runs, then no more
 
 
 def test_a_steady_run_reads_its_reply_once_and_never_in_vain() -> None:
