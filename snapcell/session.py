@@ -10,6 +10,8 @@ from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 from snapcell._blobio import BlobIO, ForgedBlob
+from snapcell._durations import ago as _ago
+from snapcell._durations import duration as _duration
 from snapcell._session_sync import Session
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
@@ -241,7 +243,6 @@ class AsyncSession:
         except SnapcellError as exc:
             raise SessionError(f"the session could not be restored after its worker was lost: {exc}") from exc
 
-    @trace_run
     async def run(
         self,
         code: str,
@@ -278,6 +279,20 @@ class AsyncSession:
                 that did not stop within ``grace_s`` was killed: then the status is ``"lost"`` and the session was
                 restored from its last checkpoint, as after `WorkerLost`.
         """
+        return await self._run(code, external_lookup, setup, skip_type_check, limits, then_dump, True)
+
+    @trace_run
+    async def _run(
+        self,
+        code: str,
+        external_lookup: HostFunctions | None,
+        setup: bool,
+        skip_type_check: bool,
+        limits: Limits | None,
+        then_dump: bool,
+        usage: bool,
+    ) -> RunResult:
+        """`run`; ``usage`` False: the result's ``cpu_time_s`` and ``peak_memory_bytes`` are not read (`feed_run`)."""
         lookup = validate_lookup(external_lookup)
         self._start()
         try:
@@ -297,7 +312,7 @@ class AsyncSession:
             try:
                 dump = self._dump_request(self._clock(), "skip") if then_dump else None
                 result = await self._backend.run(
-                    code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump
+                    code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, usage=usage
                 )
             except WorkerLost as exc:
                 exc.result = RunResult(
@@ -338,9 +353,8 @@ class AsyncSession:
             LimitExceeded: A limit stopped the run; the session is usable with earlier variables.
             ConfigError: ``external_lookup`` is malformed; nothing ran.
         """
-        result = await self.run(
-            code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
-        )
+        # Nobody sees the result's CPU time and peak memory: the host does not read them from /proc.
+        result = await self._run(code, external_lookup, setup, skip_type_check, limits, False, False)
         if result.error is not None:
             raise result.error
         return result.value
@@ -583,20 +597,3 @@ def _declared_raw_bytes(container: Container, dumped: Dumped) -> int:
     sizes = {ref.hash: ref.raw_bytes for ref in container.manifest.blobs}
     inline = sum(s.raw_size for s in container.sections if s.kind not in (SectionKind.FRAME_BLOB, SectionKind.BLOB))
     return inline + sum(sizes.get(name, len(data)) for name, data in dumped.new_blobs.items())
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} minutes"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} hours"
-    return f"{seconds / 86400:.1f} days"
-
-
-def _duration(seconds: float) -> str:
-    """A ttl as people say it: "7 days", "12 hours", "30 seconds"."""
-    for unit, size in (("day", 86400.0), ("hour", 3600.0), ("minute", 60.0)):
-        if seconds >= size:
-            amount = seconds / size
-            return f"{amount:.3g} {unit}{'' if amount == 1 else 's'}"
-    return f"{seconds:.3g} seconds"

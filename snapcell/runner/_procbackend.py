@@ -183,6 +183,7 @@ class ProcessBackend:
         setup: bool,
         limits: Limits,
         then_dump: DumpRequest | None = None,
+        usage: bool = True,
     ) -> RunResult:
         host = {name: is_async_callable(func) for name, func in lookup.items()}
         timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
@@ -190,7 +191,8 @@ class ProcessBackend:
         if self.worker is None:
             await self.start()
         worker = self.worker
-        stat = worker.stat if worker is not None else None
+        # Without ``usage`` neither reading is taken: two preads of /proc and their parsing, per run.
+        stat = worker.stat if worker is not None and usage else None
         mark = self._cpu_mark
         if mark is not None and worker is mark[0] and worker.requests == mark[1]:
             cpu_before: float | None = mark[2]  # no request since the last run's reading: the same number again

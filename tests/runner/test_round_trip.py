@@ -84,3 +84,33 @@ def test_a_steady_run_reads_its_reply_once_and_never_in_vain() -> None:
     # Each frame from the worker (10 replies, 20 host calls and a reply) arrives whole: one read each. A read that
     # finds nothing is a stale readiness report, which a loaded machine may still cause now and then.
     assert reads <= frames + failed and failed <= 3, (reads, failed)
+
+
+def test_feed_run_takes_no_usage_reading_that_nobody_sees() -> None:
+    """feed_run returns only the value: the worker's CPU time and peak memory are not read from /proc for it."""
+
+    async def scenario() -> tuple[int, Any, Any]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            await session.feed_run("1")
+            stat = session._backend.worker.stat  # type: ignore[attr-defined]
+            readings = 0
+            real_cpu, real_peak = stat.cpu_seconds, stat.peak_rss
+
+            def count(real: Any) -> Any:
+                def counted() -> Any:
+                    nonlocal readings
+                    readings += 1
+                    return real()
+
+                return counted
+
+            stat.cpu_seconds, stat.peak_rss = count(real_cpu), count(real_peak)
+            for _ in range(10):
+                assert await session.feed_run("1 + 1") == 2
+            fed = readings
+            result = await session.run("x = list(range(10_000))")  # run() still measures: before, after, peak
+            return fed, result.cpu_time_s, result.peak_memory_bytes
+
+    fed, cpu, peak = asyncio.run(scenario())
+    assert fed == 0
+    assert cpu is not None and cpu >= 0 and peak is not None and peak > 0
