@@ -290,9 +290,9 @@ class AsyncSession:
         skip_type_check: bool,
         limits: Limits | None,
         then_dump: bool,
-        usage: bool,
+        report: bool,
     ) -> RunResult:
-        """`run`; ``usage`` False: the result's ``cpu_time_s`` and ``peak_memory_bytes`` are not read (`feed_run`)."""
+        """`run`; ``report`` False (`feed_run`): only the value and error are read (see `Backend.run`)."""
         lookup = validate_lookup(external_lookup)
         self._start()
         try:
@@ -312,7 +312,7 @@ class AsyncSession:
             try:
                 dump = self._dump_request(self._clock(), "skip") if then_dump else None
                 result = await self._backend.run(
-                    code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, usage=usage
+                    code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, report=report
                 )
             except WorkerLost as exc:
                 exc.result = RunResult(

@@ -50,12 +50,12 @@ class Backend(Protocol):
         setup: bool,
         limits: Limits,
         then_dump: DumpRequest | None = None,
-        usage: bool = True,
+        report: bool = True,
     ) -> RunResult:
         """Run one cell; see `Runner.run`.
 
-        ``usage`` False: nobody reads the result's ``cpu_time_s`` and ``peak_memory_bytes``, which a backend may
-        then leave None rather than measure.
+        ``report`` False: the caller reads only the result's value and error (`feed_run`): ``cpu_time_s``,
+        ``peak_memory_bytes`` and ``namespace_summary`` may then be left unset rather than measured.
 
         With ``then_dump``, a backend may dump right after the run, in the same request: `pending_dump` then says
         so, and `dumped` returns that dump. A backend that does not (or a run that ended in an error) leaves
@@ -129,11 +129,13 @@ class InlineBackend:
         setup: bool,
         limits: Limits,
         then_dump: DumpRequest | None = None,
-        usage: bool = True,
+        report: bool = True,
     ) -> RunResult:
-        # ``then_dump`` is left to `dump`: in this process there is no round trip to save. ``usage`` costs nothing here.
+        # ``then_dump`` is left to `dump`: in this process there is no round trip to save.
         bridge = LocalBridge(lookup, max_calls=limits.max_host_calls)
-        return await self.runner.run(code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits)
+        return await self.runner.run(
+            code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits, summary=report
+        )
 
     async def dump(self, request: DumpRequest) -> Dumped:
         # Off the event loop: a large namespace takes seconds to pickle and compress.

@@ -183,7 +183,7 @@ class ProcessBackend:
         setup: bool,
         limits: Limits,
         then_dump: DumpRequest | None = None,
-        usage: bool = True,
+        report: bool = True,
     ) -> RunResult:
         host = {name: is_async_callable(func) for name, func in lookup.items()}
         timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
@@ -191,8 +191,8 @@ class ProcessBackend:
         if self.worker is None:
             await self.start()
         worker = self.worker
-        # Without ``usage`` neither reading is taken: two preads of /proc and their parsing, per run.
-        stat = worker.stat if worker is not None and usage else None
+        # Without ``report`` neither reading is taken: two preads of /proc and their parsing, per run.
+        stat = worker.stat if worker is not None and report else None
         mark = self._cpu_mark
         if mark is not None and worker is mark[0] and worker.requests == mark[1]:
             cpu_before: float | None = mark[2]  # no request since the last run's reading: the same number again
@@ -200,15 +200,18 @@ class ProcessBackend:
             cpu_before = stat.cpu_seconds() if stat is not None else None
         # The request runs in this task. A cancellation of it stops the script (its namespace is kept) and the run's
         # reply is awaited for the grace period (see `_hostchannel`); a worker that does not answer is killed (lost).
+        message: dict[str, Any] = {
+            "op": "run",
+            # A str subclass is sent as its text; anything else is not a script, which the worker says.
+            "code": str.__str__(code) if isinstance(code, str) else None,
+            "host": host,
+            "setup": setup,
+        }
+        if not report:
+            message["summary"] = False  # nor does the worker summarize the namespace
         try:
             reply, blob = await self._request(
-                {
-                    "op": "run",
-                    # A str subclass is sent as its text; anything else is not a script, which the worker says.
-                    "code": str.__str__(code) if isinstance(code, str) else None,
-                    "host": host,
-                    "setup": setup,
-                },
+                message,
                 expect="ran",
                 timeout_s=timeout,
                 lookup=lookup,

@@ -166,6 +166,7 @@ class Runner:
         host_names: Collection[str],
         setup: bool = False,
         limits: Limits | None = None,
+        summary: bool = True,
     ) -> RunResult:
         """Compile, execute and report one cell; never raises for script problems.
 
@@ -175,6 +176,7 @@ class Runner:
             host_names: Names of the host functions of this run, bound as proxies.
             setup: Keep the cell as a setup cell (run again after a restart) when it succeeds.
             limits: Limits for this run; the runner's defaults otherwise.
+            summary: Summarize the namespace after the run (``namespace_summary``); False when nobody reads it.
 
         Returns:
             The result; ``error`` is set when the script failed, was blocked or timed out.
@@ -182,7 +184,7 @@ class Runner:
         limits = limits or self.limits
         redefine, self.pending_definitions = self.pending_definitions, []
         for source in redefine:
-            redone = await self._run_one(source, bridge, host_names, False, limits, [])
+            redone = await self._run_one(source, bridge, host_names, False, limits, [], summary=False)
             if redone.error is not None:
                 self.pending_notes.append(
                     f"re-running a definition failed ({redone.error.exc_type}: {redone.error.exc_message})"[:300]
@@ -191,7 +193,7 @@ class Runner:
         if backlog:
             failed = []
             for source in backlog:
-                setup_result = await self._run_one(source, bridge, host_names, True, limits, [])
+                setup_result = await self._run_one(source, bridge, host_names, True, limits, [], summary=False)
                 if setup_result.error is not None:
                     failed.append(f"{setup_result.error.exc_type}: {setup_result.error.exc_message}"[:200])
             count = f"{len(backlog)} setup cell{'s' if len(backlog) != 1 else ''}"
@@ -200,7 +202,7 @@ class Runner:
                 + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
-        return await self._run_one(code, bridge, host_names, setup, limits, notes)
+        return await self._run_one(code, bridge, host_names, setup, limits, notes, summary=summary)
 
     async def _run_one(
         self,
@@ -210,6 +212,8 @@ class Runner:
         setup: bool,
         limits: Limits,
         notes: list[str],
+        *,
+        summary: bool = True,
     ) -> RunResult:
         start = time.perf_counter()
         filename = f"<cell-{self.cell_count + 1}>"
@@ -276,7 +280,7 @@ class Runner:
             notes=tuple(notes),
             error=error,
             external_calls=tuple(getattr(bridge, "calls", ())),
-            namespace_summary=summarize_namespace(self.namespace),
+            namespace_summary=summarize_namespace(self.namespace) if summary else "",
             cpu_time_s=time.process_time() - cpu_start,
             assigned=assigned,
         )

@@ -374,7 +374,12 @@ class Worker:
         try:
             result = self.drive(
                 self.runner.run(
-                    code, bridge=bridge, host_names=tuple(host), setup=bool(message.get("setup")), limits=limits
+                    code,
+                    bridge=bridge,
+                    host_names=tuple(host),
+                    setup=bool(message.get("setup")),
+                    limits=limits,
+                    summary=message.get("summary") is not False,  # False: the host reads only the value
                 ),
                 bridge,
                 loop_free=loop_free,

@@ -114,3 +114,34 @@ def test_feed_run_takes_no_usage_reading_that_nobody_sees() -> None:
     fed, cpu, peak = asyncio.run(scenario())
     assert fed == 0
     assert cpu is not None and cpu >= 0 and peak is not None and peak > 0
+
+
+def test_a_run_whose_caller_reads_only_its_value_is_not_summarized() -> None:
+    """The worker summarizes the namespace (a walk of its variables) only for a caller that reads the summary."""
+
+    async def scenario() -> tuple[str, str, str]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            await session.feed_run("rows = list(range(1000))\nname = 'x'")
+            backend = session._backend  # type: ignore[attr-defined]
+            plain = {"lookup": {}, "setup": False, "limits": Limits()}
+            quiet = await backend.run("1 + 1", report=False, **plain)
+            full = await backend.run("1 + 1", **plain)
+            return quiet.namespace_summary, full.namespace_summary, (await session.run("2")).namespace_summary
+
+    quiet, full, public = asyncio.run(scenario())
+    assert quiet == "" and "2 variables" in full and "2 variables" in public, (quiet, full, public)
+
+
+def test_feed_run_inline_does_not_summarize_the_namespace(monkeypatch: Any) -> None:
+    from snapcell import Pool
+    from snapcell.runner import _runner
+
+    summarized: list[int] = []
+    real = _runner.summarize_namespace
+    monkeypatch.setattr(_runner, "summarize_namespace", lambda ns: summarized.append(len(ns)) or real(ns))
+    with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
+        for _ in range(5):
+            session.feed_run("x = 1")
+        fed = len(summarized)
+        assert "1 variable" in session.run("x").namespace_summary
+    assert fed == 0 and len(summarized) == 1
