@@ -120,6 +120,8 @@ class WorkerProcess(ChannelIO):
         self.limits = Limits()
         # The limits of the last run request sent (None: none yet): the worker runs under them until one names others.
         self.run_limits: Limits | None = None
+        # The budgets of the last run request's frames, and its limits (see `_run_budgets`).
+        self._budgets: tuple[Limits, Budget, Budget] | None = None
         self._inherited_rss = 0
         # Its CPU time and peak memory, read by the host from /proc once it has started.
         self.stat: ProcStat | None = None
@@ -197,6 +199,7 @@ class WorkerProcess(ChannelIO):
         sandbox_settings = worker_sandbox_settings(self.pid or 0, self._scratch_root)
         memory = limits.memory_bytes
         self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
+        self._budgets = None
         self.limits = limits
         await self._send(
             {
@@ -309,11 +312,11 @@ class WorkerProcess(ChannelIO):
         op = message.get("op")
         self.requests += 1
         limits = self.limits if limits is None else limits
-        budget = reply_budget(str(op), limits, self.max_blob_bytes)
         counter = CallBudget(limits.max_host_calls) if op == "run" else None
         if counter is not None:
-            calls_budget = reply_budget("call", limits)
-            budget = either_budget(budget, calls_budget)
+            budget, calls_budget = self._run_budgets(limits)
+        else:
+            budget = reply_budget(str(op), limits, self.max_blob_bytes)
         if self._rend != self._rstart and not follow_on:
             await self._refuse("it sent a frame that no request asked for")
         tasks: set[asyncio.Task[None]] = set()
@@ -357,6 +360,16 @@ class WorkerProcess(ChannelIO):
         finally:
             for task in tasks:
                 task.cancel()
+
+    def _run_budgets(self, limits: Limits) -> tuple[Budget, Budget]:
+        """A run's budgets under ``limits``: of its frames (its reply or a call), and of a call; the last run's
+        again for the same limits (the cached budgets hash every field of both `Limits` and `Budget`)."""
+        cached = self._budgets
+        if cached is None or cached[0] is not limits:
+            calls_budget = reply_budget("call", limits)
+            budget = either_budget(reply_budget("run", limits, self.max_blob_bytes), calls_budget)
+            cached = self._budgets = (limits, budget, calls_budget)
+        return cached[1], cached[2]
 
     async def _refuse(self, reason: str) -> None:
         """Kill a worker that broke the protocol.
