@@ -134,7 +134,7 @@ class InlineBackend:
         # ``then_dump`` is left to `dump`: in this process there is no round trip to save.
         bridge = LocalBridge(lookup, max_calls=limits.max_host_calls)
         return await self.runner.run(
-            code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits, summary=report
+            code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits, report=report
         )
 
     async def dump(self, request: DumpRequest) -> Dumped:

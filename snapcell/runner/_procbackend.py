@@ -208,7 +208,7 @@ class ProcessBackend:
             "setup": setup,
         }
         if not report:
-            message["summary"] = False  # nor does the worker summarize the namespace
+            message["report"] = False  # nor does the worker summarize the namespace or read its CPU clock
         try:
             reply, blob = await self._request(
                 message,

@@ -166,7 +166,7 @@ class Runner:
         host_names: Collection[str],
         setup: bool = False,
         limits: Limits | None = None,
-        summary: bool = True,
+        report: bool = True,
     ) -> RunResult:
         """Compile, execute and report one cell; never raises for script problems.
 
@@ -176,7 +176,8 @@ class Runner:
             host_names: Names of the host functions of this run, bound as proxies.
             setup: Keep the cell as a setup cell (run again after a restart) when it succeeds.
             limits: Limits for this run; the runner's defaults otherwise.
-            summary: Summarize the namespace after the run (``namespace_summary``); False when nobody reads it.
+            report: Summarize the namespace and measure the CPU time of the run (``namespace_summary``,
+                ``cpu_time_s``); False when nobody reads them.
 
         Returns:
             The result; ``error`` is set when the script failed, was blocked or timed out.
@@ -184,7 +185,7 @@ class Runner:
         limits = limits or self.limits
         redefine, self.pending_definitions = self.pending_definitions, []
         for source in redefine:
-            redone = await self._run_one(source, bridge, host_names, False, limits, [], summary=False)
+            redone = await self._run_one(source, bridge, host_names, False, limits, [], report=False)
             if redone.error is not None:
                 self.pending_notes.append(
                     f"re-running a definition failed ({redone.error.exc_type}: {redone.error.exc_message})"[:300]
@@ -193,7 +194,7 @@ class Runner:
         if backlog:
             failed = []
             for source in backlog:
-                setup_result = await self._run_one(source, bridge, host_names, True, limits, [], summary=False)
+                setup_result = await self._run_one(source, bridge, host_names, True, limits, [], report=False)
                 if setup_result.error is not None:
                     failed.append(f"{setup_result.error.exc_type}: {setup_result.error.exc_message}"[:200])
             count = f"{len(backlog)} setup cell{'s' if len(backlog) != 1 else ''}"
@@ -202,7 +203,7 @@ class Runner:
                 + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
-        return await self._run_one(code, bridge, host_names, setup, limits, notes, summary=summary)
+        return await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
 
     async def _run_one(
         self,
@@ -213,7 +214,7 @@ class Runner:
         limits: Limits,
         notes: list[str],
         *,
-        summary: bool = True,
+        report: bool = True,
     ) -> RunResult:
         start = time.perf_counter()
         filename = f"<cell-{self.cell_count + 1}>"
@@ -233,7 +234,7 @@ class Runner:
         value, error = None, None
         # Only names the cell can bind are watched, so this costs the cell's size, not the namespace's.
         before = {name: id(self.namespace.get(name, UNBOUND)) for name in prepared.bindable}
-        cpu_start = time.process_time()
+        cpu_start = time.process_time() if report else None  # a clock_gettime syscall, in a worker
         caller_cancelled = False
         with capture_output(limits.max_output_bytes) as (out, err):
             bridge_token = bind_bridge(bridge)
@@ -280,8 +281,8 @@ class Runner:
             notes=tuple(notes),
             error=error,
             external_calls=tuple(getattr(bridge, "calls", ())),
-            namespace_summary=summarize_namespace(self.namespace) if summary else "",
-            cpu_time_s=time.process_time() - cpu_start,
+            namespace_summary=summarize_namespace(self.namespace) if report else "",
+            cpu_time_s=None if cpu_start is None else time.process_time() - cpu_start,
             assigned=assigned,
         )
         if caller_cancelled:

@@ -379,7 +379,7 @@ class Worker:
                     host_names=tuple(host),
                     setup=bool(message.get("setup")),
                     limits=limits,
-                    summary=message.get("summary") is not False,  # False: the host reads only the value
+                    report=message.get("report") is not False,  # False: the host reads only the value
                 ),
                 bridge,
                 loop_free=loop_free,

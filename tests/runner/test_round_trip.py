@@ -132,16 +132,48 @@ def test_a_run_whose_caller_reads_only_its_value_is_not_summarized() -> None:
     assert quiet == "" and "2 variables" in full and "2 variables" in public, (quiet, full, public)
 
 
-def test_feed_run_inline_does_not_summarize_the_namespace(monkeypatch: Any) -> None:
+def test_feed_run_inline_does_not_summarize_the_namespace_nor_read_the_cpu_clock(monkeypatch: Any) -> None:
     from snapcell import Pool
     from snapcell.runner import _runner
 
     summarized: list[int] = []
     real = _runner.summarize_namespace
     monkeypatch.setattr(_runner, "summarize_namespace", lambda ns: summarized.append(len(ns)) or real(ns))
+    clock_reads: list[float] = []
+    real_clock = _runner.time.process_time
+    monkeypatch.setattr(_runner.time, "process_time", lambda: clock_reads.append(0.0) or real_clock())
     with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
         for _ in range(5):
             session.feed_run("x = 1")
-        fed = len(summarized)
-        assert "1 variable" in session.run("x").namespace_summary
-    assert fed == 0 and len(summarized) == 1
+        fed, fed_clock = len(summarized), len(clock_reads)
+        full = session.run("x")
+        assert "1 variable" in full.namespace_summary and full.cpu_time_s is not None
+    assert fed == 0 and fed_clock == 0 and len(summarized) == 1
+
+
+def test_a_runs_reply_budgets_are_worked_out_once_per_limits(monkeypatch: Any) -> None:
+    """The budgets of a run's frames (a lookup that hashes every field of the limits) are reused for equal limits."""
+    from snapcell.runner import _process
+
+    asked: list[tuple[str, Any]] = []
+    real = _process.reply_budget
+
+    def counted(kind: str, limits: Limits, *args: Any) -> Any:
+        asked.append((kind, limits))
+        return real(kind, limits, *args)
+
+    monkeypatch.setattr(_process, "reply_budget", counted)
+
+    async def scenario() -> tuple[int, int, bool]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            await session.feed_run("1")
+            asked.clear()
+            for _ in range(10):
+                await session.feed_run("1 + 1")
+            same = len(asked)
+            tight = Limits(max_value_bytes=1024)
+            result = await session.run("'x' * 5000", limits=tight)  # the worker keeps the value back: over budget
+            return same, len(asked), result.value is None and result.value_repr is not None
+
+    same, after, kept_back = asyncio.run(scenario())
+    assert same == 0 and after == 2 and kept_back
