@@ -145,6 +145,25 @@ def _arguments(
     return values
 
 
+def _refuse(
+    names: tuple[str, ...],
+    defaults: dict[str, Any],
+    factories: dict[str, Callable[[], Any]],
+    positional: tuple[str, ...],
+    known: frozenset[str],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> typing.NoReturn:
+    """Raise the TypeError Python raises for a bad call of ``__init__`` (an unknown keyword before a missing field).
+
+    Raises:
+        TypeError: Always.
+    """
+    values = _arguments(positional, known, args, kwargs)
+    missing = [repr(n) for n in names if n not in values and n not in defaults and n not in factories]
+    raise TypeError(f"__init__() missing {len(missing)} required argument(s): {', '.join(missing)}")
+
+
 def _methods(
     names: tuple[str, ...],
     defaults: dict[str, Any],
@@ -158,19 +177,32 @@ def _methods(
     set_field = object.__setattr__
     values_of = _values_of(names)
 
+    # Each field with its default (or _REQUIRED) and factory (or None): one pass over it per instance, with no
+    # intermediate dict, when the call is by keyword (RunResult and HostCall are made on every run and call).
+    plan = tuple((name, defaults.get(name, _REQUIRED), factories.get(name)) for name in names)
+
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        values = _arguments(positional, known, args, kwargs)
-        for name in names:
-            if name in values:
-                value = values[name]
-            elif name in defaults:
-                value = defaults[name]
-            elif name in factories:
-                value = factories[name]()
+        if not args:
+            values = kwargs
+        elif not kwargs and len(args) <= len(positional):
+            values = dict(zip(positional, args, strict=False))
+        else:
+            values = _arguments(positional, known, args, kwargs)
+        given = values.get
+        found = 0
+        for name, default, factory in plan:
+            value = given(name, _REQUIRED)
+            if value is not _REQUIRED:
+                found += 1
+            elif default is not _REQUIRED:
+                value = default
+            elif factory is not None:
+                value = factory()
             else:
-                missing = [repr(n) for n in names if n not in values and n not in defaults and n not in factories]
-                raise TypeError(f"__init__() missing {len(missing)} required argument(s): {', '.join(missing)}")
+                _refuse(names, defaults, factories, positional, known, args, kwargs)
             set_field(self, name, value)
+        if found != len(values):  # a keyword that names no field
+            _refuse(names, defaults, factories, positional, known, args, kwargs)
         if post_init:
             self.__post_init__()
 

@@ -214,3 +214,21 @@ def test_shipped_records_repr_and_defaults_match_a_real_dataclass(cls: Any) -> N
     assert [getattr(made, f.name) for f in fields if f.name != "status"] == [
         getattr(expected, f.name) for f in fields if f.name != "status"
     ]
+
+
+def test_a_well_formed_call_builds_no_table_of_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunResult (by keyword) and HostCall (by position) are made on every run and host call: one pass, no dict."""
+    from snapcell.runner._host import HostCall
+
+    tables: list[tuple[Any, ...]] = []
+    real = _record._arguments
+    monkeypatch.setattr(_record, "_arguments", lambda *args: tables.append(args) or real(*args))
+    result = RunResult(value=2, stdout="x", notes=("n",))
+    call = HostCall("f", 0.5)
+    assert (result.value, result.stdout, result.notes, result.status, result.files) == (2, "x", ("n",), "ok", ())
+    assert (call.name, call.duration_s, call.error) == ("f", 0.5, None)
+    assert tables == []
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        RunResult(value=1, nope=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="missing 1 required argument"):
+        HostCall("f")  # type: ignore[call-arg]
