@@ -16,6 +16,7 @@ from typing import Any
 
 from snapcell._telemetry import trace_host_function
 from snapcell.runner._host import HostCall
+from snapcell.runner._plain import JSON_SCALARS
 from snapcell.runner._wire import NotPlainData, to_plain
 
 __all__ = ["PendingCall", "call_host", "finish_call"]
@@ -67,7 +68,7 @@ def call_host(
     except Exception as exc:  # a host function's failure goes to the script, which may catch it
         _failed(reply, name, start, calls, exc, logged=func is not None)
         return reply
-    if inspect.isawaitable(value):
+    if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
         return PendingCall(reply, name, start, value)
     _settle(reply, name, start, calls, value)
     return reply
@@ -115,6 +116,8 @@ def _failed(
 
 def _plain_friendly(value: Any) -> Any:
     """Turn common host return types (pydantic models, dataclasses) into plain data."""
+    if type(value) in JSON_SCALARS:
+        return value
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="python")

@@ -54,6 +54,15 @@ def _fixed_offset(tzinfo: object) -> bool:
     return type(tzinfo) is datetime.timezone
 
 
+def _needs_no_walk(value: Any) -> bool:
+    """Whether ``value`` is plain data as it is (a host function's usual result) or an empty dict or list (a host
+    call's usual keyword arguments): nothing for `to_plain` to set up a walk for."""
+    kind = type(value)
+    if kind in JSON_SCALARS:
+        return kind is not int or value.bit_length() <= _MAX_INT_BITS
+    return (kind is dict or kind is list) and not value
+
+
 def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> Any:
     """Copy ``value`` as plain data, or raise `NotPlainData` saying what is in the way.
 
@@ -61,6 +70,8 @@ def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITE
     be str; sets, complex numbers, ints over about 3,900 digits and datetimes whose tzinfo is not a
     ``datetime.timezone`` are not plain data.
     """
+    if max_items > 0 and _needs_no_walk(value):
+        return type(value)() if type(value) in (dict, list) else value
     budget = [max_items]
     values = value_kinds()
 

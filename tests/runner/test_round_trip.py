@@ -188,3 +188,22 @@ def test_a_runs_reply_budgets_are_worked_out_once_per_limits(monkeypatch: Any) -
 
     same, after, kept_back = asyncio.run(scenario())
     assert same == 0 and after == 2 and kept_back
+
+
+def test_a_scalar_or_an_empty_container_becomes_plain_data_without_a_walk(monkeypatch: Any) -> None:
+    """A host call's usual result (a number, text) and keyword arguments ({}) need no walk; the rest is walked."""
+    import pytest
+
+    from snapcell.runner import _plain
+
+    walks: list[int] = []
+    real = _plain.value_kinds
+    monkeypatch.setattr(_plain, "value_kinds", lambda: walks.append(1) or real())
+    for value in (3, 2.5, "text", None, True, {}, []):
+        assert _plain.to_plain(value) == value and type(_plain.to_plain(value)) is type(value)
+    assert walks == []
+    assert _plain.to_plain([1, {"a": b"x"}]) == [1, {"a": b"x"}] and walks
+    with pytest.raises(_plain.NotPlainData):
+        _plain.to_plain(2**20_000)  # still refused: too large
+    with pytest.raises(_plain.NotPlainData):
+        _plain.to_plain(1, max_items=0)
