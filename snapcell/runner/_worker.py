@@ -401,23 +401,31 @@ class Worker:
         except OverflowError:
             value = None
             notes.append(too_large)
-        reply = {
+        reply: dict[str, Any] = {
             "op": "ran",
             "value": value,
-            "value_repr": result.value_repr,
-            "stdout": result.stdout,
-            "stderr": result.stderr,
             "duration_s": result.duration_s,
-            "notes": notes[-MAX_NOTES:],
-            "error": error_to_plain(result.error) if result.error is not None else None,
             "memory_bytes": _rss_bytes(),
-            "namespace_summary": cut_text(result.namespace_summary, MAX_SUMMARY_CHARS),
-            "assigned": [name[:MAX_ASSIGNED_CHARS] for name in result.assigned[:MAX_ASSIGNED]],
         }
+        if result.value_repr is not None:  # even "" (a value whose repr is empty)
+            reply["value_repr"] = result.value_repr
+        # An empty field is left out (the host reads each with its default): less to encode here and decode there.
+        for key, item in (
+            ("stdout", result.stdout),
+            ("stderr", result.stderr),
+            ("notes", notes[-MAX_NOTES:]),
+            ("error", error_to_plain(result.error) if result.error is not None else None),
+            ("namespace_summary", cut_text(result.namespace_summary, MAX_SUMMARY_CHARS)),
+            ("assigned", [name[:MAX_ASSIGNED_CHARS] for name in result.assigned[:MAX_ASSIGNED]]),
+        ):
+            if item:
+                reply[key] = item
         parts: list[bytes | bytearray] = []
         if self.workspace is not None:
             with contextlib.suppress(WorkspaceError):
-                reply["files"], parts = self.workspace.artifacts(max_bytes=limits.max_artifact_bytes)
+                files, parts = self.workspace.artifacts(max_bytes=limits.max_artifact_bytes)
+                if files:
+                    reply["files"] = files
         payload = encode(reply)
         # A reply over the host's budget would cost this worker its life: the value (the only part without a cap
         # of its own) stays behind instead. Both checks are free for a reply smaller than the value limit.

@@ -207,3 +207,40 @@ def test_a_scalar_or_an_empty_container_becomes_plain_data_without_a_walk(monkey
         _plain.to_plain(2**20_000)  # still refused: too large
     with pytest.raises(_plain.NotPlainData):
         _plain.to_plain(1, max_items=0)
+
+
+def test_a_runs_reply_leaves_out_its_empty_fields_and_the_result_still_has_them() -> None:
+    async def scenario() -> tuple[set[str], Any, set[str], Any]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            worker = session._backend.worker  # type: ignore[attr-defined]
+            replies: list[dict[str, Any]] = []
+            real = worker._receive
+
+            async def spy(budget: Any) -> Any:
+                got = await real(budget)
+                replies.append(got[0])
+                return got
+
+            worker._receive = spy
+            quiet = await session.run("1 + 1")
+            noisy = await session.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\nx = 1\n''")
+            return set(replies[0]), quiet, set(replies[1]), noisy
+
+    quiet_keys, quiet, noisy_keys, noisy = asyncio.run(scenario())
+    assert quiet_keys == {"op", "value", "value_repr", "duration_s", "memory_bytes"}, quiet_keys  # nothing else
+    assert (quiet.value, quiet.stdout, quiet.stderr, quiet.notes, quiet.error, quiet.assigned) == (
+        2,
+        "",
+        "",
+        (),
+        None,
+        (),
+    )
+    assert {"stdout", "stderr", "assigned", "value_repr"} <= noisy_keys
+    assert (noisy.stdout, noisy.stderr, noisy.assigned, noisy.value, noisy.value_repr) == (
+        "out\n",
+        "err\n",
+        ("x",),
+        "",
+        "''",
+    )
