@@ -58,6 +58,8 @@ __all__ = [
 FRAME = struct.Struct(">QQ")  # message length, blob length
 
 _CONTAINERS = frozenset((list, tuple, dict, Tagged))
+# Messages up to this size are parsed with the cyclic GC left on (see `decode`).
+_GC_PAUSE_BYTES = 4096
 
 
 class MalformedMessage(ValueError):
@@ -394,9 +396,11 @@ def decode(data: bytes | bytearray | memoryview, *, max_items: int | None = None
         if count_items(raw, limit) > limit:
             raise MalformedMessage(f"the message holds more than {limit} items")
         # Parsing makes no cycles, so the cyclic GC has nothing to find; left on, it rescans the growing
-        # tree again and again and makes decoding many small containers several times slower.
-        paused = gc.isenabled()
-        gc.disable()
+        # tree again and again and makes decoding many small containers several times slower. A small message
+        # (most frames) makes too few containers for that to matter.
+        paused = len(raw) > _GC_PAUSE_BYTES and gc.isenabled()
+        if paused:
+            gc.disable()
         try:
             message = _parse(raw)
         finally:
