@@ -64,7 +64,7 @@ def call_host(
         if func is None:
             raise NameError(f"host function {name[:100]!r} is not available in this run")
         args, kwargs = message.get("args") or [], message.get("kwargs") or {}
-        value = func(*args, **{str(k): v for k, v in kwargs.items()})
+        value = func(*args, **{str(k): v for k, v in kwargs.items()}) if kwargs else func(*args)
     except Exception as exc:  # a host function's failure goes to the script, which may catch it
         _failed(reply, name, start, calls, exc, logged=func is not None)
         return reply

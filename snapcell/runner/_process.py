@@ -232,10 +232,20 @@ class WorkerProcess(ChannelIO):
         if sock is None or self.dead:
             raise _Died("crash", "the worker is not running")
         payload = encode(message)
+        frame = FRAME.pack(len(payload), sum(map(len, parts)) if parts else 0) + payload
         try:
+            if not parts and not self._send_lock.locked():
+                # Nobody is mid-frame: a frame the socket takes whole needs no lock, as nothing can come between.
+                try:
+                    sent = sock.send(frame)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                if sent == len(frame):
+                    return
+                frame = frame[sent:]  # the rest under the lock, which is free: taking it does not yield
             await self._lock_for_send()  # frames from concurrent host-call results must not interleave
             try:
-                await self._sendall(sock, FRAME.pack(len(payload), sum(len(p) for p in parts)) + payload)
+                await self._sendall(sock, frame)
                 for part in parts:
                     if part:
                         await self._sendall(sock, part)
@@ -348,8 +358,10 @@ class WorkerProcess(ChannelIO):
                                 tasks.add(task)
                                 task.add_done_callback(tasks.discard)
                             else:  # a sync function has answered already: no task, no loop turn
-                                with contextlib.suppress(_Died):
+                                try:
                                     await self._send(served)
+                                except _Died:  # the reply, or the next frame read, says what happened
+                                    pass
                             continue
                         return reply, reply_blob
                 finally:
@@ -397,8 +409,10 @@ class WorkerProcess(ChannelIO):
 
     async def _finish_call(self, pending: PendingCall, calls: list[HostCall] | None) -> None:
         reply = await finish_call(pending, calls)
-        with contextlib.suppress(_Died):
+        try:
             await self._send(reply)
+        except _Died:  # the request's next read says what happened
+            pass
 
     async def _death_reason(self) -> str:
         """Why the worker died, from what the host saw: its exit status and its peak memory (never its stderr)."""

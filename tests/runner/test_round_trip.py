@@ -244,3 +244,37 @@ def test_a_runs_reply_leaves_out_its_empty_fields_and_the_result_still_has_them(
         "",
         "''",
     )
+
+
+def test_a_frame_the_socket_takes_whole_is_sent_without_the_send_lock() -> None:
+    """The send lock keeps concurrent frames apart; a frame sent whole while nobody holds it needs none."""
+
+    async def later(x: int) -> int:
+        await asyncio.sleep(0.001)
+        return x
+
+    async def scenario() -> tuple[int, Any, Any]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            await session.feed_run("1")
+            worker = session._backend.worker  # type: ignore[attr-defined]
+            taken = 0
+            real = worker._send_lock.acquire
+
+            async def counted() -> bool:
+                nonlocal taken
+                taken += 1
+                return bool(await real())
+
+            worker._send_lock.acquire = counted
+            for _ in range(5):
+                await session.feed_run("1 + 1")
+            total = await session.feed_run("sum(double(i) for i in range(20))", external_lookup={"double": double})
+            gathered = await session.feed_run(
+                "import asyncio\nsum(await asyncio.gather(*(later(i) for i in range(30))))",
+                external_lookup={"later": later},
+            )
+            return taken, total, gathered
+
+    taken, total, gathered = asyncio.run(scenario())
+    assert total == 380 and gathered == 435  # concurrent results still arrive whole, each to its call
+    assert taken == 0, taken
