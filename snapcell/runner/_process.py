@@ -323,6 +323,7 @@ class WorkerProcess(ChannelIO):
         self.requests += 1
         limits = self.limits if limits is None else limits
         counter = CallBudget(limits.max_host_calls) if op == "run" else None
+        calls_budget: Budget | None = None
         if counter is not None:
             budget, calls_budget = self._run_budgets(limits)
         else:
@@ -348,10 +349,9 @@ class WorkerProcess(ChannelIO):
                                     raise
                         reply, reply_blob, size = await self._receive(budget)
                         if reply.get("op") == "call":
-                            if counter is None:
-                                await self._refuse("it sent a host-function call outside a run")
-                            else:
-                                await self._admit_call(reply, size, calls_budget, counter)
+                            refused = _refused_call(reply, size, calls_budget, counter)
+                            if refused is not None:
+                                await self._refuse(refused)
                             served = call_host(reply, lookup or {}, calls, traced)
                             if isinstance(served, PendingCall):  # an async function: awaited alongside the others
                                 task = asyncio.ensure_future(self._finish_call(served, calls))
@@ -391,21 +391,6 @@ class WorkerProcess(ChannelIO):
         """
         await self.kill()
         raise _Died("crash", reason)
-
-    async def _admit_call(self, message: dict[str, Any], size: int, budget: Budget, counter: CallBudget) -> None:
-        """Check a host-function call frame and count it against ``max_host_calls``.
-
-        Raises:
-            _Died: The frame is over the call budget, malformed, or one call too many (the worker is killed).
-        """
-        if size > budget.message_bytes:
-            await self._refuse(f"it sent a {size:,}-byte host-function call where at most {budget.message_bytes:,} fit")
-        if type(message.get("args", [])) is not list or type(message.get("kwargs", {})) is not dict:
-            await self._refuse("it sent a host-function call whose arguments are not a list and a dict")
-        try:
-            counter.admit(str(message.get("name"))[:100], available=True)
-        except OutputLimitExceeded as exc:
-            await self._refuse(f"it made more host-function calls than Limits.max_host_calls ({exc.value})")
 
     async def _finish_call(self, pending: PendingCall, calls: list[HostCall] | None) -> None:
         reply = await finish_call(pending, calls)
@@ -522,6 +507,25 @@ class WorkerProcess(ChannelIO):
             # Unmounting the scratch tmpfs and removing its directory take milliseconds that the event loop,
             # shared by every session, should not wait for.
             await asyncio.shield(asyncio.to_thread(remove_scratch, scratch))
+
+
+def _refused_call(message: dict[str, Any], size: int, budget: Budget | None, counter: CallBudget | None) -> str | None:
+    """Check a host-function call frame and count it against ``max_host_calls``: why it is refused, if it is.
+
+    A plain function, not a coroutine: it runs for every call, and refusing (killing the worker) is the caller's.
+    ``budget`` and ``counter`` are None outside a run.
+    """
+    if budget is None or counter is None:
+        return "it sent a host-function call outside a run"
+    if size > budget.message_bytes:
+        return f"it sent a {size:,}-byte host-function call where at most {budget.message_bytes:,} fit"
+    if type(message.get("args", [])) is not list or type(message.get("kwargs", {})) is not dict:
+        return "it sent a host-function call whose arguments are not a list and a dict"
+    try:
+        counter.admit(str(message.get("name"))[:100], available=True)
+    except OutputLimitExceeded as exc:
+        return f"it made more host-function calls than Limits.max_host_calls ({exc.value})"
+    return None
 
 
 @contextlib.asynccontextmanager
