@@ -119,6 +119,8 @@ class Runner:
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
         self._watch: Watchdog | None = None
+        # The namespace the last run bound its host functions in, and their names (see `_bind_host_functions`).
+        self._host_bound: tuple[dict[str, Any], frozenset[str]] | None = None
         self._cells = CellCache(policy)
         self.loaded = False  # the namespace came from a checkpoint (see `_loopfree.runs_without_loop`)
         self._restored: set[bytes] = set()
@@ -344,11 +346,23 @@ class Runner:
         )
 
     def _bind_host_functions(self, host_names: Collection[str]) -> None:
-        for name, value in list(self.namespace.items()):
+        """Bind this run's host functions by name, and unbind those of earlier runs that it does not have.
+
+        Only the names the last run bound are looked at, not the whole namespace (a walk of every variable on every
+        run); a namespace this runner has not bound in yet (a new one, or one loaded) is walked once.
+        """
+        namespace = self.namespace
+        bound = self._host_bound
+        if bound is not None and bound[0] is namespace:
+            earlier = [(name, namespace.get(name)) for name in bound[1]]
+        else:
+            earlier = list(namespace.items())
+        for name, value in earlier:
             if isinstance(value, HostFunction) and value.host_name == name and name not in host_names:
-                del self.namespace[name]
+                del namespace[name]
         for name in host_names:
-            self.namespace[name] = HostFunction(name)
+            namespace[name] = HostFunction(name)
+        self._host_bound = (namespace, frozenset(host_names))
 
     # -------------------------------------------------------- checkpoint
 

@@ -278,3 +278,31 @@ def test_a_frame_the_socket_takes_whole_is_sent_without_the_send_lock() -> None:
     taken, total, gathered = asyncio.run(scenario())
     assert total == 380 and gathered == 435  # concurrent results still arrive whole, each to its call
     assert taken == 0, taken
+
+
+def test_binding_host_functions_does_not_walk_the_namespace_on_every_run() -> None:
+    """Each run binds its host functions and unbinds the last run's others: the work is theirs, not every variable's."""
+    from snapcell import Pool
+
+    looked_at = 0
+
+    class Probe:
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:  # isinstance() looks here when the type does not match
+            nonlocal looked_at
+            looked_at += 1
+            return Probe
+
+    def ping() -> int:
+        return 1
+
+    with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
+        namespace = session._inner._backend.runner.namespace  # type: ignore[attr-defined]
+        namespace.update({f"p{i}": Probe() for i in range(200)})
+        session.feed_run("1", external_lookup={"ping": ping})  # the first bind in this namespace walks it once
+        walked = looked_at
+        for _ in range(5):
+            assert session.feed_run("ping()", external_lookup={"ping": ping}) == 1
+        assert session.feed_run("'ping' in dir()", external_lookup={}) is False  # the last run's binding is gone
+        later = looked_at - walked
+    assert walked >= 200 and later == 0, (walked, later)
