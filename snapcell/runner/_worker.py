@@ -252,9 +252,9 @@ class Worker:
             raise CheckpointError(f"the checkpoint needs more than {MAX_DUMP_BLOBS} new blobs")
         # The body, then each new blob, sent back to back; the reply says where each part ends.
         out: list[bytes | bytearray] = [dumped.body, *dumped.new_blobs.values()]
+        # No manifest: the host reads the one in the body, which is what it signs.
         reply: dict[str, Any] = {
             "op": "dumped",
-            "manifest": dumped.manifest.model_dump_json(),
             "new_blobs": list(dumped.new_blobs),
             "parts": [len(part) for part in out],
             "refresh": dumped.refresh,
