@@ -285,6 +285,7 @@ class _Preloader:
 
             _worker.warm_read_paths()  # the sandbox's read-only paths, computed once for every later child
             _worker._warm_up()  # a run and a dump: builds here what a first dump builds on first use (schemas, ...)
+            _worker._warm_up_data(self.preloaded)  # and a DataFrame's, when pandas is preloaded
             _build_views(self.preloaded)
         except Exception as exc:  # the zygote must outlive a failed optional step, for its children's sake
             print(f"snapcell zygote: preload step {name or 'warm-up'!r} failed: {exc!r}", file=sys.stderr, flush=True)

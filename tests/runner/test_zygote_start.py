@@ -210,3 +210,28 @@ def test_a_child_that_exits_during_a_preload_step_is_reported_before_the_step_en
     assert report is not None, done.stderr
     assert report["op"] == "exited" and report["pid"] == out["pid"]
     assert os.WIFEXITED(report["status"]) and os.WEXITSTATUS(report["status"]) == 7
+
+
+_DATA_WARM_UP = """
+import json, linecache, os, sys
+from snapcell.runner import _worker
+{imports}
+before = set(linecache.cache)
+_worker._warm_up_data({preloaded!r})
+print(json.dumps([len(os.listdir("/proc/self/task")), sorted(set(linecache.cache) - before), "pandas" in sys.modules]))
+"""
+
+
+@pytest.mark.parametrize("preloaded", [["numpy", "pandas"], ["numpy"]])
+def test_the_zygote_s_dataframe_warm_up_starts_no_thread_and_leaves_no_cell(preloaded: list[str]) -> None:
+    """It runs in the zygote, which forks only with one thread; its cells must not show in a session's tracebacks."""
+    from snapcell.runner._zygote import THREAD_ENV
+
+    probe = _DATA_WARM_UP.format(imports="\n".join(f"import {m}" for m in preloaded), preloaded=preloaded)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=120, env=dict(THREAD_ENV)
+    )
+    assert done.returncode == 0, done.stderr
+    threads, cells, pandas_imported = json.loads(done.stdout)
+    assert threads == 1 and cells == []
+    assert pandas_imported == ("pandas" in preloaded)  # without pandas preloaded it does nothing
