@@ -49,6 +49,7 @@ from snapcell.runner._privileges import (
     layer_error,
     mount_scratch,
     pin_import_paths,
+    pinned_descriptors,
     release_scratch,
     sweep_stale_scratch,
     worker_identity,
@@ -189,7 +190,8 @@ def apply_sandbox(
             raise ConfigError(f"{name} must be a {name} other than 0 (and not -1), or None, not {value!r}")
     required = parse_required(",".join(require))
     notes: list[str] = []
-    _close_other_fds(keep, notes)
+    # Import roots a zygote pinned before the fork: ``sys.path`` and packages lead through them already.
+    _close_other_fds(keep | set(pinned_descriptors()), notes)
     arch = _seccomp.machine()
     ids = (uid, gid) if os.geteuid() == 0 and uid is not None and gid is not None else None
     switch = ids is not None
