@@ -298,7 +298,7 @@ class _Preloader:
 
 
 def _freeze() -> None:
-    from snapcell.runner import _privileges
+    from snapcell.runner import _privileges, _worker
     from snapcell.runner._hugepages import collapse_resident_heap
 
     if os.geteuid() == 0:
@@ -306,8 +306,10 @@ def _freeze() -> None:
         # here, last (nothing is imported after it), the children inherit the roots and the rewritten paths: their own
         # pin then opens and rewrites nothing (~800 page copies and 2 ms of CPU less per child). If it fails, each
         # child pins what is left for itself.
+        unpinned = tuple(sys.path)
         with contextlib.suppress(OSError):
             _privileges.pin_import_paths()
+        _worker.warm_read_paths(unpinned)  # a child asks for them by its (pinned) sys.path
     # Everything imported so far is shared with the children copy-on-write; a child's garbage collector would
     # touch (and so copy) every page of it on its first pass. Frozen objects are never traversed. Children
     # forked already keep their own copy of any page this touches.

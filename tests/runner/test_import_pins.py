@@ -137,3 +137,25 @@ def test_a_pin_after_a_new_import_root_pins_only_that() -> None:
     assert result["late"] == [f"/proc/self/fd/{new_fd}/lateroot"]
     assert result["path"][-1] == f"/proc/self/fd/{new_fd}"
     assert result["same_cache"] is False  # finders of the old real paths are no longer consulted
+
+
+def test_a_zygote_child_finds_its_read_paths_by_its_pinned_sys_path() -> None:
+    # The zygote pins after its warm-up computed Landlock's read paths for the real sys.path; its children ask by the
+    # pinned one, and must find them computed (not expand sysconfig's paths again, nor lose site-packages).
+    code = (
+        "import json, sys, sysconfig\n"
+        "from snapcell.runner import _privileges, _workersetup\n"
+        "_workersetup.warm_read_paths()\n"
+        "before = _workersetup._read_paths()\n"
+        "unpinned = tuple(sys.path)\n"
+        "_privileges.pin_import_paths()\n"
+        "_workersetup.warm_read_paths(unpinned)\n"
+        "def refuse(*a, **k):\n"
+        "    raise AssertionError('sysconfig expanded again')\n"
+        "sysconfig.get_paths = refuse\n"
+        "pinned = any(p.startswith('/proc/self/fd/') for p in sys.path)\n"
+        "print(json.dumps([before, _workersetup._read_paths(), pinned]))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
+    before, after, pinned = json.loads(out)
+    assert pinned and after == before and any("site-packages" in p for p in after)
