@@ -547,9 +547,10 @@ def _apply_seccomp(arch: str | None, *, deny_fork: bool, notes: list[str]) -> st
     if arch is None:
         return f"unavailable: no filter for architecture {os.uname().machine} ({sys.maxsize.bit_length() + 1}-bit)"
     pid = os.getpid()
-    insns = _seccomp.build_filter(arch, pid=pid, deny_fork=deny_fork)
-    array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
-    prog = _SockFprog(len(insns), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
+    packed = _seccomp.packed_filter(arch, pid=pid, deny_fork=deny_fork)
+    count = len(packed) // ctypes.sizeof(_SockFilter)
+    array = ctypes.create_string_buffer(packed, len(packed))
+    prog = _SockFprog(count, ctypes.cast(array, ctypes.POINTER(_SockFilter)))
     try:
         # TSYNC: threads that exist anyway (none should) get the filter too.
         _syscall(_SECCOMP_SYSCALL[arch], _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.addressof(prog))
@@ -563,6 +564,6 @@ def _apply_seccomp(arch: str | None, *, deny_fork: bool, notes: list[str]) -> st
                 return "unavailable: prctl(PR_SET_SECCOMP): no seccomp filter support"
             raise layer_error("seccomp", "prctl(PR_SET_SECCOMP)", exc2.errno) from None
     return (
-        f"active: allowlist (default EPERM), {arch}, {len(insns)} instructions, signals and rlimits only for pid"
+        f"active: allowlist (default EPERM), {arch}, {count} instructions, signals and rlimits only for pid"
         f" {pid}, fork {'denied' if deny_fork else 'allowed'}"
     )
