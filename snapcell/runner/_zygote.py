@@ -108,7 +108,12 @@ def reseed() -> None:
         random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        numpy.random.seed()  # the legacy global RandomState; Generators made later seed from the OS
+        # The legacy global RandomState (Generators made later seed from the OS): a Mersenne Twister state straight
+        # from the OS, its first word's top bit set as `seed` does (never all zeros). `numpy.random.seed()` would
+        # derive one through a SeedSequence, copying ~40 more of the zygote's pages.
+        key = numpy.frombuffer(bytearray(os.urandom(624 * 4)), dtype=numpy.uint32)
+        key[0] = 0x80000000
+        numpy.random.set_state(("MT19937", key, 624))
 
 
 def _send(ctrl: _socket.socket, message: dict[str, Any]) -> None:
