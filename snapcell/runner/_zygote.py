@@ -305,10 +305,11 @@ class _Preloader:
                 importlib.import_module(name)
                 self.preloaded.append(name)
                 return
-            from snapcell.runner import _seccomp, _worker
+            from snapcell.runner import _guard, _seccomp, _worker
 
             _worker.warm_read_paths()  # the sandbox's read-only paths, computed once for every later child
             _seccomp.warm_filters()  # and its seccomp programs, into which each child patches its pid
+            _guard.warm_guarded_builtins()  # and the builtins each session's namespace starts from
             _worker._warm_up()  # a run and a dump: builds here what a first dump builds on first use (schemas, ...)
             _build_views(self.preloaded)
         except Exception as exc:  # the zygote must outlive a failed optional step, for its children's sake
