@@ -64,6 +64,9 @@ _SCRATCH_DEVICE = "snapcell-scratch"
 _MISSING = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENODEV, errno.EPERM)
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# ctypes makes (and keeps) a function object for a name on its first use: made here, at import (in a zygote, once),
+# rather than by every forked worker.
+_RESOLVED = [getattr(_libc, name) for name in ("prctl", "mount", "umount2", "syscall")]
 
 
 def layer_error(layer: str, what: str, err: int | None) -> SandboxError:
@@ -416,9 +419,12 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+_CapPair = _CapData * 2  # the array type made once, not on every worker's first capget
+
+
 def _set_capabilities_to_zero(arch: str) -> None:
     header = _CapHeader(_CAP_VERSION_3, 0)
-    data = (_CapData * 2)()
+    data = _CapPair()
     result = _libc.syscall(ctypes.c_long(_CAPSET[arch]), ctypes.byref(header), ctypes.byref(data))
     _check("privileges", "capset", int(result))
 
@@ -428,7 +434,7 @@ def _capabilities(arch: str | None) -> tuple[int, int, int]:
     if arch is None:
         return (0, 0, 0)
     header = _CapHeader(_CAP_VERSION_3, 0)
-    data = (_CapData * 2)()
+    data = _CapPair()
     _check("privileges", "capget", int(_libc.syscall(ctypes.c_long(_CAPGET[arch]), ctypes.byref(header), data)))
     low, high = data[0], data[1]
     return (

@@ -98,6 +98,7 @@ _PR_SET_SECCOMP = 22
 _PR_SET_NO_NEW_PRIVS = 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_RESOLVED = [_libc.prctl, _libc.syscall]  # made at import (a zygote's), not on each worker's first call
 # A parent pid seen as early as possible, for the pdeathsig race when the caller gives none.
 _PID_AT_IMPORT = os.getpid()
 _PPID_AT_IMPORT = os.getppid()
