@@ -48,6 +48,7 @@ from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
     count_items,
     cut_text,
+    decode,
     encode,
     error_to_plain,
     split_parts,
@@ -458,6 +459,7 @@ def _warm_up() -> None:
     asyncio.run(runner.run("x = [1]\ny = 'y' * 20_000\nx", bridge=_NoHost(), host_names=()))
     dumped = runner.dump(created_at=0.0)
     runner.load(dumped.body, dumped.new_blobs)  # and the load path: a fresh worker's first step is a load
+    decode(encode({"op": "warm-up"}))  # the JSON decoder every worker's first message is read with, built once
 
 
 def _warm_up_data(preloaded: list[str]) -> None:

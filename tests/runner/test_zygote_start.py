@@ -43,6 +43,17 @@ async def _until(condition: Any) -> None:
         await asyncio.sleep(0.02)
 
 
+def _import_roots(pid: int) -> dict[str, str]:
+    """The O_PATH descriptors of process ``pid`` (its pinned import roots), by number, with what they name."""
+    roots = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+            flags = int(info.read().split("flags:")[1].split()[0], 8)
+        if flags & os.O_PATH:
+            roots[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return roots
+
+
 def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_sandbox() -> None:
     if not preload_modules(frozenset({"numpy"})):
         pytest.skip("numpy is not installed")
@@ -65,6 +76,12 @@ def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_
             assert late.worker is not None and late.worker.forked is not None
             assert late.worker.zygote is zygote and "numpy" in late.worker.forked.preloaded
             second = (await late.run(_PROBE, lookup={}, setup=False, limits=Limits())).value
+            if os.geteuid() == 0:
+                # The zygote pinned the import roots at the end of its second stage: the late child reaches its
+                # imports through the descriptors it inherited, and opened none (the early one pinned its own).
+                zygote_roots = _import_roots(zygote.pid)
+                assert zygote_roots and _import_roots(second[1]) == zygote_roots
+                assert set(_import_roots(first[1]).values()) == set(zygote_roots.values())
 
             assert first[0] is False and second[0] is True  # imported on demand, and inherited from the zygote
             assert first[4] == second[4] == 6
