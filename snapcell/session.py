@@ -111,6 +111,10 @@ class AsyncSession:
         # Frame blobs (pickles stored as blobs) the host scanned: a dump may refer to these without sending them.
         self._frames: set[str] = set()
         self._dump_frames: set[str] = set()
+        # Pickle streams of the last dump's body that passed the rule (`stream_key`): the next dump's unchanged
+        # variables send the very same bytes, which are not scanned again. At most one body's worth of digests.
+        self._streams: frozenset[bytes] = frozenset()
+        self._dump_streams: frozenset[bytes] = frozenset()
         self._blob_io = BlobIO(store, keyring.blob_namespace())
         self.checkpoint_id: bytes | None = None
         self.checkpoint_bytes: int | None = None
@@ -432,6 +436,7 @@ class AsyncSession:
             self._setup_since_checkpoint = []
             self._blobs = {ref.hash: ref for ref in manifest.blobs}
             self._frames = self._dump_frames
+            self._streams = self._dump_streams
             self._passed.add(self._policy, self._frames)
             return cid.raw
         finally:
@@ -487,7 +492,9 @@ class AsyncSession:
             ForgedBlob: The host cannot read it (a compromised worker).
         """
         try:
-            return parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes)
+            # A worker's dump: its manifest was parsed from this body when it arrived, and is not parsed again.
+            known = dumped.manifest if dumped.manifest_from_body else None
+            return parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes, manifest=known)
         except (CheckpointCorrupt, CheckpointVersionError) as exc:
             # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
@@ -495,7 +502,9 @@ class AsyncSession:
     def _check(self, container: Container, dumped: Dumped) -> tuple[Refusal, str | None] | None:
         """Scan a parsed dump's pickles and new frame blobs against the loader's rule, and check its files."""
         try:
-            found = scan_body(container, rule=self._rule)
+            passing: set[bytes] = set()
+            found = scan_body(container, rule=self._rule, passed=self._streams, passing=passing)
+            self._dump_streams = frozenset(passing)
         except (CheckpointCorrupt, CheckpointVersionError) as exc:
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
         if found is not None:

@@ -29,7 +29,9 @@ __all__ = [
     "SectionKind",
     "VariableInfo",
     "WorkspaceFile",
+    "manifest_bytes",
     "parse_container",
+    "parse_manifest",
 ]
 
 MAGIC = b"SNAPCELL"
@@ -249,8 +251,43 @@ def pack_container(
     return body
 
 
+def manifest_bytes(body: bytes | bytearray | memoryview, *, check_python: bool = True) -> tuple[Header, bytes, int]:
+    """The header of an unsigned body, its manifest's JSON (not parsed) and the offset just after it.
+
+    Raises:
+        CheckpointCorrupt: The bytes are malformed, truncated or declare too large a manifest.
+        CheckpointVersionError: A container format this release cannot read.
+    """
+    view = memoryview(body)
+    header, offset = Header.unpack(view, check_python=check_python)
+    (manifest_len,), offset = _read(_U32, view, offset)
+    if manifest_len > MAX_MANIFEST_BYTES or offset + manifest_len > len(view):
+        raise CheckpointCorrupt("the checkpoint is truncated or its manifest is too large")
+    return header, bytes(view[offset : offset + manifest_len]), offset + manifest_len
+
+
+def parse_manifest(raw: bytes) -> Manifest:
+    """Parse a body's manifest JSON (see `manifest_bytes`).
+
+    Raises:
+        CheckpointCorrupt: It is not a valid `Manifest`, or lists a blob twice.
+    """
+    try:
+        manifest = Manifest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise CheckpointCorrupt(f"the checkpoint manifest is invalid: {exc.error_count()} problem(s)") from exc
+    if len({ref.hash for ref in manifest.blobs}) != len(manifest.blobs):
+        # Each blob is listed once; a list repeating one blob would make a loader fetch and hold it again and again.
+        raise CheckpointCorrupt("the checkpoint manifest lists a blob more than once")
+    return manifest
+
+
 def parse_container(
-    body: bytes | bytearray | memoryview, *, max_raw_bytes: int | None = None, check_python: bool = True
+    body: bytes | bytearray | memoryview,
+    *,
+    max_raw_bytes: int | None = None,
+    check_python: bool = True,
+    manifest: Manifest | None = None,
 ) -> Container:
     """Parse an unsigned checkpoint body without decompressing or unpickling.
 
@@ -259,24 +296,16 @@ def parse_container(
         max_raw_bytes: Refuse a checkpoint whose sections would decompress to more than this.
         check_python: Kept for callers; another Python minor version is no longer refused (format 3 restores
             what it can, frame by frame, and names the rest).
+        manifest: The manifest already parsed from these very bytes (`parse_manifest`): not parsed again.
 
     Raises:
         CheckpointCorrupt: The bytes are malformed, truncated or declare too much data.
         CheckpointVersionError: A container format this release cannot read.
     """
     view = memoryview(body)
-    header, offset = Header.unpack(view, check_python=check_python)
-    (manifest_len,), offset = _read(_U32, view, offset)
-    if manifest_len > MAX_MANIFEST_BYTES or offset + manifest_len > len(view):
-        raise CheckpointCorrupt("the checkpoint is truncated or its manifest is too large")
-    try:
-        manifest = Manifest.model_validate_json(bytes(view[offset : offset + manifest_len]))
-    except ValidationError as exc:
-        raise CheckpointCorrupt(f"the checkpoint manifest is invalid: {exc.error_count()} problem(s)") from exc
-    offset += manifest_len
-    if len({ref.hash for ref in manifest.blobs}) != len(manifest.blobs):
-        # Each blob is listed once; a list repeating one blob would make a loader fetch and hold it again and again.
-        raise CheckpointCorrupt("the checkpoint manifest lists a blob more than once")
+    header, raw, offset = manifest_bytes(view, check_python=check_python)
+    if manifest is None:
+        manifest = parse_manifest(raw)
     (count,), offset = _read(_U32, view, offset)
     if count > MAX_SECTIONS or offset + count * _SECTION.size > len(view):
         raise CheckpointCorrupt("the checkpoint is truncated: its section table is incomplete")

@@ -6,10 +6,11 @@ ones are scanned; ones only referred to must be frames the host scanned before).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 
 from snapcell.checkpoint._blobs import blob_raw_size, decode_blob
-from snapcell.checkpoint._format import Container, SectionKind, parse_container
+from snapcell.checkpoint._format import Container, Section, SectionKind, parse_container
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._scan import scan_pickle
 from snapcell.checkpoint._unpickle import _decompress, frame_parts
@@ -23,6 +24,7 @@ __all__ = [
     "scan_body",
     "scan_frame_blob",
     "scanned_frames",
+    "stream_key",
 ]
 
 
@@ -31,11 +33,21 @@ def _parsed(body: bytes | bytearray | memoryview | Container, max_raw_bytes: int
     return body if isinstance(body, Container) else parse_container(body, max_raw_bytes=max_raw_bytes)
 
 
+def stream_key(head: Section) -> bytes:
+    """A format-3 body's pickle stream, named by a cryptographic digest of its codec, size and stored bytes."""
+    digest = hashlib.blake2b(bytes((head.codec,)), digest_size=16)
+    digest.update(head.raw_size.to_bytes(8, "big"))
+    digest.update(head.data)
+    return digest.digest()
+
+
 def scan_body(
     body: bytes | bytearray | memoryview | Container,
     *,
     rule: GlobalRule | Callable[[str], bool],
     max_raw_bytes: int | None = None,
+    passed: Collection[bytes] = (),
+    passing: set[bytes] | None = None,
 ) -> tuple[Refusal, str | None] | None:
     """Apply the loader's rule to every pickle of an unsigned body, without unpickling (the host, before it signs).
 
@@ -46,6 +58,9 @@ def scan_body(
         body: The unsigned body, or its parsed container.
         rule: The policy's part of the loader's rule.
         max_raw_bytes: Refuse a body whose sections would decompress to more than this.
+        passed: `stream_key` of streams that passed ``rule`` before (a session's previous dump): a stream with
+            the same key holds the very same bytes and is not scanned again.
+        passing: Collects the `stream_key` of every stream of the body that passed (format 3).
 
     Returns:
         None when every global passes; else the first refusal and the variable whose pickle holds it (when known).
@@ -62,11 +77,19 @@ def scan_body(
             for head, _buffers in parts:
                 if head.kind is not SectionKind.STREAM:
                     continue  # a frame blob: the host scans it when it is new (`scan_frame_blob`)
+                key = None
+                if passing is not None:
+                    key = stream_key(head)
+                    if key in passed:
+                        passing.add(key)
+                        continue
                 data = _decompress(head.codec, head.data, head.raw_size, writable=False)
                 refusal = scan_pickle(data, rule)
                 del data
                 if refusal is not None:
                     return refusal, frame.names[0] if len(frame.names) == 1 else None
+                if passing is not None and key is not None:
+                    passing.add(key)
         cloud_vars: list[str] = []
     else:
         cloud_vars = [v.name for v in manifest.variables if v.serializer == "cloudpickle"]

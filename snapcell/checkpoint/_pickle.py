@@ -258,12 +258,15 @@ class Dumped:
         manifest: Its manifest.
         new_blobs: Blobs (hash hex to stored bytes) the store may not have yet; store them before the body.
         refresh: Hashes of known blobs whose expiry must be pushed back (last written over a day ago).
+        manifest_from_body: ``manifest`` is the host's own parse of ``body``'s manifest (a worker's dump, see
+            `ProcessBackend`): the host's parse of the whole body takes it rather than parsing it again.
     """
 
     body: bytearray
     manifest: Manifest
     new_blobs: dict[str, bytes] = field(default_factory=dict)
     refresh: list[str] = field(default_factory=list)
+    manifest_from_body: bool = False
 
 
 def _blob_sections(

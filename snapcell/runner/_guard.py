@@ -35,6 +35,7 @@ __all__ = [
     "runtime_policy_error",
     "script_function",
     "store_target",
+    "warm_guarded_builtins",
 ]
 
 # Dunder attributes a script may read: harmless names, and the protocol methods people call
@@ -546,8 +547,27 @@ SAFE_BUILTIN_NAMES = frozenset(
 )  # fmt: skip
 
 
+# `guarded_builtins` as a zygote's warm-up built it (`warm_guarded_builtins`): its children copy it rather than walk
+# the builtins again (~50 page faults of theirs). Only a zygote fills it: nothing changes its builtins afterwards.
+_WARM_BUILTINS: list[dict[str, Any]] = []
+
+
+def warm_guarded_builtins() -> None:
+    """Build the guarded builtins once now (in a zygote), for `guarded_builtins` in its forked workers to copy."""
+    _WARM_BUILTINS[:] = [_build_guarded_builtins()]
+
+
 def guarded_builtins() -> dict[str, Any]:
-    """The safe builtins plus guarded getattr/setattr/hasattr/delattr/dir/vars (imports are added by the policy)."""
+    """The safe builtins plus guarded getattr/setattr/hasattr/delattr/dir/vars (imports are added by the policy).
+
+    A fresh dict each call (a session may change its own).
+    """
+    if _WARM_BUILTINS:
+        return dict(_WARM_BUILTINS[0])
+    return _build_guarded_builtins()
+
+
+def _build_guarded_builtins() -> dict[str, Any]:
     table = {name: getattr(builtins, name) for name in SAFE_BUILTIN_NAMES if hasattr(builtins, name)}
     for name, value in vars(builtins).items():
         if isinstance(value, type) and issubclass(value, BaseException):

@@ -64,6 +64,9 @@ _SCRATCH_DEVICE = "snapcell-scratch"
 _MISSING = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENODEV, errno.EPERM)
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# ctypes makes (and keeps) a function object for a name on its first use: made here, at import (in a zygote, once),
+# rather than by every forked worker.
+_RESOLVED = [getattr(_libc, name) for name in ("prctl", "mount", "umount2", "syscall")]
 
 
 def layer_error(layer: str, what: str, err: int | None) -> SandboxError:
@@ -276,44 +279,90 @@ def _packages() -> list[Any]:
     return [m for name, m in list(modules.items()) if _is_package(name, m)]
 
 
+# The import roots this process has pinned (real directory -> O_PATH descriptor), the `sys.modules` size and the
+# ``sys.path`` entries as the last pin left them. A zygote pins before it forks: its children inherit the descriptors
+# and the rewritten paths, and a child's own pin then opens, rewrites and replaces nothing unless it imported since.
+_ROOTS: dict[str, int] = {}
+_PINNED_MODULES = -1
+_PINNED_PATH: list[str] = []
+_FD_LINKS = "/proc/self/fd/"
+
+
+def pinned_descriptors() -> list[int]:
+    """The descriptors of the import roots pinned so far (inherited from a zygote, or opened here); keep them open."""
+    return list(_ROOTS.values())
+
+
+def _pinned_already(entry: object, own: set[str]) -> bool:
+    """Whether ``entry`` is a path through one of this process's pinned roots (no realpath needed)."""
+    if not isinstance(entry, str) or not entry.startswith(_FD_LINKS):
+        return False
+    return entry[len(_FD_LINKS) :].split(os.sep, 1)[0] in own
+
+
+def _through_root(path: Any) -> str | None:
+    """``path`` as a link through the pinned root that holds it, or None."""
+    real = _realpath(path)
+    for root, fd in _ROOTS.items():
+        if real == root or real.startswith(root + os.sep):
+            return f"{_FD_LINKS}{fd}{real[len(root) :]}"
+    return None
+
+
+def _add_root(path: Any, own: set[str]) -> None:
+    real = _realpath(path)
+    if real in _ROOTS or _through_root(real) is not None or not os.path.isdir(real):
+        return
+    fd = _ROOTS[real] = os.open(real, os.O_PATH | os.O_DIRECTORY)
+    own.add(str(fd))
+
+
+def _repin(paths: list[Any], new: list[Any]) -> bool:
+    """Give ``paths`` the entries ``new`` if they differ (a write copies the list's page from the zygote)."""
+    if new == paths:
+        return False
+    paths[:] = new
+    return True
+
+
 def pin_import_paths() -> list[int]:
     """Point ``sys.path`` and packages' ``__path__`` at ``/proc/self/fd/N`` links to open directories.
 
+    Incremental: entries pinned by an earlier call (in this process, or in the zygote it was forked from) are left
+    alone, a list is rewritten only when one of its entries changes, and ``sys.path_importer_cache`` is replaced only
+    then. With nothing imported and ``sys.path`` unchanged since the last pin, it touches no module at all.
+
     Returns:
-        The descriptors opened; they must stay open.
+        Every pinned root's descriptor (the earlier ones too); they must stay open.
+
+    Raises:
+        OSError: An import root could not be opened; the roots opened before it stay pinned.
     """
-    roots: dict[str, int] = {}
-    realpath = _realpath
+    global _PINNED_MODULES
+    if _PINNED_MODULES == len(sys.modules) and sys.path == _PINNED_PATH:
+        return pinned_descriptors()
+    own = {str(fd) for fd in _ROOTS.values()}
 
-    def pinned(path: str) -> str | None:
-        real = realpath(path)
-        for root, fd in roots.items():
-            if real == root or real.startswith(root + os.sep):
-                return f"/proc/self/fd/{fd}{real[len(root) :]}"
-        return None
+    def pin(entry: Any) -> Any:
+        return entry if _pinned_already(entry, own) else _through_root(entry) or entry
 
-    def add_root(path: str) -> None:
-        real = realpath(path)
-        if real in roots or pinned(real) is not None or not os.path.isdir(real):
-            return
-        roots[real] = os.open(real, os.O_PATH | os.O_DIRECTORY)
-
-    for entry in sys.path:
-        if entry:
-            add_root(entry)
-    packages = _packages()
-    for module in packages:
-        for entry in module.__path__:
-            if isinstance(entry, str) and pinned(entry) is None:
-                add_root(entry)
-    sys.path[:] = [pinned(e) or e for e in sys.path if e]
-    for module in packages:
-        module.__path__[:] = [pinned(e) or e if isinstance(e, str) else e for e in module.__path__]
-    # A fresh cache rather than clear(): the old finders (all of real paths no import names any more) are kept as they
-    # are, in pages shared with the zygote; freeing them would copy ~500 of those pages.
-    _RETIRED_FINDER_CACHES.append(sys.path_importer_cache)
-    sys.path_importer_cache = {}
-    return list(roots.values())
+    stale = [
+        m.__path__ for m in _packages() if any(isinstance(e, str) and not _pinned_already(e, own) for e in m.__path__)
+    ]
+    for entry in [e for e in sys.path if e] + [e for paths in stale for e in paths if isinstance(e, str)]:
+        if not _pinned_already(entry, own) and _through_root(entry) is None:
+            _add_root(entry, own)
+    changed = _repin(sys.path, [pin(e) for e in sys.path if e])
+    for paths in stale:
+        changed = _repin(paths, [pin(e) if isinstance(e, str) else e for e in paths]) or changed
+    if changed:
+        # A fresh cache rather than clear(): the old finders (all of real paths no import names any more) are kept as
+        # they are, in pages shared with the zygote; freeing them would copy ~500 of those pages.
+        _RETIRED_FINDER_CACHES.append(sys.path_importer_cache)
+        sys.path_importer_cache = {}
+    _PINNED_MODULES = len(sys.modules)
+    _PINNED_PATH[:] = sys.path
+    return pinned_descriptors()
 
 
 def drop_privileges(*, uid: int | None, gid: int | None, arch: str | None) -> str:
@@ -370,9 +419,12 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+_CapPair = _CapData * 2  # the array type made once, not on every worker's first capget
+
+
 def _set_capabilities_to_zero(arch: str) -> None:
     header = _CapHeader(_CAP_VERSION_3, 0)
-    data = (_CapData * 2)()
+    data = _CapPair()
     result = _libc.syscall(ctypes.c_long(_CAPSET[arch]), ctypes.byref(header), ctypes.byref(data))
     _check("privileges", "capset", int(result))
 
@@ -382,7 +434,7 @@ def _capabilities(arch: str | None) -> tuple[int, int, int]:
     if arch is None:
         return (0, 0, 0)
     header = _CapHeader(_CAP_VERSION_3, 0)
-    data = (_CapData * 2)()
+    data = _CapPair()
     _check("privileges", "capget", int(_libc.syscall(ctypes.c_long(_CAPGET[arch]), ctypes.byref(header), data)))
     low, high = data[0], data[1]
     return (

@@ -15,7 +15,17 @@ from typing import Any
 
 from snapcell._callables import is_async_callable
 from snapcell.checkpoint import Dumped, Manifest
-from snapcell.errors import RunCancelled, ScriptError, SessionError, SnapcellError, TimeLimitExceeded, WorkerLost
+from snapcell.checkpoint._format import manifest_bytes, parse_manifest
+from snapcell.errors import (
+    CheckpointCorrupt,
+    CheckpointVersionError,
+    RunCancelled,
+    ScriptError,
+    SessionError,
+    SnapcellError,
+    TimeLimitExceeded,
+    WorkerLost,
+)
 from snapcell.runner._backend import DumpRequest
 from snapcell.runner._budget import (
     MAX_ARTIFACTS,
@@ -437,6 +447,28 @@ def _manifest(reply: dict[str, Any]) -> Manifest:
     return Manifest.model_validate_json(raw)
 
 
+def _body_manifest(body: memoryview) -> Manifest:
+    """The manifest of a dumped body, its items counted before it is parsed (the reply carries no copy of it).
+
+    Taken from the body the host signs, so the host's view of the checkpoint is the stored one; `AsyncSession`
+    passes it on to the body's full parse, which does not parse it again.
+
+    Raises:
+        MalformedMessage: The body's manifest cannot be read, or holds more than `MAX_MANIFEST_ITEMS` items.
+        CheckpointCorrupt: It is not a valid `Manifest` (a ValueError).
+    """
+    try:
+        _, raw, _ = manifest_bytes(body)
+    except (CheckpointCorrupt, CheckpointVersionError) as exc:
+        raise MalformedMessage(f"the dumped body cannot be read: {exc}") from None
+    if count_items(raw, MAX_MANIFEST_ITEMS) > MAX_MANIFEST_ITEMS:
+        raise MalformedMessage(f"the manifest holds more than {MAX_MANIFEST_ITEMS} items")
+    try:
+        return parse_manifest(raw)
+    except CheckpointCorrupt as exc:
+        raise MalformedMessage(str(exc)) from None
+
+
 def _text(reply: dict[str, Any], key: str) -> str:
     value = reply.get(key)
     if type(value) is not str:
@@ -537,13 +569,13 @@ def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:
     parts = split_parts(payload, reply.get("parts", [len(payload)]))
     if len(parts) != len(names) + 1:
         raise MalformedMessage(f"{len(parts)} parts for {len(names)} new blobs")
-    manifest = _manifest(reply)
+    manifest = _body_manifest(parts[0])
     new_blobs = {name: bytes(part) for name, part in zip(names, parts[1:], strict=True)}
     body_bytes = parts[0].nbytes
     for part in parts:
         part.release()
     del payload[body_bytes:]
-    return Dumped(body=payload, manifest=manifest, new_blobs=new_blobs, refresh=list(refresh))
+    return Dumped(body=payload, manifest=manifest, new_blobs=new_blobs, refresh=list(refresh), manifest_from_body=True)
 
 
 def _cap(text: Any, limit: int | None) -> str | None:

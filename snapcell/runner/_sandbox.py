@@ -49,6 +49,7 @@ from snapcell.runner._privileges import (
     layer_error,
     mount_scratch,
     pin_import_paths,
+    pinned_descriptors,
     release_scratch,
     sweep_stale_scratch,
     worker_identity,
@@ -97,6 +98,7 @@ _PR_SET_SECCOMP = 22
 _PR_SET_NO_NEW_PRIVS = 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_RESOLVED = [_libc.prctl, _libc.syscall]  # made at import (a zygote's), not on each worker's first call
 # A parent pid seen as early as possible, for the pdeathsig race when the caller gives none.
 _PID_AT_IMPORT = os.getpid()
 _PPID_AT_IMPORT = os.getppid()
@@ -189,7 +191,8 @@ def apply_sandbox(
             raise ConfigError(f"{name} must be a {name} other than 0 (and not -1), or None, not {value!r}")
     required = parse_required(",".join(require))
     notes: list[str] = []
-    _close_other_fds(keep, notes)
+    # Import roots a zygote pinned before the fork: ``sys.path`` and packages lead through them already.
+    _close_other_fds(keep | set(pinned_descriptors()), notes)
     arch = _seccomp.machine()
     ids = (uid, gid) if os.geteuid() == 0 and uid is not None and gid is not None else None
     switch = ids is not None
@@ -545,9 +548,10 @@ def _apply_seccomp(arch: str | None, *, deny_fork: bool, notes: list[str]) -> st
     if arch is None:
         return f"unavailable: no filter for architecture {os.uname().machine} ({sys.maxsize.bit_length() + 1}-bit)"
     pid = os.getpid()
-    insns = _seccomp.build_filter(arch, pid=pid, deny_fork=deny_fork)
-    array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
-    prog = _SockFprog(len(insns), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
+    packed = _seccomp.packed_filter(arch, pid=pid, deny_fork=deny_fork)
+    count = len(packed) // ctypes.sizeof(_SockFilter)
+    array = ctypes.create_string_buffer(packed, len(packed))
+    prog = _SockFprog(count, ctypes.cast(array, ctypes.POINTER(_SockFilter)))
     try:
         # TSYNC: threads that exist anyway (none should) get the filter too.
         _syscall(_SECCOMP_SYSCALL[arch], _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.addressof(prog))
@@ -561,6 +565,6 @@ def _apply_seccomp(arch: str | None, *, deny_fork: bool, notes: list[str]) -> st
                 return "unavailable: prctl(PR_SET_SECCOMP): no seccomp filter support"
             raise layer_error("seccomp", "prctl(PR_SET_SECCOMP)", exc2.errno) from None
     return (
-        f"active: allowlist (default EPERM), {arch}, {len(insns)} instructions, signals and rlimits only for pid"
+        f"active: allowlist (default EPERM), {arch}, {count} instructions, signals and rlimits only for pid"
         f" {pid}, fork {'denied' if deny_fork else 'allowed'}"
     )

@@ -48,6 +48,7 @@ from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
     count_items,
     cut_text,
+    decode,
     encode,
     error_to_plain,
     split_parts,
@@ -261,9 +262,9 @@ class Worker:
             raise CheckpointError(f"the checkpoint needs more than {MAX_DUMP_BLOBS} new blobs")
         # The body, then each new blob, sent back to back; the reply says where each part ends.
         out: list[bytes | bytearray] = [dumped.body, *dumped.new_blobs.values()]
+        # No manifest: the host reads the one in the body, which is what it signs.
         reply: dict[str, Any] = {
             "op": "dumped",
-            "manifest": dumped.manifest.model_dump_json(),
             "new_blobs": list(dumped.new_blobs),
             "parts": [len(part) for part in out],
             "refresh": dumped.refresh,
@@ -482,6 +483,37 @@ def _warm_up() -> None:
     asyncio.run(runner.run("x = [1]\ny = 'y' * 20_000\nx", bridge=_NoHost(), host_names=()))
     dumped = runner.dump(created_at=0.0)
     runner.load(dumped.body, dumped.new_blobs)  # and the load path: a fresh worker's first step is a load
+    decode(encode({"op": "warm-up"}))  # the JSON decoder every worker's first message is read with, built once
+
+
+def _warm_up_data(preloaded: list[str]) -> None:
+    """With pandas preloaded (a zygote's second stage): a DataFrame made, summed, dumped, loaded, dumped again.
+
+    What pandas and numpy build on first use (block managers' caches, reduction dispatch, the pickling paths, the
+    guarded views of the default policy) is then built once here and shared with every child: a fresh worker's first
+    DataFrame turn took ~15% fewer copy-on-write faults and ~0.5 ms less CPU (load, run and dump of a 1,000-row
+    DataFrame). Costs the zygote ~18 ms once. Starts no thread (the zygote forks only with one).
+    """
+    if "pandas" not in preloaded:
+        return
+    import asyncio
+    import linecache
+
+    from snapcell.runner._policy import with_file_access
+
+    runner = Runner(policy=with_file_access(Policy.process_default()), limits=Limits(wall_time_s=None))
+    cell = (
+        "import numpy as np\nimport pandas as pd\n"
+        "df = pd.DataFrame({'id': range(50), 'name': [f'r{i}' for i in range(50)], 'v': np.arange(50) * 0.5})\n"
+        "[float(df['v'].sum()), len(df)]"
+    )
+    asyncio.run(runner.run(cell, bridge=_NoHost(), host_names=()))
+    dumped = runner.dump(created_at=0.0)
+    runner.load(dumped.body, dumped.new_blobs)
+    asyncio.run(runner.run("float(df['v'].sum())", bridge=_NoHost(), host_names=()))
+    runner.dump(created_at=0.0)
+    for name in [name for name in linecache.cache if name.startswith("<cell-")]:
+        del linecache.cache[name]
 
 
 def main(argv: list[str] | None = None) -> int:

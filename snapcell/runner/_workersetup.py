@@ -17,9 +17,23 @@ __all__ = ["apply_session_sandbox", "warm_read_paths"]
 _READ_PATHS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
-def warm_read_paths() -> None:
-    """Compute the sandbox's read-only paths now (in a zygote), so that its forked workers find them ready."""
-    _read_paths()
+def warm_read_paths(unpinned: tuple[str, ...] | None = None) -> None:
+    """Compute the sandbox's read-only paths now (in a zygote), so that its forked workers find them ready.
+
+    Args:
+        unpinned: ``sys.path`` as it was before `_privileges.pin_import_paths` rewrote it (in a zygote that pins for
+            its children): the paths found for those real directories serve the pinned ``sys.path`` too.
+    """
+    if unpinned is None:
+        _read_paths()
+        return
+    saved = sys.path[:]
+    try:
+        sys.path[:] = unpinned
+        paths = _read_paths()
+    finally:
+        sys.path[:] = saved
+    _READ_PATHS[tuple(sys.path)] = tuple(paths)
 
 
 def _read_paths() -> list[str]:

@@ -30,6 +30,7 @@ STAGING_DIR = ".restore"
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND = 32, 4096
 _libc = ctypes.CDLL(None, use_errno=True)
+_RESOLVED = [_libc.mount, _libc.umount2]  # made at import (a zygote's), not on each worker's first call
 
 
 def _bind_read_only(source: str, target: str) -> str | None:

@@ -33,7 +33,6 @@ RAN: dict[str, Any] = {
     "memory_bytes": None,
     "namespace_summary": "",
 }
-MANIFEST = "{}"
 
 
 class Peer:
@@ -140,7 +139,7 @@ def _(peer: Peer) -> None:
 
 @attack("wrong_op_for_the_request")
 def _(peer: Peer) -> None:
-    peer.send({"op": "dumped", "manifest": MANIFEST, "new_blobs": [], "parts": [0], "refresh": []})
+    peer.send({"op": "dumped", "new_blobs": [], "parts": [0], "refresh": []})
     stall()
 
 
@@ -296,7 +295,14 @@ def _(peer: Peer) -> None:
 
 
 def dumped(parts: Any, names: list[str], blob: bytes, **extra: Any) -> dict[str, Any]:
-    return {"op": "dumped", "manifest": MANIFEST, "new_blobs": names, "parts": parts, "refresh": [], **extra}
+    return {"op": "dumped", "new_blobs": names, "parts": parts, "refresh": [], **extra}
+
+
+def body_with_manifest(manifest: bytes) -> bytes:
+    """A checkpoint body's start, by hand (the header as `Header.pack` writes it), then ``manifest`` as its JSON."""
+    fixed = struct.pack(">8sHBBbB", b"SNAPCELL", 3, sys.version_info.major, sys.version_info.minor, 1, 0)
+    strings = b"".join(struct.pack(">H", len(text)) + text for text in (b"cloudpickle", b"3", b"0", b"0"))
+    return fixed + strings + struct.pack(">I", len(manifest)) + manifest + struct.pack(">I", 0)
 
 
 @attack("blob_claims_more_than_it_sends", op="dump")
@@ -347,6 +353,14 @@ def _(peer: Peer) -> None:
     count = 70_000
     names = [f"{i:064x}" for i in range(count)]
     peer.send(dumped([0] * (count + 1), names, b""))
+    stall()
+
+
+@attack("dumped_manifest_with_millions_of_items", op="dump")
+def _(peer: Peer) -> None:
+    # Within the manifest's byte limit, far over its item budget: refused before it is parsed.
+    body = body_with_manifest(b"[" + b",".join([b"[]"] * 3_000_000) + b"]")
+    peer.send(dumped([len(body)], [], b""), body)
     stall()
 
 

@@ -82,12 +82,14 @@ EXPECTED: dict[str, tuple[type[Exception], str | None] | None] = {
     "duplicate_blob_refs": (WorkerLost, "named twice"),
     "blob_count_beyond_the_budget": (WorkerLost, "at most 65536"),
     "manifest_with_millions_of_items": (WorkerLost, "manifest holds more than"),
+    "dumped_manifest_with_millions_of_items": (WorkerLost, "manifest holds more than"),
     "garbage_instead_of_started": (SessionError, None),
     "ready_with_a_sandbox_that_is_not_a_dict": (SessionError, "failed to start"),
 }
 DRIVER = {
     "host_call_outside_a_run": "dump",
     "manifest_with_millions_of_items": "load",
+    "dumped_manifest_with_millions_of_items": "dump",
     "garbage_instead_of_started": "start",
     "ready_with_a_sandbox_that_is_not_a_dict": "start",
 }

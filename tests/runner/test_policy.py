@@ -448,3 +448,19 @@ def test_restored_classes_and_functions_stay_writable(pool):
     with pool.checkout() as second:
         second.load_session(checkpoint)
         assert second.feed_run("A.x = 1\nf.y = 2\nsetattr(A, 'z', 3)\n(A.x, f.y, A.z)") == (1, 2, 3)
+
+
+def test_warmed_guarded_builtins_are_copied_fresh_without_walking_the_builtins_again(monkeypatch) -> None:
+    from snapcell.runner import _guard
+
+    monkeypatch.setattr(_guard, "_WARM_BUILTINS", [])
+    built = _guard.guarded_builtins()
+    _guard.warm_guarded_builtins()
+    walks = []
+    real = _guard._build_guarded_builtins
+    monkeypatch.setattr(_guard, "_build_guarded_builtins", lambda: (walks.append(1), real())[1])
+    one, two = _guard.guarded_builtins(), _guard.guarded_builtins()
+    assert walks == []  # copied from the zygote's, not built again
+    assert one == two == built and one is not two  # each session gets a dict of its own
+    one["len"] = None  # a session changing its own builtins changes nobody else's
+    assert _guard.guarded_builtins()["len"] is len

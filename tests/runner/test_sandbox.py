@@ -493,6 +493,26 @@ def test_filter_is_well_formed(machine, deny_fork):
         assert name in notable
 
 
+@pytest.mark.parametrize("deny_fork", [True, False])
+def test_a_warmed_filter_is_the_built_one_with_the_pid_patched_in(monkeypatch, deny_fork):
+    arch = _seccomp.machine()
+    if arch is None:
+        pytest.skip(f"no seccomp filter for {os.uname().machine}")
+    monkeypatch.setattr(_seccomp, "_PACKED", {})
+    pids = (1, 4242, 4_194_303)
+    cold = [_seccomp.packed_filter(arch, pid=pid, deny_fork=deny_fork) for pid in pids]
+    _seccomp.warm_filters()
+    built = []
+    real = _seccomp.build_filter
+    monkeypatch.setattr(_seccomp, "build_filter", lambda *a, **k: (built.append(1), real(*a, **k))[1])
+    warm = [_seccomp.packed_filter(arch, pid=pid, deny_fork=deny_fork) for pid in pids]
+    assert built == []  # patched from the template, not built again
+    assert warm == cold and len(set(warm)) == len(pids)  # the same bytes as a fresh build, each naming its pid
+    for pid, packed in zip(pids, warm, strict=True):
+        insns = [_seccomp._INSN.unpack_from(packed, at) for at in range(0, len(packed), _seccomp._INSN.size)]
+        assert insns == real(arch, pid=pid, deny_fork=deny_fork)
+
+
 def test_denied_syscalls_listing():
     fates = seccomp_denied_syscalls()
     if not fates:

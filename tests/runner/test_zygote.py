@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -223,3 +225,25 @@ def test_the_modules_to_preload_are_looked_up_once_per_policy(monkeypatch: pytes
     assert [WorkerPool.preload_for(policy) for _ in range(5)] == [first] * 5
     assert sorted(lookups) == ["numpy", "pandas"]
     preload_modules.cache_clear()
+
+
+def test_the_per_fork_reports_are_the_json_they_stand_for() -> None:
+    # Formatted by hand, so that a fork copies fewer of the zygote's pages; the host reads them as JSON.
+    from snapcell.runner import _zygote
+
+    one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with one, two:
+        _zygote._send_forked(one, 4321, 56_789_000, ["numpy", "pandas"])
+        _zygote._send_exited(one, 4321, -9, 123_456)
+        forked, exited = json.loads(two.recv(4096)), json.loads(two.recv(4096))
+    assert forked == {"op": "forked", "pid": 4321, "rss": 56_789_000, "preloaded": ["numpy", "pandas"]}
+    assert exited == {"op": "exited", "pid": 4321, "status": -9, "maxrss": 123_456}
+
+
+def test_the_zygotes_peak_rss_is_read_from_its_status() -> None:
+    from snapcell.runner import _zygote
+
+    peak = _zygote._high_water_rss()
+    with open("/proc/self/status") as status:
+        after = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    assert 0 < peak <= after

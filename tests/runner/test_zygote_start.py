@@ -43,6 +43,17 @@ async def _until(condition: Any) -> None:
         await asyncio.sleep(0.02)
 
 
+def _import_roots(pid: int) -> dict[str, str]:
+    """The O_PATH descriptors of process ``pid`` (its pinned import roots), by number, with what they name."""
+    roots = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+            flags = int(info.read().split("flags:")[1].split()[0], 8)
+        if flags & os.O_PATH:
+            roots[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return roots
+
+
 def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_sandbox() -> None:
     if not preload_modules(frozenset({"numpy"})):
         pytest.skip("numpy is not installed")
@@ -65,6 +76,12 @@ def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_
             assert late.worker is not None and late.worker.forked is not None
             assert late.worker.zygote is zygote and "numpy" in late.worker.forked.preloaded
             second = (await late.run(_PROBE, lookup={}, setup=False, limits=Limits())).value
+            if os.geteuid() == 0:
+                # The zygote pinned the import roots at the end of its second stage: the late child reaches its
+                # imports through the descriptors it inherited, and opened none (the early one pinned its own).
+                zygote_roots = _import_roots(zygote.pid)
+                assert zygote_roots and _import_roots(second[1]) == zygote_roots
+                assert set(_import_roots(first[1]).values()) == set(zygote_roots.values())
 
             assert first[0] is False and second[0] is True  # imported on demand, and inherited from the zygote
             assert first[4] == second[4] == 6
@@ -210,3 +227,28 @@ def test_a_child_that_exits_during_a_preload_step_is_reported_before_the_step_en
     assert report is not None, done.stderr
     assert report["op"] == "exited" and report["pid"] == out["pid"]
     assert os.WIFEXITED(report["status"]) and os.WEXITSTATUS(report["status"]) == 7
+
+
+_DATA_WARM_UP = """
+import json, linecache, os, sys
+from snapcell.runner import _worker
+{imports}
+before = set(linecache.cache)
+_worker._warm_up_data({preloaded!r})
+print(json.dumps([len(os.listdir("/proc/self/task")), sorted(set(linecache.cache) - before), "pandas" in sys.modules]))
+"""
+
+
+@pytest.mark.parametrize("preloaded", [["numpy", "pandas"], ["numpy"]])
+def test_the_zygote_s_dataframe_warm_up_starts_no_thread_and_leaves_no_cell(preloaded: list[str]) -> None:
+    """It runs in the zygote, which forks only with one thread; its cells must not show in a session's tracebacks."""
+    from snapcell.runner._zygote import THREAD_ENV
+
+    probe = _DATA_WARM_UP.format(imports="\n".join(f"import {m}" for m in preloaded), preloaded=preloaded)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=120, env=dict(THREAD_ENV)
+    )
+    assert done.returncode == 0, done.stderr
+    threads, cells, pandas_imported = json.loads(done.stdout)
+    assert threads == 1 and cells == []
+    assert pandas_imported == ("pandas" in preloaded)  # without pandas preloaded it does nothing
