@@ -25,16 +25,9 @@ from snapcell.errors import (
     WorkspaceError,
 )
 from snapcell.runner._budget import (
-    MAX_ASSIGNED,
-    MAX_ASSIGNED_CHARS,
     MAX_CHECKPOINT_REPLY_BYTES,
     MAX_DECLARATIONS_CHARS,
     MAX_DUMP_BLOBS,
-    MAX_NOTE_CHARS,
-    MAX_NOTES,
-    MAX_SUMMARY_CHARS,
-    reply_budget,
-    value_items,
 )
 from snapcell.runner._interrupt import ScriptInterrupt, Watchdog, start_watchdog
 from snapcell.runner._limits import Limits
@@ -44,16 +37,13 @@ from snapcell.runner._pretouch import pretouch
 from snapcell.runner._result import RunResult
 from snapcell.runner._runner import Runner
 from snapcell.runner._tempdir import set_tempdir
-from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
-    count_items,
-    cut_text,
     decode,
     encode,
     error_to_plain,
     split_parts,
 )
-from snapcell.runner._workerchannel import Channel, WorkerBridge
+from snapcell.runner._workerchannel import Channel, WorkerBridge, ran_reply
 from snapcell.runner._workersetup import apply_session_sandbox, warm_read_paths
 from snapcell.workspace import effective_quota
 from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
@@ -387,57 +377,7 @@ class Worker:
             )
         finally:
             self.bridge = None
-        notes = [cut_text(str(n), MAX_NOTE_CHARS) for n in result.notes]
-        too_large = (
-            f"the value is larger than Limits.max_value_bytes ({limits.max_value_bytes or 0:,} bytes), so only its "
-            "repr came back; return a smaller piece of it"
-        )
-        try:
-            value = to_value(
-                result.value,
-                max_items=value_items(limits),
-                max_bytes=limits.max_value_bytes,
-                top_repr=result.value_repr,
-            )
-        except OverflowError:
-            value = None
-            notes.append(too_large)
-        reply: dict[str, Any] = {
-            "op": "ran",
-            "value": value,
-            "duration_s": result.duration_s,
-            "memory_bytes": _rss_bytes(),
-        }
-        if result.value_repr is not None:  # even "" (a value whose repr is empty)
-            reply["value_repr"] = result.value_repr
-        # An empty field is left out (the host reads each with its default): less to encode here and decode there.
-        for key, item in (
-            ("stdout", result.stdout),
-            ("stderr", result.stderr),
-            ("notes", notes[-MAX_NOTES:]),
-            ("error", error_to_plain(result.error) if result.error is not None else None),
-            ("namespace_summary", cut_text(result.namespace_summary, MAX_SUMMARY_CHARS)),
-            ("assigned", [name[:MAX_ASSIGNED_CHARS] for name in result.assigned[:MAX_ASSIGNED]]),
-        ):
-            if item:
-                reply[key] = item
-        parts: list[bytes | bytearray] = []
-        if self.workspace is not None:
-            with contextlib.suppress(WorkspaceError):
-                files, parts = self.workspace.artifacts(max_bytes=limits.max_artifact_bytes)
-                if files:
-                    reply["files"] = files
-        payload = encode(reply)
-        # A reply over the host's budget would cost this worker its life: the value (the only part without a cap
-        # of its own) stays behind instead. Both checks are free for a reply smaller than the value limit.
-        budget = reply_budget("run", limits)
-        limit = limits.max_value_bytes
-        if value is not None and limit is not None and len(payload) > limit:
-            if len(encode({"v": value})) > limit or count_items(payload, budget.items) > budget.items:
-                reply["value"] = None
-                reply["notes"] = [*notes[-(MAX_NOTES - 1) :], too_large]
-                payload = encode(reply)
-        return payload, parts
+        return ran_reply(result, limits, memory_bytes=_rss_bytes(), workspace=self.workspace)
 
 
 # Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.

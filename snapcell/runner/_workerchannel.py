@@ -1,4 +1,4 @@
-"""The worker's end of the channel to the host: frames, and a run's host-function calls.
+"""The worker's end of the channel to the host: frames, a run's host-function calls, and a run's reply.
 
 Frames are read by whichever thread needs one (the main thread between requests and in a run's event loop, the
 thread of a sync host call waiting for its result), one at a time; no reader thread hands them over.
@@ -6,26 +6,36 @@ thread of a sync host call waiting for its result), one at a time; no reader thr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from snapcell.errors import OutputLimitExceeded
+from snapcell.errors import OutputLimitExceeded, WorkspaceError
 from snapcell.runner._budget import (
+    MAX_ASSIGNED,
+    MAX_ASSIGNED_CHARS,
     MAX_MESSAGE_BYTES,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SUMMARY_CHARS,
     reply_budget,
     value_items,
 )
 from snapcell.runner._host import CallBudget
 from snapcell.runner._limits import Limits
+from snapcell.runner._result import RunResult
+from snapcell.runner._values import to_value
 from snapcell.runner._wire import (
     FRAME,
     NotPlainData,
     count_items,
+    cut_text,
     decode,
     encode,
+    error_to_plain,
     to_plain,
 )
 
@@ -33,7 +43,9 @@ if TYPE_CHECKING:
     import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
     import asyncio  # a run imports it when it needs the event loop (`_worker.Worker.loop`)
 
-__all__ = ["Channel", "WorkerBridge"]
+    from snapcell.workspace._local import Workspace
+
+__all__ = ["Channel", "WorkerBridge", "ran_reply"]
 
 _READ_CHUNK = 64 * 1024
 
@@ -250,3 +262,59 @@ def _unpack_result(message: dict[str, Any]) -> Any:
         text = str(error.get("message", ""))
         raise cls(text if cls is not RuntimeError else f"{error.get('type')}: {text}")
     return message.get("value")
+
+
+def ran_reply(
+    result: RunResult, limits: Limits, *, memory_bytes: int | None, workspace: Workspace | None
+) -> tuple[bytes, list[bytes | bytearray]]:
+    """The encoded ``ran`` reply to a run and the bytes of its artifacts (the files it wrote under ``out/``).
+
+    The value crosses as plain data (`to_value`); one over ``limits.max_value_bytes``, or that would take the reply
+    over the host's budget (which would cost this worker its life), stays behind with a note instead. An empty field
+    is left out: the host reads each with its default.
+    """
+    notes = [cut_text(str(n), MAX_NOTE_CHARS) for n in result.notes]
+    too_large = (
+        f"the value is larger than Limits.max_value_bytes ({limits.max_value_bytes or 0:,} bytes), so only its "
+        "repr came back; return a smaller piece of it"
+    )
+    try:
+        value = to_value(
+            result.value,
+            max_items=value_items(limits),
+            max_bytes=limits.max_value_bytes,
+            top_repr=result.value_repr,
+        )
+    except OverflowError:
+        value = None
+        notes.append(too_large)
+    reply: dict[str, Any] = {"op": "ran", "value": value, "duration_s": result.duration_s, "memory_bytes": memory_bytes}
+    if result.value_repr is not None:  # even "" (a value whose repr is empty)
+        reply["value_repr"] = result.value_repr
+    # Less to encode here and decode there: a 1+1 reply has five fields.
+    for key, item in (
+        ("stdout", result.stdout),
+        ("stderr", result.stderr),
+        ("notes", notes[-MAX_NOTES:]),
+        ("error", error_to_plain(result.error) if result.error is not None else None),
+        ("namespace_summary", cut_text(result.namespace_summary, MAX_SUMMARY_CHARS)),
+        ("assigned", [name[:MAX_ASSIGNED_CHARS] for name in result.assigned[:MAX_ASSIGNED]]),
+    ):
+        if item:
+            reply[key] = item
+    parts: list[bytes | bytearray] = []
+    if workspace is not None:
+        with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
+            files, parts = workspace.artifacts(max_bytes=limits.max_artifact_bytes)
+            if files:
+                reply["files"] = files
+    payload = encode(reply)
+    # Both checks are free for a reply smaller than the value limit.
+    budget = reply_budget("run", limits)
+    limit = limits.max_value_bytes
+    if value is not None and limit is not None and len(payload) > limit:
+        if len(encode({"v": value})) > limit or count_items(payload, budget.items) > budget.items:
+            reply["value"] = None
+            reply["notes"] = [*notes[-(MAX_NOTES - 1) :], too_large]
+            payload = encode(reply)
+    return payload, parts
