@@ -10,16 +10,16 @@ from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 from snapcell._blobio import BlobIO, ForgedBlob
-from snapcell._durations import ago as _ago
-from snapcell._durations import duration as _duration
+from snapcell._durations import ago, duration
 from snapcell._session_sync import Session
 from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
-from snapcell.checkpoint._format import MAX_MANIFEST_BYTES, Container, SectionKind
+from snapcell.checkpoint._format import MAX_MANIFEST_BYTES, Container
 from snapcell.checkpoint._hostscan import (
     PassedFrames,
     UnscannedFrame,
     check_frame_blobs,
+    declared_raw_bytes,
     frame_blob_hashes,
     scanned_frames,
 )
@@ -144,16 +144,16 @@ class AsyncSession:
         if cid.created_at - now > self._max_skew_s:
             # Signed, but dated in the future: a clock far off, or an ID minted to outlive the ttl.
             raise CheckpointCorrupt(
-                f"checkpoint {cid.raw.hex()[:16]}... is dated {_ago(cid.created_at - now)} in the future, beyond "
-                f"the clock-skew tolerance of {_duration(self._max_skew_s)}; check this host's clock (and the one "
+                f"checkpoint {cid.raw.hex()[:16]}... is dated {ago(cid.created_at - now)} in the future, beyond "
+                f"the clock-skew tolerance of {duration(self._max_skew_s)}; check this host's clock (and the one "
                 "that wrote it) or raise max_clock_skew_s",
                 checkpoint_id=cid.raw,
             )
         if now - cid.created_at > self._ttl_s:
             expired_at = cid.created_at + self._ttl_s
             raise CheckpointExpired(
-                f"checkpoint {cid.raw.hex()[:16]}... expired {_ago(now - expired_at)} ago "
-                f"(checkpoints are kept for {_duration(self._ttl_s)}); start a fresh session",
+                f"checkpoint {cid.raw.hex()[:16]}... expired {ago(now - expired_at)} ago "
+                f"(checkpoints are kept for {duration(self._ttl_s)}); start a fresh session",
                 checkpoint_id=cid.raw,
                 created_at=cid.created_at,
                 expired_at=expired_at,
@@ -357,7 +357,6 @@ class AsyncSession:
             LimitExceeded: A limit stopped the run; the session is usable with earlier variables.
             ConfigError: ``external_lookup`` is malformed; nothing ran.
         """
-        # Nobody sees the result's CPU time and peak memory: the host does not read them from /proc.
         result = await self._run(code, external_lookup, setup, skip_type_check, limits, False, False)
         if result.error is not None:
             raise result.error
@@ -459,7 +458,7 @@ class AsyncSession:
         inline = len(dumped.body) + sum(map(len, dumped.new_blobs.values())) <= _SCAN_THREAD_BYTES
         if inline:
             container = self._parse(dumped)
-            inline = _declared_raw_bytes(container, dumped) <= _SCAN_THREAD_BYTES
+            inline = declared_raw_bytes(container, dumped.new_blobs) <= _SCAN_THREAD_BYTES
             if inline:
                 found = self._check(container, dumped)
             del container  # its views of the body must be gone before signing appends to it
@@ -599,10 +598,3 @@ class AsyncSession:
 
     def _close(self) -> None:
         self._closed = True
-
-
-def _declared_raw_bytes(container: Container, dumped: Dumped) -> int:
-    """The raw bytes a dump's scan would decompress: its pickle sections and its new blobs, as declared."""
-    sizes = {ref.hash: ref.raw_bytes for ref in container.manifest.blobs}
-    inline = sum(s.raw_size for s in container.sections if s.kind not in (SectionKind.FRAME_BLOB, SectionKind.BLOB))
-    return inline + sum(sizes.get(name, len(data)) for name, data in dumped.new_blobs.items())

@@ -20,6 +20,7 @@ __all__ = [
     "PassedFrames",
     "UnscannedFrame",
     "check_frame_blobs",
+    "declared_raw_bytes",
     "frame_blob_hashes",
     "scan_body",
     "scan_frame_blob",
@@ -31,6 +32,13 @@ __all__ = [
 def _parsed(body: bytes | bytearray | memoryview | Container, max_raw_bytes: int | None = None) -> Container:
     """The body's container: parsed here, or as the caller already parsed it (one parse per dump on the host)."""
     return body if isinstance(body, Container) else parse_container(body, max_raw_bytes=max_raw_bytes)
+
+
+def declared_raw_bytes(container: Container, new_blobs: Mapping[str, bytes | bytearray]) -> int:
+    """The raw bytes a dump's scan would decompress: its pickle sections and its new blobs, as declared."""
+    sizes = {ref.hash: ref.raw_bytes for ref in container.manifest.blobs}
+    inline = sum(s.raw_size for s in container.sections if s.kind not in (SectionKind.FRAME_BLOB, SectionKind.BLOB))
+    return inline + sum(sizes.get(name, len(data)) for name, data in new_blobs.items())
 
 
 def stream_key(head: Section) -> bytes:
