@@ -30,11 +30,15 @@ print(json.dumps({{
 """
 
 
-def _pin(import_after_warm: bool) -> dict[str, object]:
-    code = _PIN.format(import_after_warm=import_after_warm)
+def _probe(code: str) -> dict[str, object]:
+    """Run ``code`` in a fresh interpreter and return the JSON object it prints."""
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
     result: dict[str, object] = json.loads(out)
     return result
+
+
+def _pin(import_after_warm: bool) -> dict[str, object]:
+    return _probe(_PIN.format(import_after_warm=import_after_warm))
 
 
 def test_pinning_takes_the_warm_package_list_when_nothing_was_imported_since() -> None:
@@ -94,10 +98,7 @@ print(json.dumps({{
 
 
 def _repin(between: str) -> dict[str, object]:
-    code = _REPIN.format(between=between)
-    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
-    result: dict[str, object] = json.loads(out)
-    return result
+    return _probe(_REPIN.format(between=between))
 
 
 def test_a_second_pin_opens_nothing_rewrites_nothing_and_keeps_the_finder_cache() -> None:
