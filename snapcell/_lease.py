@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import secrets
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable
@@ -19,6 +18,7 @@ from typing import TypeVar
 
 from snapcell.errors import ConversationBusy, SnapcellError, StorageUnavailable
 from snapcell.storage import AsyncHeads, Head, HeadStore, RecordHeads
+from snapcell.storage._heads import new_lease_owner
 
 __all__ = ["TurnLeases"]
 
@@ -84,7 +84,7 @@ class TurnLeases:
         if lock is None:
             lock = self._locks[conversation_id] = asyncio.Lock()
         async with lock:
-            owner = f"{self.holder_id}/{secrets.token_hex(6)}"
+            owner = new_lease_owner(self.holder_id)
             try:
                 await self._acquire(conversation_id, owner)
             except ConversationBusy:

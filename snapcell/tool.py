@@ -98,10 +98,10 @@ class CodeTool:
             None waits for ever. Store calls inside load and dump are bounded by the store's own settings.
         mounts: Host directories readable at ``name/`` in every session's workspace (``{"data": "/srv/datasets"}``);
             never writable, never saved (process mode).
-        holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A tool with
-            the same holder ID takes over such a lease at once, so a server that restarts with a stable ID (its
-            host name, a pod name) finds its conversations free; never give two live tools the same ID. Default: a
-            new ID per tool (host name, process ID, random).
+        holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A later turn
+            of a tool with the same holder ID takes over such a lease at once, so a server that restarts with a
+            stable ID (its host name, a pod name) finds its conversations free; never give two live tools the same
+            ID. Default: a new ID per tool (host name, process ID, random).
         keep_warm_s: Seconds a conversation's live session is kept after its turn (0, the default, keeps none). The
             next turn reuses it, without loading, when the head still names the checkpoint it saved; otherwise it
             is checked in and the turn loads as usual. A kept session holds a worker process (and its memory).

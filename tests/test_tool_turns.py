@@ -191,9 +191,9 @@ def test_a_hanging_head_store_fails_the_turn_naming_the_call(pool: Pool) -> None
         with pytest.raises(TurnOutcomeUnknown, match="storage_timeout_s"):
             tool.run_code("c", APPEND.format(tag="t2"), turn_id="slow-write")
         heads.release.set()  # the endpoint answers at last
-        # Every hung call lands now, the timed-out lease take of the first turn too. Wait for all of them: a lease
-        # take of this tool's that lands late takes the lease over from a live turn of the same tool (the
-        # same-holder rule), whose save then fails with Conflict.
+        # Every hung call lands now, the timed-out lease take of the first turn too: wait for all of them, so that
+        # the late write below has landed (a late lease take no longer takes a later turn's lease: see
+        # test_a_late_lease_take_of_a_timed_out_turn_does_not_fail_the_next_turn).
         assert heads.wait_returned(), "hang guard: a hung call never returned"
         heads.hang = set()
         # The failed turn gave its lease back first, so its late write is refused and the outcome is settled: the
@@ -203,6 +203,29 @@ def test_a_hanging_head_store_fails_the_turn_naming_the_call(pool: Pool) -> None
         assert tool.run_code("c", APPEND.format(tag="t2"), turn_id="slow-write") == "['t1', 't2']"
         assert tool.run_code("c", "entries") == "['t1', 't2']"
         assert ran.tags == ["t1", "t2", "t2"]
+    finally:
+        heads.release.set()
+        tool.close()
+
+
+def test_a_late_lease_take_of_a_timed_out_turn_does_not_fail_the_next_turn(pool: Pool) -> None:
+    """The timed-out take lands while the tool's next turn runs: it must not take that turn's lease over (same
+    holder), or the turn's save is refused with Conflict although no other turn ran."""
+    heads = Hanging()
+
+    def land_late() -> None:
+        heads.release.set()
+        assert heads.wait_returned(), "hang guard: the hung lease take never returned"
+
+    tool = SyncCodeTool(pool, heads=heads, tools={"land_late": land_late}, storage_timeout_s=0.2)
+    try:
+        tool.run_code("c", "x = 1")
+        heads.hang = {"acquire_lease"}
+        with pytest.raises(StorageUnavailable, match="taking the lease"):
+            tool.run_code("c", "x += 100")
+        heads.hang = set()  # the next turn's calls answer; the first turn's take is still hung
+        assert tool.run_code("c", "land_late()\nx += 1\nx") == "2"
+        assert tool.run_code("c", "x") == "2"
     finally:
         heads.release.set()
         tool.close()

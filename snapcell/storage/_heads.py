@@ -27,6 +27,7 @@ __all__ = [
     "RecordHeads",
     "TurnRecord",
     "lease_holder",
+    "new_lease_owner",
     "validate_conversation_id",
     "validate_turn_id",
 ]
@@ -76,6 +77,46 @@ def lease_holder(owner: str | None) -> str | None:
         return None
     holder, slash, _ = owner.rpartition("/")
     return holder if slash and holder else None
+
+
+_last_stamp = 0
+_stamp_lock = threading.Lock()
+
+
+def new_lease_owner(holder: str) -> str:
+    """A new turn's lease owner ``"<holder>/<stamp>.<random>"``; each stamp is later than the last one.
+
+    The stamp is the wall clock in nanoseconds (hex), never below the process's previous stamp plus one: a holder's
+    later turn outranks its earlier ones, also across a restart under the same holder ID (unless the clock went back
+    by more than the restart took; then the new turn waits for the old lease to expire, like another holder's).
+    """
+    global _last_stamp
+    with _stamp_lock:
+        _last_stamp = max(time.time_ns(), _last_stamp + 1)
+        stamp = _last_stamp
+    return f"{holder}/{stamp:x}.{secrets.token_hex(4)}"
+
+
+def _owner_stamp(owner: str | None) -> int | None:
+    """The stamp of an owner made by `new_lease_owner`, or None (an owner of an older release, or another form)."""
+    turn = (owner or "").rpartition("/")[2]
+    stamp, dot, _ = turn.partition(".")
+    if not dot or not 0 < len(stamp) <= 20:
+        return None
+    try:
+        return int(stamp, 16)
+    except ValueError:
+        return None
+
+
+def _outranks(owner: str, held_by: str | None) -> bool:
+    """Whether ``owner`` may take over a lease of its own holder held by ``held_by``: it is the later turn.
+
+    An earlier turn whose attempt landed late (it timed out, and the holder's next turn took the lease meanwhile)
+    must not take the lease from under that turn. Owners without a stamp (older releases) are taken over as before.
+    """
+    mine, theirs = _owner_stamp(owner), _owner_stamp(held_by)
+    return mine is None or theirs is None or mine > theirs
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +232,9 @@ class HeadStore(Protocol):
         """Take the lease for ``ttl_s`` seconds unless another owner holds an unexpired one; True when taken.
 
         The owner that holds it may take it again (this extends it). An owner ``"<holder>/<turn>"`` takes over at
-        once a lease of the same holder (its own earlier turn: before a restart, or one whose release failed). A
+        once a lease of the same holder (its own earlier turn: before a restart, or one whose release failed), unless
+        both are stamped by `new_lease_owner` and the lease's turn is the later one (a late attempt of an earlier turn
+        then fails, rather than take the lease from the turn running now). A
         lease of another holder that expires more than ``ttl_s`` from now (a skewed clock, a bad row) is cut back
         to ``now + ttl_s``, so a conversation is never locked for longer than one ttl after its holder is gone.
         """
@@ -335,7 +378,9 @@ def _acquire(owner: str, ttl_s: float, now: float, *, renew_only: bool) -> Trans
             return None
         if record is not None and not mine and record.lease_held(now):
             if holder is not None and lease_holder(record.lease_owner) == holder:
-                pass  # this holder's own earlier turn, whose release never landed: take it over now
+                if not _outranks(owner, record.lease_owner):
+                    return None  # a later turn of this holder holds it: this late attempt must not take it
+                # else this holder's own earlier turn, whose release never landed: take it over now
             elif record.lease_expires_at > now + ttl_s:
                 return replace(record, lease_expires_at=now + ttl_s)  # an absurd expiry: cut back, not taken
             else:

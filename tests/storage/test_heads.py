@@ -21,6 +21,7 @@ from snapcell.storage import (
     open_heads,
     validate_conversation_id,
 )
+from snapcell.storage._heads import new_lease_owner
 
 A, B, C = b"a" * 40, b"b" * 40, b"c" * 40
 NOW = 1_700_000_000.0
@@ -292,6 +293,27 @@ def test_a_holder_takes_over_its_own_lease_at_once(heads: HeadStore) -> None:
     heads.release_lease("c", "server-1/turn-a")  # a late release of the old turn changes nothing
     assert not heads.acquire_lease("c", "server-2/turn-d", 60, now=NOW + 2)
     assert not heads.acquire_lease("c", "plain-owner", 60, now=NOW + 2)  # no holder part: no take-over
+
+
+def test_a_late_attempt_of_a_holder_s_earlier_turn_does_not_take_its_later_turn_s_lease(heads: HeadStore) -> None:
+    """Turn 1's lease take timed out and landed after turn 2 of the same holder took the lease: it must fail, or
+    turn 2's save would be refused (Conflict) although nothing else ran."""
+    earlier, later = new_lease_owner("server-1"), new_lease_owner("server-1")
+    assert heads.acquire_lease("c", later, 60, now=NOW)
+    assert not heads.acquire_lease("c", earlier, 60, now=NOW + 1)
+    assert heads.compare_and_set("c", None, A, owner=later, release_lease=True)
+    # Free again: the earlier turn's next attempt (a retry) takes it as usual, and a later turn takes it over.
+    assert heads.acquire_lease("c", earlier, 60, now=NOW + 2)
+    assert heads.acquire_lease("c", new_lease_owner("server-1"), 60, now=NOW + 3)
+    # An owner of an older release (no stamp) is taken over, and takes over, as before.
+    assert heads.acquire_lease("c", "server-1/0123456789ab", 60, now=NOW + 4)
+    assert heads.acquire_lease("c", earlier, 60, now=NOW + 5)
+
+
+def test_lease_owners_of_one_process_are_ordered() -> None:
+    owners = [new_lease_owner("h") for _ in range(1000)]
+    stamps = [int(owner.rpartition("/")[2].partition(".")[0], 16) for owner in owners]
+    assert stamps == sorted(set(stamps)) and all(owner.startswith("h/") for owner in owners)
 
 
 def test_an_absurd_lease_expiry_is_cut_back_to_one_ttl(heads: HeadStore) -> None:
