@@ -94,9 +94,14 @@ class LocalStore:
 
     def _path(self, key: str) -> Path:
         validate_key(key)
-        path = self._root.joinpath(*key.split("/"))
-        # validate_key already rules out "..", so only a symlinked directory could lead outside the root.
+        parts = key.split("/")
+        path = self._root.joinpath(*parts)
+        # validate_key already rules out "..", so only a symlink under the root could lead outside it. Resolving the
+        # whole path (an lstat per component from "/", twice, in Python) on every call cost more than the put it
+        # guarded: the key's own components are checked instead, and only a path through a symlink is resolved.
         with _os_errors(f"cannot resolve key {key!r} under {self._root}"):
+            if not _through_symlink(str(self._root), parts):
+                return path
             resolved_root = self._root.resolve()
             resolved = path.resolve()
         if not resolved.is_relative_to(resolved_root):
@@ -301,6 +306,26 @@ def _read_private(path: Path) -> bytes:
                 "delete it (checkpoints signed with it stop loading) so a new one is generated"
             )
         return file.read()
+
+
+def _through_symlink(root: str, parts: list[str]) -> bool:
+    """Whether the path ``parts`` name under ``root`` goes through a symlink (one lstat per existing component).
+
+    What does not exist yet cannot lead anywhere, so the walk stops there; a component that is not a directory
+    (a file where a directory was expected) ends it too, as the operation will fail on it.
+    """
+    current = root
+    for part in parts:
+        current = os.path.join(current, part)
+        try:
+            mode = os.lstat(current).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISLNK(mode):
+            return True
+        if not stat.S_ISDIR(mode):
+            return False
+    return False
 
 
 def _root_path(root: object) -> Path:
