@@ -124,13 +124,24 @@ def worker_identity(pid: int, environ: Mapping[str, str] | None = None) -> dict[
     return ids
 
 
+# The uid ranges of ``uid_map`` files read so far. A namespace's map is written once and never changes (the kernel
+# refuses a second write), so it is read once per process rather than once per worker start; an empty map (not
+# written yet) is read again next time.
+_UID_RANGES: dict[str, list[tuple[int, int]]] = {}
+
+
 def _uid_mapped(uid: int, uid_map: str = "/proc/self/uid_map") -> bool:
-    try:
-        with open(uid_map) as ranges:
-            rows = [line.split() for line in ranges]
-    except OSError:
-        return True  # no user namespaces here: every uid exists
-    return any(len(r) == 3 and int(r[0]) <= uid < int(r[0]) + int(r[2]) for r in rows if all(f.isdigit() for f in r))
+    ranges = _UID_RANGES.get(uid_map)
+    if ranges is None:
+        try:
+            with open(uid_map) as lines:
+                rows = [line.split() for line in lines]
+        except OSError:
+            return True  # no user namespaces here: every uid exists
+        ranges = [(int(r[0]), int(r[2])) for r in rows if len(r) == 3 and all(f.isdigit() for f in r)]
+        if ranges:
+            _UID_RANGES[uid_map] = ranges
+    return any(first <= uid < first + count for first, count in ranges)
 
 
 def release_scratch(path: str) -> None:

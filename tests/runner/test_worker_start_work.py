@@ -1,0 +1,46 @@
+"""What the host does per worker start is bounded: settings are converted once per (policy, limits), not per worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snapcell import Limits, Policy, Pool
+from snapcell.runner import _privileges, _process
+
+
+def test_settings_are_converted_once_per_policy_and_limits_not_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    converted: list[Policy] = []
+    real = _process.policy_to_plain
+
+    def counting(policy: Policy) -> dict[str, Any]:
+        converted.append(policy)
+        return real(policy)
+
+    monkeypatch.setattr(_process, "policy_to_plain", counting)
+    _process.plain_settings.cache_clear()
+    limits = Limits(wall_time_s=7)
+    with Pool("memory://", isolation="process", max_workers=1, limits=limits) as pool:
+        for n in range(3):  # every checkout gets a fresh worker (recycle_after=1), and each is set up
+            with pool.checkout() as session:
+                assert session.feed_run(f"{n} + 1") == n + 1
+        assert len(converted) == 1
+        with pool.checkout(policy=Policy(extra_modules=frozenset({"decimal"})), limits=limits) as session:
+            assert session.feed_run("import decimal; 2") == 2
+        assert len(converted) == 2  # another policy is converted once too
+    policy, plain_limits = _process.plain_settings(Policy(), limits)
+    assert plain_limits["wall_time_s"] == 7 and "json" in policy["allowed_modules"]
+
+
+def test_the_uid_map_is_read_once_it_is_written(tmp_path: Path) -> None:
+    uid_map = tmp_path / "uid_map"
+    uid_map.write_text("")  # a namespace whose map is not written yet: read again next time
+    assert not _privileges._uid_mapped(65534, str(uid_map))
+    uid_map.write_text("         0     100000      65536\n")
+    assert _privileges._uid_mapped(65534, str(uid_map))
+    # The kernel lets a map be written only once; a change here could only be a second read.
+    uid_map.write_text("         0     100000          1\n")
+    assert _privileges._uid_mapped(65534, str(uid_map))
+    assert not _privileges._uid_mapped(_privileges.WORKER_UID_BASE + 5, str(uid_map))
