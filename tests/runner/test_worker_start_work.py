@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from snapcell import Limits, Policy, Pool
-from snapcell.runner import _privileges, _process
+from snapcell.runner import _privileges, _process, _zygotehost
 
 
 def test_settings_are_converted_once_per_policy_and_limits_not_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,3 +46,18 @@ def test_the_uid_map_is_read_once_it_is_written(tmp_path: Path) -> None:
     uid_map.write_text("         0     100000          1\n")
     assert _privileges._uid_mapped(65534, str(uid_map))
     assert not _privileges._uid_mapped(_privileges.WORKER_UID_BASE + 5, str(uid_map))
+
+
+def test_the_parent_of_a_process_whose_name_holds_parentheses_and_numbers(tmp_path: Path) -> None:
+    # A worker cannot rename itself before the check, but a name like this one would fool a naive split of /proc/stat.
+    odd = tmp_path / "w) S 1 (x"
+    odd.symlink_to("/bin/sleep")
+    child = subprocess.Popen([str(odd), "30"])
+    try:
+        with open(f"/proc/{child.pid}/stat", "rb") as stat:
+            assert b"(w) S 1 (x)" in stat.read()
+        assert _zygotehost._parent_of(child.pid) == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+    assert _zygotehost._parent_of(child.pid) == 0  # gone: unknown
