@@ -378,9 +378,11 @@ def _write_atomic(path: Path, data: bytes | bytearray, *, overwrite: bool, what:
 
 def _open_temp(directory: Path) -> tuple[int, Path]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(3):
-        # A concurrent delete may prune the directory between mkdir and open: create it again.
-        directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+    # The directory usually exists (one per day): it is created only when the open says it is missing.
+    for attempt in range(4):
+        if attempt:
+            # Missing, or pruned by a concurrent delete between mkdir and open: create it (again).
+            directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
         tmp = directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             return os.open(tmp, flags, _FILE_MODE), tmp

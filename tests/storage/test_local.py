@@ -401,3 +401,22 @@ def test_a_key_path_costs_one_lstat_per_component_and_no_resolve(
     with pytest.raises(CheckpointNotFound):
         store.get("checkpoints/other/ab/k")
     assert len(lstats) == 2  # the walk stops at the first component that does not exist
+
+
+def test_a_put_into_an_existing_directory_makes_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "s")
+    made: list[Path] = []
+    real_mkdir = Path.mkdir
+
+    def counting_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", counting_mkdir)
+    store.put("checkpoints/day/a", b"x")
+    assert made[0] == tmp_path / "s" / "checkpoints" / "day"  # missing: made (with its parents)
+    assert _mode(tmp_path / "s" / "checkpoints" / "day") == 0o700
+    made.clear()
+    store.put("checkpoints/day/b", b"y")
+    assert made == []
+    assert store.get("checkpoints/day/b") == b"y"
