@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool
-from snapcell.runner import _privileges, _process, _zygotehost
+from snapcell.runner import _privileges, _process, _sandbox, _zygotehost
 
 
 def test_settings_are_converted_once_per_policy_and_limits_not_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,3 +61,19 @@ def test_the_parent_of_a_process_whose_name_holds_parentheses_and_numbers(tmp_pa
         child.kill()
         child.wait()
     assert _zygotehost._parent_of(child.pid) == 0  # gone: unknown
+
+
+def test_stale_mounts_are_swept_every_few_worker_starts_not_on_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only a root host sweeps scratch mounts (an unprivileged one has none)")
+    sweeps: list[None] = []
+    monkeypatch.setattr(_sandbox, "sweep_stale_scratch", lambda: sweeps.append(None))
+    monkeypatch.setattr(_sandbox, "_STARTS_UNSWEPT", 0)
+    every = _sandbox.SWEEP_EVERY_STARTS
+    for n in range(2 * every + 1):
+        settings = _sandbox.worker_sandbox_settings(1000 + n, str(tmp_path))
+        assert settings["quota_scratch"] is True and settings["uid"] is not None
+    assert len(sweeps) == 3  # the first start, then one in every SWEEP_EVERY_STARTS
+    assert 1 < every <= 64
