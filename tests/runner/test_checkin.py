@@ -95,7 +95,9 @@ def test_read_only_paths_are_computed_once_per_import_path(monkeypatch: pytest.M
     assert _workersetup._read_paths() == first and len(calls) == 2
 
 
-def test_detach_asks_the_kernel_once_and_stats_nothing(tmpfs: tuple[Path, int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_detach_asks_the_kernel_once_and_stats_nothing(
+    tmpfs: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     point, _ = tmpfs
     stats: list[object] = []
     real_lstat, real_stat = os.lstat, os.stat
