@@ -30,6 +30,7 @@ from snapcell.errors import ConfigError, SandboxError
 
 __all__ = [
     "WORKER_UID_BASE",
+    "detach_mount",
     "drop_privileges",
     "layer_error",
     "mount_scratch",
@@ -58,6 +59,7 @@ _CAP_VERSION_3 = 0x20080522
 _CAP_SETPCAP = 8
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MNT_DETACH = 2
+_UMOUNT_NOFOLLOW = 8
 _SCRATCH_DEVICE = "snapcell-scratch"
 # ENOSYS/EOPNOTSUPP: the kernel lacks the feature. ENODEV: no tmpfs. EPERM: root without CAP_SYS_ADMIN (a
 # container), which may not mount: the host lacks the privilege, as a non-root host does.
@@ -124,19 +126,39 @@ def worker_identity(pid: int, environ: Mapping[str, str] | None = None) -> dict[
     return ids
 
 
+# The uid ranges of ``uid_map`` files read so far. A namespace's map is written once and never changes (the kernel
+# refuses a second write), so it is read once per process rather than once per worker start; an empty map (not
+# written yet) is read again next time.
+_UID_RANGES: dict[str, list[tuple[int, int]]] = {}
+
+
 def _uid_mapped(uid: int, uid_map: str = "/proc/self/uid_map") -> bool:
-    try:
-        with open(uid_map) as ranges:
-            rows = [line.split() for line in ranges]
-    except OSError:
-        return True  # no user namespaces here: every uid exists
-    return any(len(r) == 3 and int(r[0]) <= uid < int(r[0]) + int(r[2]) for r in rows if all(f.isdigit() for f in r))
+    ranges = _UID_RANGES.get(uid_map)
+    if ranges is None:
+        try:
+            with open(uid_map) as lines:
+                rows = [line.split() for line in lines]
+        except OSError:
+            return True  # no user namespaces here: every uid exists
+        ranges = [(int(r[0]), int(r[2])) for r in rows if len(r) == 3 and all(f.isdigit() for f in r)]
+        if ranges:
+            _UID_RANGES[uid_map] = ranges
+    return any(first <= uid < first + count for first, count in ranges)
 
 
 def release_scratch(path: str) -> None:
     """Unmount the scratch tmpfs a worker mounted on ``path``, if any; the directory itself stays."""
     if path and os.path.ismount(path):
         _libc.umount2(os.fsencode(path), ctypes.c_int(_MNT_DETACH))
+
+
+def detach_mount(path: str) -> bool:
+    """Detach (MNT_DETACH) the mount on ``path`` itself, never through a symlink; whether there was one to detach.
+
+    One system call: the kernel refuses a path that is not a mount's root (EINVAL), and a host that may not unmount
+    (EPERM) has no mounts to detach, so ``path`` need not be checked first.
+    """
+    return bool(path) and _libc.umount2(os.fsencode(path), ctypes.c_int(_MNT_DETACH | _UMOUNT_NOFOLLOW)) == 0
 
 
 def _worker_alive(pid: int, uid: int) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import resource
@@ -51,7 +52,7 @@ from snapcell.runner._wire import (
 )
 from snapcell.runner._zygotehost import ForkedChild, Zygote
 
-__all__ = ["WorkerProcess", "policy_to_plain"]
+__all__ = ["WorkerProcess", "plain_settings", "policy_to_plain"]
 
 log = logging.getLogger("snapcell")
 
@@ -86,6 +87,20 @@ def policy_to_plain(policy: Policy) -> dict[str, Any]:
         value = getattr(policy, field.name)
         fields[field.name] = sorted(value) if isinstance(value, frozenset) else value
     return to_plain(fields)  # type: ignore[no-any-return]
+
+
+# Settings converted per pair rather than per worker: every worker of a pool is usually set up for the same pair, and
+# the conversion (a field walk and a deep copy of each) cost the host more CPU per worker than sending them.
+_PLAIN_SETTINGS_KEPT = 32
+
+
+@functools.lru_cache(maxsize=_PLAIN_SETTINGS_KEPT)
+def plain_settings(policy: Policy, limits: Limits) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``policy`` and ``limits`` as plain data for a worker's ``init``, converted once per pair.
+
+    The dictionaries are shared by every caller with an equal pair: they are only encoded, never changed.
+    """
+    return policy_to_plain(policy), to_plain(dataclasses.asdict(limits))
 
 
 class WorkerProcess(ChannelIO):
@@ -201,11 +216,12 @@ class WorkerProcess(ChannelIO):
         self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
         self._budgets = None
         self.limits = limits
+        plain_policy, plain_limits = plain_settings(policy, limits)
         await self._send(
             {
                 "op": "init",
-                "policy": policy_to_plain(policy),
-                "limits": to_plain(dataclasses.asdict(limits)),
+                "policy": plain_policy,
+                "limits": plain_limits,
                 "scratch_dir": self.scratch_dir,
                 "mounts": dict(mounts or {}),
                 **sandbox_settings,

@@ -245,20 +245,32 @@ def parse_required(spec: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+# Worker starts (in this process) between two sweeps of stale scratch mounts, and those left before the next one.
+SWEEP_EVERY_STARTS = 16
+_STARTS_UNSWEPT = 0
+
+
 def worker_sandbox_settings(pid: int, scratch_root: str) -> dict[str, Any]:
     """Host side: the sandbox part of a worker's init settings (identity, scratch quota, required layers).
 
     When the host is root, ``scratch_root`` becomes traversable (mode 0711, not listable) so that the worker's
-    uid can reach its own scratch directory by absolute path.
+    uid can reach its own scratch directory by absolute path, and stale scratch mounts of dead hosts are swept on
+    the first start and every `SWEEP_EVERY_STARTS` after it.
 
     Raises:
         ConfigError: ``SNAPCELL_WORKER_UID``/``GID`` or ``SNAPCELL_REQUIRE_SANDBOX`` is invalid.
     """
+    global _STARTS_UNSWEPT
     identity = worker_identity(pid)
     root = identity["uid"] is not None
     if root:
         os.chmod(scratch_root, 0o711)
-        sweep_stale_scratch()
+        # Only a leak is at stake (a dead host's tmpfs memory): every pool sweeps when it starts, and then every
+        # `SWEEP_EVERY_STARTS` worker starts, rather than reading the whole mount table on each one.
+        if _STARTS_UNSWEPT <= 0:
+            sweep_stale_scratch()
+            _STARTS_UNSWEPT = SWEEP_EVERY_STARTS
+        _STARTS_UNSWEPT -= 1
     return {
         **identity,
         "quota_scratch": root,

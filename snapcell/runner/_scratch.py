@@ -17,7 +17,7 @@ import shutil
 import stat
 import tempfile
 
-from snapcell.runner._privileges import release_scratch, sweep_stale_scratch
+from snapcell.runner._privileges import detach_mount, release_scratch, sweep_stale_scratch
 
 __all__ = ["detach_scratch", "remove_scratch", "make_scratch_root", "reclaim_scratch_dirs", "remove_scratch_root"]
 
@@ -159,9 +159,12 @@ def detach_scratch(path: str) -> bool:
         True when ``path`` was a mount and is now gone. False when it was not a mount (the worker writes to the
         directory itself, which may be removed only once the worker is gone) or could not be removed.
     """
-    if not os.path.ismount(path):
+    if not detach_mount(path):
         return False
-    release_scratch(path)
-    with contextlib.suppress(OSError):
+    try:
         os.rmdir(path)
-    return not os.path.lexists(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -307,12 +307,17 @@ class Zygote:
 
 
 def _parent_of(pid: int) -> int:
-    """The parent pid of ``pid`` from /proc (0 if unknown)."""
+    """The parent pid of ``pid`` from /proc (0 if unknown).
+
+    Read from ``stat`` (one short line) rather than ``status`` (some fifty the kernel formats): once per worker start.
+    """
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"PPid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        # The command name (field 2) may hold spaces and parentheses: the state and the parent follow its last ")".
+        return int(text.rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -94,9 +94,14 @@ class LocalStore:
 
     def _path(self, key: str) -> Path:
         validate_key(key)
-        path = self._root.joinpath(*key.split("/"))
-        # validate_key already rules out "..", so only a symlinked directory could lead outside the root.
+        parts = key.split("/")
+        path = self._root.joinpath(*parts)
+        # validate_key already rules out "..", so only a symlink under the root could lead outside it. Resolving the
+        # whole path (an lstat per component from "/", twice, in Python) on every call cost more than the put it
+        # guarded: the key's own components are checked instead, and only a path through a symlink is resolved.
         with _os_errors(f"cannot resolve key {key!r} under {self._root}"):
+            if not _through_symlink(str(self._root), parts):
+                return path
             resolved_root = self._root.resolve()
             resolved = path.resolve()
         if not resolved.is_relative_to(resolved_root):
@@ -303,6 +308,26 @@ def _read_private(path: Path) -> bytes:
         return file.read()
 
 
+def _through_symlink(root: str, parts: list[str]) -> bool:
+    """Whether the path ``parts`` name under ``root`` goes through a symlink (one lstat per existing component).
+
+    What does not exist yet cannot lead anywhere, so the walk stops there; a component that is not a directory
+    (a file where a directory was expected) ends it too, as the operation will fail on it.
+    """
+    current = root
+    for part in parts:
+        current = os.path.join(current, part)
+        try:
+            mode = os.lstat(current).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISLNK(mode):
+            return True
+        if not stat.S_ISDIR(mode):
+            return False
+    return False
+
+
 def _root_path(root: object) -> Path:
     """Validate and absolutize a store root, so a bad path fails here and not deep inside the first operation."""
     if not isinstance(root, str | os.PathLike):
@@ -353,9 +378,11 @@ def _write_atomic(path: Path, data: bytes | bytearray, *, overwrite: bool, what:
 
 def _open_temp(directory: Path) -> tuple[int, Path]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(3):
-        # A concurrent delete may prune the directory between mkdir and open: create it again.
-        directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+    # The directory usually exists (one per day): it is created only when the open says it is missing.
+    for attempt in range(4):
+        if attempt:
+            # Missing, or pruned by a concurrent delete between mkdir and open: create it (again).
+            directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
         tmp = directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             return os.open(tmp, flags, _FILE_MODE), tmp

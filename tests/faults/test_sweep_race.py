@@ -1,9 +1,10 @@
 """The sweep of stale scratch mounts spares a worker that mounted its tmpfs and has not yet dropped root.
 
 A worker mounts its scratch tmpfs (as root, with ``uid=WORKER_UID_BASE + pid``) and only then switches to that uid.
-Every worker start on the machine sweeps stale mounts; a sweep in between used to take the starting worker for a
-dead one (its uid was not yet the mount's) and unmount its scratch, so the worker then failed with "Permission
-denied" on its own workspace. The kill suite starts many pools at once on a shared machine and hit it.
+Every pool start on the machine (and every few worker starts) sweeps stale mounts; a sweep in between used to take
+the starting worker for a dead one (its uid was not yet the mount's) and unmount its scratch, so the worker then
+failed with "Permission denied" on its own workspace. The kill suite starts many pools at once on a shared machine
+and hit it.
 """
 
 from __future__ import annotations

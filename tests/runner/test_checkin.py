@@ -93,3 +93,33 @@ def test_read_only_paths_are_computed_once_per_import_path(monkeypatch: pytest.M
     assert _workersetup._read_paths() == first and len(calls) == 1
     monkeypatch.setattr(sys, "path", [*sys.path, "/nonexistent-snapcell-path"])
     assert _workersetup._read_paths() == first and len(calls) == 2
+
+
+def test_detach_asks_the_kernel_once_and_stats_nothing(
+    tmpfs: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    point, _ = tmpfs
+    stats: list[object] = []
+    real_lstat, real_stat = os.lstat, os.stat
+
+    def counting_lstat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        stats.append(path)
+        return real_lstat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    def counting_stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        stats.append(path)
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "lstat", counting_lstat)
+    monkeypatch.setattr(os, "stat", counting_stat)
+    assert detach_scratch(str(point)) is True
+    assert stats == []  # the umount itself says whether it was a mount
+    assert not point.exists() and str(point) not in _mount_points()
+
+
+def test_detach_does_not_follow_a_symlink_to_a_mount(tmpfs: tuple[Path, int], tmp_path: Path) -> None:
+    point, _ = tmpfs
+    link = tmp_path / "session-link"
+    link.symlink_to(point)
+    assert detach_scratch(str(link)) is False
+    assert str(point) in _mount_points() and link.is_symlink()

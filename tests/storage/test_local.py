@@ -351,3 +351,72 @@ def test_cleanup_reclaims_temp_files_a_day_old(tmp_path: Path) -> None:
 def test_open_store_refuses_nul_bytes(url: str) -> None:
     with pytest.raises(ConfigError, match="NUL byte"):
         open_store(url)
+
+
+def test_a_symlinked_object_out_of_root_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the store's")
+    root = tmp_path / "root"
+    (root / "day").mkdir(parents=True)
+    (root / "day" / "k").symlink_to(secret)
+    store = LocalStore(root)
+    with pytest.raises(StorageUnavailable, match="outside the store root"):
+        store.get("day/k")
+    with pytest.raises(StorageUnavailable, match="outside the store root"):
+        store.put("day/k", b"x", overwrite=True)
+    assert secret.read_bytes() == b"not the store's"
+
+
+def test_a_symlink_that_stays_inside_the_root_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "alias").symlink_to(root / "real")
+    store = LocalStore(root)
+    store.put("alias/k", b"x")
+    assert (root / "real" / "k").read_bytes() == b"x"
+    assert store.get("alias/k") == b"x"
+
+
+def test_a_key_path_costs_one_lstat_per_component_and_no_resolve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalStore(tmp_path / "deep" / "er" / "root")
+    store.put("checkpoints/day/ab/k", b"x")
+    lstats: list[str] = []
+    real_lstat = os.lstat
+
+    def counting_lstat(path: str, *args: object, **kwargs: object) -> os.stat_result:
+        lstats.append(os.fspath(path))
+        return real_lstat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    def no_resolve(self: Path, strict: bool = False) -> Path:
+        raise AssertionError(f"resolved {self}")
+
+    monkeypatch.setattr(os, "lstat", counting_lstat)
+    monkeypatch.setattr(Path, "resolve", no_resolve)
+    assert store.get("checkpoints/day/ab/k") == b"x"
+    # The key's four components, none of the root's: the root is not resolved again on every call.
+    assert len(lstats) == 4 and all(p.startswith(str(store.root) + os.sep) for p in lstats)
+    lstats.clear()
+    with pytest.raises(CheckpointNotFound):
+        store.get("checkpoints/other/ab/k")
+    assert len(lstats) == 2  # the walk stops at the first component that does not exist
+
+
+def test_a_put_into_an_existing_directory_makes_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "s")
+    made: list[Path] = []
+    real_mkdir = Path.mkdir
+
+    def counting_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", counting_mkdir)
+    store.put("checkpoints/day/a", b"x")
+    assert made[0] == tmp_path / "s" / "checkpoints" / "day"  # missing: made (with its parents)
+    assert _mode(tmp_path / "s" / "checkpoints" / "day") == 0o700
+    made.clear()
+    store.put("checkpoints/day/b", b"y")
+    assert made == []
+    assert store.get("checkpoints/day/b") == b"y"
