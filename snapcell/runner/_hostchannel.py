@@ -19,7 +19,7 @@ import signal
 import socket
 from typing import Any
 
-__all__ = ["ChannelIO", "Died"]
+__all__ = ["ChannelIO", "Died", "send_now"]
 
 _READ_CHUNK = 256 * 1024
 # A large frame's buffer starts this big and doubles as data arrives, so a claimed size costs nothing until it is
@@ -107,19 +107,13 @@ class ChannelIO:
 
     async def _sendall(self, sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
         """Send all of ``data``, waiting for room when the socket's buffer is full."""
-        try:
-            sent = sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
+        sent = send_now(sock, data)
         if sent == len(data):
             return
         with memoryview(data) as view:
             while sent < len(view):
                 await self._wait_writable(sock)
-                try:
-                    sent += sock.send(view[sent:])
-                except (BlockingIOError, InterruptedError):
-                    continue
+                sent += send_now(sock, view[sent:])
 
     async def _wait_writable(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -127,12 +121,17 @@ class ChannelIO:
         fd = sock.fileno()
         loop.add_writer(fd, _settle, waiter)
         try:
+            await self._absorbing(waiter)
+        finally:
+            loop.remove_writer(fd)
+
+    async def _absorbing(self, waiter: asyncio.Future[None]) -> None:
+        """Await ``waiter``; a cancellation of the run's caller that `absorb_cancel` takes ends the wait quietly."""
+        try:
             await waiter
         except asyncio.CancelledError:
             if not self.absorb_cancel():
                 raise
-        finally:
-            loop.remove_writer(fd)
 
     # ------------------------------------------------------------------ reading
 
@@ -186,11 +185,8 @@ class ChannelIO:
             ConnectionResetError: The worker closed its channel, or the host did (`kill`).
             OSError: Reading failed.
         """
-        try:
-            n = sock.recv_into(self._rview[self._rend :])
-        except (BlockingIOError, InterruptedError):
-            pass
-        else:
+        n = _recv_now(sock, self._rview[self._rend :])
+        if n is not None:
             if n == 0:
                 raise ConnectionResetError("the worker closed its channel")
             self._rend += n
@@ -210,11 +206,9 @@ class ChannelIO:
 
     async def _recv_into(self, sock: socket.socket, target: memoryview) -> int:
         """Receive what has arrived into ``target``, waiting for the channel to become readable if nothing has."""
-        while True:
-            try:
-                return sock.recv_into(target)
-            except (BlockingIOError, InterruptedError):
-                await self._wait_readable(sock)
+        while (n := _recv_now(sock, target)) is None:
+            await self._wait_readable(sock)
+        return n
 
     async def _wait_readable(self, sock: socket.socket) -> None:
         """Wait until the channel is readable (or a cancellation of the run's caller was absorbed: look again).
@@ -231,10 +225,7 @@ class ChannelIO:
             loop.add_reader(sock.fileno(), self._on_readable)
             self._watching = loop
         try:
-            await waiter
-        except asyncio.CancelledError:
-            if not self.absorb_cancel():
-                raise
+            await self._absorbing(waiter)
         finally:
             if self._waiter is waiter:
                 self._waiter = None
@@ -244,14 +235,13 @@ class ChannelIO:
         if waiter is not None:
             if self._filling and not waiter.done() and self._sock is not None:
                 try:
-                    n = self._sock.recv_into(self._rview[self._rend :])
-                except (BlockingIOError, InterruptedError):  # a stale report: the reader keeps waiting
-                    self._waiter = waiter
-                    return
+                    n = _recv_now(self._sock, self._rview[self._rend :])
                 except OSError as exc:
-                    self._ended = exc
-                    n = 0
+                    self._ended, n = exc, 0
                 else:
+                    if n is None:  # a stale report: the reader keeps waiting
+                        self._waiter = waiter
+                        return
                     if n == 0:
                         self._ended = ConnectionResetError("the worker closed its channel")
                 self._rend += n
@@ -283,6 +273,26 @@ class ChannelIO:
             except asyncio.CancelledError:
                 if future.cancelled() or not self.absorb_cancel():
                     raise
+
+
+def send_now(sock: socket.socket, data: bytes | bytearray | memoryview) -> int:
+    """Send what the socket takes of ``data`` now, without waiting: how many bytes (0 when its buffer is full)."""
+    try:
+        return sock.send(data)
+    except (BlockingIOError, InterruptedError):
+        return 0
+
+
+def _recv_now(sock: socket.socket, target: memoryview) -> int | None:
+    """Receive what has arrived into ``target`` without waiting: how many bytes (0 at the end), None when none yet.
+
+    Raises:
+        OSError: Reading failed.
+    """
+    try:
+        return sock.recv_into(target)
+    except (BlockingIOError, InterruptedError):
+        return None
 
 
 def _settle(waiter: asyncio.Future[None]) -> None:

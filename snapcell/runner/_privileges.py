@@ -35,7 +35,6 @@ __all__ = [
     "layer_error",
     "mount_scratch",
     "pin_import_paths",
-    "release_scratch",
     "sweep_stale_scratch",
     "worker_identity",
 ]
@@ -146,12 +145,6 @@ def _uid_mapped(uid: int, uid_map: str = "/proc/self/uid_map") -> bool:
     return any(first <= uid < first + count for first, count in ranges)
 
 
-def release_scratch(path: str) -> None:
-    """Unmount the scratch tmpfs a worker mounted on ``path``, if any; the directory itself stays."""
-    if path and os.path.ismount(path):
-        _libc.umount2(os.fsencode(path), ctypes.c_int(_MNT_DETACH))
-
-
 def detach_mount(path: str) -> bool:
     """Detach (MNT_DETACH) the mount on ``path`` itself, never through a symlink; whether there was one to detach.
 
@@ -206,7 +199,7 @@ def sweep_stale_scratch(mounts_file: str = "/proc/self/mounts") -> list[str]:
         pid = uid - WORKER_UID_BASE
         if uid > WORKER_UID_BASE and pid not in LIVE_WORKER_PIDS and not _worker_alive(pid, uid):
             point = fields[1].encode().decode("unicode_escape")  # mounts escapes spaces as \040
-            if _libc.umount2(os.fsencode(point), ctypes.c_int(_MNT_DETACH)) == 0:
+            if detach_mount(point):
                 swept.append(point)
     return swept
 
@@ -218,7 +211,7 @@ def mount_scratch(scratch: str, *, size_bytes: int, uid: int | None, gid: int | 
     """Mount a tmpfs of ``size_bytes`` on ``scratch`` (the current directory moves onto it).
 
     The mount lives in the host's mount namespace, so the host sees the files as before; the host
-    unmounts it when the worker ends (`release_scratch`).
+    unmounts it when the worker ends (`detach_mount`).
 
     Returns:
         ``"active"``, or ``"unavailable: ..."`` when this process may not mount (not root) or the kernel

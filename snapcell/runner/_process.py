@@ -37,7 +37,7 @@ from snapcell.runner._budget import (
 )
 from snapcell.runner._host import CallBudget, HostCall
 from snapcell.runner._hostcalls import PendingCall, call_host, finish_call
-from snapcell.runner._hostchannel import ChannelIO, Died
+from snapcell.runner._hostchannel import ChannelIO, Died, send_now
 from snapcell.runner._limits import Limits
 from snapcell.runner._policy import Policy
 from snapcell.runner._privileges import LIVE_WORKER_PIDS
@@ -252,10 +252,7 @@ class WorkerProcess(ChannelIO):
         try:
             if not parts and not self._send_lock.locked():
                 # Nobody is mid-frame: a frame the socket takes whole needs no lock, as nothing can come between.
-                try:
-                    sent = sock.send(frame)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
+                sent = send_now(sock, frame)
                 if sent == len(frame):
                     return
                 frame = frame[sent:]  # the rest under the lock, which is free: taking it does not yield

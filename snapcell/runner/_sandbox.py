@@ -50,7 +50,6 @@ from snapcell.runner._privileges import (
     mount_scratch,
     pin_import_paths,
     pinned_descriptors,
-    release_scratch,
     sweep_stale_scratch,
     worker_identity,
 )
@@ -66,7 +65,6 @@ __all__ = [
     "apply_sandbox",
     "is_active",
     "parse_required",
-    "release_scratch",
     "sandbox_failure",
     "seccomp_denied_syscalls",
     "worker_sandbox_settings",
@@ -170,7 +168,7 @@ def apply_sandbox(
             reports ``privileges`` as ``"off"``. Ignored for a process that is not root.
         gid: The gid to switch to, with ``uid``.
         quota_scratch: Mount a tmpfs of ``limits.max_scratch_bytes`` on ``scratch_dir`` (root only);
-            the caller must unmount it when the process ends (`_privileges.release_scratch`).
+            the caller must unmount it when the process ends (`_privileges.detach_mount`).
         require: Layers that must not end up ``"unavailable"`` (see `parse_required`); ``"off"`` (configured
             off by the caller) is accepted.
         prepare_scratch: Called with the scratch path once it is mounted, before any privilege is dropped (the

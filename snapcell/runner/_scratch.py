@@ -17,7 +17,7 @@ import shutil
 import stat
 import tempfile
 
-from snapcell.runner._privileges import detach_mount, release_scratch, sweep_stale_scratch
+from snapcell.runner._privileges import detach_mount, sweep_stale_scratch
 
 __all__ = ["detach_scratch", "remove_scratch", "make_scratch_root", "reclaim_scratch_dirs", "remove_scratch_root"]
 
@@ -143,7 +143,7 @@ def remove_scratch_root(root: str, lock_fd: int, owner_pid: int) -> None:
 
 def remove_scratch(path: str) -> None:
     """Remove a worker's scratch directory, unmounting its tmpfs first; call once the worker is gone."""
-    release_scratch(path)
+    detach_mount(path)
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -36,13 +36,6 @@ from tests.runner.sandbox_helpers import (
     worker_read_paths,
 )
 
-
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """What the sandbox reports in a fresh interpreter: which layers this machine has."""
-    return sandboxed(tmp_path_factory.mktemp("probe"))
-
-
 # --------------------------------------------------------------------- report
 
 

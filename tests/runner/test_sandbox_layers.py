@@ -17,17 +17,9 @@ from snapcell.runner._sandbox import LAYERS, parse_required
 from tests.runner.sandbox_helpers import (
     HANG_GUARD_S,
     require,
-    sandboxed,
     wait_gone,
     worker_read_paths,
 )
-
-
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """What the sandbox reports in a fresh interpreter: which layers this machine has."""
-    return sandboxed(tmp_path_factory.mktemp("probe"))
-
 
 # ------------------------------------------------ broken layers fail, missing ones are reported
 
