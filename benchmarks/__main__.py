@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import chart
-from benchmarks._common import RESULTS_DIR, machine_description, print_table
+from benchmarks._common import RESULTS_DIR, describe_probe, machine_description, machine_probe, print_table
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -164,11 +164,13 @@ def main() -> None:
             print(output, file=sys.stderr)
         for record in new_records(before, path):
             rows.extend(rows_of(record))
-    print(f"\n{machine_description()}; {'--quick, ' if args.quick else ''}{time.perf_counter() - total:.0f} s\n")
+    probe = describe_probe(machine_probe())
+    print(f"\n{machine_description()}; {'--quick, ' if args.quick else ''}{time.perf_counter() - total:.0f} s")
+    print(f"{probe}\n")
     print_table(rows, COLUMNS)
     print("\nx snapcell: this row's median over snapcell's in the same case and run (x < 1: faster or smaller)")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "summary.md").write_text(f"{machine_description()}\n\n{markdown(rows)}")
+    (RESULTS_DIR / "summary.md").write_text(f"{machine_description()}; {probe}\n\n{markdown(rows)}")
     image = chart.render()
     if image is not None:
         print(f"chart: {image.relative_to(ROOT)}; Markdown table: {(RESULTS_DIR / 'summary.md').relative_to(ROOT)}")

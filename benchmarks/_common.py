@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import socket
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -155,6 +159,57 @@ def machine_description() -> str:
     return (
         f"{cpu}, {cores} cores{memory}, {platform.system()} {platform.release()}, "
         f"{platform.python_implementation()} {platform.python_version()}"
+    )
+
+
+def machine_probe(round_trips: int = 2000, idle_trials: int = 5) -> dict[str, float]:
+    """How this machine prices what a sandboxed turn is made of, in microseconds (medians), to read other numbers by.
+
+    - ``round_trip_us``: one byte to a child process over a socketpair and back (two wake-ups, two context switches):
+      the floor under every request to a worker.
+    - ``syscall_us`` / ``syscall_after_idle_us``: one ``stat`` of a missing path, back to back and after 0.1 s asleep.
+      On some virtual machines a process's first system calls after a pause cost ten times the usual; a worker's
+      first request after waiting in the pool, and a cold turn, pay that on every call they make.
+    """
+    parent, child = socket.socketpair()
+    # The echo answers each byte until this end closes (a new interpreter, not a fork: this process may have threads).
+    echo = f"import socket\ns = socket.socket(fileno={child.fileno()})\nwhile s.recv(1):\n    s.send(b'x')"
+    process = subprocess.Popen([sys.executable, "-I", "-c", echo], pass_fds=[child.fileno()])
+    child.close()
+    try:
+        times = []
+        for _ in range(round_trips):
+            start = time.perf_counter()
+            parent.send(b"x")
+            parent.recv(1)
+            times.append(time.perf_counter() - start)
+    finally:
+        parent.close()
+        process.wait()
+
+    def stat_s() -> float:
+        start = time.perf_counter()
+        with contextlib.suppress(OSError):
+            os.stat("/nonexistent-snapcell-probe")
+        return time.perf_counter() - start
+
+    warm = [stat_s() for _ in range(200)]
+    idle = []
+    for _ in range(idle_trials):
+        time.sleep(0.1)
+        idle.append(stat_s())
+    return {
+        "round_trip_us": round(statistics.median(times) * 1e6, 1),
+        "syscall_us": round(statistics.median(warm) * 1e6, 2),
+        "syscall_after_idle_us": round(statistics.median(idle) * 1e6, 1),
+    }
+
+
+def describe_probe(probe: Mapping[str, float]) -> str:
+    """`machine_probe`'s numbers as one line."""
+    return (
+        f"process round trip {probe['round_trip_us']:.0f} us, stat {probe['syscall_us']:.1f} us "
+        f"({probe['syscall_after_idle_us']:.0f} us after 0.1 s idle)"
     )
 
 
