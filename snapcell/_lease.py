@@ -19,6 +19,7 @@ from typing import TypeVar
 from snapcell.errors import ConversationBusy, SnapcellError, StorageUnavailable
 from snapcell.storage import AsyncHeads, Head, HeadStore, RecordHeads
 from snapcell.storage._heads import new_lease_owner
+from snapcell.storage._heads_async import call_head_store
 
 __all__ = ["TurnLeases"]
 
@@ -138,7 +139,9 @@ class TurnLeases:
             return await self._aheads.acquire_lease(conversation_id, owner, self.ttl_s)
         heads = self.heads
         assert isinstance(heads, RecordHeads)
-        taken, head = await asyncio.to_thread(heads.acquire_lease_and_get, conversation_id, owner, self.ttl_s)
+        taken, head = await call_head_store(
+            heads, lambda: heads.acquire_lease_and_get(conversation_id, owner, self.ttl_s)
+        )
         if taken:
             self._read[owner] = head
         return taken

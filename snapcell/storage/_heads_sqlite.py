@@ -11,12 +11,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from snapcell.errors import ConfigError, HeadCorrupt, StorageError, StorageUnavailable, map_exceptions
 
 from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
 
-__all__ = ["SQLiteHeads"]
+__all__ = ["SQLiteHeads", "WouldWait"]
+
+_T = TypeVar("_T")
+
+# An operation run `without_waiting` never checkpoints the WAL (a checkpoint syncs the database file: milliseconds
+# of disk on the caller's thread, an event loop). Every this-many-th such operation is refused instead, so that it
+# runs in a thread where SQLite's automatic checkpoint may do that work.
+_NO_WAIT_RUN = 64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS heads (
@@ -115,6 +123,11 @@ def _rollback(db: sqlite3.Connection) -> None:
             pass
 
 
+class WouldWait(Exception):
+    """An operation run `SQLiteHeads.without_waiting` would have waited (for the connection, for another process's
+    write lock) or is due to run where it may wait; nothing was read or changed."""
+
+
 @dataclass(eq=False, slots=True)
 class _SharedDB:
     """One connection to a database file, shared by every `SQLiteHeads` on that file in this process."""
@@ -124,6 +137,16 @@ class _SharedDB:
     busy_ms: int
     refs: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The connection's automatic WAL checkpoint is off (0) while operations run without waiting, else SQLite's default.
+    autocheckpoint: int = 1000
+    # Operations run without waiting since the last one that was sent to a thread instead.
+    unwaited: int = 0
+
+
+# SQLite's default: a commit that leaves this many pages in the WAL copies them into the database file.
+_AUTOCHECKPOINT = 1000
+# Set on a thread while it runs an operation `without_waiting`.
+_NO_WAIT = threading.local()
 
 
 # POSIX locks belong to a process and a file, not to a descriptor: closing *any* descriptor of the file drops every
@@ -239,17 +262,71 @@ class SQLiteHeads(RecordHeads):
         self._busy_ms = int(busy_timeout_s * 1000)
         self._shared: _SharedDB | None = _attach(self.path, create=create, busy_timeout_s=busy_timeout_s)
 
+    def without_waiting(self, call: Callable[[], _T]) -> _T:
+        """``call()`` (an operation of this store) on this thread, if it needs no waiting; else `WouldWait`.
+
+        For an event loop, which must not block: the connection must be free at once and another process's write
+        lock is not waited for (SQLite's busy timeout is 0 meanwhile). Nothing is read or changed by an operation
+        that raises `WouldWait`, so the caller runs it again where it may wait (a thread). Such an operation never
+        checkpoints the WAL; every 64th is refused, to run where SQLite's own checkpoint may sync the file.
+
+        Raises:
+            WouldWait: The operation would have waited, or is the one due to run in a thread.
+        """
+        shared = self._shared
+        if shared is None or self._after_read is not None:
+            raise WouldWait  # closed (the thread says so), or a test's hook that may block
+        if shared.unwaited >= _NO_WAIT_RUN:
+            shared.unwaited = 0
+            raise WouldWait
+        _NO_WAIT.active = True
+        try:
+            result = call()
+        finally:
+            _NO_WAIT.active = False
+        shared.unwaited += 1
+        return result
+
     @contextmanager
     def _connection(self, what: str) -> Iterator[sqlite3.Connection]:
         """Hold the shared connection for one operation; translate SQLite errors, keeping their cause."""
         shared = self._shared
         if shared is None:
             raise StorageError(f"cannot {what}: the head store {self.path} is closed")
+        if getattr(_NO_WAIT, "active", False):
+            with self._connection_now(shared, what) as db:
+                yield db
+            return
         with shared.lock, map_exceptions(_ERRORS, f"cannot {what} in {self.path}"):
             if shared.busy_ms != self._busy_ms:  # head stores on one file may wait for different times
                 shared.db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
                 shared.busy_ms = self._busy_ms
+            if shared.autocheckpoint != _AUTOCHECKPOINT:
+                shared.db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
+                shared.autocheckpoint = _AUTOCHECKPOINT
             yield shared.db
+
+    @contextmanager
+    def _connection_now(self, shared: _SharedDB, what: str) -> Iterator[sqlite3.Connection]:
+        """`_connection` for `without_waiting`: the connection if it is free, no busy wait, no checkpoint."""
+        if not shared.lock.acquire(blocking=False):
+            raise WouldWait
+        try:
+            with map_exceptions(_ERRORS, f"cannot {what} in {self.path}"):
+                try:
+                    if shared.busy_ms != 0:
+                        shared.db.execute("PRAGMA busy_timeout = 0")
+                        shared.busy_ms = 0
+                    if shared.autocheckpoint != 0:
+                        shared.db.execute("PRAGMA wal_autocheckpoint = 0")
+                        shared.autocheckpoint = 0
+                    yield shared.db
+                except sqlite3.OperationalError as exc:
+                    if exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                        raise WouldWait from exc  # the operation rolled back: nothing changed
+                    raise
+        finally:
+            shared.lock.release()
 
     @property
     def url(self) -> str:

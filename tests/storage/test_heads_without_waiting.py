@@ -1,0 +1,143 @@
+"""`SQLiteHeads.without_waiting`: head-store calls an event loop makes at once, and the ones it hands to a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snapcell.errors import StorageError
+from snapcell.storage import AsyncHeads, SQLiteHeads
+from snapcell.storage._heads_async import call_head_store
+from snapcell.storage._heads_sqlite import _NO_WAIT_RUN, WouldWait
+
+A, B = b"a" * 40, b"b" * 40
+
+# Holds the database's write lock from "BEGIN IMMEDIATE" until it reads a line, then commits.
+_HOLD_WRITE_LOCK = (
+    "import sqlite3, sys\n"
+    "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "db.execute('BEGIN IMMEDIATE')\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "db.execute('COMMIT')\n"
+)
+
+
+@pytest.fixture
+def heads(tmp_path: Path) -> Any:
+    store = SQLiteHeads(tmp_path / "heads.sqlite3")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def threads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The calls handed to a worker thread by `call_head_store`."""
+    handed: list[object] = []
+    real = asyncio.to_thread
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        handed.append(func)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    return handed
+
+
+def _autocheckpoint(heads: SQLiteHeads) -> int:
+    shared = heads._shared
+    assert shared is not None
+    value: int = shared.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    return value
+
+
+def test_calls_a_free_database_answers_at_once_run_on_the_loop(heads: SQLiteHeads, threads: list[object]) -> None:
+    async def turn() -> None:
+        aheads = AsyncHeads(heads)
+        version = await aheads.compare_and_set("c", None, A)
+        assert await aheads.acquire_lease("c", "me", 30.0)
+        await aheads.compare_and_set("c", version, B, history=[A], owner="me", release_lease=True)
+        head = await aheads.get("c")
+        assert head is not None and head.checkpoint_id == B and head.lease_owner is None
+
+    asyncio.run(turn())
+    assert threads == []
+    assert _autocheckpoint(heads) == 0  # and none of them checkpointed the WAL on the loop
+
+
+def test_another_process_holding_the_write_lock_sends_the_call_to_a_thread_and_the_loop_runs_on(
+    heads: SQLiteHeads, threads: list[object]
+) -> None:
+    heads.compare_and_set("c", None, A)  # the file and its table exist before the other process opens it
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_WRITE_LOCK, str(heads.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert holder.stdout is not None and holder.stdin is not None
+    try:
+        assert holder.stdout.readline() == b"held\n"
+
+        async def contended() -> tuple[int, bool]:
+            write = asyncio.ensure_future(AsyncHeads(heads).acquire_lease("c", "me", 30.0))
+            ticks = 0
+            for _ in range(20):  # the loop goes on while the call waits in its thread for the lock
+                await asyncio.sleep(0)
+                ticks += 1
+            waiting = not write.done()
+            holder.stdin.write(b"go\n")
+            holder.stdin.flush()
+            assert await write
+            return ticks, waiting
+
+        ticks, waiting = asyncio.run(contended())
+    finally:
+        holder.kill()
+        holder.communicate()  # and closes its pipes
+    assert ticks == 20 and waiting
+    assert len(threads) == 1  # tried at once, refused (nothing changed), then waited for in a thread
+    assert heads.get("c").lease_owner == "me"  # type: ignore[union-attr]
+
+
+def test_a_connection_in_use_by_another_thread_is_not_waited_for(heads: SQLiteHeads) -> None:
+    shared = heads._shared
+    assert shared is not None
+    with shared.lock, pytest.raises(WouldWait):
+        heads.without_waiting(lambda: heads.get("c"))
+    assert heads.without_waiting(lambda: heads.get("c")) is None
+
+
+def test_every_64th_call_goes_to_a_thread_where_sqlite_may_checkpoint(heads: SQLiteHeads) -> None:
+    version = None
+    refused = []
+    for n in range(3 * _NO_WAIT_RUN + 3):
+        try:
+            version = heads.without_waiting(lambda v=version: heads.compare_and_set("c", v, A))  # type: ignore[misc]
+        except WouldWait:
+            refused.append(n)
+            assert _autocheckpoint(heads) == 0
+            version = heads.compare_and_set("c", version, A)  # what the thread runs
+            assert _autocheckpoint(heads) == 1000  # SQLite's own checkpoint is back on for it
+    assert refused == [_NO_WAIT_RUN, 2 * _NO_WAIT_RUN + 1, 3 * _NO_WAIT_RUN + 2]
+
+
+def test_a_closed_store_is_left_to_the_thread_which_says_so(heads: SQLiteHeads, threads: list[object]) -> None:
+    heads.close()
+    with pytest.raises(StorageError, match="closed"):
+        asyncio.run(call_head_store(heads, lambda: heads.get("c")))
+    assert len(threads) == 1
+
+
+def test_a_subclass_is_always_called_in_a_thread(tmp_path: Path, threads: list[object]) -> None:
+    class Slow(SQLiteHeads):
+        pass
+
+    slow = Slow(tmp_path / "heads.sqlite3")
+    try:
+        assert asyncio.run(AsyncHeads(slow).get("c")) is None
+    finally:
+        slow.close()
+    assert len(threads) == 1
