@@ -16,6 +16,7 @@ from snapcell._telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container, scan_body
 from snapcell.checkpoint._format import MAX_MANIFEST_BYTES, Container
 from snapcell.checkpoint._hostscan import (
+    AnyOf,
     PassedFrames,
     UnscannedFrame,
     check_frame_blobs,
@@ -437,6 +438,7 @@ class AsyncSession:
             self._frames = self._dump_frames
             self._streams = self._dump_streams
             self._passed.add(self._policy, self._frames)
+            self._passed.add(self._policy, self._streams)  # the next turn's session, on this pool, skips them too
             return cid.raw
         finally:
             self._busy = False
@@ -502,7 +504,8 @@ class AsyncSession:
         """Scan a parsed dump's pickles and new frame blobs against the loader's rule, and check its files."""
         try:
             passing: set[bytes] = set()
-            found = scan_body(container, rule=self._rule, passed=self._streams, passing=passing)
+            passed = AnyOf(self._streams, self._passed.passed(self._policy))
+            found = scan_body(container, rule=self._rule, passed=passed, passing=passing)
             self._dump_streams = frozenset(passing)
         except (CheckpointCorrupt, CheckpointVersionError) as exc:
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc

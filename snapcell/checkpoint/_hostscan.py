@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from collections.abc import Container as Lookup
+from collections.abc import Set as AbstractSet
 
 from snapcell.checkpoint._blobs import blob_raw_size, decode_blob
 from snapcell.checkpoint._format import Container, Section, SectionKind, parse_container
@@ -17,6 +19,7 @@ from snapcell.checkpoint._unpickle import _decompress, frame_parts
 from snapcell.errors import CheckpointCorrupt
 
 __all__ = [
+    "AnyOf",
     "PassedFrames",
     "UnscannedFrame",
     "check_frame_blobs",
@@ -54,7 +57,7 @@ def scan_body(
     *,
     rule: GlobalRule | Callable[[str], bool],
     max_raw_bytes: int | None = None,
-    passed: Collection[bytes] = (),
+    passed: Lookup[bytes] = (),
     passing: set[bytes] | None = None,
 ) -> tuple[Refusal, str | None] | None:
     """Apply the loader's rule to every pickle of an unsigned body, without unpickling (the host, before it signs).
@@ -66,8 +69,8 @@ def scan_body(
         body: The unsigned body, or its parsed container.
         rule: The policy's part of the loader's rule.
         max_raw_bytes: Refuse a body whose sections would decompress to more than this.
-        passed: `stream_key` of streams that passed ``rule`` before (a session's previous dump): a stream with
-            the same key holds the very same bytes and is not scanned again.
+        passed: `stream_key` of streams that passed ``rule`` before (a session's previous dump, the pool's earlier
+            dumps): a stream with the same key holds the very same bytes and is not scanned again.
         passing: Collects the `stream_key` of every stream of the body that passed (format 3).
 
     Returns:
@@ -213,18 +216,33 @@ def scanned_frames(
     return passed
 
 
-class PassedFrames:
-    """Frame blobs this host scanned and found to pass a policy's rule, by policy; one per pool, bounded.
+class AnyOf:
+    """Membership in any of several containers (a session's last dump, its pool's), without building their union."""
 
-    A frame blob is named by the hash of its pickle and always decoded against that hash. A checkpoint this pool
-    dumped refers to frames the host scanned before signing it; when a session with the same policy loads it, they
-    need not be decoded and scanned a second time (a fifth of a 100k-dict load). A frame scanned under another
-    policy is not known to this one: its rule may be wider.
+    __slots__ = ("_containers",)
+
+    def __init__(self, *containers: Lookup[Hashable]) -> None:
+        self._containers = containers
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in container for container in self._containers)
+
+
+class PassedFrames:
+    """Frame blobs and pickle streams this host scanned and found to pass a policy's rule, by policy; one per pool,
+    bounded.
+
+    A frame blob is named by the hash of its pickle (hex) and always decoded against that hash; a pickle stream of a
+    body by its `stream_key` (bytes, a blake2b digest of its bytes). A checkpoint this pool dumped refers to frames
+    the host scanned before signing it; when a session with the same policy loads it, they need not be decoded and
+    scanned a second time (a fifth of a 100k-dict load). The next turn's dump, in another session, sends the very
+    same stream for each variable it did not change: not scanned again either. What was scanned under another policy
+    is not known to this one: its rule may be wider.
     """
 
     def __init__(self, max_frames: int = 16384) -> None:
         self._max_frames = max_frames
-        self._passed: dict[Hashable, dict[str, None]] = {}
+        self._passed: dict[Hashable, dict[Hashable, None]] = {}
         self._count = 0
 
     def known(self, policy: Hashable, digests: Iterable[str]) -> set[str]:
@@ -232,7 +250,12 @@ class PassedFrames:
         passed = self._passed.get(policy)
         return {d for d in digests if d in passed} if passed else set()
 
-    def add(self, policy: Hashable, digests: Collection[str]) -> None:
+    def passed(self, policy: Hashable) -> AbstractSet[Hashable]:
+        """Everything that passed ``policy``'s rule here, to look names up in (a view: it follows later `add`s)."""
+        passed = self._passed.get(policy)
+        return passed.keys() if passed is not None else frozenset()
+
+    def add(self, policy: Hashable, digests: Collection[Hashable]) -> None:
         """Record frames that passed ``policy``'s rule; past the bound, everything is forgotten (loads scan again)."""
         if self._count + len(digests) > self._max_frames:
             self._passed = {}

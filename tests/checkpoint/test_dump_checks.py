@@ -2,7 +2,8 @@
 
 A worker's dump reply carries no manifest of its own: the host reads the one in the body it signs. A pickle stream
 with the very bytes of one the host passed in the session's previous dump (an unchanged variable) is not scanned
-again; any other bytes are, so a stream changed under the same variable name is judged afresh.
+again, nor in the pool's next session with the same policy (the next turn's); any other bytes are, so a stream
+changed under the same variable name is judged afresh.
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def test_a_dump_scans_only_the_streams_that_changed_since_the_session_s_last(sca
         session.feed_run("turns += 1")
         session.dump()
         assert len(scans) - first == 1, "only the stream of turns changed"
+
+
+def test_the_next_turn_s_session_on_the_pool_skips_the_streams_the_last_turn_passed(
+    scans: list[int], tmp_path: Path
+) -> None:
+    with Pool(LocalStore(tmp_path), signing_keys=[KEY]) as pool:
+        with pool.checkout() as session:
+            session.feed_run(ROWS)
+            checkpoint = session.dump()
+        first = len(scans)
+        with pool.checkout() as session:  # a cold turn: another session loads it
+            session.load_session(checkpoint)
+            session.feed_run("turns += 1")
+            session.dump()
+        assert len(scans) - first == 1, "only the stream of turns changed"
+        with pool.checkout(policy=Policy().with_modules(["math"])) as session:  # another policy: its own scans
+            session.load_session(checkpoint)
+            session.dump()
+        assert len(scans) - first == 1 + first
 
 
 def test_a_worker_s_dump_has_its_manifest_parsed_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -102,6 +102,7 @@ def test_passed_frames_are_kept_per_policy_and_forgotten_past_the_bound() -> Non
     passed = PassedFrames(max_frames=3)
     passed.add(WIDE, {"a", "b"})
     assert passed.known(WIDE, ["a", "b", "c"]) == {"a", "b"}
+    assert "a" in passed.passed(WIDE) and "a" not in passed.passed(Policy())
     assert passed.known(Policy(), ["a", "b"]) == set()
     assert passed.known(Policy().with_modules(["numpy"]), ["a"]) == {"a"}  # an equal policy is the same policy
     passed.add(Policy(), {"c", "d"})  # past the bound: everything is forgotten
