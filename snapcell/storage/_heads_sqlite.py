@@ -322,7 +322,8 @@ class SQLiteHeads(RecordHeads):
                         shared.autocheckpoint = 0
                     yield shared.db
                 except sqlite3.OperationalError as exc:
-                    if exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    # The primary code (the low byte of an extended one, such as SQLITE_BUSY_SNAPSHOT).
+                    if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                         raise WouldWait from exc  # the operation rolled back: nothing changed
                     raise
         finally:
