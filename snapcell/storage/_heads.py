@@ -369,6 +369,19 @@ def _malformed_message(conversation_id: str = "") -> str:
     )
 
 
+class LeaseOnly:
+    """A transition that changes only a record's lease, never its head: a store need not make it survive a power loss
+    (every holder of a lease on that machine is gone then), as it must a head write (`SQLiteHeads`)."""
+
+    __slots__ = ("_apply",)
+
+    def __init__(self, apply: Transition) -> None:
+        self._apply = apply
+
+    def __call__(self, record: Head | None) -> Head | _Delete | None:
+        return self._apply(record)
+
+
 def _acquire(owner: str, ttl_s: float, now: float, *, renew_only: bool) -> Transition:
     holder = lease_holder(owner)
 
@@ -387,7 +400,7 @@ def _acquire(owner: str, ttl_s: float, now: float, *, renew_only: bool) -> Trans
                 return None
         return replace(record or Head(), lease_owner=owner, lease_expires_at=now + ttl_s, lease_renewed_at=now)
 
-    return apply
+    return LeaseOnly(apply)
 
 
 def _release(owner: str) -> Transition:
@@ -398,7 +411,7 @@ def _release(owner: str) -> Transition:
             return DELETE  # a lease-only record: nothing else to keep
         return replace(record, lease_owner=None, lease_expires_at=0.0, lease_renewed_at=0.0)
 
-    return apply
+    return LeaseOnly(apply)
 
 
 def _delete(expected_version: str | None, now: float, deleted: list[bool]) -> Transition:

@@ -15,7 +15,16 @@ from typing import TypeVar
 
 from snapcell.errors import ConfigError, HeadCorrupt, StorageError, StorageUnavailable, map_exceptions
 
-from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
+from ._heads import (
+    DEFAULT_MAX_HISTORY,
+    Head,
+    LeaseOnly,
+    RecordHeads,
+    Transition,
+    _Delete,
+    turns_from_json,
+    turns_to_json,
+)
 
 __all__ = ["SQLiteHeads", "WouldWait"]
 
@@ -123,6 +132,15 @@ def _rollback(db: sqlite3.Connection) -> None:
             pass
 
 
+# PRAGMA synchronous levels. In WAL mode, NORMAL commits without syncing the WAL: a power loss or OS crash may undo
+# the last commits (the file stays consistent). FULL syncs the WAL at each commit: what a head write needs, since the
+# checkpoint it names was synced before it and the answer of its turn is given after it.
+_NORMAL = 1
+_FULL = 2
+# SQLite's default: a commit that leaves this many pages in the WAL copies them into the database file.
+_AUTOCHECKPOINT = 1000
+
+
 class WouldWait(Exception):
     """An operation run `SQLiteHeads.without_waiting` would have waited (for the connection, for another process's
     write lock) or is due to run where it may wait; nothing was read or changed."""
@@ -138,13 +156,13 @@ class _SharedDB:
     refs: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
     # The connection's automatic WAL checkpoint is off (0) while operations run without waiting, else SQLite's default.
-    autocheckpoint: int = 1000
+    autocheckpoint: int = _AUTOCHECKPOINT
+    # The connection's synchronous level: NORMAL (1) for reads and leases, FULL (2) for head writes (see `_update`).
+    synchronous: int = _NORMAL
     # Operations run without waiting since the last one that was sent to a thread instead.
     unwaited: int = 0
 
 
-# SQLite's default: a commit that leaves this many pages in the WAL copies them into the database file.
-_AUTOCHECKPOINT = 1000
 # Set on a thread while it runs an operation `without_waiting`.
 _NO_WAIT = threading.local()
 
@@ -268,7 +286,8 @@ class SQLiteHeads(RecordHeads):
         For an event loop, which must not block: the connection must be free at once and another process's write
         lock is not waited for (SQLite's busy timeout is 0 meanwhile). Nothing is read or changed by an operation
         that raises `WouldWait`, so the caller runs it again where it may wait (a thread). Such an operation never
-        checkpoints the WAL; every 64th is refused, to run where SQLite's own checkpoint may sync the file.
+        syncs the file: a head write (synced at its commit) is always refused, and the WAL is never checkpointed
+        (every 64th operation is refused instead, to run where SQLite's own checkpoint may do that).
 
         Raises:
             WouldWait: The operation would have waited, or is the one due to run in a thread.
@@ -288,12 +307,18 @@ class SQLiteHeads(RecordHeads):
         return result
 
     @contextmanager
-    def _connection(self, what: str) -> Iterator[sqlite3.Connection]:
-        """Hold the shared connection for one operation; translate SQLite errors, keeping their cause."""
+    def _connection(self, what: str, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """Hold the shared connection for one operation; translate SQLite errors, keeping their cause.
+
+        ``durable``: the operation writes a head, which must survive a power loss: its commit syncs the WAL (and so
+        never runs `without_waiting`, on an event loop).
+        """
         shared = self._shared
         if shared is None:
             raise StorageError(f"cannot {what}: the head store {self.path} is closed")
         if getattr(_NO_WAIT, "active", False):
+            if durable:
+                raise WouldWait  # a sync of the file: not on the caller's thread
             with self._connection_now(shared, what) as db:
                 yield db
             return
@@ -304,6 +329,10 @@ class SQLiteHeads(RecordHeads):
             if shared.autocheckpoint != _AUTOCHECKPOINT:
                 shared.db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
                 shared.autocheckpoint = _AUTOCHECKPOINT
+            level = _FULL if durable else _NORMAL
+            if shared.synchronous != level:  # set outside a transaction: inside one SQLite ignores it
+                shared.db.execute(f"PRAGMA synchronous = {level}")
+                shared.synchronous = level
             yield shared.db
 
     @contextmanager
@@ -340,7 +369,8 @@ class SQLiteHeads(RecordHeads):
         return None if row is None else _head(conversation_id, row, self.path)
 
     def _update(self, conversation_id: str, transition: Transition) -> Head | None:
-        with self._connection(f"update head {conversation_id!r}") as db:
+        # A head write is synced before it returns; a lease needs no more than the file's consistency (`LeaseOnly`).
+        with self._connection(f"update head {conversation_id!r}", durable=not isinstance(transition, LeaseOnly)) as db:
             # The read happens inside the write transaction: nobody can move the row between read and write.
             db.execute("BEGIN IMMEDIATE")
             try:

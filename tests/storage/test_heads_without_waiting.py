@@ -56,18 +56,37 @@ def _autocheckpoint(heads: SQLiteHeads) -> int:
     return value
 
 
-def test_calls_a_free_database_answers_at_once_run_on_the_loop(heads: SQLiteHeads, threads: list[object]) -> None:
+def test_leases_and_reads_run_on_the_loop_and_head_writes_in_a_thread(
+    heads: SQLiteHeads, threads: list[object]
+) -> None:
     async def turn() -> None:
         aheads = AsyncHeads(heads)
         version = await aheads.compare_and_set("c", None, A)
         assert await aheads.acquire_lease("c", "me", 30.0)
+        assert await aheads.renew_lease("c", "me", 30.0)
+        assert (await aheads.get("c")) is not None
         await aheads.compare_and_set("c", version, B, history=[A], owner="me", release_lease=True)
+        assert await aheads.acquire_lease("c", "you", 30.0)
+        await aheads.release_lease("c", "you")
         head = await aheads.get("c")
         assert head is not None and head.checkpoint_id == B and head.lease_owner is None
 
     asyncio.run(turn())
-    assert threads == []
-    assert _autocheckpoint(heads) == 0  # and none of them checkpointed the WAL on the loop
+    assert len(threads) == 2  # the two head writes, each synced at its commit; the rest at once
+    assert _autocheckpoint(heads) == 0  # none of those on the loop checkpointed the WAL
+
+
+def test_a_head_write_is_synced_at_its_commit_and_a_lease_is_not(heads: SQLiteHeads) -> None:
+    shared = heads._shared
+    assert shared is not None
+    levels: list[int] = []
+    heads._after_read = lambda _cid, _record: levels.append(shared.db.execute("PRAGMA synchronous").fetchone()[0])
+    version = heads.compare_and_set("c", None, A)
+    heads.acquire_lease("c", "me", 30.0)
+    heads.compare_and_set("c", version, B, history=[A], owner="me", release_lease=True)
+    heads.acquire_lease("c", "me", 30.0)
+    heads.release_lease("c", "me")
+    assert levels == [2, 1, 2, 1, 1]  # FULL for the head writes, NORMAL for the leases
 
 
 def test_another_process_holding_the_write_lock_sends_the_call_to_a_thread_and_the_loop_runs_on(
@@ -111,15 +130,14 @@ def test_a_connection_in_use_by_another_thread_is_not_waited_for(heads: SQLiteHe
 
 
 def test_every_64th_call_goes_to_a_thread_where_sqlite_may_checkpoint(heads: SQLiteHeads) -> None:
-    version = None
     refused = []
     for n in range(3 * _NO_WAIT_RUN + 3):
         try:
-            version = heads.without_waiting(lambda v=version: heads.compare_and_set("c", v, A))  # type: ignore[misc]
+            heads.without_waiting(lambda: heads.acquire_lease("c", "me", 30.0))
         except WouldWait:
             refused.append(n)
             assert _autocheckpoint(heads) == 0
-            version = heads.compare_and_set("c", version, A)  # what the thread runs
+            heads.acquire_lease("c", "me", 30.0)  # what the thread runs
             assert _autocheckpoint(heads) == 1000  # SQLite's own checkpoint is back on for it
     assert refused == [_NO_WAIT_RUN, 2 * _NO_WAIT_RUN + 1, 3 * _NO_WAIT_RUN + 2]
 
