@@ -438,7 +438,7 @@ class AsyncSession:
             self._frames = self._dump_frames
             self._streams = self._dump_streams
             self._passed.add(self._policy, self._frames)
-            self._passed.add(self._policy, self._streams)  # the next turn's session, on this pool, skips them too
+            self._passed.add_streams(self._policy, self._streams)  # the next turn's session skips them too
             return cid.raw
         finally:
             self._busy = False
@@ -504,7 +504,7 @@ class AsyncSession:
         """Scan a parsed dump's pickles and new frame blobs against the loader's rule, and check its files."""
         try:
             passing: set[bytes] = set()
-            passed = AnyOf(self._streams, self._passed.passed(self._policy))
+            passed = AnyOf(self._streams, self._passed.streams(self._policy))
             found = scan_body(container, rule=self._rule, passed=passed, passing=passing)
             self._dump_streams = frozenset(passing)
         except (CheckpointCorrupt, CheckpointVersionError) as exc:

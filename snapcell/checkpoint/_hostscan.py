@@ -228,41 +228,61 @@ class AnyOf:
         return any(key in container for container in self._containers)
 
 
+class _Passed:
+    """Names (hashes, digests) that passed a policy's rule, by policy; past a bound, everything is forgotten."""
+
+    def __init__(self, max_names: int) -> None:
+        self._max_names = max_names
+        self._passed: dict[Hashable, dict[Hashable, None]] = {}
+        self._count = 0
+
+    def view(self, policy: Hashable) -> AbstractSet[Hashable]:
+        """The names that passed ``policy``'s rule (a view: it follows later `add`s)."""
+        passed = self._passed.get(policy)
+        return passed.keys() if passed is not None else frozenset()
+
+    def add(self, policy: Hashable, names: Collection[Hashable]) -> None:
+        if self._count + len(names) > self._max_names:
+            self._passed = {}
+            self._count = 0
+            if len(names) > self._max_names:
+                return
+        passed = self._passed.setdefault(policy, {})
+        before = len(passed)
+        passed.update(dict.fromkeys(names))
+        self._count += len(passed) - before
+
+
 class PassedFrames:
     """Frame blobs and pickle streams this host scanned and found to pass a policy's rule, by policy; one per pool,
     bounded.
 
-    A frame blob is named by the hash of its pickle (hex) and always decoded against that hash; a pickle stream of a
-    body by its `stream_key` (bytes, a blake2b digest of its bytes). A checkpoint this pool dumped refers to frames
-    the host scanned before signing it; when a session with the same policy loads it, they need not be decoded and
-    scanned a second time (a fifth of a 100k-dict load). The next turn's dump, in another session, sends the very
-    same stream for each variable it did not change: not scanned again either. What was scanned under another policy
-    is not known to this one: its rule may be wider.
+    A frame blob is named by the hash of its pickle and always decoded against that hash. A checkpoint this pool
+    dumped refers to frames the host scanned before signing it; when a session with the same policy loads it, they
+    need not be decoded and scanned a second time (a fifth of a 100k-dict load). A pickle stream of a body is named
+    by its `stream_key`: the next turn's dump, in another session, sends the very same stream for each variable it
+    did not change, which is not scanned again either. Streams are kept apart from frames, each under its own bound:
+    every turn adds streams, and they must not push the frames out. What was scanned under another policy is not
+    known to this one: its rule may be wider.
     """
 
     def __init__(self, max_frames: int = 16384) -> None:
-        self._max_frames = max_frames
-        self._passed: dict[Hashable, dict[Hashable, None]] = {}
-        self._count = 0
+        self._frames = _Passed(max_frames)
+        self._streams = _Passed(max_frames)
 
     def known(self, policy: Hashable, digests: Iterable[str]) -> set[str]:
         """The ``digests`` that passed ``policy``'s rule here before."""
-        passed = self._passed.get(policy)
+        passed = self._frames.view(policy)
         return {d for d in digests if d in passed} if passed else set()
 
-    def passed(self, policy: Hashable) -> AbstractSet[Hashable]:
-        """Everything that passed ``policy``'s rule here, to look names up in (a view: it follows later `add`s)."""
-        passed = self._passed.get(policy)
-        return passed.keys() if passed is not None else frozenset()
-
-    def add(self, policy: Hashable, digests: Collection[Hashable]) -> None:
+    def add(self, policy: Hashable, digests: Collection[str]) -> None:
         """Record frames that passed ``policy``'s rule; past the bound, everything is forgotten (loads scan again)."""
-        if self._count + len(digests) > self._max_frames:
-            self._passed = {}
-            self._count = 0
-            if len(digests) > self._max_frames:
-                return
-        passed = self._passed.setdefault(policy, {})
-        before = len(passed)
-        passed.update(dict.fromkeys(digests))
-        self._count += len(passed) - before
+        self._frames.add(policy, digests)
+
+    def streams(self, policy: Hashable) -> AbstractSet[Hashable]:
+        """The `stream_key` of every stream that passed ``policy``'s rule here (a view: it follows later adds)."""
+        return self._streams.view(policy)
+
+    def add_streams(self, policy: Hashable, keys: Collection[bytes]) -> None:
+        """Record streams that passed ``policy``'s rule; past the bound, every stream is forgotten."""
+        self._streams.add(policy, keys)

@@ -32,7 +32,8 @@ async def call_head_store(heads: HeadStore, call: Callable[[], _T]) -> _T:
 
 
 class AsyncHeads:
-    """Async face of a `HeadStore`: the same methods as coroutines, each run by `call_head_store`.
+    """Async face of a `HeadStore`: the same methods as coroutines; reads and leases run by `call_head_store`, head
+    writes in a worker thread.
 
     Attributes:
         sync: The wrapped head store.
@@ -61,8 +62,8 @@ class AsyncHeads:
         """See `HeadStore.compare_and_set`."""
         # A turn is passed only when there is one, so head stores written before turns existed keep working.
         extra = {} if turn is None else {"turn": turn}
-        return await call_head_store(
-            self.sync,
+        # A head write is synced at its commit (`SQLiteHeads`): always in a thread, never on the event loop.
+        return await asyncio.to_thread(
             lambda: self.sync.compare_and_set(
                 conversation_id,
                 expected_version,
@@ -71,7 +72,7 @@ class AsyncHeads:
                 owner=owner,
                 release_lease=release_lease,
                 **extra,
-            ),
+            )
         )
 
     async def acquire_lease(self, conversation_id: str, owner: str, ttl_s: float) -> bool:

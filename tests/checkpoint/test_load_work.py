@@ -102,7 +102,11 @@ def test_passed_frames_are_kept_per_policy_and_forgotten_past_the_bound() -> Non
     passed = PassedFrames(max_frames=3)
     passed.add(WIDE, {"a", "b"})
     assert passed.known(WIDE, ["a", "b", "c"]) == {"a", "b"}
-    assert "a" in passed.passed(WIDE) and "a" not in passed.passed(Policy())
+    passed.add_streams(WIDE, {b"s1", b"s2", b"s3"})  # streams have a bound of their own: no frame is forgotten
+    assert b"s1" in passed.streams(WIDE) and b"s1" not in passed.streams(Policy())
+    assert passed.known(WIDE, ["a", "b"]) == {"a", "b"}
+    passed.add_streams(WIDE, {b"s4"})  # past the bound: every stream is forgotten, and still no frame
+    assert b"s1" not in passed.streams(WIDE) and passed.known(WIDE, ["a"]) == {"a"}
     assert passed.known(Policy(), ["a", "b"]) == set()
     assert passed.known(Policy().with_modules(["numpy"]), ["a"]) == {"a"}  # an equal policy is the same policy
     passed.add(Policy(), {"c", "d"})  # past the bound: everything is forgotten
