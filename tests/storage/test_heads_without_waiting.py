@@ -159,3 +159,26 @@ def test_a_subclass_is_always_called_in_a_thread(tmp_path: Path, threads: list[o
     finally:
         slow.close()
     assert len(threads) == 1
+
+
+def test_a_turn_hands_a_thread_only_its_checkpoint_read_and_its_two_synced_writes(
+    tmp_path: Path, threads: list[object]
+) -> None:
+    from snapcell import AsyncPool, CodeTool
+    from snapcell.storage import LocalStore
+
+    async def two_turns() -> None:
+        pool = AsyncPool(LocalStore(tmp_path / "store"), isolation="inline", signing_keys=["k" * 32])
+        async with pool:
+            tool = CodeTool(pool, heads=SQLiteHeads(tmp_path / "heads.sqlite3"))
+            await tool.run_code("c", "x = 1")
+            threads.clear()
+            assert "2" in await tool.run_code("c", "x + 1")
+            await tool.aclose()
+
+    asyncio.run(two_turns())
+    # The lease take with the head read, on the loop; the checkpoint read, its write and the head write, in threads
+    # (inline mode also loads and dumps in a thread: not storage).
+    names = [getattr(func, "__qualname__", "") for func in threads]
+    storage = sorted(name.split(".<locals>")[0] for name in names if not name.startswith("Runner."))
+    assert storage == ["AsyncHeads.compare_and_set", "AsyncStore.get_at_most", "AsyncStore.put"], names
