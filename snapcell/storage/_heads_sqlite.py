@@ -163,6 +163,23 @@ class _SharedDB:
     unwaited: int = 0
 
 
+def _configure(shared: _SharedDB, *, busy_ms: int, autocheckpoint: int, durable: bool) -> None:
+    """Set the connection's busy timeout, automatic WAL checkpoint and synchronous level for the next operation, each
+    only when it differs from the last one's (call with the lock held, outside a transaction: SQLite ignores a
+    synchronous level set inside one)."""
+    db = shared.db
+    if shared.busy_ms != busy_ms:
+        db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        shared.busy_ms = busy_ms
+    if shared.autocheckpoint != autocheckpoint:
+        db.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint}")
+        shared.autocheckpoint = autocheckpoint
+    level = _FULL if durable else _NORMAL
+    if shared.synchronous != level:
+        db.execute(f"PRAGMA synchronous = {level}")
+        shared.synchronous = level
+
+
 # Set on a thread while it runs an operation `without_waiting`.
 _NO_WAIT = threading.local()
 
@@ -323,16 +340,8 @@ class SQLiteHeads(RecordHeads):
                 yield db
             return
         with shared.lock, map_exceptions(_ERRORS, f"cannot {what} in {self.path}"):
-            if shared.busy_ms != self._busy_ms:  # head stores on one file may wait for different times
-                shared.db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-                shared.busy_ms = self._busy_ms
-            if shared.autocheckpoint != _AUTOCHECKPOINT:
-                shared.db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT}")
-                shared.autocheckpoint = _AUTOCHECKPOINT
-            level = _FULL if durable else _NORMAL
-            if shared.synchronous != level:  # set outside a transaction: inside one SQLite ignores it
-                shared.db.execute(f"PRAGMA synchronous = {level}")
-                shared.synchronous = level
+            # Head stores on one file may wait for different times.
+            _configure(shared, busy_ms=self._busy_ms, autocheckpoint=_AUTOCHECKPOINT, durable=durable)
             yield shared.db
 
     @contextmanager
@@ -343,12 +352,8 @@ class SQLiteHeads(RecordHeads):
         try:
             with map_exceptions(_ERRORS, f"cannot {what} in {self.path}"):
                 try:
-                    if shared.busy_ms != 0:
-                        shared.db.execute("PRAGMA busy_timeout = 0")
-                        shared.busy_ms = 0
-                    if shared.autocheckpoint != 0:
-                        shared.db.execute("PRAGMA wal_autocheckpoint = 0")
-                        shared.autocheckpoint = 0
+                    # Not synced either, whatever the last operation on the connection (a head write) set.
+                    _configure(shared, busy_ms=0, autocheckpoint=0, durable=False)
                     yield shared.db
                 except sqlite3.OperationalError as exc:
                     # The primary code (the low byte of an extended one, such as SQLITE_BUSY_SNAPSHOT).

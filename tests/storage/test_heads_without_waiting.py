@@ -121,6 +121,15 @@ def test_another_process_holding_the_write_lock_sends_the_call_to_a_thread_and_t
     assert heads.get("c").lease_owner == "me"  # type: ignore[union-attr]
 
 
+def test_a_lease_on_the_loop_after_a_head_write_commits_without_a_sync(heads: SQLiteHeads) -> None:
+    shared = heads._shared
+    assert shared is not None
+    heads.compare_and_set("c", None, A)  # a head write, in a thread: it leaves the connection synced at each commit
+    assert shared.db.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert heads.without_waiting(lambda: heads.acquire_lease("c", "me", 30.0))
+    assert shared.db.execute("PRAGMA synchronous").fetchone()[0] == 1  # the lease's commit synced nothing
+
+
 def test_a_connection_in_use_by_another_thread_is_not_waited_for(heads: SQLiteHeads) -> None:
     shared = heads._shared
     assert shared is not None
