@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,29 @@ def machine_description() -> str:
     )
 
 
+# A fresh interpreter (not a fork: the benchmark may have threads) that sends back whatever arrives on its socket
+# until the other end closes: a worker that does no work at all.
+_ECHO = (
+    "import socket, sys\n"
+    "s = socket.socket(fileno=int(sys.argv[1]))\n"
+    "while data := s.recv(65536):\n"
+    "    s.sendall(data)\n"
+)
+
+
+@contextlib.contextmanager
+def echo_process() -> Iterator[socket.socket]:
+    """A child ``python -I`` that echoes every byte sent on the yielded (blocking) socket; ended on exit."""
+    parent, child = socket.socketpair()
+    process = subprocess.Popen([sys.executable, "-I", "-c", _ECHO, str(child.fileno())], pass_fds=[child.fileno()])
+    child.close()
+    try:
+        yield parent
+    finally:
+        parent.close()
+        process.wait()
+
+
 def machine_probe(round_trips: int = 2000, idle_trials: int = 5) -> dict[str, float]:
     """How this machine prices what a sandboxed turn is made of, in microseconds (medians), to read other numbers by.
 
@@ -171,21 +194,13 @@ def machine_probe(round_trips: int = 2000, idle_trials: int = 5) -> dict[str, fl
       On some virtual machines a process's first system calls after a pause cost ten times the usual; a worker's
       first request after waiting in the pool, and a cold turn, pay that on every call they make.
     """
-    parent, child = socket.socketpair()
-    # The echo answers each byte until this end closes (a new interpreter, not a fork: this process may have threads).
-    echo = f"import socket\ns = socket.socket(fileno={child.fileno()})\nwhile s.recv(1):\n    s.send(b'x')"
-    process = subprocess.Popen([sys.executable, "-I", "-c", echo], pass_fds=[child.fileno()])
-    child.close()
-    try:
-        times = []
+    times = []
+    with echo_process() as parent:
         for _ in range(round_trips):
             start = time.perf_counter()
             parent.send(b"x")
             parent.recv(1)
             times.append(time.perf_counter() - start)
-    finally:
-        parent.close()
-        process.wait()
 
     def stat_s() -> float:
         start = time.perf_counter()

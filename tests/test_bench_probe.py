@@ -1,8 +1,11 @@
-"""The benchmarks' machine probe: the numbers printed beside every table, to compare runs on different machines."""
+"""The benchmarks' machine probe and round-trip floor: the numbers that say what this machine charges any design."""
 
 from __future__ import annotations
 
-from benchmarks._common import describe_probe, machine_probe
+import asyncio
+
+from benchmarks._common import describe_probe, echo_process, machine_probe
+from benchmarks.bench_runner import RoundTripFloor
 
 
 def test_the_probe_measures_a_round_trip_and_a_system_call_and_says_so_in_one_line() -> None:
@@ -12,3 +15,19 @@ def test_the_probe_measures_a_round_trip_and_a_system_call_and_says_so_in_one_li
     line = describe_probe(probe)
     assert f"process round trip {probe['round_trip_us']:.0f} us" in line
     assert "after 0.1 s idle" in line
+
+
+def test_the_round_trip_floor_gets_each_frame_back_whole_and_times_both_metrics() -> None:
+    async def measure() -> tuple[bytes, dict[str, float]]:
+        with echo_process() as sock:
+            floor = RoundTripFloor(sock)
+            try:
+                back = await asyncio.wait_for(floor.round_trip(bytes(range(256)) * 16), 10)
+                return back, await asyncio.wait_for(floor.trial(), 10)
+            finally:
+                floor.close()
+
+    back, metrics = asyncio.run(measure())
+    assert back == bytes(range(256)) * 16
+    assert set(metrics) == {"run_1+1", "run_1+1_steady", "host_call_each"}
+    assert all(seconds > 0 for seconds in metrics.values())
