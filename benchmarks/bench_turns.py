@@ -16,6 +16,11 @@ Side by side in one event loop, alternating every repetition (issue 16):
   start-up: one turn served and the zygote's second stage, its heavy imports, done) and on a ``fresh`` one, whose
   first turns share the CPU with that second stage.
 
+- ``floor: durable writes``: only what a turn writes to keep its answer through a crash, as a ``run_code`` turn
+  does it, each in a thread: a checkpoint-sized file put on the same local store (synced with its directory) and
+  the synced SQLite head write that names it. No worker, no run, no load: the least a durable turn costs here,
+  which monty's turn (state kept as bytes in the host's memory) does not pay.
+
 Ratios are to monty's ``turn`` (x > 1: slower than monty). Run from the repository root:
 ``python -m benchmarks.bench_turns [--quick]``; JSON lines go to ``benchmarks/results/turns.jsonl``.
 """
@@ -58,6 +63,8 @@ DF_SETUP = (
 )
 DF_TURN = "turns += 1\ntotal = float(df['v'].sum())\n[turns, total]"
 BASELINE = "monty"
+FLOOR = "floor: durable writes"
+CHECKPOINT_BYTES = 2048  # about what a small turn's checkpoint weighs (signed, compressed)
 
 
 class Tools:
@@ -109,6 +116,29 @@ class Tools:
             if "Error" in answer:
                 raise RuntimeError(f"{metric}: {answer}")
         return out
+
+
+class DurableWrites:
+    """A turn's durable writes alone (see the module docstring): a checkpoint-sized put, then the head write."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = LocalStore(root)
+        self.heads = SQLiteHeads(root / ".heads.sqlite3")
+        self.version: str | None = None
+        self.turns = 0
+
+    def close(self) -> None:
+        self.heads.close()
+
+    async def trial(self) -> dict[str, float]:
+        self.turns += 1
+        key, body = f"floor/{self.turns:08d}", os.urandom(CHECKPOINT_BYTES)
+        start = time.perf_counter()
+        await asyncio.to_thread(self.store.put, key, body)
+        self.version = await asyncio.to_thread(
+            self.heads.compare_and_set, "floor", self.version, key.encode(), history=[key.encode()]
+        )
+        return {"turn": time.perf_counter() - start}
 
 
 class Monty:
@@ -249,7 +279,8 @@ async def _preloaded(pool: AsyncPool, timeout_s: float = 30.0) -> None:
 async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[float]]], list[dict[str, Any]]]:
     tools = Tools(root / "turns")
     monty = Monty()
-    trials: dict[str, Callable[[], Any]] = {"snapcell process": tools.trial}
+    floor = DurableWrites(root / "floor")
+    trials: dict[str, Callable[[], Any]] = {"snapcell process": tools.trial, FLOOR: floor.trial}
     try:
         await tools.open()
         if monty.pool is not None:
@@ -257,6 +288,7 @@ async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[flo
             trials["monty"] = monty.trial
         samples = await alternate_async(trials, QUICK_REPS if quick else REPS, warmup=WARMUP)
     finally:
+        floor.close()
         await tools.close()
         if monty.pool is not None:
             await monty.close()
