@@ -173,16 +173,24 @@ _ECHO = (
 
 
 @contextlib.contextmanager
-def echo_process() -> Iterator[socket.socket]:
-    """A child ``python -I`` that echoes every byte sent on the yielded (blocking) socket; ended on exit."""
+def python_child(source: str) -> Iterator[socket.socket]:
+    """A child ``python -I -c source FD`` with one end of a socketpair as descriptor FD; yields the other end.
+
+    On exit this end is closed (the child should then end) and the child is waited for.
+    """
     parent, child = socket.socketpair()
-    process = subprocess.Popen([sys.executable, "-I", "-c", _ECHO, str(child.fileno())], pass_fds=[child.fileno()])
+    process = subprocess.Popen([sys.executable, "-I", "-c", source, str(child.fileno())], pass_fds=[child.fileno()])
     child.close()
     try:
         yield parent
     finally:
         parent.close()
         process.wait()
+
+
+def echo_process() -> contextlib.AbstractContextManager[socket.socket]:
+    """A child ``python -I`` that echoes every byte sent on the yielded (blocking) socket; ended on exit."""
+    return python_child(_ECHO)
 
 
 def machine_probe(round_trips: int = 2000, idle_trials: int = 5) -> dict[str, float]:

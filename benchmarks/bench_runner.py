@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -51,6 +52,7 @@ from benchmarks._common import (
     metric_fields,
     parse_args,
     print_table,
+    python_child,
     ratio,
     summarize_ms,
     wait_warm,
@@ -104,6 +106,40 @@ async def g(x: int) -> int:
 LOOKUP: dict[str, Callable[..., Any]] = {"f": f, "g": g}
 FLOOR = "floor: round trip"
 FRAME_BYTES = 96  # about a run request's frame for "1+1", and a host call's
+JSON_FLOOR = "floor: JSON in Python"
+JSON_FRAME = struct.Struct("!I")
+# The least a worker written in Python does for a run or a host call: length-prefixed JSON frames, nothing checked.
+# Each {"calls": N} frame is answered with N call frames, each waiting for its result, then {"op": "ran"}.
+JSON_CALLER = """
+import json, socket, struct, sys
+FRAME = struct.Struct("!I")
+sock = socket.socket(fileno=int(sys.argv[1]))
+buffer = bytearray()
+
+def receive():
+    while True:
+        if len(buffer) >= FRAME.size:
+            (size,) = FRAME.unpack_from(buffer)
+            if len(buffer) >= FRAME.size + size:
+                message = json.loads(buffer[FRAME.size : FRAME.size + size])
+                del buffer[: FRAME.size + size]
+                return message
+        data = sock.recv(65536)
+        if not data:
+            raise SystemExit(0)
+        buffer.extend(data)
+
+def send(message):
+    payload = json.dumps(message).encode()
+    sock.sendall(FRAME.pack(len(payload)) + payload)
+
+while True:
+    request = receive()
+    for i in range(request["calls"]):
+        send({"op": "call", "id": i, "name": "f", "args": [i], "kwargs": {}})
+        receive()
+    send({"op": "ran", "value": 2})
+"""
 
 
 class Method:
@@ -248,6 +284,67 @@ class RoundTripFloor:
         }
 
 
+class JsonFloor:
+    """A worker reduced to what Python must do on each end: JSON frames, no checks, the host's answers given in the
+    event loop's readiness callback (no task, no future per call). ``run_1+1`` and ``run_1+1_steady``: a request
+    answered at once; ``host_call_each``: per call of ``HOST_CALLS``, each a frame to the host and its result back.
+    """
+
+    name = JSON_FLOOR
+
+    def __init__(self, sock: socket.socket, lookup: dict[str, Callable[..., Any]] = LOOKUP) -> None:
+        self.sock = sock
+        self.lookup = lookup
+        sock.setblocking(False)
+        self.buffer = bytearray()
+        self.done: asyncio.Future[None] | None = None
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+
+    def _send(self, message: dict[str, Any]) -> None:
+        payload = json.dumps(message).encode()
+        self.sock.sendall(JSON_FRAME.pack(len(payload)) + payload)
+
+    def _readable(self) -> None:
+        try:
+            self.buffer.extend(self.sock.recv(65536))
+        except BlockingIOError:
+            return
+        buffer, size_of = self.buffer, JSON_FRAME.size
+        while len(buffer) >= size_of:
+            (size,) = JSON_FRAME.unpack_from(buffer)
+            if len(buffer) < size_of + size:
+                return
+            message = json.loads(buffer[size_of : size_of + size])
+            del buffer[: size_of + size]
+            if message["op"] == "call":
+                self._send(
+                    {"op": "result", "id": message["id"], "value": self.lookup[message["name"]](*message["args"])}
+                )
+            elif self.done is not None and not self.done.done():
+                self.done.set_result(None)
+
+    async def request(self, calls: int) -> float:
+        """Seconds from a request naming ``calls`` host calls to its reply."""
+        self.done = asyncio.get_running_loop().create_future()
+        start = time.perf_counter()
+        self._send({"calls": calls})
+        await self.done
+        return time.perf_counter() - start
+
+    async def trial(self) -> dict[str, float]:
+        runs = [await self.request(0) for _ in range(CALLS + STEADY_CALLS)]
+        steady = sum(runs[CALLS:]) / STEADY_CALLS
+        loop_s = await self.request(HOST_CALLS)
+        return {
+            "run_1+1": sum(runs[:CALLS]) / CALLS,
+            "run_1+1_steady": steady,
+            "host_call_each": max(loop_s - steady, 0.0) / HOST_CALLS,
+        }
+
+
 def methods() -> list[Method]:
     found = [
         Method("snapcell process", lambda: AsyncPool("memory://", isolation="process")),
@@ -277,7 +374,10 @@ async def measure(quick: bool) -> dict[str, dict[str, list[float]]]:
         floor = PlainExec()
         echo = RoundTripFloor(stack.enter_context(echo_process()))
         stack.callback(echo.close)
-        trials = {m.name: m.trial for m in found} | {floor.name: floor.trial, echo.name: echo.trial}
+        json_floor = JsonFloor(stack.enter_context(python_child(JSON_CALLER)))
+        stack.callback(json_floor.close)
+        floors = {floor.name: floor.trial, echo.name: echo.trial, json_floor.name: json_floor.trial}
+        trials = {m.name: m.trial for m in found} | floors
         samples = await alternate_async(trials, QUICK_REPS if quick else REPS, warmup=WARMUP)
         second = await alternate_async({m.name: m.cold_start for m in found}, QUICK_COLD_REPS if quick else COLD_REPS)
     for name, metrics in second.items():
@@ -334,7 +434,7 @@ def main() -> None:
     args = parse_args(__doc__, "fewer repetitions")
     samples = asyncio.run(measure(args.quick))
     names = list(samples)
-    mem = memory([n for n in names if n not in ("plain exec", FLOOR)])
+    mem = memory([n for n in names if n not in ("plain exec", FLOOR, JSON_FLOOR)])
     base = samples[BASELINE]
     records = [
         {"method": name, **metric_fields(samples[name], base), **mem.get(name, {})}
@@ -370,8 +470,11 @@ def main() -> None:
             ours, theirs = med[BASELINE][metric], med["monty"][metric]
             times = ours / theirs if theirs else float("inf")
             verdict = "met" if times <= TARGET_RATIO else "MISSED"
-            floor = med.get(FLOOR, {}).get(metric)
-            beside = f"; the floor {floor:.3f} ms is {floor / theirs:.1f}x monty" if floor and theirs else ""
+            beside = "".join(
+                f"; {name} {med[name][metric]:.3f} ms = {med[name][metric] / theirs:.1f}x monty"
+                for name in (FLOOR, JSON_FLOOR)
+                if theirs and med.get(name, {}).get(metric)
+            )
             print(
                 f"target {metric}: process {ours:.3f} ms vs monty {theirs:.3f} ms = {times:.1f}x "
                 f"(at most {TARGET_RATIO}x): {verdict}{beside}"

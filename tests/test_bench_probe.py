@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from benchmarks._common import describe_probe, echo_process, machine_probe
-from benchmarks.bench_runner import RoundTripFloor
+from benchmarks._common import describe_probe, echo_process, machine_probe, python_child
+from benchmarks.bench_runner import HOST_CALLS, JSON_CALLER, JsonFloor, RoundTripFloor
 
 
 def test_the_probe_measures_a_round_trip_and_a_system_call_and_says_so_in_one_line() -> None:
@@ -31,3 +31,22 @@ def test_the_round_trip_floor_gets_each_frame_back_whole_and_times_both_metrics(
     assert back == bytes(range(256)) * 16
     assert set(metrics) == {"run_1+1", "run_1+1_steady", "host_call_each"}
     assert all(seconds > 0 for seconds in metrics.values())
+
+
+def test_the_json_floor_answers_each_host_call_of_a_request_and_times_the_three_metrics() -> None:
+    calls: list[int] = []
+
+    async def measure() -> dict[str, float]:
+        with python_child(JSON_CALLER) as sock:
+            floor = JsonFloor(sock, lookup={"f": lambda x: calls.append(x) or x + 1})
+            try:
+                await asyncio.wait_for(floor.request(3), 10)
+                assert calls == [0, 1, 2]
+                return await asyncio.wait_for(floor.trial(), 30)
+            finally:
+                floor.close()
+
+    metrics = asyncio.run(measure())
+    assert set(metrics) == {"run_1+1", "run_1+1_steady", "host_call_each"}
+    assert all(seconds > 0 for seconds in metrics.values())
+    assert len(calls) == 3 + HOST_CALLS
