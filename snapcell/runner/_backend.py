@@ -55,7 +55,8 @@ class Backend(Protocol):
         """Run one cell; see `Runner.run`.
 
         ``report`` False: the caller reads only the result's value and error (`feed_run`): ``cpu_time_s``,
-        ``peak_memory_bytes`` and ``namespace_summary`` may then be left unset rather than measured.
+        ``peak_memory_bytes``, ``memory_bytes``, ``namespace_summary`` and ``files`` may then be left unset rather
+        than measured.
 
         With ``then_dump``, a backend may dump right after the run, in the same request: `pending_dump` then says
         so, and `dumped` returns that dump. A backend that does not (or a run that ended in an error) leaves

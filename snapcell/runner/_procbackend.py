@@ -218,7 +218,7 @@ class ProcessBackend:
             "setup": setup,
         }
         if not report:
-            message["report"] = False  # nor does the worker summarize the namespace or read its CPU clock
+            message["report"] = False  # nor does the worker summarize, read its clock or memory, or walk out/
         try:
             reply, blob = await self._request(
                 message,

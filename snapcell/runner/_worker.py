@@ -359,9 +359,13 @@ class Worker:
         # Once a run has made the loop, every later run uses it too.
         loop_free = "loop" not in vars(self) and not any(host.values()) and runs_without_loop(self.runner, code)
         self.bridge = bridge = WorkerBridge(self.channel, host, None if loop_free else self.loop, limits)
-        if self.workspace is not None:
+        # False (`feed_run`): the host reads only the value, so neither the namespace summary and CPU clock (the
+        # runner's), nor the memory reading and the walks of out/ for artifacts (these) are made.
+        report = message.get("report") is not False
+        workspace = self.workspace if report else None
+        if workspace is not None:
             with contextlib.suppress(WorkspaceError):  # artifacts are a courtesy: never a reason to fail a run
-                self.workspace.before_run()
+                workspace.before_run()
         try:
             result = self.drive(
                 self.runner.run(
@@ -370,14 +374,14 @@ class Worker:
                     host_names=tuple(host),
                     setup=bool(message.get("setup")),
                     limits=limits,
-                    report=message.get("report") is not False,  # False: the host reads only the value
+                    report=report,
                 ),
                 bridge,
                 loop_free=loop_free,
             )
         finally:
             self.bridge = None
-        return ran_reply(result, limits, memory_bytes=_rss_bytes(), workspace=self.workspace)
+        return ran_reply(result, limits, memory_bytes=_rss_bytes() if report else None, workspace=workspace)
 
 
 # Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.

@@ -143,6 +143,26 @@ def test_a_run_whose_caller_reads_only_its_value_is_not_summarized() -> None:
     assert quiet == "" and "2 variables" in full and "2 variables" in public, (quiet, full, public)
 
 
+def test_a_run_whose_caller_reads_only_its_value_reads_neither_the_workers_memory_nor_its_out_directory() -> None:
+    """For `feed_run` the worker skips its memory reading (a pread of /proc) and the walks of ``out/`` before and
+    after the run: the value is all the caller reads. `run` still reports both."""
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            backend = session._backend  # type: ignore[attr-defined]
+            plain = {"lookup": {}, "setup": False, "limits": Limits()}
+            write = "from pathlib import Path\nPath('out').mkdir(exist_ok=True)\nPath('out/{}.txt').write_text('x')\n1"
+            quiet = await backend.run(write.format("quiet"), report=False, **plain)
+            full = await backend.run(write.format("full"), **plain)
+            public = await session.run(write.format("public"))
+            return quiet, full, public
+
+    quiet, full, public = asyncio.run(scenario())
+    assert quiet.value == 1 and quiet.memory_bytes is None and quiet.files == ()
+    assert isinstance(full.memory_bytes, int) and [f.path for f in full.files] == ["out/full.txt"]
+    assert isinstance(public.memory_bytes, int) and [f.path for f in public.files] == ["out/public.txt"]
+
+
 def test_feed_run_inline_does_not_summarize_the_namespace_nor_read_the_cpu_clock(monkeypatch: Any) -> None:
     from snapcell import Pool
     from snapcell.runner import _runner
