@@ -21,8 +21,9 @@ Side by side in one event loop, alternating every repetition, with the same scri
 ``host_sync``. ``floor: round trip`` is the cross-process one: a frame the size of a run request sent from this
 event loop to a child interpreter that only echoes it (``run_1+1`` a mean of ``CALLS``, ``run_1+1_steady`` of
 ``STEADY_CALLS``, ``host_call_each`` of ``HOST_CALLS`` round trips): what any design with an asyncio host and a
-separate Python process pays before it does any work. Each target's verdict also says how far that floor already is
-from monty.
+separate Python process pays before it does any work. ``floor: JSON in Python`` adds the least a worker written in
+Python does: a JSON frame each way, the host answering a call in the loop's readiness callback, nothing checked.
+Each target's verdict also says how far those floors already are from monty.
 
 Ratios are to ``snapcell process``, the default (x < 1: faster than it). Targets (issue 16), as ratios to monty in
 the same run: process-mode ``run_1+1`` and ``host_call_each`` at most 1.5x monty's (``run_1+1_steady``,
@@ -262,10 +263,14 @@ class RoundTripFloor:
         back = b""
         while len(back) < len(frame):
             try:
-                back += self.sock.recv(65536)
+                data = self.sock.recv(65536)
             except BlockingIOError:
                 self.waiter = asyncio.get_running_loop().create_future()
                 await self.waiter
+                continue
+            if not data:
+                raise ConnectionResetError("the echo child closed its socket")
+            back += data
         return back
 
     async def each(self, count: int) -> float:
@@ -309,9 +314,15 @@ class JsonFloor:
 
     def _readable(self) -> None:
         try:
-            self.buffer.extend(self.sock.recv(65536))
+            data = self.sock.recv(65536)
         except BlockingIOError:
             return
+        if not data:  # the child is gone: stop watching, and fail the request waiting for it
+            self.close()
+            if self.done is not None and not self.done.done():
+                self.done.set_exception(ConnectionResetError("the JSON floor's child closed its socket"))
+            return
+        self.buffer.extend(data)
         buffer, size_of = self.buffer, JSON_FRAME.size
         while len(buffer) >= size_of:
             (size,) = JSON_FRAME.unpack_from(buffer)

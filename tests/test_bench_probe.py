@@ -1,4 +1,4 @@
-"""The benchmarks' machine probe and round-trip floor: the numbers that say what this machine charges any design."""
+"""The benchmarks' machine probe and floors: the numbers that say what this machine charges any design."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_the_probe_measures_a_round_trip_and_a_system_call_and_says_so_in_one_li
     assert "after 0.1 s idle" in line
 
 
-def test_the_round_trip_floor_gets_each_frame_back_whole_and_times_both_metrics() -> None:
+def test_the_round_trip_floor_gets_each_frame_back_whole_and_times_each_metric() -> None:
     async def measure() -> tuple[bytes, dict[str, float]]:
         with echo_process() as sock:
             floor = RoundTripFloor(sock)
