@@ -213,7 +213,7 @@ class AsyncSession:
         refs = container.manifest.blobs
         # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
         blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
-        self.manifest = await self._backend.load(body, blobs)
+        self.manifest = await self._backend.load(body, blobs, manifest=container.manifest)
         if key_index != 0:
             self._frames = set()
         else:

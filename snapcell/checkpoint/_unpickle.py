@@ -243,6 +243,7 @@ def load_namespace(
     find_global: FindGlobal,
     max_raw_bytes: int | None = None,
     blobs: Mapping[str, bytes | bytearray | memoryview] | None = None,
+    manifest: Manifest | None = None,
 ) -> LoadedNamespace:
     """Restore variables from a verified checkpoint body.
 
@@ -257,12 +258,13 @@ def load_namespace(
         find_global: Resolves every global the pickles name; see `make_find_global`.
         max_raw_bytes: Refuse checkpoints that would decompress to more than this.
         blobs: The stored bytes of the blobs the checkpoint refers to, by hash hex (see ``manifest.blobs``).
+        manifest: The manifest already parsed from these very bytes: not parsed again.
 
     Raises:
         CheckpointCorrupt: Malformed bytes, or a blob that is missing or does not match its hash.
         CheckpointVersionError: A checkpoint format this snapcell cannot read (another Python version is not one).
     """
-    container = parse_container(body, max_raw_bytes=max_raw_bytes)
+    container = parse_container(body, max_raw_bytes=max_raw_bytes, manifest=manifest)
     _check_blob_total(container.sections, blobs or {})
     manifest = container.manifest
     dill_data = [s for s in container.sections if s.kind is SectionKind.DILL]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, Protocol
 
@@ -77,8 +78,14 @@ class Backend(Protocol):
         """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks."""
         ...
 
-    async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
-        """Replace the namespace with a verified checkpoint body and its blobs."""
+    async def load(
+        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
+    ) -> Manifest:
+        """Replace the namespace with a verified checkpoint body and its blobs.
+
+        ``manifest`` is the one the host parsed from these very bytes, and what is returned: the session's view of
+        the checkpoint is its own parse of what it verified, never a worker's account of it.
+        """
         ...
 
     async def reset(self) -> None:
@@ -149,8 +156,10 @@ class InlineBackend:
             passed_frames=request.passed_frames,
         )
 
-    async def load(self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes]) -> Manifest:
-        return await asyncio.to_thread(self.runner.load, body, blobs)
+    async def load(
+        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
+    ) -> Manifest:
+        return await asyncio.to_thread(functools.partial(self.runner.load, body, blobs, manifest=manifest))
 
     @property
     def pending_dump(self) -> DumpRequest | None:

@@ -62,8 +62,8 @@ MAX_NAME_CHARS = 256
 # The variables a run assigned (`RunResult.assigned`): this many names, each cut to this many characters.
 MAX_ASSIGNED = 64
 MAX_ASSIGNED_CHARS = 80
-# A dump or load reply: its manifest (JSON text, whose own items are counted before it is parsed), the new
-# blobs it names. A worker whose checkpoint needs more says so with an error instead.
+# A dump reply: the new blobs it names, their sizes and the refreshed ones (the host reads the manifest in the body).
+# A worker whose checkpoint needs more says so with an error instead. A load reply is a control reply.
 MAX_CHECKPOINT_REPLY_BYTES = 32 * 1024 * 1024
 MAX_MANIFEST_ITEMS = 1_000_000
 MAX_DUMP_BLOBS = 65_536
@@ -149,9 +149,8 @@ def reply_budget(kind: str, limits: Limits, blob_bytes: int = 0) -> Budget:
             size += MAX_ARTIFACTS * MAX_ARTIFACT_FIELD_BYTES
         items = value_items(limits) + MAX_NOTES + MAX_ASSIGNED + _ERROR_ITEMS + _FIELDS_ITEMS + 6 * MAX_ARTIFACTS
         return _bounded(size, items, limits.max_artifact_bytes)
-    if kind in ("dump", "load"):
-        items = 3 * MAX_DUMP_BLOBS + _ERROR_ITEMS + _FIELDS_ITEMS
-        return _bounded(MAX_CHECKPOINT_REPLY_BYTES, items, blob_bytes if kind == "dump" else 0)
+    if kind == "dump":
+        return _bounded(MAX_CHECKPOINT_REPLY_BYTES, 3 * MAX_DUMP_BLOBS + _ERROR_ITEMS + _FIELDS_ITEMS, blob_bytes)
     if kind == "ws_read":
         return _bounded(_ERROR_BYTES + _FIELDS_BYTES, _ERROR_ITEMS + _FIELDS_ITEMS, blob_bytes)
     if kind == "ws_list":

@@ -445,13 +445,18 @@ class Runner:
             watchdog.stop()
 
     def load(
-        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes | bytearray | memoryview] | None = None
+        self,
+        body: bytes | bytearray | memoryview,
+        blobs: Mapping[str, bytes | bytearray | memoryview] | None = None,
+        *,
+        manifest: Manifest | None = None,
     ) -> Manifest:
         """Replace the namespace with a verified checkpoint body; on error the namespace is unchanged.
 
         Args:
             body: The verified body.
             blobs: The stored bytes of the blobs it refers to, by hash hex.
+            manifest: The manifest already parsed from these very bytes (not parsed again); it is what is returned.
 
         Raises:
             CheckpointCorrupt: The body is malformed, or a blob is missing or altered.
@@ -466,6 +471,7 @@ class Runner:
             find_global=self._find_global,
             max_raw_bytes=self.limits.memory_bytes,
             blobs=blobs,
+            manifest=manifest,
         )
         namespace.update(loaded.variables)
         # Frames that just restored with this runner's own unpickler need no trial restore at the next dump.

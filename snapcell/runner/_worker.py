@@ -149,7 +149,7 @@ class Worker:
         try:
             reply, out = self.handle(op, message, blob)
             payload = reply if isinstance(reply, bytes) else encode(reply)
-            if op in ("dump", "load") and len(payload) > MAX_CHECKPOINT_REPLY_BYTES:
+            if op == "dump" and len(payload) > MAX_CHECKPOINT_REPLY_BYTES:
                 raise CheckpointError(
                     f"the checkpoint's manifest is larger than the {MAX_CHECKPOINT_REPLY_BYTES:,} bytes a worker "
                     "may send; keep fewer cells or variables in the session"
@@ -274,11 +274,11 @@ class Worker:
             raise ConfigError("malformed load request: a part for each blob and the body")
         blobs = dict(zip(names, views[1:], strict=True))
         with self.watched("load", "load_time_s", self.runner.limits.load_time_s):
-            files = parse_container(views[0]).manifest.files
+            manifest = parse_container(views[0]).manifest
             if self.workspace is not None:
-                self.workspace.stage(files, blobs)  # checked before anything changes
+                self.workspace.stage(manifest.files, blobs)  # checked before anything changes
             try:
-                manifest = self.runner.load(views[0], blobs)
+                self.runner.load(views[0], blobs, manifest=manifest)
             except BaseException:
                 if self.workspace is not None:
                     self.workspace.discard_staging()
@@ -289,7 +289,8 @@ class Worker:
                     self.runner.pending_notes.append(
                         f"saved files under {', '.join(hidden)} are hidden by this session's read-only mounts"
                     )
-        return {"op": "loaded", "manifest": manifest.model_dump_json()}, []
+        # No manifest: the host parsed the one in the body it verified, and believes no other.
+        return {"op": "loaded"}, []
 
     def new_runner(self) -> Runner:
         """A runner with an empty namespace and this worker's policy, limits and file access."""

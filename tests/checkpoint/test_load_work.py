@@ -199,3 +199,21 @@ def test_a_load_whose_definitions_all_restored_parses_none_of_them(monkeypatch: 
     assert len(parsed) == 3
     loaded.record("def area(r):\n    return 0\n", {"area": lambda r: 0})
     assert loaded.sources() == [*sources[:2], "def area(r):\n    return 0\n"]
+
+
+def test_a_session_s_load_parses_the_checkpoint_s_manifest_once(
+    dumped: tuple[MemoryStore, Pool, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host parses the manifest of the body it verified, and the runner restores with that parse (in process
+    mode the worker parses its copy once too, and its reply carries none back to be parsed again)."""
+    from snapcell.checkpoint import _format
+
+    store, _, checkpoint_id = dumped
+    parsed: list[int] = []
+    real = _format.parse_manifest
+    monkeypatch.setattr(_format, "parse_manifest", lambda raw: parsed.append(len(raw)) or real(raw))
+    with Pool(store, isolation="inline", signing_keys=[KEY], policy=WIDE) as pool, pool.checkout() as session:
+        session.load_session(checkpoint_id)
+        assert session.feed_run("len(big), len(nums)") == (5000, 5000)
+        assert session.manifest is not None and {v.name for v in session.manifest.variables} == {"big", "nums", "np"}
+    assert len(parsed) == 1

@@ -366,8 +366,15 @@ def _(peer: Peer) -> None:
 
 @attack("manifest_with_millions_of_items", op="load")
 def _(peer: Peer) -> None:
+    # A load reply is a control reply: this one is over its budget, and refused unread.
     peer.send({"op": "loaded", "manifest": "[" + ",".join(["[]"] * 3_000_000) + "]"})
     stall()
+
+
+@attack("loaded_with_a_forged_manifest", op="load")
+def _(peer: Peer) -> None:
+    # A valid manifest (the argument), but not the checkpoint's: the host must keep its own parse of what it verified.
+    peer.send({"op": "loaded", "manifest": sys.argv[2]})
 
 
 # ---------------------------------------------------------------- start-up

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool, ScriptError, SessionError, WorkerLost
+from snapcell.checkpoint import DroppedVariable, Manifest
 from snapcell.runner._backend import DumpRequest
 from snapcell.runner._procbackend import ProcessBackend
 from snapcell.runner._workerpool import WorkerPool
@@ -41,6 +42,11 @@ LIMITS = Limits(
     memory_bytes=256 * MIB,
 )
 LOST = (WorkerLost, None)
+# What the host parsed from the body it verified (the load driver passes it), and what a lying worker says instead.
+HOST_MANIFEST = Manifest(created_at=0.0, python="3.11", libraries={}, variables=[])
+FORGED_MANIFEST = HOST_MANIFEST.model_copy(
+    update={"dropped": [DroppedVariable(name="forged", type_name="int", reason="made up by the worker")]}
+)
 
 # attack: (error expected, a text it must contain); None when the attack gets a checked answer instead.
 EXPECTED: dict[str, tuple[type[Exception], str | None] | None] = {
@@ -81,7 +87,8 @@ EXPECTED: dict[str, tuple[type[Exception], str | None] | None] = {
     "bool_blob_size": (WorkerLost, "non-negative ints"),
     "duplicate_blob_refs": (WorkerLost, "named twice"),
     "blob_count_beyond_the_budget": (WorkerLost, "at most 65536"),
-    "manifest_with_millions_of_items": (WorkerLost, "manifest holds more than"),
+    "manifest_with_millions_of_items": (WorkerLost, "-byte message where at most"),
+    "loaded_with_a_forged_manifest": None,
     "dumped_manifest_with_millions_of_items": (WorkerLost, "manifest holds more than"),
     "garbage_instead_of_started": (SessionError, None),
     "ready_with_a_sandbox_that_is_not_a_dict": (SessionError, "failed to start"),
@@ -89,6 +96,7 @@ EXPECTED: dict[str, tuple[type[Exception], str | None] | None] = {
 DRIVER = {
     "host_call_outside_a_run": "dump",
     "manifest_with_millions_of_items": "load",
+    "loaded_with_a_forged_manifest": "load",
     "dumped_manifest_with_millions_of_items": "dump",
     "garbage_instead_of_started": "start",
     "ready_with_a_sandbox_that_is_not_a_dict": "start",
@@ -112,6 +120,8 @@ def traced() -> Iterator[None]:
 
 def _setting(attack: str) -> tuple[Limits, list[str]]:
     """The limits an attack runs under, and the words after the fake worker's name."""
+    if attack == "loaded_with_a_forged_manifest":
+        return LIMITS, [attack, FORGED_MANIFEST.model_dump_json()]
     if attack != "dies_after_filling_its_memory":
         return LIMITS, [attack]
     # A child's peak RSS starts at the host's (inherited across fork and exec): the fake must go well past it,
@@ -144,7 +154,7 @@ async def _attack(attack: str, recorded: list[Any]) -> tuple[Any, int | None]:
                 backend.dump(DumpRequest(created_at=0.0, level=1, on_unpicklable="skip", known_blobs={}))
             )
         elif _driver(attack) == "load":
-            outcome = await _outcome(backend.load(b"body", {}))
+            outcome = await _outcome(backend.load(b"body", {}, manifest=HOST_MANIFEST))
         else:
             run = backend.run("x", lookup={"record": record}, setup=False, limits=LIMITS)
             outcome = await _outcome(run)
@@ -206,6 +216,9 @@ def _check_answer(attack: str, outcome: Any, recorded: list[Any]) -> None:
     elif attack == "host_call_for_a_function_not_offered":
         assert outcome.error is None and outcome.value == (1, "NameError") or outcome.value == [1, "NameError"]
         assert recorded == []
+    elif attack == "loaded_with_a_forged_manifest":
+        # The worker's account of the checkpoint (a dropped variable it made up) is not what the host keeps.
+        assert outcome is HOST_MANIFEST and outcome.dropped == []
     elif attack == "interleaved_replies":
         first, second = outcome
         assert first.value == 1
