@@ -68,6 +68,8 @@ class WarmSessions:
         self.max_bytes = max_bytes
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
+        # Check-ins of finished turns, started by `start_checkins` once the turn's answer is returned.
+        self._checkins: list[Coroutine[Any, Any, None]] = []
         self._waiting = 0  # turns waiting for a new checkout
         self.reused = 0
 
@@ -77,7 +79,17 @@ class WarmSessions:
     @property
     def leaving(self) -> int:
         """Sessions being checked in right now (each still holds its worker slot for a few milliseconds)."""
-        return len(self._closing)
+        return len(self._closing) + len(self._checkins)
+
+    def start_checkins(self) -> None:
+        """Start checking in the sessions of finished turns; `CodeTool.run_code` calls it as its answer is returned.
+
+        Started any earlier, a check-in's first step (a worker's kill, a thread for its scratch mount) would run at the
+        turn's next wait for the event loop (giving its lease back), and the answer would wait for it.
+        """
+        checkins, self._checkins = self._checkins, []
+        for checkin in checkins:
+            self._in_background(checkin)
 
     @contextlib.asynccontextmanager
     async def turn(
@@ -123,9 +135,9 @@ class WarmSessions:
         # A turn waiting for a checkout gets this session's worker rather than waiting behind a warm session.
         if turn._dumped is None or self.keep_warm_s <= 0 or self.max_sessions < 1 or self._waiting:
             # The turn is saved and its answer ready: checking the session in (killing its worker, removing its
-            # scratch directory: milliseconds) happens after the answer is returned, off the turn's latency. The
-            # worker's slot stays taken until then, so no checkout gets ahead of it.
-            self._in_background(self._checkin(turn._stack))
+            # scratch directory: milliseconds) happens after the answer is returned, off the turn's latency
+            # (`start_checkins`). The worker's slot stays taken until then, so no checkout gets ahead of it.
+            self._checkins.append(self._checkin(turn._stack))
             return
         await self._keep(conversation_id, _Kept(turn._stack, turn.session, turn._dumped, turn._memory_bytes))
 
@@ -171,6 +183,7 @@ class WarmSessions:
 
     async def aclose(self) -> None:
         """Check every warm session in, and wait for the check-ins still under way."""
+        self.start_checkins()
         while self._kept:
             await self._evict(next(iter(self._kept)))
         if self._closing:

@@ -279,9 +279,12 @@ class CodeTool:
             conversation, key = None, conversation_id
         validate_conversation_id(key)
         turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
-        async with self._leases.hold(key) as owner:
-            with conversation_context(key):
-                return await run_turn(self, key, code, setup, owner, turn_id, conversation)
+        try:
+            async with self._leases.hold(key) as owner:
+                with conversation_context(key):
+                    return await run_turn(self, key, code, setup, owner, turn_id, conversation)
+        finally:
+            self._warm.start_checkins()  # the turn's session is checked in once its answer is returned
 
     async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
         """See `load_head`."""

@@ -194,6 +194,38 @@ def test_a_turn_answers_before_its_session_is_checked_in_and_aclose_waits_for_it
     assert events == ["checkin started", "answered", "checked in", "tool closed"]
 
 
+def test_a_turn_s_check_in_starts_only_once_its_answer_is_returned() -> None:
+    """Nothing of the check-in (a worker's kill, a thread for its scratch mount) runs before `run_code` returns:
+    it used to start while the turn gave its lease back, and the turn waited for it."""
+    events: list[str] = []
+
+    async def main() -> tuple[list[str], str]:
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads())
+
+            @contextlib.asynccontextmanager
+            async def watched_checkin() -> AsyncIterator[AsyncSession]:
+                async with pool.checkout() as session:
+                    yield session
+                    events.append("checkin started")
+
+            tool._new_session = watched_checkin  # type: ignore[method-assign]
+            await tool.run_code("a", "x = 1")
+            for _ in range(10_000):  # the first turn's check-in, under way in the background
+                if events:
+                    break
+                await asyncio.sleep(0)
+            events.clear()
+            answer = await tool.run_code("a", "x + 1")
+            at_return = list(events)
+            await tool.aclose()
+            return at_return, answer
+
+    at_return, answer = asyncio.run(main())
+    assert "2" in answer
+    assert at_return == [] and events == ["checkin started"]
+
+
 def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_session(loads: list[bytes]) -> None:
     """A finished turn's session frees its worker in a moment: a new turn waits for it and the warm one stays."""
 
