@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, Protocol
 
@@ -159,7 +158,7 @@ class InlineBackend:
     async def load(
         self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
     ) -> Manifest:
-        return await asyncio.to_thread(functools.partial(self.runner.load, body, blobs, manifest=manifest))
+        return await asyncio.to_thread(self.runner.load, body, blobs, manifest=manifest)
 
     @property
     def pending_dump(self) -> DumpRequest | None:
