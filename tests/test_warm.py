@@ -161,6 +161,21 @@ def test_warm_settings_are_checked(options: dict[str, object]) -> None:
         asyncio.run(main())
 
 
+def _watch_checkins(tool: CodeTool, events: list[str], release: asyncio.Event | None = None) -> None:
+    """Make the tool's checkouts say in ``events`` when their check-in starts and ends (held until ``release``)."""
+
+    @contextlib.asynccontextmanager
+    async def watched() -> AsyncIterator[AsyncSession]:
+        async with tool.pool.checkout() as session:
+            yield session
+            events.append("checkin started")
+            if release is not None:
+                await release.wait()
+        events.append("checked in")
+
+    tool._new_session = watched  # type: ignore[method-assign]
+
+
 def test_a_turn_answers_before_its_session_is_checked_in_and_aclose_waits_for_it() -> None:
     """Checking a session in (a worker to kill) is off the turn's latency, but never left behind by `aclose`."""
     events: list[str] = []
@@ -169,16 +184,7 @@ def test_a_turn_answers_before_its_session_is_checked_in_and_aclose_waits_for_it
         release = asyncio.Event()
         async with _pool(MemoryStore()) as pool:
             tool = CodeTool(pool, heads=MemoryHeads())
-
-            @contextlib.asynccontextmanager
-            async def held_checkin() -> AsyncIterator[AsyncSession]:
-                async with pool.checkout() as session:
-                    yield session
-                    events.append("checkin started")
-                    await release.wait()
-                events.append("checked in")
-
-            tool._new_session = held_checkin  # type: ignore[method-assign]
+            _watch_checkins(tool, events, release)
             turn = asyncio.ensure_future(tool.run_code("a", "x = 1\nx"))
             done, _ = await asyncio.wait({turn}, timeout=HANG_GUARD_S)
             answered = turn in done and "1" in turn.result()
@@ -202,17 +208,10 @@ def test_a_turn_s_check_in_starts_only_once_its_answer_is_returned() -> None:
     async def main() -> tuple[list[str], str]:
         async with _pool(MemoryStore()) as pool:
             tool = CodeTool(pool, heads=MemoryHeads())
-
-            @contextlib.asynccontextmanager
-            async def watched_checkin() -> AsyncIterator[AsyncSession]:
-                async with pool.checkout() as session:
-                    yield session
-                    events.append("checkin started")
-
-            tool._new_session = watched_checkin  # type: ignore[method-assign]
+            _watch_checkins(tool, events)
             await tool.run_code("a", "x = 1")
             for _ in range(10_000):  # the first turn's check-in, under way in the background
-                if events:
+                if "checked in" in events:
                     break
                 await asyncio.sleep(0)
             events.clear()
@@ -223,7 +222,7 @@ def test_a_turn_s_check_in_starts_only_once_its_answer_is_returned() -> None:
 
     at_return, answer = asyncio.run(main())
     assert "2" in answer
-    assert at_return == [] and events == ["checkin started"]
+    assert at_return == [] and events == ["checkin started", "checked in"]
 
 
 def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_session(loads: list[bytes]) -> None:
