@@ -235,3 +235,27 @@ def test_the_format_3_golden_checkpoint_still_loads() -> None:
             manifest = session.manifest
     assert manifest is not None and any(f.layout == "dict" for f in manifest.frames)
     assert value == (42, 3.14159, True, [1, 2], sum(range(20_000)), 3000, "2999")
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_the_golden_checkpoint_of_snapcells_pickled_helpers_still_loads(isolation: str) -> None:
+    """Written before the package layout moved: its pickles name helpers by their old module paths."""
+    folder = Path(__file__).parent / "golden" / "helpers-v3-py311"
+    meta = json.loads((folder / "meta.json").read_text())
+    store = MemoryStore("golden-helpers")
+    for key, name in meta["objects"].items():
+        store.put(key, (folder / name).read_bytes())
+    clock = Clock()
+    clock.now = Keyring([meta["key"]]).parse_id(bytes.fromhex(meta["id"])).created_at + 60
+    policy = Policy().with_modules(["numpy"])
+    tools = {"list_customers": lambda: ["ada", "grace"]}
+    with Pool(store, isolation=isolation, policy=policy, signing_keys=[meta["key"]], clock=clock) as pool:
+        with pool.checkout() as session:
+            session.load_session(bytes.fromhex(meta["id"]))
+            value = session.feed_run(
+                "(buf.read(), raw.getvalue(), queue.qsize(), queue.get_nowait(), str(zone), square(4), getter(3),"
+                " caller('a'), nap(0), lookup(), str(stamps[1]), Color.RED.value, point == Point(1, 0))",
+                external_lookup=tools,
+            )
+            assert session.manifest is not None and not session.manifest.dropped
+    assert value == ("llo", b"abc", 2, 1, "UTC", 16, 3, "A", None, ["ada", "grace"], "2024-06-30", 1, True)
