@@ -24,7 +24,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from snapcell import Pool, S3Heads, SQLiteHeads, SyncCodeTool
+from snapcell import Pool, SyncCodeTool
+from snapcell.heads import S3Heads, SQLiteHeads
 from snapcell.storage import LocalStore, S3Config, S3Store
 
 REPS = 30

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import alternate_async, parse_args, print_table, ratio, summarize_ms, wait_warm, write_jsonl
-from snapcell import AsyncPool, CodeTool, Policy, SQLiteHeads
+from snapcell import AsyncPool, CodeTool, Policy
+from snapcell.heads import SQLiteHeads
 from snapcell.storage import LocalStore
 
 try:

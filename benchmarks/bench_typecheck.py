@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from snapcell.runner._typecheck import TypeChecker
+from snapcell.typecheck import TypeChecker
 
 CHECKS = 40
 WARMUP = 3

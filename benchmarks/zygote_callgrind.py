@@ -1,7 +1,7 @@
 """How many instructions does a zygote run from exec to "ready", and with how many modules? (issue 16, cold start)
 
 Wall time is noisy on a shared machine; callgrind's instruction count is not. The zygote is started as
-`snapcell.runner._zygotehost.Zygote` starts it (``python -I -m snapcell.runner._zygote CTRL_FD HOST_PID``, an
+`snapcell.backends._zygotehost.Zygote` starts it (``python -I -m snapcell.worker._zygote CTRL_FD HOST_PID``, an
 empty environment but the thread limits, ``cwd=/``) under ``valgrind --tool=callgrind``; its ready message is read,
 then its channel closed, so it exits without a second stage. Needs valgrind; not run by ``python -m benchmarks``.
 
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from snapcell.runner._zygote import THREAD_ENV
+from snapcell.worker._zygote import THREAD_ENV
 
 RUNS = 2
 
@@ -37,7 +37,7 @@ def measure() -> dict[str, int | None]:
             sys.executable,
             "-I",
             "-m",
-            "snapcell.runner._zygote",
+            "snapcell.worker._zygote",
             str(child.fileno()),
             str(os.getpid()),
         ]

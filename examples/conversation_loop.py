@@ -47,7 +47,10 @@ class ScriptedModel:
 
 
 async def answer(
-    tool: snapcell.CodeTool, store: snapcell.ConversationStore, conversation: snapcell.Conversation, question: str
+    tool: snapcell.CodeTool,
+    store: snapcell.conversation.ConversationStore,
+    conversation: snapcell.Conversation,
+    question: str,
 ) -> str:
     """Run one user message to the model's final text, saving every message with the state it goes with."""
     model = ScriptedModel()
@@ -69,7 +72,7 @@ async def answer(
 
 
 async def main(directory: str) -> None:
-    store = snapcell.FileConversationStore(f"{directory}/conversations")
+    store = snapcell.conversation.FileConversationStore(f"{directory}/conversations")
     async with snapcell.AsyncPool(f"file://{directory}/checkpoints", isolation="inline") as pool:
         tool = snapcell.CodeTool(pool)
         conversation = await store.load("demo") or snapcell.Conversation(id="demo")

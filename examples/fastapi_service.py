@@ -54,7 +54,7 @@ async def run_turn(conversation_id: str, turn: Turn, request: Request) -> Answer
     tool: snapcell.CodeTool = request.app.state.tool
     try:
         text = await tool.run_code(conversation_id, turn.code, turn.setup)
-    except snapcell.InvalidKey as exc:
+    except snapcell.errors.InvalidKey as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc
     except snapcell.Conflict as exc:  # another turn of this conversation is running
         raise HTTPException(status_code=409, detail=str(exc)) from exc

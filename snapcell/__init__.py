@@ -1,171 +1,148 @@
 """snapcell: a snapshotting Python interpreter for AI agents.
 
-Scripts run in a persistent namespace; ``dump()`` turns it into a signed, compressed checkpoint in
-local storage or S3 and returns an opaque ID; ``load_session(id)`` brings it back, in another
-process or on another server.
+Scripts run in a persistent namespace; ``dump()`` turns it into a signed, compressed checkpoint in local storage or
+S3 and returns an opaque ID; ``load_session(id)`` brings it back, in another process or on another server.
 
-The names below are imported when first used (PEP 562), so that importing a part of the package (a worker
-process imports only the runner and the checkpoint code) does not import all of it: the pool, storage
-clients, SQLite, the CLI.
+This module holds what an application touches: the pools and sessions, the ``run_code`` tool, `Conversation`,
+`Limits`, `Policy`, `RunResult`, `open_store` and the errors a caller catches. Everything else lives in its
+package's face: `snapcell.storage` (stores), `snapcell.heads` (head stores), `snapcell.conversation`
+(conversation stores), `snapcell.errors` (every error), `snapcell.ops` (cleanup, usage, inspect),
+`snapcell.interpreter`, `snapcell.checkpoint`, `snapcell.workspace`, `snapcell.telemetry`.
+
+The names are imported when first used (PEP 562), so that importing a part of the package (a worker process imports
+only the interpreter and the checkpoint code) does not import all of it: the pool, storage clients, SQLite, the CLI.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell._inspect import InspectReport, inspect_checkpoint
-    from snapcell._telemetry import conversation_context
-    from snapcell.checkpoint import Manifest
-    from snapcell.conversation import (
-        Conversation,
-        ConversationStore,
-        FileConversationStore,
-        MemoryConversationStore,
-        S3ConversationStore,
-    )
+    from snapcell.conversation import Conversation
     from snapcell.errors import (
         CheckpointCorrupt,
         CheckpointError,
         CheckpointExpired,
         CheckpointNotFound,
-        CheckpointRefused,
         CheckpointVersionError,
         ConfigError,
         Conflict,
-        ConversationBusy,
-        ConversationFormatError,
-        HeadCorrupt,
-        InvalidKey,
         LimitExceeded,
         MemoryLimitExceeded,
-        ObjectExists,
-        ObjectTooLarge,
-        OutputLimitExceeded,
         Overloaded,
         PolicyError,
-        QuotaExceeded,
-        RunCancelled,
-        SandboxError,
         ScriptError,
         ScriptSyntaxError,
         SessionError,
         SnapcellError,
         StorageError,
-        StorageTimeout,
-        StorageUnavailable,
         TimeLimitExceeded,
         TurnOutcomeUnknown,
         TypingError,
-        UnpicklableValue,
         WorkerLost,
-        WorkspaceError,
-        WorkspacePathError,
-        WorkspaceQuotaExceeded,
     )
+    from snapcell.interpreter import RunResult
+    from snapcell.limits import Limits
+    from snapcell.policy import Policy
     from snapcell.pool import AsyncPool, Pool
-    from snapcell.runner import Artifact, HostCall, Limits, Policy, RunResult, ScriptValue
     from snapcell.session import AsyncSession, Session
-    from snapcell.storage import (
-        HeadStore,
-        LocalStore,
-        MemoryHeads,
-        MemoryStore,
-        S3Heads,
-        S3Store,
-        SQLiteHeads,
-        Store,
-        open_store,
-    )
+    from snapcell.storage import open_store
     from snapcell.tool import CodeTool, SyncCodeTool
-    from snapcell.workspace import FileInfo
 
 # Where each public name lives; `__getattr__` imports it from there on first use.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "snapcell._telemetry": ("conversation_context",),
-    "snapcell.checkpoint": ("Manifest",),
-    "snapcell._inspect": (
+    "snapcell.pool": (
+        "AsyncPool",
+        "Pool",
+    ),
+    "snapcell.session": (
+        "AsyncSession",
+        "Session",
+    ),
+    "snapcell.tool": (
+        "CodeTool",
+        "SyncCodeTool",
+    ),
+    "snapcell.conversation": ("Conversation",),
+    "snapcell.limits": ("Limits",),
+    "snapcell.policy": ("Policy",),
+    "snapcell.interpreter": ("RunResult",),
+    "snapcell.storage": ("open_store",),
+    "snapcell.errors": (
+        "CheckpointCorrupt",
+        "CheckpointError",
+        "CheckpointExpired",
+        "CheckpointNotFound",
+        "CheckpointVersionError",
+        "ConfigError",
+        "Conflict",
+        "LimitExceeded",
+        "MemoryLimitExceeded",
+        "Overloaded",
+        "PolicyError",
+        "ScriptError",
+        "ScriptSyntaxError",
+        "SessionError",
+        "SnapcellError",
+        "StorageError",
+        "TimeLimitExceeded",
+        "TurnOutcomeUnknown",
+        "TypingError",
+        "WorkerLost",
+    ),
+}
+
+# Names that live in a package's face instead: asking the top level for one says where it is.
+_MOVED: dict[str, tuple[str, ...]] = {
+    "snapcell.ops": (
         "InspectReport",
         "inspect_checkpoint",
     ),
+    "snapcell.telemetry": ("conversation_context",),
+    "snapcell.checkpoint": ("Manifest",),
     "snapcell.conversation": (
-        "Conversation",
         "ConversationStore",
         "FileConversationStore",
         "MemoryConversationStore",
         "S3ConversationStore",
     ),
     "snapcell.errors": (
-        "CheckpointCorrupt",
-        "CheckpointError",
-        "CheckpointExpired",
-        "CheckpointNotFound",
         "CheckpointRefused",
-        "CheckpointVersionError",
-        "ConfigError",
-        "Conflict",
         "ConversationBusy",
         "ConversationFormatError",
         "HeadCorrupt",
         "InvalidKey",
-        "LimitExceeded",
-        "MemoryLimitExceeded",
         "ObjectExists",
         "ObjectTooLarge",
         "OutputLimitExceeded",
-        "Overloaded",
-        "PolicyError",
         "QuotaExceeded",
         "RunCancelled",
         "SandboxError",
-        "ScriptError",
-        "ScriptSyntaxError",
-        "SessionError",
-        "SnapcellError",
-        "StorageError",
         "StorageTimeout",
         "StorageUnavailable",
-        "TimeLimitExceeded",
-        "TurnOutcomeUnknown",
-        "TypingError",
         "UnpicklableValue",
-        "WorkerLost",
         "WorkspaceError",
         "WorkspacePathError",
         "WorkspaceQuotaExceeded",
     ),
-    "snapcell.pool": (
-        "AsyncPool",
-        "Pool",
-    ),
-    "snapcell.runner": (
+    "snapcell.interpreter": (
         "Artifact",
         "HostCall",
-        "Limits",
-        "Policy",
-        "RunResult",
-        "ScriptValue",
     ),
-    "snapcell.session": (
-        "AsyncSession",
-        "Session",
+    "snapcell.wire": ("ScriptValue",),
+    "snapcell.heads": (
+        "HeadStore",
+        "MemoryHeads",
+        "S3Heads",
+        "SQLiteHeads",
     ),
     "snapcell.storage": (
-        "HeadStore",
         "LocalStore",
-        "MemoryHeads",
         "MemoryStore",
-        "S3Heads",
         "S3Store",
-        "SQLiteHeads",
         "Store",
-        "open_store",
-    ),
-    "snapcell.tool": (
-        "CodeTool",
-        "SyncCodeTool",
     ),
     "snapcell.workspace": ("FileInfo",),
 }
@@ -173,13 +150,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 __version__ = "0.1.0"
 
 __all__ = [
-    "InspectReport",
-    "conversation_context",
-    "inspect_checkpoint",
     "AsyncPool",
     "AsyncSession",
     "CheckpointCorrupt",
-    "CheckpointRefused",
     "CheckpointError",
     "CheckpointExpired",
     "CheckpointNotFound",
@@ -187,61 +160,27 @@ __all__ = [
     "CodeTool",
     "ConfigError",
     "Conflict",
-    "ConversationBusy",
-    "HeadCorrupt",
     "Conversation",
-    "ConversationFormatError",
-    "ConversationStore",
-    "FileConversationStore",
-    "MemoryConversationStore",
-    "RunCancelled",
-    "S3ConversationStore",
-    "HeadStore",
-    "HostCall",
-    "InvalidKey",
     "LimitExceeded",
     "Limits",
-    "LocalStore",
-    "Manifest",
-    "MemoryHeads",
     "MemoryLimitExceeded",
-    "MemoryStore",
-    "ObjectExists",
-    "ObjectTooLarge",
-    "OutputLimitExceeded",
     "Overloaded",
     "Policy",
     "PolicyError",
     "Pool",
-    "QuotaExceeded",
     "RunResult",
-    "S3Heads",
-    "S3Store",
-    "SQLiteHeads",
-    "SandboxError",
-    "ScriptValue",
     "ScriptError",
     "ScriptSyntaxError",
     "Session",
     "SessionError",
     "SnapcellError",
     "StorageError",
-    "StorageTimeout",
-    "StorageUnavailable",
-    "Store",
     "SyncCodeTool",
     "TimeLimitExceeded",
     "TurnOutcomeUnknown",
     "TypingError",
-    "UnpicklableValue",
     "WorkerLost",
-    "WorkspaceError",
-    "WorkspacePathError",
-    "WorkspaceQuotaExceeded",
-    "Artifact",
-    "FileInfo",
     "open_store",
 ]
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), moved=_MOVED)

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from snapcell import MemoryHeads, Policy, Pool, SyncCodeTool
+from snapcell import Policy, Pool, SyncCodeTool
 from snapcell.checkpoint import Keyring
 from snapcell.cli import build_parser, main
 from snapcell.cli._repl import Repl, describe_variables
+from snapcell.heads import MemoryHeads
 
 
 def _cli(*argv: str, cwd: Path | None = None, **kwargs: object) -> subprocess.CompletedProcess[str]:

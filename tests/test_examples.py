@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from snapcell import FileConversationStore
+from snapcell.conversation import FileConversationStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

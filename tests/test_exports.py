@@ -17,6 +17,12 @@ import pytest
 import snapcell
 
 INIT = Path(snapcell.__file__)
+# Every package face whose names are imported on first use.
+LAZY_FACES = sorted(
+    ".".join(path.parent.relative_to(INIT.parent.parent).parts)
+    for path in INIT.parent.rglob("__init__.py")
+    if path != INIT and "_EXPORTS" in path.read_text()
+)
 
 
 def test_every_public_name_resolves_to_the_object_in_its_module() -> None:
@@ -51,18 +57,18 @@ def test_subpackages_and_unknown_names() -> None:
 def test_the_worker_imports_none_of_the_hosts_side() -> None:
     probe = (
         "import json, sys\n"
-        "import snapcell.runner._worker, snapcell.runner._zygote, snapcell.runner._sandbox\n"
-        "from snapcell.checkpoint import _format, _scan\n"
+        "import snapcell.worker._worker, snapcell.worker._zygote, snapcell.sandbox._sandbox\n"
+        "from snapcell.checkpoint import _format\nfrom snapcell.checkpoint.scan import _scan\n"
         "built = sorted(name for name in dir(_format) if getattr(getattr(_format, name), '__pydantic_complete__', 0))\n"
         "compiled = _scan._group_patterns.cache_info().currsize\n"
-        "snapcell.runner._worker._warm_up()  # a run, a dump and a load\n"
+        "snapcell.worker._worker._warm_up()  # a run, a dump and a load\n"
         "after = [_format.Manifest.__pydantic_complete__, _format.BlobRef.__pydantic_complete__]\n"
         "after.append(_scan._group_patterns.cache_info().currsize)\n"
         "print(json.dumps([sorted(sys.modules), built, compiled, after]))"
     )
     done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     modules, built, compiled, after = json.loads(done.stdout)
-    assert "snapcell.runner._worker" in modules
+    assert "snapcell.worker._worker" in modules
     host_side = {"snapcell.pool", "snapcell.session", "snapcell.tool", "snapcell.storage", "snapcell.cli", "sqlite3"}
     assert not set(modules) & host_side, sorted(set(modules) & host_side)
     # No checkpoint model schema built and no scan pattern compiled at import; the warm-up builds them, the blob
@@ -75,8 +81,8 @@ def test_a_zygote_imports_neither_pydantic_nor_asyncio_before_its_first_fork() -
     # What `_zygote.main` imports before it says "ready": the checkpoint code and asyncio come after the first fork.
     probe = (
         "import json, sys\n"
-        "import snapcell.runner._zygote\n"
-        "from snapcell.runner import _privileges, _worker\n"
+        "import snapcell.worker._zygote\n"
+        "from snapcell.sandbox import _privileges\nfrom snapcell.worker import _worker\n"
         "_privileges.warm_import_paths()\n"
         "deferred = ('pydantic', 'asyncio', 'cloudpickle', 'dill', 'zstandard', 'snapcell.checkpoint._format')\n"
         "print(json.dumps([name for name in deferred if name in sys.modules]))"
@@ -87,11 +93,11 @@ def test_a_zygote_imports_neither_pydantic_nor_asyncio_before_its_first_fork() -
 
 _RUN_DUMP_COROUTINE = (
     "import json, sys\n"
-    "from snapcell.runner._limits import Limits\n"
-    "from snapcell.runner._policy import Policy\n"
-    "from snapcell.runner._loopfree import finish_without_loop, runs_without_loop\n"
-    "from snapcell.runner._runner import Runner\n"
-    "from snapcell.runner._worker import _NoHost\n"
+    "from snapcell.limits import Limits\n"
+    "from snapcell.policy._policy import Policy\n"
+    "from snapcell.worker._loopfree import finish_without_loop, runs_without_loop\n"
+    "from snapcell.interpreter._runner import Runner\n"
+    "from snapcell.worker._worker import _NoHost\n"
     "runner = Runner(policy=Policy(), limits=Limits(wall_time_s=None))\n"
     "cell = 'x = 1 + 1\\nx'\n"
     "free = runs_without_loop(runner, cell)\n"
@@ -118,7 +124,7 @@ def test_a_first_run_imports_neither_and_a_dump_and_a_coroutine_cell_follow() ->
     assert coro == 3
 
 
-@pytest.mark.parametrize("package", ["snapcell.checkpoint", "snapcell.runner", "snapcell.workspace"])
+@pytest.mark.parametrize("package", LAZY_FACES)
 def test_a_subpackages_lazy_names_match_its_type_checker_imports_and_resolve(package: str) -> None:
     module = importlib.import_module(package)
     assert module.__file__ is not None

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from snapcell import CheckpointNotFound, ConfigError, Pool
-from snapcell._inspect import inspect_checkpoint
 from snapcell.checkpoint import dump_namespace
 from snapcell.cli import main
+from snapcell.ops._inspect import inspect_checkpoint
 
 
 def _write_canary(path: str) -> None:

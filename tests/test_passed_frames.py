@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from snapcell import Pool
+from snapcell.backends._backend import DumpRequest
+from snapcell.backends._procbackend import MAX_PASSED_FRAMES, _dump_message
 from snapcell.checkpoint import _pickle
-from snapcell.runner._backend import DumpRequest
-from snapcell.runner._procbackend import MAX_PASSED_FRAMES, _dump_message
-from snapcell.runner._runner import Runner
-from snapcell.runner._worker import _frame_hashes
+from snapcell.interpreter._runner import Runner
+from snapcell.worker._worker import _frame_hashes
 
 # Dates pickle through a reducer, so their frame is not plain data (which is never scanned), and 3,000 of them make
 # a frame above the frame-blob threshold (16 KiB): stored once as a blob, scanned by the host when new.

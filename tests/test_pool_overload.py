@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from snapcell import AsyncPool, ConfigError, Overloaded, SessionError
-from snapcell.runner._workerpool import CheckoutQueue
+from snapcell.backends._workerpool import CheckoutQueue
 
 LONG_S = 3600.0  # a wait this long never ends inside a test: anything that returns did not wait it out
 

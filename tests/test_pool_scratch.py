@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from snapcell import AsyncPool, Pool
-from snapcell.runner._scratch import _process_start, reclaim_scratch_dirs
+from snapcell.sandbox._scratch import _process_start, reclaim_scratch_dirs
 
 HOST = """
 import sys
@@ -145,7 +145,7 @@ def test_a_dead_pids_directory_is_kept_while_its_lock_is_held(temp_dir: Path) ->
 
 def _count_reclaims(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Record each reclaim a pool makes: True when a zygote process was starting (spawned, not ready) meanwhile."""
-    from snapcell.runner import _workerpool, _zygotehost
+    from snapcell.backends import _workerpool, _zygotehost
 
     calls: list[bool] = []
     starting: list[_zygotehost.Zygote] = []

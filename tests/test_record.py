@@ -1,4 +1,6 @@
-"""`snapcell._record.dataclass` behaves as `dataclasses.dataclass` for what snapcell's classes use, compiling nothing.
+"""`snapcell._support._record.dataclass` behaves as `dataclasses.dataclass` for what snapcell's classes use.
+
+It compiles nothing.
 
 Each scenario builds the same class body twice, with the real decorator and with the record one, and compares.
 """
@@ -15,13 +17,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from snapcell import _record
-from snapcell.runner._budget import Budget
-from snapcell.runner._limits import Limits
-from snapcell.runner._policy import Policy
-from snapcell.runner._result import Artifact, RunResult
-from snapcell.runner._sandbox import SandboxReport
-from snapcell.runner._values import ScriptValue
+from snapcell._support import _record
+from snapcell.interpreter._result import Artifact, RunResult
+from snapcell.limits import Limits
+from snapcell.policy._policy import Policy
+from snapcell.sandbox._sandbox import SandboxReport
+from snapcell.wire._budget import Budget
+from snapcell.wire._values import ScriptValue
 from snapcell.workspace._local import Snapshot
 from snapcell.workspace._paths import FileInfo
 
@@ -185,9 +187,9 @@ def test_making_the_shipped_records_compiles_nothing() -> None:
         "            calls.append(sys._getframe(1).f_code.co_filename)\n"
         "        return _real(*a, **k)\n"
         "    setattr(builtins, name, spy)\n"
-        "from snapcell.runner import _zygote\n"
+        "from snapcell.worker import _zygote\n"
         "_zygote.import_worker()\n"
-        "import snapcell.runner._sandbox\n"
+        "import snapcell.sandbox._sandbox\n"
         "print(sorted(set(calls)), 'dataclasses' in sys.modules, 'inspect' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, env={})
@@ -218,7 +220,7 @@ def test_shipped_records_repr_and_defaults_match_a_real_dataclass(cls: Any) -> N
 
 def test_a_well_formed_call_builds_no_table_of_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     """RunResult (by keyword) and HostCall (by position) are made on every run and host call: one pass, no dict."""
-    from snapcell.runner._host import HostCall
+    from snapcell.interpreter._host import HostCall
 
     tables: list[tuple[Any, ...]] = []
     real = _record._arguments

@@ -133,7 +133,7 @@ def test_exit_and_eof(tmp_path: Path) -> None:
 
 def _head_file(store: Path) -> Path:
     """The checkpoint file of conversation t1's head in a local store."""
-    from snapcell.storage import SQLiteHeads
+    from snapcell.heads import SQLiteHeads
 
     heads = SQLiteHeads(store / ".heads.sqlite3", create=False)
     try:

@@ -18,7 +18,6 @@ from snapcell import (
     AsyncPool,
     CheckpointCorrupt,
     ConfigError,
-    MemoryStore,
     Policy,
     Pool,
     ScriptError,
@@ -26,7 +25,8 @@ from snapcell import (
     Session,
     SessionError,
 )
-from snapcell._callables import is_async_callable
+from snapcell._support._callables import is_async_callable
+from snapcell.storage import MemoryStore
 
 KEY_A = "session-tests-key-A-0123456789abcdef"
 # A hang guard for what a test waits on, not a timing bound.

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from snapcell._syncloop import SyncLoop
+from snapcell._support._syncloop import SyncLoop
 
 
 def _interrupt_soon() -> None:

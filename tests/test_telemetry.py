@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (names and attributes as documented in snapcell._telemetry), logging, namespace summaries."""
+"""OpenTelemetry spans (names and attributes as documented in snapcell.telemetry), logging, namespace summaries."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from snapcell import Limits, MemoryStore, Pool, WorkerLost
-from snapcell._telemetry import conversation_context, set_tracer_provider, trace_run
-from snapcell.runner._runner import summarize_namespace
-from snapcell.storage import cleanup
+from snapcell import Limits, Pool, WorkerLost
+from snapcell.interpreter._runner import summarize_namespace
+from snapcell.ops import cleanup
+from snapcell.storage import MemoryStore
+from snapcell.telemetry import conversation_context, set_tracer_provider, trace_run
 
 
 @pytest.fixture
@@ -241,7 +242,8 @@ def test_nothing_changes_without_opentelemetry() -> None:
 import sys
 sys.modules["opentelemetry"] = None  # as if the package were not installed
 import snapcell
-from snapcell.storage import MemoryStore, cleanup
+from snapcell.storage import MemoryStore
+from snapcell.ops import cleanup
 with snapcell.Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
     result = session.run("x = f(2)\\nx", external_lookup={"f": lambda n: n + 1})
     assert result.value == 3, result

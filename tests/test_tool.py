@@ -21,18 +21,16 @@ from snapcell import (
     CodeTool,
     ConfigError,
     Conflict,
-    InvalidKey,
-    MemoryHeads,
     Pool,
     RunResult,
-    S3Heads,
     ScriptError,
-    SQLiteHeads,
     StorageError,
-    StorageUnavailable,
     SyncCodeTool,
 )
-from snapcell.storage import MemoryStore, S3Config, S3Store, cleanup
+from snapcell.errors import InvalidKey, StorageUnavailable
+from snapcell.heads import MemoryHeads, S3Heads, SQLiteHeads
+from snapcell.ops import cleanup
+from snapcell.storage import MemoryStore, S3Config, S3Store
 from snapcell.tool import STATE_GONE_NOTE, cut_answer, render_answer, tool_call_arguments
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION, s3_server
 

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from snapcell import Limits, MemoryHeads, Policy, Pool, SyncCodeTool, WorkerLost
-from snapcell.runner._procbackend import _Died, _lost
+from snapcell import Limits, Policy, Pool, SyncCodeTool, WorkerLost
+from snapcell.backends._procbackend import _Died, _lost
+from snapcell.heads import MemoryHeads
 from snapcell.session import AsyncSession
 
 

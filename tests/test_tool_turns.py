@@ -10,18 +10,10 @@ from typing import Any
 
 import pytest
 
-from snapcell import (
-    Conflict,
-    ConversationBusy,
-    InvalidKey,
-    MemoryHeads,
-    Pool,
-    StorageError,
-    StorageUnavailable,
-    SyncCodeTool,
-    TurnOutcomeUnknown,
-)
-from snapcell.storage import Head, MemoryStore
+from snapcell import Conflict, Pool, StorageError, SyncCodeTool, TurnOutcomeUnknown
+from snapcell.errors import ConversationBusy, InvalidKey, StorageUnavailable
+from snapcell.heads import Head, MemoryHeads
+from snapcell.storage import MemoryStore
 
 KEY = "tool-turns-signing-key-0123456789"
 APPEND = "try:\n    entries\nexcept NameError:\n    entries = []\nentries.append(mark({tag!r}))\nentries"

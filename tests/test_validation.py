@@ -10,7 +10,7 @@ import pytest
 
 from snapcell import ConfigError, Pool, SessionError
 from snapcell.checkpoint import Keyring
-from snapcell.runner import Limits
+from snapcell.limits import Limits
 from snapcell.storage import LocalStore, MemoryStore, open_store
 
 KEY = "validation-test-signing-key-0123456789"

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from snapcell import AsyncPool, CodeTool, ConfigError, MemoryHeads, Policy
+from snapcell import AsyncPool, CodeTool, ConfigError, Policy
+from snapcell.heads import MemoryHeads
 from snapcell.session import AsyncSession
 from snapcell.storage import MemoryStore
 

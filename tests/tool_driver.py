@@ -11,7 +11,8 @@ import os
 import sys
 
 from snapcell import Pool, SyncCodeTool
-from snapcell.storage import S3Config, S3Heads, S3Store, SQLiteHeads, open_store
+from snapcell.heads import S3Heads, SQLiteHeads
+from snapcell.storage import S3Config, S3Store, open_store
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION
 
 APPEND = "try:\n    entries\nexcept NameError:\n    entries = []\nentries.append({tag!r})\nlen(entries)"

@@ -1,14 +1,14 @@
 """Namespace <-> bytes: pickling, the container format, compression and signing.
 
-Knows nothing of execution or storage. Its names are imported on first use (`snapcell._lazy`): the worker imports
-the checkpoint code (pydantic, the picklers, zstd) only when it first dumps or loads.
+Knows nothing of execution or storage. Its names are imported on first use (`snapcell._support`): the worker
+imports the checkpoint code (pydantic, the picklers, zstd) only when it first dumps or loads.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._lazy import lazy_exports
+from snapcell._support._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from snapcell.checkpoint._blobs import BLOB_PREFIX, HASH_ALGORITHM, blob_key, blob_keys_of
@@ -22,12 +22,12 @@ if TYPE_CHECKING:
         WorkspaceFile,
         parse_container,
     )
-    from snapcell.checkpoint._hostscan import scan_body
     from snapcell.checkpoint._pickle import Dumped, dump_namespace
     from snapcell.checkpoint._rule import HELPERS, GlobalRule, Refusal, global_refusal
-    from snapcell.checkpoint._scan import scan_pickle
     from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
     from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global
+    from snapcell.checkpoint.scan._hostscan import scan_body
+    from snapcell.checkpoint.scan._scan import scan_pickle
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.checkpoint._blobs": (
@@ -46,7 +46,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "WorkspaceFile",
         "parse_container",
     ),
-    "snapcell.checkpoint._hostscan": ("scan_body",),
+    "snapcell.checkpoint.scan._hostscan": ("scan_body",),
     "snapcell.checkpoint._pickle": (
         "Dumped",
         "dump_namespace",
@@ -57,7 +57,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Refusal",
         "global_refusal",
     ),
-    "snapcell.checkpoint._scan": ("scan_pickle",),
+    "snapcell.checkpoint.scan._scan": ("scan_pickle",),
     "snapcell.checkpoint._signing": (
         "ENV_SIGNING_KEY",
         "CheckpointId",

@@ -26,7 +26,6 @@ from snapcell.checkpoint._pickle import (
     _rebuild_recursive_repr,
 )
 from snapcell.checkpoint._rule import (
-    ALIASES,
     CLASS_DUNDERS,
     HELPERS,
     PLAIN,
@@ -35,6 +34,7 @@ from snapcell.checkpoint._rule import (
     attribute_refusal,
     call_refusal,
     code_refusal,
+    current_name,
     global_refusal,
     module_refusal,
 )
@@ -166,7 +166,7 @@ def make_find_global(
         problem = global_refusal(module, name, rule)
         if problem is not None:
             raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
-        module, name = ALIASES.get((module, name), (module, name))  # ``_operator.getitem`` is ``operator.getitem``
+        module, name = current_name(module, name)  # ``_operator.getitem`` is ``operator.getitem``
         kind = HELPERS.get((module, name), PLAIN)
         if (module, name) in overrides:
             return checked(kind, overrides[(module, name)], rule)

@@ -53,9 +53,9 @@ from snapcell.checkpoint._frames import (
     shared_ids,
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
-from snapcell.checkpoint._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
-from snapcell.checkpoint._scanplain import compile_patterns
 from snapcell.checkpoint._stdvalues import std_reducers
+from snapcell.checkpoint.scan._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
+from snapcell.checkpoint.scan._scanplain import compile_patterns
 from snapcell.errors import UnpicklableValue
 
 __all__ = ["FRAME_BLOB_BYTES", "Dumped", "TrialLoad", "dump_namespace"]
@@ -480,7 +480,7 @@ def dump_namespace(
             Buffers of at least ``blob_threshold`` bytes become blobs; only unknown ones are encoded.
         blob_threshold: Smallest buffer stored as a blob; None keeps every buffer inside the body.
         rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
-            the loader would refuse (`snapcell.checkpoint._scan`) is dropped and named, as the host would refuse
+            the loader would refuse (`snapcell.checkpoint.scan._scan`) is dropped and named, as the host would refuse
             the whole checkpoint before signing it. A pickle of plain data (lists, dicts, sets, tuples, strings,
             bytes and numbers only, as the pickler saw) names none and is not scanned here; the host scans it.
         trial: The loader's restricted unpickler (pickle bytes and buffers to a value, raising when it would

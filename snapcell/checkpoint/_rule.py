@@ -20,6 +20,8 @@ from snapcell.checkpoint._stdvalues import VALUE_HELPERS, value_call_refusal
 
 __all__ = [
     "ALIASES",
+    "MOVED_MODULES",
+    "current_name",
     "CLASS_DUNDERS",
     "HELPERS",
     "NAMES_ONLY",
@@ -121,9 +123,9 @@ HELPERS: dict[tuple[str, str], str] = {
             "_code_in_cell",
         )
     },
-    ("snapcell.runner._host", "host_function"): PLAIN,
+    ("snapcell.interpreter._host", "host_function"): PLAIN,
     **{
-        ("snapcell.runner._guard", name): PLAIN
+        ("snapcell.policy._guard", name): PLAIN
         for name in (
             "_sliced_sleep", "_guarded_attrgetter", "_guarded_methodcaller", "guarded_getattr", "guarded_hasattr",
             "guarded_setattr", "guarded_delattr", "guarded_dir", "guarded_vars",
@@ -181,6 +183,23 @@ NAMES_ONLY: dict[str, frozenset[str]] = {"copy": frozenset({"copy", "deepcopy", 
 # (``typing.Optional[int]`` pickles as ``_operator.getitem(typing.Union, (int, NoneType))``). The alias stands for
 # its public twin exactly: allowed only when the twin is, so no other name of ``_operator`` becomes reachable.
 ALIASES: dict[tuple[str, str], tuple[str, str]] = {("_operator", "getitem"): ("operator", "getitem")}
+# snapcell's own modules whose helpers checkpoints name, by the path each had when older checkpoints were written:
+# a pickle names a helper by its module, so a helper module that moves keeps every checkpoint naming its old path
+# loading. The host's scan and the loader both read a global through `current_name`, so both see the same helper.
+MOVED_MODULES: dict[str, str] = {
+    "snapcell.runner._host": "snapcell.interpreter._host",
+    "snapcell.runner._guard": "snapcell.policy._guard",
+    "snapcell.runner._standins": "snapcell.policy._standins",
+    "snapcell.runner._fidelity": "snapcell.policy._fidelity",
+}
+
+
+def current_name(module: str, name: str) -> tuple[str, str]:
+    """The global a checkpoint's ``module.name`` stands for today: moved modules and C accelerators resolved."""
+    module = MOVED_MODULES.get(module, module)
+    return ALIASES.get((module, name), (module, name))
+
+
 # Dunder methods a class's dict may hold by reference (a str-mixin ``Enum`` gets ``enum.Enum.__format__``,
 # ``__repr__`` and ``__str__`` copied into its class dict, and ``str.__repr__`` as ``getattr(str, '__repr__')``):
 # as the last part of a dotted global below a class, or read by the ``getattr`` helper (`PRIVATE_OK`). Each returns
@@ -280,8 +299,8 @@ def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule)
     rule = as_rule(rule)
     if (module, name) in HELPERS or (module, name) in rule.stand_ins:
         return None
-    if (module, name) in ALIASES:
-        return global_refusal(*ALIASES[(module, name)], rule)
+    if (module, name) in ALIASES or module in MOVED_MODULES:
+        return global_refusal(*current_name(module, name), rule)
     if module in NAMES_ONLY and name not in NAMES_ONLY[module]:
         return "a name of a module whose other names are serializer machinery"
     if module == "builtins":

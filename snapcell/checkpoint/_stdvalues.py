@@ -83,7 +83,7 @@ _NEWLINE_NAMES = {value: name for name, value in _NEWLINES.items()}
 
 def _unknown(value: object) -> bool:
     """True for the scanner's stand-in for a value it does not track (a loaded object is never one)."""
-    scan = sys.modules.get("snapcell.checkpoint._scanvalues")
+    scan = sys.modules.get("snapcell.checkpoint.scan._scanvalues")
     return scan is not None and (value is scan.OPAQUE or value is scan.FOREIGN)
 
 

@@ -30,7 +30,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from snapcell._inspect import inspect_checkpoint
+    from snapcell.ops._inspect import inspect_checkpoint
 
     is_file = os.path.exists(args.target) and not os.path.isdir(args.target)
     if not is_file and args.id:
@@ -67,7 +67,8 @@ def _run_mcp(args: argparse.Namespace) -> int:
 def _head(args: argparse.Namespace) -> int:
     import json
 
-    from snapcell.storage import default_heads, open_store, validate_conversation_id
+    from snapcell.heads import default_heads, validate_conversation_id
+    from snapcell.storage import open_store
 
     validate_conversation_id(args.conversation)
     store = open_store(args.store)

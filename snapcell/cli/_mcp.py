@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from snapcell.errors import ConfigError, SnapcellError
+from snapcell.heads import validate_conversation_id
+from snapcell.limits import Limits
+from snapcell.policy import Policy
 from snapcell.pool import AsyncPool
-from snapcell.runner import Limits, Policy
-from snapcell.storage import validate_conversation_id
 from snapcell.tool import CodeTool
 
 if TYPE_CHECKING:

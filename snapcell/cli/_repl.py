@@ -18,14 +18,14 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from snapcell._inspect import inspect_checkpoint
-from snapcell._telemetry import conversation_context
 from snapcell.checkpoint import Manifest
 from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, Conflict, SnapcellError
+from snapcell.ops._cleanup import format_bytes
+from snapcell.ops._inspect import inspect_checkpoint
+from snapcell.policy import Policy
 from snapcell.pool import Pool
-from snapcell.runner import Policy
 from snapcell.storage import MemoryStore
-from snapcell.storage._cleanup import format_bytes
+from snapcell.telemetry import conversation_context
 from snapcell.tool import SyncCodeTool
 
 __all__ = ["DEFAULT_CONVERSATION", "Repl", "run_repl"]
@@ -336,7 +336,7 @@ def run_repl(
         ConfigError: A bad store URL, conversation ID or isolation; nothing ran.
         StorageError: The store or head store could not be read.
     """
-    from snapcell.storage import validate_conversation_id
+    from snapcell.heads import validate_conversation_id
 
     validate_conversation_id(conversation)
     if stdin_is_tty if stdin_is_tty is not None else sys.stdin.isatty():

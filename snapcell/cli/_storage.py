@@ -13,15 +13,11 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from snapcell.errors import ConfigError, StorageError
-from snapcell.runner._scratch import reclaim_scratch_dirs
-from snapcell.storage import HeadStore, LocalStore, Store, cleanup, open_heads, open_store, usage
-from snapcell.storage._cleanup import (
-    DEFAULT_BLOB_GRACE_S,
-    DEFAULT_GRACE_S,
-    DEFAULT_TTL_S,
-    MIN_BLOB_GRACE_S,
-    MIN_GRACE_S,
-)
+from snapcell.heads import HeadStore, open_heads
+from snapcell.ops import cleanup, usage
+from snapcell.ops._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, MIN_BLOB_GRACE_S, MIN_GRACE_S
+from snapcell.sandbox._scratch import reclaim_scratch_dirs
+from snapcell.storage import DEFAULT_TTL_S, LocalStore, Store, open_store
 
 __all__ = [
     "EXIT_CONFIG",

@@ -1,7 +1,6 @@
-"""Opening stores and head stores by URL: the one module that knows every backend.
+"""Opening stores by URL: the one module that knows every store backend.
 
-`open_store` and the head-store factories live here, above the backends, so no backend module imports the
-module that imports it (``_config`` and ``_s3``, ``_heads`` and its backends, used to import each other).
+`open_store` lives here, above the backends, so no backend module imports the module that imports it.
 """
 
 from __future__ import annotations
@@ -15,13 +14,12 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from snapcell.errors import ConfigError
 
 from ._config import S3Config
-from ._heads import HeadStore, MemoryHeads
 from ._protocol import check_timeout_s
 
 if TYPE_CHECKING:
     from ._protocol import Store
 
-__all__ = ["default_heads", "open_heads", "open_store"]
+__all__ = ["open_store"]
 
 _SCHEMES = "file:///absolute/path, file://relative/path, s3://bucket/prefix, memory:// or a plain directory path"
 
@@ -122,57 +120,3 @@ def _refuse(url: str, **given: bool) -> None:
     for option, present in given.items():
         if present:
             raise ConfigError(f"option {names[option]} does not apply to the store {url!r}")
-
-
-def default_heads(store: object) -> HeadStore:
-    """The head store that goes with a checkpoint store.
-
-    A `LocalStore` gets `SQLiteHeads` in ``<root>/.heads.sqlite3`` (a dot-file, so store scans, usage and quota
-    ignore it), an `S3Store` gets `S3Heads` under its prefix, a `MemoryStore` gets `MemoryHeads`.
-
-    Raises:
-        ConfigError: The store is of another kind; pass ``heads=`` explicitly.
-    """
-    from ._heads_s3 import S3Heads
-    from ._heads_sqlite import SQLiteHeads
-    from ._local import LocalStore
-    from ._memory import MemoryStore
-    from ._s3 import S3Store
-
-    if isinstance(store, LocalStore):
-        return SQLiteHeads(store.root / ".heads.sqlite3")
-    if isinstance(store, S3Store):
-        return S3Heads(store)
-    if isinstance(store, MemoryStore):
-        return MemoryHeads()
-    raise ConfigError(f"no default head store for {store!r}; pass heads=SQLiteHeads(path) or heads=S3Heads(store)")
-
-
-def open_heads(url: str, *, must_exist: bool = False, **options: object) -> HeadStore:
-    """Open the head store a URL names: ``sqlite:///abs/path``, ``sqlite://rel/path``, ``s3://bucket/prefix``
-    (heads under ``prefix/heads/``; ``options`` go to `open_store`) or ``memory://``.
-
-    With ``must_exist`` (cleanup's mode, where a head store that is wrongly empty would let heads be deleted), a
-    SQLite file is never created and ``memory://``, always empty, is refused.
-
-    Raises:
-        ConfigError: Unknown scheme or malformed URL; with ``must_exist``, no such SQLite file, or ``memory://``.
-    """
-    from ._heads_s3 import S3Heads
-    from ._heads_sqlite import SQLiteHeads
-    from ._s3 import S3Store
-
-    scheme, sep, rest = url.partition("://") if isinstance(url, str) else ("", "", "")
-    if scheme == "sqlite" and rest and not options:
-        return SQLiteHeads(rest, create=not must_exist)
-    if scheme == "memory" and not options:
-        if must_exist:
-            raise ConfigError("a memory:// head store is always empty here; give the head store the sessions use")
-        return MemoryHeads()
-    if scheme == "s3":
-        store = open_store(url, **options)  # type: ignore[arg-type]
-        if isinstance(store, S3Store):
-            heads = S3Heads(store)
-            heads._owns_store = True
-            return heads
-    raise ConfigError(f"invalid head store URL {url!r}; use sqlite:///path, s3://bucket/prefix or memory://")

@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from snapcell.errors import ConfigError, InvalidKey, ObjectTooLarge, StorageTimeout
 
 __all__ = [
+    "DEFAULT_TTL_S",
     "MAX_KEY_LENGTH",
     "SEGMENT",
     "AsyncStore",
@@ -35,6 +36,8 @@ _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("snapce
 # How long the async wrapper waits past a deadline for the store's own, more precise, error before giving up.
 _BACKSTOP_S = 1.0
 
+# How long a checkpoint is kept by default: seven days, after which cleanup deletes it and loading it fails.
+DEFAULT_TTL_S = 7 * 86400.0
 MAX_KEY_LENGTH = 512
 SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*\Z")
 _KEY_RULES = "segments of letters, digits, '.', '_' and '-' separated by '/', none empty or starting with '.'"

@@ -1,14 +1,14 @@
 """Session files: a workspace directory persisted with the checkpoint as blobs, read-only mounts, artifacts.
 
 The worker owns the directory (`Workspace`); the host checks what the worker reports (`check_files`) and never
-opens a file in it. Its names are imported on first use (`snapcell._lazy`).
+opens a file in it. Its names are imported on first use (`snapcell._support._lazy`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._lazy import lazy_exports
+from snapcell._support._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from snapcell.workspace._check import ForgedFiles, check_files, effective_quota

@@ -22,7 +22,7 @@ from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._record import dataclass, field
+    from snapcell._support._record import dataclass, field
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, Dumped, WorkspaceFile
 

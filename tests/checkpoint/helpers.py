@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from snapcell import CheckpointRefused, Policy, Pool, RunResult
+from snapcell import Policy, Pool, RunResult
 from snapcell.checkpoint import Dumped, Keyring, Manifest, VariableInfo
 from snapcell.checkpoint._format import Codec, Header, SectionKind, pack_container
+from snapcell.errors import CheckpointRefused
 from snapcell.storage import MemoryStore
 
 KEY = "checkpoint-tests-signing-key-0123456789"

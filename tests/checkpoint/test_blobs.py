@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from snapcell import CheckpointCorrupt, Limits, Policy, Pool, StorageUnavailable, WorkerLost
+from snapcell import CheckpointCorrupt, Limits, Policy, Pool, WorkerLost
 from snapcell.checkpoint import Keyring, blob_keys_of
-from snapcell.storage import MemoryStore, ObjectInfo, cleanup, usage
+from snapcell.errors import StorageUnavailable
+from snapcell.ops import cleanup, usage
+from snapcell.storage import MemoryStore, ObjectInfo
 
 pytest.importorskip("numpy")
 pytest.importorskip("pandas")
@@ -305,7 +307,7 @@ def test_a_forged_blob_from_the_runner_is_never_stored(
     store: CountingStore, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A compromised worker could name garbage after data others store: the host checks every new blob."""
-    from snapcell.runner import InlineBackend
+    from snapcell.backends import InlineBackend
 
     real_dump = InlineBackend.dump
 

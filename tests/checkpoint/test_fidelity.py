@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import zstandard
 
-from snapcell import MemoryHeads, Policy, Pool, SyncCodeTool
+from snapcell import Policy, Pool, SyncCodeTool
 from snapcell.checkpoint import Keyring
 from snapcell.checkpoint._format import SectionKind, parse_container
+from snapcell.heads import MemoryHeads
 from snapcell.storage import MemoryStore
 
 KEY = "fidelity-tests-signing-key-0123456789"
@@ -172,7 +173,7 @@ def test_definitions_are_re_created_from_source_when_their_bytecode_fails(pool: 
 def test_a_frame_blob_the_host_never_scanned_is_refused(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker may not pass off a stored blob (say, an array's bytes) as an already-scanned pickle."""
     from snapcell import WorkerLost
-    from snapcell.runner import InlineBackend
+    from snapcell.backends import InlineBackend
 
     real_dump = InlineBackend.dump
 

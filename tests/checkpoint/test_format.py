@@ -13,19 +13,11 @@ import pytest
 import zstandard
 
 import snapcell.checkpoint._unpickle as pickle_module
-from snapcell import (
-    CheckpointCorrupt,
-    CheckpointVersionError,
-    InvalidKey,
-    Limits,
-    LocalStore,
-    MemoryStore,
-    Policy,
-    Pool,
-    UnpicklableValue,
-)
+from snapcell import CheckpointCorrupt, CheckpointVersionError, Limits, Policy, Pool
 from snapcell.checkpoint import Keyring, Manifest, VariableInfo
 from snapcell.checkpoint._format import Codec, Header, SectionKind, pack_container
+from snapcell.errors import InvalidKey, UnpicklableValue
+from snapcell.storage import LocalStore, MemoryStore
 from tests.checkpoint import helpers
 from tests.checkpoint.helpers import KEY, crafted_body, sign_and_store
 

@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _frames, _pickle, _scan, _scanplain, dump_namespace
+from snapcell.checkpoint import _frames, _pickle, dump_namespace
 from snapcell.checkpoint._pickle import _pickle_part
-from snapcell.checkpoint._scan import scan_pickle_data
-from snapcell.runner._runner import checkpoint_rule
+from snapcell.checkpoint.scan import _scan, _scanplain
+from snapcell.checkpoint.scan._scan import scan_pickle_data
+from snapcell.interpreter._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())  # numpy is not allowed: an array's pickle is refused
 

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import Keyring, _scan, _scancalls, scan_pickle
+from snapcell.checkpoint import Keyring
 from snapcell.checkpoint._findglobal import make_find_global
 from snapcell.checkpoint._hoststate import makes_new_objects
-from snapcell.runner._runner import checkpoint_rule
+from snapcell.checkpoint.scan import _scan, _scancalls, scan_pickle
+from snapcell.interpreter._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 
 from .helpers import KEY, crafted_body, sign_and_store
@@ -134,7 +135,7 @@ THROUGH_CALLS = {
         s("x"),
     ),
     "the guarded getattr called while loading": call(
-        glob("snapcell.runner._guard", "guarded_getattr"), _module("keyword"), s("kwlist")
+        glob("snapcell.policy._guard", "guarded_getattr"), _module("keyword"), s("kwlist")
     )
     + s(MARK)
     + b"a",

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import Keyring, _hostscan, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint import Keyring, dump_namespace, load_namespace, make_find_global
 from snapcell.checkpoint._format import SectionKind, parse_container
-from snapcell.checkpoint._hostscan import PassedFrames
+from snapcell.checkpoint.scan import _hostscan
+from snapcell.checkpoint.scan._hostscan import PassedFrames
 from snapcell.errors import CheckpointCorrupt
-from snapcell.runner._definitions import Definitions
+from snapcell.interpreter._definitions import Definitions
 from snapcell.storage import MemoryStore
 
 KEY = "load-work-tests-signing-key-0123456789"

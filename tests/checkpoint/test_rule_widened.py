@@ -26,11 +26,11 @@ import cloudpickle
 import pytest
 
 from snapcell import Policy, PolicyError, Pool
-from snapcell.checkpoint import scan_pickle
-from snapcell.runner._runner import checkpoint_rule
-from snapcell.runner._standins import asdict as guarded_asdict
-from snapcell.runner._standins import astuple as guarded_astuple
-from snapcell.runner._standins import replace as guarded_replace
+from snapcell.checkpoint.scan import scan_pickle
+from snapcell.interpreter._runner import checkpoint_rule
+from snapcell.policy._standins import asdict as guarded_asdict
+from snapcell.policy._standins import astuple as guarded_astuple
+from snapcell.policy._standins import replace as guarded_replace
 from snapcell.storage import MemoryStore
 
 from .helpers import KEY, crafted_body, load_signed, refused_dump

@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import HELPERS, _scanplain, global_refusal, scan_pickle
-from snapcell.checkpoint._scan import scan_pickle_data
-from snapcell.checkpoint._scanplain import _DATA_OPS
-from snapcell.runner._runner import checkpoint_rule
+from snapcell.checkpoint import HELPERS, global_refusal
+from snapcell.checkpoint.scan import _scanplain, scan_pickle
+from snapcell.checkpoint.scan._scan import scan_pickle_data
+from snapcell.checkpoint.scan._scanplain import _DATA_OPS
+from snapcell.interpreter._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())
 

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _scan, _scanplain, scan_pickle
-from snapcell.runner._runner import checkpoint_rule
+from snapcell.checkpoint.scan import _scan, _scanplain, scan_pickle
+from snapcell.interpreter._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())
 

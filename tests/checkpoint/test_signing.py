@@ -7,16 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from snapcell import (
-    CheckpointCorrupt,
-    CheckpointExpired,
-    CheckpointNotFound,
-    ConfigError,
-    MemoryStore,
-    Pool,
-    SessionError,
-)
+from snapcell import CheckpointCorrupt, CheckpointExpired, CheckpointNotFound, ConfigError, Pool, SessionError
 from snapcell.checkpoint import Keyring
+from snapcell.storage import MemoryStore
 from tests.checkpoint.helpers import KEY, OTHER_KEY, sign_and_store
 
 T0 = 1_800_000_000.0

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import Keyring, scan_pickle
+from snapcell.checkpoint import Keyring
 from snapcell.checkpoint._stdvalues import MODULE, value_call_refusal
-from snapcell.runner._runner import checkpoint_rule
+from snapcell.checkpoint.scan import scan_pickle
+from snapcell.interpreter._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 
 from .helpers import KEY, crafted_body, sign_and_store

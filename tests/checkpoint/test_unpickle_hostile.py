@@ -20,8 +20,9 @@ import cloudpickle
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import dump_namespace, scan_body, scan_pickle
-from snapcell.runner._runner import checkpoint_rule
+from snapcell.checkpoint import dump_namespace
+from snapcell.checkpoint.scan import scan_body, scan_pickle
+from snapcell.interpreter._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 
 from .helpers import KEY, crafted_body, load_signed, refused_dump

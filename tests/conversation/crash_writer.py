@@ -12,7 +12,8 @@ import os
 import signal
 import sys
 
-from snapcell import AsyncPool, CodeTool, Conversation, FileConversationStore
+from snapcell import AsyncPool, CodeTool, Conversation
+from snapcell.conversation import FileConversationStore
 
 CODE_2 = "n = n + 1\ntick()"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from snapcell import AsyncPool, CodeTool, FileConversationStore
-from snapcell.conversation import tool_call_ids, tool_result_ids
+from snapcell import AsyncPool, CodeTool
+from snapcell.conversation import FileConversationStore, tool_call_ids, tool_result_ids
 
 from .crash_writer import CODE_2, result  # type: ignore[import-not-found]
 

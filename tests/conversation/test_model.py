@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from snapcell import ConfigError, Conversation, ConversationFormatError
+from snapcell import ConfigError, Conversation
+from snapcell.errors import ConversationFormatError
 
 CKPT = "ab" * 40
 

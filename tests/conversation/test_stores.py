@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from snapcell import ConfigError, Conflict, Conversation, ConversationFormatError, ConversationStore
-from snapcell.conversation import FileConversationStore, LogConversationStore
-from snapcell.errors import InvalidKey
+from snapcell import ConfigError, Conflict, Conversation
+from snapcell.conversation import ConversationStore, FileConversationStore, LogConversationStore
+from snapcell.errors import ConversationFormatError, InvalidKey
 
 CKPT = bytes.fromhex("cd" * 40)
 

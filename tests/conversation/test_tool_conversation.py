@@ -10,18 +10,10 @@ from typing import Any
 
 import pytest
 
-from snapcell import (
-    CodeTool,
-    Conversation,
-    FileConversationStore,
-    Limits,
-    MemoryConversationStore,
-    MemoryHeads,
-    Policy,
-    Pool,
-    RunCancelled,
-    WorkerLost,
-)
+from snapcell import CodeTool, Conversation, Limits, Policy, Pool, WorkerLost
+from snapcell.conversation import FileConversationStore, MemoryConversationStore
+from snapcell.errors import RunCancelled
+from snapcell.heads import MemoryHeads
 
 
 def call(call_id: str, code: str) -> dict[str, Any]:

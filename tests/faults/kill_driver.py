@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from snapcell import AsyncPool, CodeTool, Limits, StorageError, TurnOutcomeUnknown
-from snapcell.storage import HeadStore, S3Config, S3Heads, S3Store, SQLiteHeads, Store, open_store
+from snapcell.heads import HeadStore, S3Heads, SQLiteHeads
+from snapcell.storage import S3Config, S3Store, Store, open_store
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION
 
 HOOKS = ("leased", "running", "spinning", "dumped", "committed", "answered")

@@ -34,7 +34,8 @@ import boto3
 import pytest
 
 from snapcell import Pool
-from snapcell.storage import HeadStore, S3Config, S3Heads, S3Store, SQLiteHeads, Store, open_store
+from snapcell.heads import HeadStore, S3Heads, SQLiteHeads
+from snapcell.storage import S3Config, S3Store, Store, open_store
 from tests.faults.kill_driver import HOOKS, DriverConfig, next_turns, read_lines, turn_id
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION
 
@@ -117,7 +118,7 @@ def _proc_status(pid: str) -> dict[str, str]:
 
 
 def workers_of(hosts: set[int]) -> list[str]:
-    """Live worker processes (``snapcell.runner._worker``) whose host, by argument or parent, is in ``hosts``.
+    """Live worker processes (``snapcell.worker._worker``) whose host, by argument or parent, is in ``hosts``.
 
     A worker's last argument is its host's pid; after the host dies its parent is someone else, so both count.
     """
@@ -128,7 +129,7 @@ def workers_of(hosts: set[int]) -> list[str]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as file:
                 argv = file.read().split(b"\0")
-            if not any(b"snapcell.runner" in arg for arg in argv):
+            if not any(b"snapcell.worker" in arg for arg in argv):
                 continue
             status = _proc_status(pid)
         except OSError:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from snapcell.runner import _privileges
-from snapcell.runner._privileges import WORKER_UID_BASE, sweep_stale_scratch
+from snapcell.sandbox import _privileges
+from snapcell.sandbox._privileges import WORKER_UID_BASE, sweep_stale_scratch
 
 
 def test_a_sweep_spares_a_live_worker_that_still_runs_as_the_host_and_sweeps_a_dead_one(

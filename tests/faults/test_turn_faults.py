@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from snapcell import Pool, SyncCodeTool, TurnOutcomeUnknown
-from snapcell.storage import Head, S3Heads, S3Store
+from snapcell.heads import Head, S3Heads
+from snapcell.storage import S3Store
 from tests.faults.proxy import FaultProxy
 from tests.faults.test_s3_faults import guarded
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import snapcell
-from snapcell.runner._sandbox import is_active, parse_required
+from snapcell.sandbox._sandbox import is_active, parse_required
 
 # How long a test waits for a killed process to be gone before failing: a hang guard, far above the usual instant.
 HANG_GUARD_S = 60.0
@@ -23,8 +23,8 @@ _MIB = 1024 * 1024
 
 PRELUDE = """
 import json, os, sys
-from snapcell.runner._limits import Limits
-from snapcell.runner._sandbox import apply_sandbox
+from snapcell.limits import Limits
+from snapcell.sandbox._sandbox import apply_sandbox
 
 cfg = json.loads(sys.argv[1])
 report = apply_sandbox(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tracemalloc
 
 from snapcell import Limits, Pool
-from snapcell.runner._capture import TailBuffer
+from snapcell.interpreter._capture import TailBuffer
 
 MB = 1_000_000
 CAP = 500_000  # max_output_bytes of these runs, characters kept per stream

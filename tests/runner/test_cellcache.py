@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from snapcell.errors import PolicyError
-from snapcell.runner import _cellcache
-from snapcell.runner._limits import Limits
-from snapcell.runner._policy import Policy
-from snapcell.runner._result import RunResult
-from snapcell.runner._runner import Runner
+from snapcell.interpreter import _cellcache
+from snapcell.interpreter._result import RunResult
+from snapcell.interpreter._runner import Runner
+from snapcell.limits import Limits
+from snapcell.policy._policy import Policy
 
 
 class _NoHost:

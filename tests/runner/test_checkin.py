@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.runner import _workersetup
-from snapcell.runner._scratch import detach_scratch
+from snapcell.sandbox._scratch import detach_scratch
+from snapcell.worker import _workersetup
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from snapcell import PolicyError
-from snapcell.runner._standins import asdict, astuple, replace
+from snapcell.policy._standins import asdict, astuple, replace
 
 
 @dataclasses.dataclass

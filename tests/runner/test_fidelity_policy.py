@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from snapcell import Policy, PolicyError, Pool, RunResult, Session
-from snapcell.runner._fidelity import typed_attr
+from snapcell.policy._fidelity import typed_attr
 
 # Each was refused by the policy before issue 14; the value is what plain CPython gives.
 ORDINARY: dict[str, tuple[str, object]] = {

@@ -383,7 +383,7 @@ def test_swallowed_timeouts_still_stop(run, code):
     # and gets its worker killed in process mode (WorkerLost, not this TimeLimitExceeded and its note); the
     # variables kept show it was the interrupt that stopped it, not a restart.
     # Earlier tests' garbage is collected first: inline, a collection that starts within two frames of the
-    # recursion limit has no room for its finalizers (see snapcell/runner/_stack.py), and pytest fails the test on
+    # recursion limit has no room for its finalizers (see snapcell/interpreter/_stack.py), and pytest fails the test on
     # what they then report.
     gc.collect()
     result = run("before = 41\n" + code + SUCCESS, limits=Limits(wall_time_s=0.3))

@@ -1,7 +1,7 @@
 """A compromised worker: whatever it sends, the host answers with a snapcell error, in bounded time and memory.
 
 Part one drives the real host code (`WorkerPool`, `WorkerProcess`, `ProcessBackend`) against a fake worker
-(`fake_worker.py`, started in place of ``python -I -m snapcell.runner._worker``) that sends malformed,
+(`fake_worker.py`, started in place of ``python -I -m snapcell.worker._worker``) that sends malformed,
 oversized and lying frames. Part two takes over a real worker from inside a script (the unrestricted policy
 lets a script reach the worker's channel) and replays the attacks of issue 13 end to end, in process mode.
 """
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool, ScriptError, SessionError, WorkerLost
+from snapcell.backends._backend import DumpRequest
+from snapcell.backends._procbackend import ProcessBackend
+from snapcell.backends._workerpool import WorkerPool
 from snapcell.checkpoint import DroppedVariable, Manifest
-from snapcell.runner._backend import DumpRequest
-from snapcell.runner._procbackend import ProcessBackend
-from snapcell.runner._workerpool import WorkerPool
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
 MIB = 1024 * 1024
@@ -250,7 +250,7 @@ E2E_LIMITS = Limits(wall_time_s=10.0, grace_s=0.3, dump_time_s=0.5, load_time_s=
 # Current RSS of the host may grow this much over an attack that claims (or sends) far more.
 RSS_BOUND = 64 * MIB
 
-# The worker's module is __main__ in a spawned worker and snapcell.runner._worker in one forked from a zygote.
+# The worker's module is __main__ in a spawned worker and snapcell.worker._worker in one forked from a zygote.
 _SEND = """
 import gc, sys
 channel = next(o for o in gc.get_objects() if type(o).__name__ == "Channel" and hasattr(o, "_send_lock"))
@@ -342,7 +342,7 @@ def test_host_calls_beyond_max_host_calls_are_refused_by_the_host(hijack_pool: P
     # The script switches off the worker's own count, as a compromised worker would.
     attack = (
         "import gc\n"
-        "from snapcell.runner._host import CallBudget\n"
+        "from snapcell.interpreter._host import CallBudget\n"
         "bridge = next(o for o in gc.get_objects() if type(o).__name__ == 'WorkerBridge')\n"
         "bridge._budget = CallBudget(None)\n"
         "for n in range(20):\n"

@@ -11,7 +11,7 @@ import pytest
 
 _COLLAPSE = """
 import ctypes, json, mmap
-from snapcell.runner._hugepages import collapse_resident_heap
+from snapcell.worker._hugepages import collapse_resident_heap
 
 SIZE = 16 << 20
 libc = ctypes.CDLL(None, use_errno=True)

@@ -8,7 +8,7 @@ import sys
 
 _PIN = """
 import json, os, sys
-from snapcell.runner import _privileges
+from snapcell.sandbox import _privileges
 import email
 _privileges.warm_import_paths()
 if {import_after_warm}:
@@ -58,7 +58,7 @@ def test_pinning_walks_every_module_when_one_was_imported_after_the_warm_up() ->
 
 _REPIN = """
 import json, os, sys
-from snapcell.runner import _privileges
+from snapcell.sandbox import _privileges
 import email
 _privileges.warm_import_paths()
 first = _privileges.pin_import_paths()
@@ -145,7 +145,7 @@ def test_a_zygote_child_finds_its_read_paths_by_its_pinned_sys_path() -> None:
     # pinned one, and must find them computed (not expand sysconfig's paths again, nor lose site-packages).
     code = (
         "import json, sys, sysconfig\n"
-        "from snapcell.runner import _privileges, _workersetup\n"
+        "from snapcell.sandbox import _privileges\nfrom snapcell.worker import _workersetup\n"
         "_workersetup.warm_read_paths()\n"
         "before = _workersetup._read_paths()\n"
         "unpinned = tuple(sys.path)\n"

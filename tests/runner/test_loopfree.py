@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool
-from snapcell.runner._loopfree import finish_without_loop, runs_without_loop
-from snapcell.runner._runner import Runner
+from snapcell.interpreter._runner import Runner
+from snapcell.worker._loopfree import finish_without_loop, runs_without_loop
 
 
 @pytest.fixture

@@ -451,7 +451,7 @@ def test_restored_classes_and_functions_stay_writable(pool):
 
 
 def test_warmed_guarded_builtins_are_copied_fresh_without_walking_the_builtins_again(monkeypatch) -> None:
-    from snapcell.runner import _guard
+    from snapcell.policy import _guard
 
     monkeypatch.setattr(_guard, "_WARM_BUILTINS", [])
     built = _guard.guarded_builtins()

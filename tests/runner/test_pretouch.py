@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 from snapcell import Limits, Policy, Pool
-from snapcell.runner._pretouch import pretouch
-from snapcell.runner._runner import Runner
-from snapcell.runner._wire import FRAME
-from snapcell.runner._worker import Worker
-from snapcell.runner._workerchannel import Channel
+from snapcell.interpreter._runner import Runner
+from snapcell.wire._wire import FRAME
+from snapcell.worker._pretouch import pretouch
+from snapcell.worker._worker import Worker
+from snapcell.worker._workerchannel import Channel
 
 UNRESTRICTED = Policy.unrestricted()
 
@@ -67,7 +67,7 @@ def test_a_worker_set_up_ahead_starts_its_session_clean_after_pretouching() -> N
         for _ in range(10):
             time.sleep(0.2)  # the worker set up ahead is idle meanwhile: it pretouches
             with pool.checkout() as session:
-                steps = session.feed_run("import sys\nsys.modules['snapcell.runner._pretouch'].steps_run()")
+                steps = session.feed_run("import sys\nsys.modules['snapcell.worker._pretouch'].steps_run()")
                 if steps == 0:
                     continue
                 assert session.feed_run("sorted(k for k in globals() if not k.startswith('__'))") == ["sys"]

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from snapcell import Pool
-from snapcell.runner._procstat import ProcStat
+from snapcell.backends._procstat import ProcStat
 
 
 def test_readings_follow_the_process_and_stop_with_it() -> None:

@@ -102,9 +102,9 @@ def test_a_request_waiting_for_its_reply_ends_when_its_worker_is_killed() -> Non
     import dataclasses
 
     from snapcell import Limits
-    from snapcell.runner._procbackend import ProcessBackend
-    from snapcell.runner._process import _Died
-    from snapcell.runner._workerpool import WorkerPool
+    from snapcell.backends._procbackend import ProcessBackend
+    from snapcell.backends._process import _Died
+    from snapcell.backends._workerpool import WorkerPool
 
     async def scenario() -> BaseException | None:
         workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)
@@ -131,7 +131,7 @@ def test_bytes_nobody_asked_for_do_not_keep_the_hosts_loop_busy(tmp_path: Path) 
     """A worker writing between requests gets its channel unwatched at once, not polled on every loop turn."""
     import socket
 
-    from snapcell.runner._process import WorkerProcess
+    from snapcell.backends._process import WorkerProcess
 
     async def scenario() -> tuple[bytes, int, object]:
         worker = WorkerProcess(str(tmp_path))

@@ -165,7 +165,7 @@ def test_a_run_whose_caller_reads_only_its_value_reads_neither_the_workers_memor
 
 def test_feed_run_inline_does_not_summarize_the_namespace_nor_read_the_cpu_clock(monkeypatch: Any) -> None:
     from snapcell import Pool
-    from snapcell.runner import _runner
+    from snapcell.interpreter import _runner
 
     summarized: list[int] = []
     real = _runner.summarize_namespace
@@ -184,7 +184,7 @@ def test_feed_run_inline_does_not_summarize_the_namespace_nor_read_the_cpu_clock
 
 def test_a_runs_reply_budgets_are_worked_out_once_per_limits(monkeypatch: Any) -> None:
     """The budgets of a run's frames (a lookup that hashes every field of the limits) are reused for equal limits."""
-    from snapcell.runner import _process
+    from snapcell.backends import _process
 
     asked: list[tuple[str, Any]] = []
     real = _process.reply_budget
@@ -214,7 +214,7 @@ def test_a_scalar_or_an_empty_container_becomes_plain_data_without_a_walk(monkey
     """A host call's usual result (a number, text) and keyword arguments ({}) need no walk; the rest is walked."""
     import pytest
 
-    from snapcell.runner import _plain
+    from snapcell.wire import _plain
 
     walks: list[int] = []
     real = _plain.value_kinds

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import snapcell
-from snapcell.runner import _seccomp
-from snapcell.runner._sandbox import LAYERS, seccomp_denied_syscalls
+from snapcell.sandbox import _seccomp
+from snapcell.sandbox._sandbox import LAYERS, seccomp_denied_syscalls
 from tests.runner.sandbox_helpers import (
     _MIB,
     HANG_GUARD_S,
@@ -69,7 +69,7 @@ def test_landlock_uses_the_kernels_full_abi(probe):
 
 
 def test_report_api():
-    from snapcell.runner._sandbox import SandboxReport
+    from snapcell.sandbox._sandbox import SandboxReport
 
     report = SandboxReport(
         layers={"seccomp": "active: allowlist", "landlock": "unavailable: landlock_create_ruleset: nope", "x": "off"}

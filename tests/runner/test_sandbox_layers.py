@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import snapcell
-from snapcell.runner._sandbox import LAYERS, parse_required
+from snapcell.sandbox._sandbox import LAYERS, parse_required
 from tests.runner.sandbox_helpers import (
     HANG_GUARD_S,
     require,
@@ -26,8 +26,8 @@ from tests.runner.sandbox_helpers import (
 _BREAK = """
 import errno, json, sys
 from snapcell.errors import SandboxError
-from snapcell.runner import _sandbox, _seccomp
-from snapcell.runner._limits import Limits
+from snapcell.sandbox import _sandbox, _seccomp
+from snapcell.limits import Limits
 
 cfg = json.loads(sys.argv[1])
 exec(cfg["patch"])
@@ -133,12 +133,12 @@ def test_an_invalid_requirement_fails_the_checkout_and_frees_the_worker(monkeypa
 
 
 def test_a_workers_sandbox_failure_becomes_a_sandbox_error():
-    from snapcell.runner._sandbox import sandbox_failure
+    from snapcell.sandbox._sandbox import sandbox_failure
 
     error = sandbox_failure(
         {"op": "sandbox_failed", "message": "sandbox layer seccomp ...", "layer": "seccomp", "errno": 22}
     )
-    assert isinstance(error, snapcell.SandboxError) and isinstance(error, snapcell.SessionError)
+    assert isinstance(error, snapcell.errors.SandboxError) and isinstance(error, snapcell.SessionError)
     assert (error.layer, error.errno, str(error)) == ("seccomp", 22, "sandbox layer seccomp ...")
     hostile = sandbox_failure({"message": "x" * 10**6, "layer": ["not", "text"], "errno": True})
     assert len(str(hostile)) <= 2000 and hostile.layer == "unknown" and hostile.errno is None
@@ -178,7 +178,7 @@ def test_a_scratch_tmpfs_left_by_a_killed_host_is_swept_by_the_next_pool():
 
 
 def test_worker_identity_follows_the_environment_and_the_uid_map(tmp_path):
-    from snapcell.runner import _privileges
+    from snapcell.sandbox import _privileges
 
     if os.geteuid() != 0:
         assert _privileges.worker_identity(123, {}) == {"uid": None, "gid": None}

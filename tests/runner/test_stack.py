@@ -1,4 +1,4 @@
-"""A script at its recursion limit leaves the garbage collector's finalizers room (`snapcell.runner._stack`)."""
+"""A script at its recursion limit leaves the garbage collector's finalizers room (`snapcell.interpreter._stack`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 import sys
 
 from snapcell import Limits, Pool
-from snapcell.runner._stack import _on_collection
+from snapcell.interpreter._stack import _on_collection
 
 
 class Finalized:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from snapcell.runner._summary import _frame_size, summarize_namespace
+from snapcell.interpreter._summary import _frame_size, summarize_namespace
 
 FRAMES = {
     "mixed": lambda: pd.DataFrame(

@@ -16,7 +16,7 @@ def _probe(code: str) -> dict[str, object]:
 def test_tempdir_is_set_when_tempfile_is_first_imported() -> None:
     result = _probe(
         "import json, sys\n"
-        "from snapcell.runner._tempdir import set_tempdir\n"
+        "from snapcell.worker._tempdir import set_tempdir\n"
         "assert 'tempfile' not in sys.modules\n"
         "finders = len(sys.meta_path)\n"
         "set_tempdir('/nonexistent/one')\n"
@@ -34,7 +34,7 @@ def test_tempdir_is_set_when_tempfile_is_first_imported() -> None:
 def test_tempdir_is_set_at_once_when_tempfile_is_imported() -> None:
     result = _probe(
         "import json, sys, tempfile\n"
-        "from snapcell.runner._tempdir import set_tempdir\n"
+        "from snapcell.worker._tempdir import set_tempdir\n"
         "finders = len(sys.meta_path)\n"
         "set_tempdir('/nonexistent/now')\n"
         "print(json.dumps({'tempdir': tempfile.tempdir, 'added': len(sys.meta_path) - finders}))\n"

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from snapcell import Limits, Policy, Pool, UnpicklableValue
-from snapcell.runner._process import WorkerProcess
-from snapcell.runner._runner import Runner
-from snapcell.runner._wire import FRAME, decode, encode, to_plain
-from snapcell.runner._worker import Worker
-from snapcell.runner._workerchannel import Channel
+from snapcell import Limits, Policy, Pool
+from snapcell.backends._process import WorkerProcess
+from snapcell.errors import UnpicklableValue
+from snapcell.interpreter._runner import Runner
+from snapcell.wire._wire import FRAME, decode, encode, to_plain
+from snapcell.worker._worker import Worker
+from snapcell.worker._workerchannel import Channel
 
 
 @pytest.fixture

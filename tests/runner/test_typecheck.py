@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from snapcell.errors import ConfigError, TypingError
-from snapcell.runner._typecheck import Diagnostic, TypeChecker, declarations_from_namespace, find_ty
+from snapcell.typecheck import Diagnostic, TypeChecker, declarations_from_namespace, find_ty
 
 STUBS = """
 from typing import TypedDict

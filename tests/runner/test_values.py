@@ -10,9 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from snapcell import Limits, Policy, Pool, ScriptValue, Session
-from snapcell.runner._values import Tagged
-from snapcell.runner._wire import MalformedMessage, decode, encode
+from snapcell import Limits, Policy, Pool, Session
+from snapcell.wire import ScriptValue
+from snapcell.wire._values import Tagged
+from snapcell.wire._wire import MalformedMessage, decode, encode
 
 np = pytest.importorskip("numpy")
 pd = pytest.importorskip("pandas")

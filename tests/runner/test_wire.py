@@ -10,18 +10,11 @@ import zoneinfo
 
 import pytest
 
-from snapcell import Limits, OutputLimitExceeded, ScriptSyntaxError
-from snapcell.runner import _budget, _wire
-from snapcell.runner._budget import reply_budget
-from snapcell.runner._wire import (
-    MalformedMessage,
-    NotPlainData,
-    check_script,
-    decode,
-    encode,
-    split_parts,
-    to_plain,
-)
+from snapcell import Limits, ScriptSyntaxError
+from snapcell.errors import OutputLimitExceeded
+from snapcell.wire import _budget, _wire
+from snapcell.wire._budget import reply_budget
+from snapcell.wire._wire import MalformedMessage, NotPlainData, check_script, decode, encode, split_parts, to_plain
 
 CET = datetime.timezone(datetime.timedelta(hours=1), "CET")
 ODD = datetime.timezone(-datetime.timedelta(hours=3, minutes=30, seconds=15, microseconds=7))

@@ -14,18 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from snapcell import (
-    ConfigError,
-    Limits,
-    MemoryLimitExceeded,
-    OutputLimitExceeded,
-    Policy,
-    Pool,
-    ScriptError,
-    ScriptSyntaxError,
-    ScriptValue,
-    WorkerLost,
-)
+from snapcell import ConfigError, Limits, MemoryLimitExceeded, Policy, Pool, ScriptError, ScriptSyntaxError, WorkerLost
+from snapcell.errors import OutputLimitExceeded
+from snapcell.wire import ScriptValue
 
 UNRESTRICTED = Policy.unrestricted()
 # A hang guard for processes to exit, not a timing bound.
@@ -324,8 +315,8 @@ def test_the_worker_refuses_a_script_that_is_not_text() -> None:
     import asyncio
     import dataclasses
 
-    from snapcell.runner._procbackend import ProcessBackend
-    from snapcell.runner._workerpool import WorkerPool
+    from snapcell.backends._procbackend import ProcessBackend
+    from snapcell.backends._workerpool import WorkerPool
 
     async def main() -> object:
         workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)
@@ -343,10 +334,10 @@ def test_the_worker_refuses_a_script_that_is_not_text() -> None:
     assert reply["error"]["class"] == "ScriptSyntaxError" and reply["value"] is None
 
 
-# The worker's module is __main__ in a spawned worker and snapcell.runner._worker in one forked from a zygote.
+# The worker's module is __main__ in a spawned worker and snapcell.worker._worker in one forked from a zygote.
 _PATCH_DUMP_REPLY = """
 import sys
-worker = sys.modules["snapcell.runner._worker"] if "snapcell.runner._worker" in sys.modules else sys.modules["__main__"]
+worker = sys.modules["snapcell.worker._worker"] if "snapcell.worker._worker" in sys.modules else sys.modules["__main__"]
 _handle = worker.Worker.handle
 def handle(self, op, message, blob):
     reply, out = _handle(self, op, message, blob)

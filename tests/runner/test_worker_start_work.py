@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool
-from snapcell.runner import _privileges, _process, _sandbox, _zygotehost
+from snapcell.backends import _process, _zygotehost
+from snapcell.sandbox import _privileges, _sandbox
 
 
 def test_settings_are_converted_once_per_policy_and_limits_not_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:

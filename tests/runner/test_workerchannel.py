@@ -6,8 +6,8 @@ import socket
 import threading
 from typing import Any
 
-from snapcell.runner._wire import FRAME, encode
-from snapcell.runner._workerchannel import Channel
+from snapcell.wire._wire import FRAME, encode
+from snapcell.worker._workerchannel import Channel
 
 
 class _CountingSocket:

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from snapcell import Limits, Policy, Pool, WorkerLost
-from snapcell.runner._procbackend import ProcessBackend
-from snapcell.runner._workerpool import WorkerPool
-from snapcell.runner._zygote import preload_modules
+from snapcell.backends._procbackend import ProcessBackend
+from snapcell.backends._workerpool import WorkerPool
+from snapcell.worker._zygote import preload_modules
 
 NUMPY = Policy.unrestricted()  # os, to see pids; numpy and pandas preloaded
 HANG_GUARD_S = 60.0
@@ -154,7 +154,7 @@ def test_worker_command_bypasses_the_zygote() -> None:
             min_warm=0,
             max_workers=1,
             checkout_timeout_s=HANG_GUARD_S,
-            worker_command=[sys.executable, "-I", "-m", "snapcell.runner._worker"],
+            worker_command=[sys.executable, "-I", "-m", "snapcell.worker._worker"],
         )
         backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
         try:
@@ -168,7 +168,7 @@ def test_worker_command_bypasses_the_zygote() -> None:
 
 
 def test_a_zygote_that_cannot_start_falls_back_to_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
-    from snapcell.runner import _zygotehost
+    from snapcell.backends import _zygotehost
 
     async def broken(self: _zygotehost.Zygote, **_: object) -> None:
         raise _zygotehost.ZygoteError("no zygote here")
@@ -187,10 +187,11 @@ def test_the_zygote_builds_the_default_sessions_pandas_view_that_its_children_th
     script = textwrap.dedent(
         """
         import pandas
-        from snapcell.runner import _guard, _zygote
-        from snapcell.runner._policy import Policy
-        from snapcell.runner._runner import Runner
-        from snapcell.runner._limits import Limits
+        from snapcell.policy import _guard
+        from snapcell.worker import _zygote
+        from snapcell.policy._policy import Policy
+        from snapcell.interpreter._runner import Runner
+        from snapcell.limits import Limits
 
         before = len(_guard._views)
         _zygote._build_views(["pandas"])
@@ -229,7 +230,7 @@ def test_the_modules_to_preload_are_looked_up_once_per_policy(monkeypatch: pytes
 
 def test_the_per_fork_reports_are_the_json_they_stand_for() -> None:
     # Formatted by hand, so that a fork copies fewer of the zygote's pages; the host reads them as JSON.
-    from snapcell.runner import _zygote
+    from snapcell.worker import _zygote
 
     one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with one, two:
@@ -241,7 +242,7 @@ def test_the_per_fork_reports_are_the_json_they_stand_for() -> None:
 
 
 def test_the_zygotes_peak_rss_is_read_from_its_status() -> None:
-    from snapcell.runner import _zygote
+    from snapcell.worker import _zygote
 
     peak = _zygote._high_water_rss()
     with open("/proc/self/status") as status:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from snapcell import AsyncPool, Limits, Policy
-from snapcell.runner import _zygotehost
-from snapcell.runner._procbackend import ProcessBackend
-from snapcell.runner._workerpool import WorkerPool
-from snapcell.runner._zygote import preload_modules
+from snapcell.backends import _zygotehost
+from snapcell.backends._procbackend import ProcessBackend
+from snapcell.backends._workerpool import WorkerPool
+from snapcell.worker._zygote import preload_modules
 
 NUMPY = Policy.unrestricted()  # os and sys, to see pids and modules; numpy (and pandas) preloaded
 HANG_GUARD_S = 60.0
@@ -167,7 +167,7 @@ def _wait_gone(pid: int) -> bool:
 def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from snapcell.runner import _worker, _zygote
+    from snapcell.worker import _worker, _zygote
 
     def broken(name: str) -> object:
         raise RuntimeError(f"{name} is broken here")
@@ -198,7 +198,7 @@ def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
 
 _DURING_A_STEP = """
 import json, os, select, socket, sys
-from snapcell.runner import _zygote
+from snapcell.worker import _zygote
 
 host, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
@@ -231,7 +231,7 @@ def test_a_child_that_exits_during_a_preload_step_is_reported_before_the_step_en
 
 _DATA_WARM_UP = """
 import json, linecache, os, sys
-from snapcell.runner import _worker
+from snapcell.worker import _worker
 {imports}
 before = set(linecache.cache)
 _worker._warm_up_data({preloaded!r})
@@ -242,7 +242,7 @@ print(json.dumps([len(os.listdir("/proc/self/task")), sorted(set(linecache.cache
 @pytest.mark.parametrize("preloaded", [["numpy", "pandas"], ["numpy"]])
 def test_the_zygote_s_dataframe_warm_up_starts_no_thread_and_leaves_no_cell(preloaded: list[str]) -> None:
     """It runs in the zygote, which forks only with one thread; its cells must not show in a session's tracebacks."""
-    from snapcell.runner._zygote import THREAD_ENV
+    from snapcell.worker._zygote import THREAD_ENV
 
     probe = _DATA_WARM_UP.format(imports="\n".join(f"import {m}" for m in preloaded), preloaded=preloaded)
     done = subprocess.run(

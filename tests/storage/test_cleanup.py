@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, ConfigError, StorageUnavailable
-from snapcell.storage import CleanupReport, LocalStore, MemoryHeads, MemoryStore, SQLiteHeads, cleanup, usage
-from snapcell.storage._cleanup import MIN_BLOB_GRACE_S, MIN_GRACE_S
+from snapcell.heads import MemoryHeads, SQLiteHeads
+from snapcell.ops import CleanupReport, cleanup, usage
+from snapcell.ops._cleanup import MIN_BLOB_GRACE_S, MIN_GRACE_S
+from snapcell.storage import LocalStore, MemoryStore
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -375,7 +377,7 @@ def test_cleanup_racing_turns_loses_nothing_at_the_grace_floor(clock, at_floor: 
 
 @pytest.mark.integration
 def test_a_corrupt_s3_head_is_skipped_and_a_good_one_still_protects(s3_store) -> None:
-    from snapcell.storage import S3Heads
+    from snapcell.heads import S3Heads
 
     heads = S3Heads(s3_store)
     heads.compare_and_set("good", None, b"keep")

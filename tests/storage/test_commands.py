@@ -261,7 +261,7 @@ def test_cleanup_refuses_a_heads_database_that_does_not_exist(
 def test_cleanup_with_an_existing_heads_database(
     local: tuple[Path, LocalStore], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapcell.storage import SQLiteHeads
+    from snapcell.heads import SQLiteHeads
 
     root, _store = local
     monkeypatch.setenv("SNAPCELL_SIGNING_KEY", "commands-test-signing-key-0123")
@@ -272,7 +272,7 @@ def test_cleanup_with_an_existing_heads_database(
 
 
 def test_sqlite_heads_in_must_exist_mode(tmp_path: Path) -> None:
-    from snapcell.storage import SQLiteHeads
+    from snapcell.heads import SQLiteHeads
 
     with pytest.raises(ConfigError, match="no head store at"):
         SQLiteHeads(tmp_path / "missing" / "heads.db", create=False)
@@ -300,7 +300,7 @@ def test_cleanup_reports_reclaimed_temp_files(
 
 
 def _open_heads_file(path: str) -> str:
-    from snapcell.storage import SQLiteHeads
+    from snapcell.heads import SQLiteHeads
 
     try:
         SQLiteHeads(path).close()
@@ -323,7 +323,7 @@ def test_processes_opening_a_new_heads_file_at_once_all_succeed(tmp_path: Path) 
 def test_cleanup_with_heads_refuses_to_invent_a_signing_key(
     local: tuple[Path, LocalStore], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapcell.storage import SQLiteHeads
+    from snapcell.heads import SQLiteHeads
 
     root, _store = local
     monkeypatch.delenv("SNAPCELL_SIGNING_KEY", raising=False)
@@ -356,7 +356,7 @@ def test_cleanup_skips_a_corrupt_head_does_the_rest_and_exits_4(
 ) -> None:
     import sqlite3
 
-    from snapcell.storage import SQLiteHeads
+    from snapcell.heads import SQLiteHeads
 
     root, store = local
     monkeypatch.setenv("SNAPCELL_SIGNING_KEY", "commands-test-signing-key-0123456789")

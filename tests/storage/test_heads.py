@@ -8,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from snapcell import Conflict, InvalidKey
-from snapcell.storage import (
+from snapcell import Conflict
+from snapcell.errors import InvalidKey
+from snapcell.heads import (
     HeadStore,
     MemoryHeads,
-    MemoryStore,
     S3Heads,
-    S3Store,
     SQLiteHeads,
-    cleanup,
     default_heads,
     open_heads,
     validate_conversation_id,
 )
-from snapcell.storage._heads import new_lease_owner
+from snapcell.heads._heads import new_lease_owner
+from snapcell.ops import cleanup
+from snapcell.storage import MemoryStore, S3Store
 
 A, B, C = b"a" * 40, b"b" * 40, b"c" * 40
 NOW = 1_700_000_000.0
@@ -261,8 +261,8 @@ def test_sqlite_corrupt_row_is_a_storage_error(tmp_path: Path, history: str) -> 
 
 
 def test_committed_turns_are_recorded_and_bounded(heads: HeadStore) -> None:
-    from snapcell.storage import TurnRecord
-    from snapcell.storage._heads import MAX_TURN_ANSWERS, MAX_TURN_IDS
+    from snapcell.heads import TurnRecord
+    from snapcell.heads._heads import MAX_TURN_ANSWERS, MAX_TURN_IDS
 
     version = heads.compare_and_set("c", None, A, turn=TurnRecord("t0", "answer 0"))
     for i in range(1, MAX_TURN_IDS + 5):
@@ -326,7 +326,7 @@ def test_an_absurd_lease_expiry_is_cut_back_to_one_ttl(heads: HeadStore) -> None
 
 def test_a_head_without_a_version_is_an_error_not_a_fresh_start(heads: HeadStore) -> None:
     from snapcell import StorageError
-    from snapcell.storage import Head, RecordHeads
+    from snapcell.heads import Head, RecordHeads
 
     assert isinstance(heads, RecordHeads)
     heads._update("c", lambda record: Head(checkpoint_id=A, history=(B,), version=""))
@@ -341,7 +341,7 @@ def test_a_head_without_a_version_is_an_error_not_a_fresh_start(heads: HeadStore
 def test_sqlite_heads_of_an_earlier_schema_gain_turns(tmp_path: Path) -> None:
     import sqlite3
 
-    from snapcell.storage import TurnRecord
+    from snapcell.heads import TurnRecord
 
     path = tmp_path / "old.db"
     db = sqlite3.connect(path)
@@ -362,7 +362,7 @@ def test_sqlite_heads_of_an_earlier_schema_gain_turns(tmp_path: Path) -> None:
 
 def test_acquire_lease_and_get_reads_the_head_with_the_lease(heads: HeadStore) -> None:
     from snapcell import StorageError
-    from snapcell.storage import Head, RecordHeads
+    from snapcell.heads import Head, RecordHeads
 
     assert isinstance(heads, RecordHeads)
     assert heads.acquire_lease_and_get("c", "s/t1", 60) == (True, None)  # no head yet: taken, nothing to read

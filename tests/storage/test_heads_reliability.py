@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snapcell import Conflict, Pool, StorageError, SyncCodeTool
-from snapcell.storage import SQLiteHeads
+from snapcell.heads import SQLiteHeads
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "heads-reliability-signing-key-0123"
@@ -32,7 +32,7 @@ _OPEN_AND_CLOSE = (
     "import sqlite3, sys\ndb = sqlite3.connect(sys.argv[1])\ndb.execute('SELECT count(*) FROM heads')\ndb.close()"
 )
 _READ_HEAD = (
-    "import json, sys\nfrom snapcell.storage import SQLiteHeads\nh = SQLiteHeads(sys.argv[1], create=False)\n"
+    "import json, sys\nfrom snapcell.heads import SQLiteHeads\nh = SQLiteHeads(sys.argv[1], create=False)\n"
     "head = h.get(sys.argv[2])\n"
     "print(json.dumps(None if head is None else [head.checkpoint_id.hex(), len(head.history)]))"
 )
@@ -124,8 +124,9 @@ def test_sqlite_errors_keep_their_real_cause(tmp_path: Path, pragma: str, cause:
 # once to move the head from VERSION without waiting for a lock, and prints what happened.
 _OTHER_INSTANCE = """
 import sys
-from snapcell import Conflict, StorageUnavailable
-from snapcell.storage import SQLiteHeads
+from snapcell import Conflict
+from snapcell.errors import StorageUnavailable
+from snapcell.heads import SQLiteHeads
 heads = SQLiteHeads(sys.argv[1], busy_timeout_s=0)
 print("ready", flush=True)
 for line in sys.stdin:
@@ -184,7 +185,8 @@ def test_sqlite_cas_race_between_read_and_write(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_s3_cas_race_between_read_and_write(s3_store: object) -> None:
-    from snapcell.storage import S3Heads, S3Store
+    from snapcell.heads import S3Heads
+    from snapcell.storage import S3Store
 
     assert isinstance(s3_store, S3Store)
     mine, other = S3Heads(s3_store), S3Heads(s3_store)
@@ -205,7 +207,7 @@ def test_s3_cas_race_between_read_and_write(s3_store: object) -> None:
 _HAMMER = """
 import sys
 from snapcell import Conflict
-from snapcell.storage import S3Heads, SQLiteHeads
+from snapcell.heads import S3Heads, SQLiteHeads
 kind, where, increments = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if kind == "sqlite":
     heads = SQLiteHeads(where)
@@ -237,7 +239,7 @@ print(conflicts, flush=True)
 
 
 def _hammer(kind: str, where: str, heads: object, processes: int, increments: int) -> int:
-    from snapcell.storage import HeadStore
+    from snapcell.heads import HeadStore
 
     assert isinstance(heads, HeadStore)
     heads.compare_and_set("counter", None, b"0")
@@ -283,7 +285,7 @@ def test_sqlite_cas_hammer_from_many_processes_loses_no_increment(tmp_path: Path
 def test_s3_cas_hammer_from_many_processes_loses_no_increment(s3_server: str, s3_bucket: str) -> None:
     import boto3
 
-    from snapcell.storage import S3Heads
+    from snapcell.heads import S3Heads
     from tests.s3server import TEST_CREDENTIALS, TEST_REGION
 
     client = boto3.client("s3", endpoint_url=s3_server, region_name=TEST_REGION, **TEST_CREDENTIALS)

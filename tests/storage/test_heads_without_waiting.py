@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from snapcell.errors import StorageError
-from snapcell.storage import AsyncHeads, SQLiteHeads
-from snapcell.storage._heads_async import call_head_store
-from snapcell.storage._heads_sqlite import _NO_WAIT_RUN, WouldWait
+from snapcell.heads import AsyncHeads, SQLiteHeads
+from snapcell.heads._async import call_head_store
+from snapcell.heads._sqlite import _NO_WAIT_RUN, WouldWait
 
 A, B = b"a" * 40, b"b" * 40
 

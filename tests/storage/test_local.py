@@ -332,7 +332,7 @@ def test_reclaim_temp_files_on_a_missing_root(tmp_path: Path) -> None:
 
 
 def test_cleanup_reclaims_temp_files_a_day_old(tmp_path: Path) -> None:
-    from snapcell.storage import cleanup
+    from snapcell.ops import cleanup
 
     store = LocalStore(tmp_path / "s")
     now = 1_700_000_000.0

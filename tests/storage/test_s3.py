@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from snapcell.errors import CheckpointNotFound, ConfigError, ObjectExists, StorageUnavailable
-from snapcell.storage import S3Config, S3Store, cleanup, install_lifecycle, open_store
+from snapcell.ops import cleanup
+from snapcell.storage import S3Config, S3Store, install_lifecycle, open_store
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,9 @@ import time
 
 import pytest
 
-from snapcell import WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.checkpoint import BlobRef, Manifest, WorkspaceFile
 from snapcell.checkpoint._blobs import CHUNK_BYTES, encode_blob, hash_buffer
-from snapcell.errors import CheckpointCorrupt
+from snapcell.errors import CheckpointCorrupt, WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.workspace import ForgedFiles, check_files, check_path
 from snapcell.workspace._local import Workspace
 
@@ -135,7 +134,7 @@ def test_quota_and_symlinks_in_worker_side_writes(workspace, tmp_path):
 def test_the_stale_scratch_sweep_spares_a_worker_still_setting_up():
     """A worker mounts its scratch as root and drops to its own uid a moment later: another pool's sweep in that
     moment used to unmount the fresh scratch, and the worker then built its workspace outside its quota."""
-    from snapcell.runner import _privileges
+    from snapcell.sandbox import _privileges
 
     if os.geteuid() != 0:
         pytest.skip("the scratch tmpfs needs a root host")

@@ -17,15 +17,9 @@ from pathlib import Path
 import pytest
 
 import snapcell
-from snapcell import (
-    Limits,
-    PolicyError,
-    Pool,
-    WorkspaceError,
-    WorkspacePathError,
-    WorkspaceQuotaExceeded,
-)
+from snapcell import Limits, PolicyError, Pool
 from snapcell.checkpoint import BLOB_PREFIX
+from snapcell.errors import WorkspaceError, WorkspacePathError, WorkspaceQuotaExceeded
 from snapcell.storage import MemoryStore
 
 MIB = 1024 * 1024
@@ -396,9 +390,9 @@ def test_a_worker_that_hides_its_quota_still_meets_the_hosts(tmp_path):
 
 
 def test_inspect_lists_the_files_and_cleanup_and_usage_count_their_blobs(tmp_path):
-    from snapcell import inspect_checkpoint
     from snapcell.checkpoint import blob_keys_of
-    from snapcell.storage import LocalStore, cleanup, usage
+    from snapcell.ops import cleanup, inspect_checkpoint, usage
+    from snapcell.storage import LocalStore
 
     store = LocalStore(tmp_path / "store")
     with Pool(store, isolation="process", min_warm_workers=0) as pool, pool.checkout() as session:
@@ -455,7 +449,7 @@ def test_reset_forgets_the_files_too(pool):
     ],
 )
 def test_forged_artifact_descriptions_are_refused(files, blob):
-    from snapcell.runner._procbackend import _artifacts
+    from snapcell.backends._procbackend import _artifacts
 
     with pytest.raises(ValueError):  # MalformedMessage and WorkspacePathError are ValueErrors: the worker goes
         _artifacts({"files": files}, Limits(), bytearray(blob))

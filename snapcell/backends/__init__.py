@@ -1,0 +1,28 @@
+"""The host's side of a session: the `Backend` seam, inline and process backends, the worker pool, the zygote host.
+
+Nothing here runs inside a worker, and nothing here imports `snapcell.worker` (they share `snapcell.wire`,
+`snapcell.interpreter`, `snapcell.policy` and `snapcell.limits`). Its names are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from snapcell._support._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from snapcell.backends._backend import Backend, InlineBackend
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.backends._backend": (
+        "Backend",
+        "InlineBackend",
+    ),
+}
+
+__all__ = [
+    "Backend",
+    "InlineBackend",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

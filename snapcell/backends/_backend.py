@@ -1,0 +1,201 @@
+"""Where a session's runner lives: the `Backend` protocol and the in-process backend."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Literal, Protocol
+
+from snapcell.checkpoint import BlobRef, Dumped, Manifest
+from snapcell.errors import SessionError, WorkspaceError
+from snapcell.interpreter._host import LocalBridge
+from snapcell.interpreter._result import RunResult
+from snapcell.interpreter._runner import Runner
+from snapcell.limits import Limits
+from snapcell.policy._policy import Policy
+from snapcell.typecheck import declarations_from_namespace
+
+__all__ = ["Backend", "DumpRequest", "InlineBackend"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DumpRequest:
+    """What `Backend.dump` takes (and a run's ``then_dump``, fixed before the run starts).
+
+    Attributes:
+        created_at: Creation time for the manifest.
+        level: zstd level.
+        on_unpicklable: What to do with a variable that cannot be serialized.
+        known_blobs: Blobs the store already has, by hash; they are referenced, not encoded again.
+        passed_frames: Hashes (hex) of frame blobs the host's scan passed under this session's policy; the runner
+            does not scan a frame with those bytes again (the host checks every byte it signs either way).
+    """
+
+    created_at: float
+    level: int
+    on_unpicklable: Literal["skip", "fail"]
+    known_blobs: Mapping[str, BlobRef]
+    passed_frames: Collection[str] = ()
+
+
+class Backend(Protocol):
+    """A session's runner, in this process or in a worker; every method is a request to it."""
+
+    async def run(
+        self,
+        code: str,
+        *,
+        lookup: Mapping[str, Callable[..., Any]],
+        setup: bool,
+        limits: Limits,
+        then_dump: DumpRequest | None = None,
+        report: bool = True,
+    ) -> RunResult:
+        """Run one cell; see `Runner.run`.
+
+        ``report`` False: the caller reads only the result's value and error (`feed_run`): ``cpu_time_s``,
+        ``peak_memory_bytes``, ``memory_bytes``, ``namespace_summary`` and ``files`` may then be left unset rather
+        than measured.
+
+        With ``then_dump``, a backend may dump right after the run, in the same request: `pending_dump` then says
+        so, and `dumped` returns that dump. A backend that does not (or a run that ended in an error) leaves
+        `pending_dump` None.
+        """
+        ...
+
+    @property
+    def pending_dump(self) -> DumpRequest | None:
+        """The dump the last run was asked to do after it, if that dump is under way and not yet taken by `dumped`."""
+        ...
+
+    async def dumped(self) -> Dumped:
+        """The dump of `pending_dump` (then None); as `dump`, with the same errors."""
+        ...
+
+    async def dump(self, request: DumpRequest) -> Dumped:
+        """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks."""
+        ...
+
+    async def load(
+        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
+    ) -> Manifest:
+        """Replace the namespace with a verified checkpoint body and its blobs.
+
+        ``manifest`` is the one the host parsed from these very bytes, and what is returned: the session's view of
+        the checkpoint is its own parse of what it verified, never a worker's account of it.
+        """
+        ...
+
+    async def reset(self) -> None:
+        """Start again from an empty namespace."""
+        ...
+
+    async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
+        """Add notes for the next run, and setup cells to run before its cell."""
+        ...
+
+    async def discard(self) -> None:
+        """Throw the runner away (it misbehaved); the next request starts a new one."""
+        ...
+
+    async def declarations(self) -> str:
+        """Type declarations for the namespace's variables (for the type checker)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the runner."""
+        ...
+
+    async def write_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        """Write a workspace file (a normalized path); see `AsyncSession.write_file`."""
+        ...
+
+    async def read_file(self, path: str, *, max_bytes: int | None) -> bytes:
+        """Read a workspace file (a normalized path); see `AsyncSession.read_file`."""
+        ...
+
+    async def list_files(self) -> list[tuple[str, int]]:
+        """Every workspace file and its size; see `AsyncSession.list_files`."""
+        ...
+
+
+class InlineBackend:
+    """Runs scripts in the host process: fastest, and no protection at all (trusted code only)."""
+
+    def __init__(self, *, policy: Policy, limits: Limits) -> None:
+        self._policy = policy
+        self._limits = limits
+        self.runner = Runner(policy=policy, limits=limits)
+
+    async def run(
+        self,
+        code: str,
+        *,
+        lookup: Mapping[str, Callable[..., Any]],
+        setup: bool,
+        limits: Limits,
+        then_dump: DumpRequest | None = None,
+        report: bool = True,
+    ) -> RunResult:
+        # ``then_dump`` is left to `dump`: in this process there is no round trip to save.
+        bridge = LocalBridge(lookup, max_calls=limits.max_host_calls)
+        return await self.runner.run(
+            code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits, report=report
+        )
+
+    async def dump(self, request: DumpRequest) -> Dumped:
+        # Off the event loop: a large namespace takes seconds to pickle and compress.
+        return await asyncio.to_thread(
+            self.runner.dump,
+            created_at=request.created_at,
+            level=request.level,
+            on_unpicklable=request.on_unpicklable,
+            known_blobs=request.known_blobs,
+            passed_frames=request.passed_frames,
+        )
+
+    async def load(
+        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
+    ) -> Manifest:
+        return await asyncio.to_thread(self.runner.load, body, blobs, manifest=manifest)
+
+    @property
+    def pending_dump(self) -> DumpRequest | None:
+        return None
+
+    async def dumped(self) -> Dumped:
+        raise SessionError("no dump is under way: this backend dumps when asked")
+
+    async def reset(self) -> None:
+        self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
+        self.runner.pending_notes.extend(notes)
+        self.runner.pending_setup.extend(setup_cells)
+
+    async def discard(self) -> None:
+        self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    async def declarations(self) -> str:
+        return declarations_from_namespace(self.runner.variables())
+
+    async def close(self) -> None:
+        self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    async def write_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        raise _no_workspace(path)
+
+    async def read_file(self, path: str, *, max_bytes: int | None) -> bytes:
+        raise _no_workspace(path)
+
+    async def list_files(self) -> list[tuple[str, int]]:
+        raise _no_workspace(None)
+
+
+def _no_workspace(path: str | None) -> WorkspaceError:
+    return WorkspaceError(
+        "inline mode has no workspace: scripts there have no file access, and sessions no files; use "
+        'isolation="process" (the default) for files',
+        path=path,
+    )

@@ -1,0 +1,543 @@
+"""The host side of one worker process: spawn, talk, kill (the pool and the backend build on it).
+
+A worker is a fresh interpreter (``python -I -m snapcell.worker._worker``) started with an empty
+environment, no inherited descriptors but its socket, and its own scratch directory. The host never
+unpickles what a worker sends (see `_wire`), and it kills a worker that overruns its wall time plus
+grace, or that the pool no longer needs.
+
+Every worker is assumed hostile. Each frame it sends is checked against the budget of the request in
+flight (`_budget.reply_budget`) before anything is allocated, and read as it arrives, so a claimed size
+costs nothing until it is sent; host-function calls are counted here against ``max_host_calls``; every
+request has a deadline; and why a worker died is decided from what the host sees (its exit status,
+its peak memory from ``wait4``), never from what it wrote to stderr, of which only the tail is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from snapcell.backends._hostcalls import PendingCall, call_host, finish_call
+from snapcell.backends._hostchannel import ChannelIO, Died, send_now
+from snapcell.backends._procstat import ProcStat
+from snapcell.backends._zygotehost import ForkedChild, Zygote
+from snapcell.errors import OutputLimitExceeded, SessionError
+from snapcell.interpreter._host import CallBudget, HostCall
+from snapcell.limits import Limits
+from snapcell.policy._policy import Policy
+from snapcell.sandbox._privileges import LIVE_WORKER_PIDS
+from snapcell.sandbox._sandbox import sandbox_failure, worker_sandbox_settings
+from snapcell.sandbox._scratch import detach_scratch, remove_scratch
+from snapcell.wire._budget import Budget, either_budget, reply_budget
+from snapcell.wire._wire import FRAME, decode, encode, to_plain
+
+__all__ = ["WorkerProcess", "plain_settings", "policy_to_plain"]
+
+log = logging.getLogger("snapcell")
+
+_STARTUP_TIMEOUT_S = 60.0
+_REQUEST_TIMEOUT_S = 600.0
+# Requests that do no script work (queue, reset, declarations): a worker that takes longer is stuck or hostile.
+_CONTROL_TIMEOUT_S = 30.0
+_KILL_WAIT_S = 5.0
+# A worker whose channel closed exits at once; one still alive this long after is killed.
+_EXIT_WAIT_S = 1.0
+_DECODE_INLINE_BYTES = 256 * 1024
+# Largest blob a worker may send when its session has no memory limit; with one, twice that limit.
+_MAX_BLOB_BYTES_UNLIMITED = 64 * 1024**3
+_REFILL_DELAY_S = 0.05
+# Host-function calls of one run being served at once; beyond it the host stops reading until one is done.
+_MAX_PENDING_CALLS = 1024
+# Only the end of a dead worker's stderr is read (for the log), never all of it.
+_STDERR_TAIL_BYTES = 64 * 1024
+# A worker that dies (other than by the host's own kill) with a peak RSS at least this share of its memory
+# limit is reported as out of memory.
+_MEMORY_DEATH_SHARE = 0.75
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+
+_Died = Died
+
+
+def policy_to_plain(policy: Policy) -> dict[str, Any]:
+    """A policy's fields as plain data, to send to a worker."""
+    fields = {}
+    for field in dataclasses.fields(policy):
+        value = getattr(policy, field.name)
+        fields[field.name] = sorted(value) if isinstance(value, frozenset) else value
+    return to_plain(fields)  # type: ignore[no-any-return]
+
+
+# Settings converted per pair rather than per worker: every worker of a pool is usually set up for the same pair, and
+# the conversion (a field walk and a deep copy of each) cost the host more CPU per worker than sending them.
+_PLAIN_SETTINGS_KEPT = 32
+
+
+@functools.lru_cache(maxsize=_PLAIN_SETTINGS_KEPT)
+def plain_settings(policy: Policy, limits: Limits) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``policy`` and ``limits`` as plain data for a worker's ``init``, converted once per pair.
+
+    The dictionaries are shared by every caller with an equal pair: they are only encoded, never changed.
+    """
+    return policy_to_plain(policy), to_plain(dataclasses.asdict(limits))
+
+
+class WorkerProcess(ChannelIO):
+    """One worker process and the channel to it. Use `start`, then `init`, then requests."""
+
+    def __init__(
+        self, scratch_root: str, *, command: Sequence[str] | None = None, zygote: Zygote | None = None
+    ) -> None:
+        # The interpreter and module to start; the socket's descriptor and the host's pid are appended.
+        self._command = (
+            list(command) if command is not None else [sys.executable, "-I", "-m", "snapcell.worker._worker"]
+        )
+        self._scratch_root = scratch_root
+        self.scratch_dir = ""
+        # Forked by this zygote instead of spawned (then `process` stays None and `forked` names the child).
+        self.zygote = zygote
+        self.forked: ForkedChild | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+        self.sandbox: dict[str, str] = {}
+        self.checkouts = 0
+        # Requests sent so far (a run's CPU reading may serve as the next one's start when none came between).
+        self.requests = 0
+        # The (policy, limits) this worker was set up for ahead of a checkout (see `WorkerPool`), if any.
+        self.settled: tuple[Policy, Limits] | None = None
+        super().__init__()
+        self._stderr: Any = None
+        self.dead = False
+        # Largest blob accepted in a frame; none until `init` says how much memory the worker may use.
+        self.max_blob_bytes = 0
+        # The session's limits (from `init`): they size the budget of every reply.
+        self.limits = Limits()
+        # The limits of the last run request sent (None: none yet): the worker runs under them until one names others.
+        self.run_limits: Limits | None = None
+        # The budgets of the last run request's frames, and its limits (see `_run_budgets`).
+        self._budgets: tuple[Limits, Budget, Budget] | None = None
+        self._inherited_rss = 0
+        # Its CPU time and peak memory, read by the host from /proc once it has started.
+        self.stat: ProcStat | None = None
+        # What is left of a `kill` with ``reap_later``: waiting for the worker's exit.
+        self.reaping: asyncio.Future[None] | None = None
+
+    @property
+    def start_path(self) -> str:
+        """How this worker was started: ``"zygote"`` (forked from a clean zygote) or ``"spawn"``."""
+        return "zygote" if self.forked is not None else "spawn"
+
+    async def start(self) -> None:
+        """Start the worker (forked from the zygote, or spawned) and wait until it has imported snapcell.
+
+        Raises:
+            ZygoteError: The zygote could not fork a worker (the caller may spawn one instead).
+            SessionError: A spawned worker could not start.
+        """
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._stderr = tempfile.TemporaryFile()
+        if self.zygote is not None:
+            try:
+                self.forked = await self.zygote.fork(child, self._stderr)
+            except BaseException:
+                parent.close()
+                raise
+            finally:
+                child.close()
+            self.pid = self.forked.pid
+            self._inherited_rss = self.forked.inherited_rss
+            await self._wait_started(parent)
+            return
+        try:
+            self.process = subprocess.Popen(
+                [*self._command, str(child.fileno()), str(os.getpid())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                pass_fds=(child.fileno(),),
+                close_fds=True,
+                env=_ENV,
+                cwd=self._scratch_root,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            parent.close()
+            raise SessionError(f"could not start a worker process: {exc}") from exc
+        finally:
+            child.close()
+        self.pid = self.process.pid
+        # A child's peak RSS (from wait4) starts at the host's own, inherited across fork and exec: only a peak
+        # above this is the worker's own doing.
+        self._inherited_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        await self._wait_started(parent)
+
+    async def _wait_started(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        async with _deadline(_STARTUP_TIMEOUT_S, self):
+            message, _, _ = await self._receive(reply_budget("start", self.limits))
+        if message.get("op") != "started" or (self.forked is not None and message.get("pid") != self.pid):
+            await self.kill()
+            raise SessionError(f"a worker process sent {str(message)[:80]!r} instead of starting")
+        if self.pid is not None:
+            self.stat = ProcStat(self.pid)
+
+    async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
+        """Give the worker its session settings; it applies its sandbox and reports the layers.
+
+        ``mounts`` (name to a checked host directory) appear read-only in the worker's workspace.
+        """
+        self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
+        if self.pid is not None:
+            LIVE_WORKER_PIDS.add(self.pid)  # its scratch mount is not stale while it sets up (see the sweep)
+        sandbox_settings = worker_sandbox_settings(self.pid or 0, self._scratch_root)
+        memory = limits.memory_bytes
+        self.max_blob_bytes = _MAX_BLOB_BYTES_UNLIMITED if memory is None else 2 * memory
+        self._budgets = None
+        self.limits = limits
+        plain_policy, plain_limits = plain_settings(policy, limits)
+        await self._send(
+            {
+                "op": "init",
+                "policy": plain_policy,
+                "limits": plain_limits,
+                "scratch_dir": self.scratch_dir,
+                "mounts": dict(mounts or {}),
+                **sandbox_settings,
+            }
+        )
+        try:
+            async with _deadline(_STARTUP_TIMEOUT_S, self):
+                message, _, _ = await self._receive(reply_budget("init", limits))
+        except _Died as exc:
+            tail = self._stderr_tail(1500).strip()
+            detail = f":\n{tail}" if tail else ""
+            raise SessionError(f"a worker process failed to start ({exc.reason}){detail}") from exc
+        if message.get("op") == "sandbox_failed":
+            await self.kill()
+            raise sandbox_failure(message)
+        sandbox = message.get("sandbox")
+        if message.get("op") != "ready" or type(sandbox) is not dict:
+            await self.kill()
+            raise SessionError(f"a worker process failed to start: {str(message)[:500]}")
+        self.sandbox = {str(k)[:100]: str(v)[:1000] for k, v in sandbox.items()}
+
+    async def _send(self, message: dict[str, Any], *parts: bytes | bytearray | memoryview) -> None:
+        sock = self._sock
+        if sock is None or self.dead:
+            raise _Died("crash", "the worker is not running")
+        payload = encode(message)
+        frame = FRAME.pack(len(payload), sum(map(len, parts)) if parts else 0) + payload
+        try:
+            if not parts and not self._send_lock.locked():
+                # Nobody is mid-frame: a frame the socket takes whole needs no lock, as nothing can come between.
+                sent = send_now(sock, frame)
+                if sent == len(frame):
+                    return
+                frame = frame[sent:]  # the rest under the lock, which is free: taking it does not yield
+            await self._lock_for_send()  # frames from concurrent host-call results must not interleave
+            try:
+                await self._sendall(sock, frame)
+                for part in parts:
+                    if part:
+                        await self._sendall(sock, part)
+            finally:
+                self._send_lock.release()
+        except (ConnectionError, OSError) as exc:
+            raise _Died(await self._death_reason(), str(exc)) from exc
+
+    async def _receive(self, budget: Budget) -> tuple[dict[str, Any], bytearray, int]:
+        """Read one frame within ``budget``: its message, its blob, and the message's length.
+
+        Raises:
+            _Died: The worker is gone, or sent a frame over budget or malformed (it is killed then).
+        """
+        try:
+            size, blob_size = FRAME.unpack(await self._read_exactly(FRAME.size))
+            # Checked before anything is allocated: a worker that claims more is not following the protocol.
+            if size > budget.message_bytes:
+                raise _Died("crash", f"it sent a {size:,}-byte message where at most {budget.message_bytes:,} fit")
+            if blob_size > budget.blob_bytes:
+                raise _Died("crash", f"it announced a {blob_size:,}-byte blob where at most {budget.blob_bytes:,} fit")
+            raw = await self._read_exactly(size)
+            # A large message (a big run value) is decoded off the event loop, which other sessions share.
+            if size < _DECODE_INLINE_BYTES:
+                message = decode(raw, max_items=budget.items)
+            else:
+                message = await self._patiently(
+                    asyncio.ensure_future(asyncio.to_thread(decode, raw, max_items=budget.items))
+                )
+            del raw
+            blob = await self._read_exactly(blob_size) if blob_size else bytearray()
+        except (ConnectionError, OSError) as exc:
+            raise _Died(await self._death_reason(), str(exc)) from exc
+        except _Died:
+            await self.kill()
+            raise
+        except Exception as exc:  # a malformed frame from a compromised worker
+            await self.kill()
+            raise _Died("crash", f"it sent malformed data: {str(exc)[:200]}") from exc
+        return message, blob, size
+
+    async def request(
+        self,
+        message: dict[str, Any],
+        parts: Sequence[bytes | bytearray | memoryview] = (),
+        *,
+        timeout_s: float | None = _REQUEST_TIMEOUT_S,
+        lookup: Mapping[str, Callable[..., Any]] | None = None,
+        calls: list[HostCall] | None = None,
+        limits: Limits | None = None,
+        cancel_grace_s: float | None = None,
+        follow_on: bool = False,
+    ) -> tuple[dict[str, Any], bytearray]:
+        """Send a request and wait for its reply, serving host-function calls meanwhile.
+
+        The reply must fit the request's budget (`reply_budget`); a run's host-function calls must fit
+        the call budget and ``max_host_calls``, counted here whatever the worker counts.
+
+        Args:
+            message: The request.
+            parts: Bytes sent after it as the frame's blob.
+            timeout_s: Deadline for sending the request and receiving its reply; None waits for ever.
+            lookup: Host functions a run may call.
+            calls: Where the host-function calls served are recorded.
+            limits: The limits the request runs under (a run's own); the session's by default.
+            cancel_grace_s: For a run: the first cancellation of the calling task stops the script instead, and the
+                reply is awaited for at most this long after it (see `_hostchannel`); `caller_cancelled` says so.
+            follow_on: ``message`` went as the ``then`` of the request before it, which the worker serves right
+                after that one succeeded: nothing is sent, and its reply may have arrived already.
+
+        Raises:
+            _Died: The worker died, overran ``timeout_s`` or broke the protocol (it is killed then).
+        """
+        op = message.get("op")
+        self.requests += 1
+        limits = self.limits if limits is None else limits
+        counter = CallBudget(limits.max_host_calls) if op == "run" else None
+        calls_budget: Budget | None = None
+        if counter is not None:
+            budget, calls_budget = self._run_budgets(limits)
+        else:
+            budget = reply_budget(str(op), limits, self.max_blob_bytes)
+        if self._rend != self._rstart and not follow_on:
+            await self._refuse("it sent a frame that no request asked for")
+        tasks: set[asyncio.Task[None]] = set()
+        traced: dict[str, Callable[..., Any] | None] = {}
+        # The deadline is entered here rather than through `_deadline` (a generator): this runs for every request.
+        deadline = asyncio.timeout(timeout_s)
+        try:
+            async with deadline:
+                self.serve_run(deadline, cancel_grace_s)
+                try:
+                    if not follow_on:
+                        await self._send(message, *parts)
+                    while True:
+                        while len(tasks) >= _MAX_PENDING_CALLS:
+                            try:
+                                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                            except asyncio.CancelledError:
+                                if not self.absorb_cancel():
+                                    raise
+                        reply, reply_blob, size = await self._receive(budget)
+                        if reply.get("op") == "call":
+                            refused = _refused_call(reply, size, calls_budget, counter)
+                            if refused is not None:
+                                await self._refuse(refused)
+                            served = call_host(reply, lookup or {}, calls, traced)
+                            if isinstance(served, PendingCall):  # an async function: awaited alongside the others
+                                task = asyncio.ensure_future(self._finish_call(served, calls))
+                                tasks.add(task)
+                                task.add_done_callback(tasks.discard)
+                            else:  # a sync function has answered already: no task, no loop turn
+                                try:
+                                    await self._send(served)
+                                except _Died:  # the reply, or the next frame read, says what happened
+                                    pass
+                            continue
+                        return reply, reply_blob
+                finally:
+                    self.run_served()
+        except TimeoutError:
+            await self.kill()
+            raise _Died("timeout") from None
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _run_budgets(self, limits: Limits) -> tuple[Budget, Budget]:
+        """A run's budgets under ``limits``: of its frames (its reply or a call), and of a call; the last run's
+        again for the same limits (the cached budgets hash every field of both `Limits` and `Budget`)."""
+        cached = self._budgets
+        if cached is None or cached[0] is not limits:
+            calls_budget = reply_budget("call", limits)
+            budget = either_budget(reply_budget("run", limits, self.max_blob_bytes), calls_budget)
+            cached = self._budgets = (limits, budget, calls_budget)
+        return cached[1], cached[2]
+
+    async def _refuse(self, reason: str) -> None:
+        """Kill a worker that broke the protocol.
+
+        Raises:
+            _Died: Always.
+        """
+        await self.kill()
+        raise _Died("crash", reason)
+
+    async def _finish_call(self, pending: PendingCall, calls: list[HostCall] | None) -> None:
+        reply = await finish_call(pending, calls)
+        try:
+            await self._send(reply)
+        except _Died:  # the request's next read says what happened
+            pass
+
+    async def _death_reason(self) -> str:
+        """Why the worker died, from what the host saw: its exit status and its peak memory (never its stderr)."""
+        if self.process is None and self.forked is None:
+            return "crash"
+        try:
+            code, peak_bytes = await asyncio.wait_for(self._wait_exit(), _EXIT_WAIT_S)
+        except TimeoutError:  # it closed its channel but lives on: not a worker any more
+            await self.kill()
+            return "crash"
+        self.dead = True
+        tail = self._stderr_tail()
+        if tail:
+            log.debug("snapcell: worker %s exited with %s; its stderr ends with:\n%s", self.pid, code, tail)
+        memory = self.limits.memory_bytes
+        if (
+            code != 0
+            and memory is not None
+            and peak_bytes is not None
+            and peak_bytes > self._inherited_rss
+            and peak_bytes >= _MEMORY_DEATH_SHARE * memory
+        ):
+            return "memory"
+        if code < 0 and -code in (signal.SIGKILL, signal.SIGTERM):
+            return "signal"
+        if code < 0 and -code == signal.SIGXCPU:
+            return "timeout"
+        return "crash"
+
+    async def _wait_exit(self) -> tuple[int, int | None]:
+        """Wait for the worker to exit: its exit code (negative for a signal) and peak RSS in bytes, if known."""
+        if self.forked is not None:
+            # Reaped by the zygote, its parent, which reports what wait4 said.
+            status, peak = await asyncio.shield(self.forked.exited)
+            return os.waitstatus_to_exitcode(status), peak
+        return await asyncio.to_thread(self._reap)
+
+    def _reap(self) -> tuple[int, int | None]:
+        """Wait for the worker to exit: its exit code (negative for a signal) and peak RSS in bytes, if known."""
+        process = self.process
+        if process is None:
+            return 0, None
+        if process.returncode is None:
+            try:
+                _, status, usage = os.wait4(process.pid, 0)
+            except ChildProcessError:  # reaped meanwhile by `kill`
+                return process.wait(), None
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode, usage.ru_maxrss * 1024  # Linux reports kilobytes
+        return process.returncode, None
+
+    def _stderr_tail(self, limit: int = 4096) -> str:
+        """The last ``limit`` bytes (at most 64 KiB) the worker wrote to stderr; nothing before them is read."""
+        if self._stderr is None:
+            return ""
+        try:
+            end = self._stderr.seek(0, os.SEEK_END)
+            size = min(limit, _STDERR_TAIL_BYTES, end)
+            self._stderr.seek(end - size)
+            return str(self._stderr.read(size).decode(errors="replace"))
+        except (OSError, ValueError):
+            return ""
+
+    async def kill(self, *, reap_later: bool = False) -> None:
+        """Kill the worker and remove its scratch directory; safe to call twice.
+
+        ``reap_later``: if its scratch is a tmpfs, detach it now (`detach_scratch`) and leave waiting for its exit
+        to the task in `reaping`.
+        """
+        self.dead = True
+        if self.forked is not None:
+            self.forked.kill()
+            if (
+                reap_later
+                and self.scratch_dir
+                and await asyncio.shield(asyncio.to_thread(detach_scratch, self.scratch_dir))
+            ):
+                LIVE_WORKER_PIDS.discard(self.pid or 0)
+                self.scratch_dir = ""
+                self.reaping = asyncio.ensure_future(self.kill())
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.forked.exited), _KILL_WAIT_S)
+            self.forked.close()
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.to_thread(self.process.wait), _KILL_WAIT_S)
+        if self._sock is not None:
+            self._unwatch()
+            self._sock.close()
+            self._sock = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # a read in progress finds the channel closed, rather than waiting for ever
+        if self.stat is not None:
+            self.stat.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        if self.scratch_dir:
+            scratch, self.scratch_dir = self.scratch_dir, ""
+            LIVE_WORKER_PIDS.discard(self.pid or 0)
+            # Unmounting the scratch tmpfs and removing its directory take milliseconds that the event loop,
+            # shared by every session, should not wait for.
+            await asyncio.shield(asyncio.to_thread(remove_scratch, scratch))
+
+
+def _refused_call(message: dict[str, Any], size: int, budget: Budget | None, counter: CallBudget | None) -> str | None:
+    """Check a host-function call frame and count it against ``max_host_calls``: why it is refused, if it is.
+
+    A plain function, not a coroutine: it runs for every call, and refusing (killing the worker) is the caller's.
+    ``budget`` and ``counter`` are None outside a run.
+    """
+    if budget is None or counter is None:
+        return "it sent a host-function call outside a run"
+    if size > budget.message_bytes:
+        return f"it sent a {size:,}-byte host-function call where at most {budget.message_bytes:,} fit"
+    if type(message.get("args", [])) is not list or type(message.get("kwargs", {})) is not dict:
+        return "it sent a host-function call whose arguments are not a list and a dict"
+    try:
+        counter.admit(str(message.get("name"))[:100], available=True)
+    except OutputLimitExceeded as exc:
+        return f"it made more host-function calls than Limits.max_host_calls ({exc.value})"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def _deadline(timeout_s: float | None, worker: WorkerProcess) -> AsyncIterator[asyncio.Timeout]:
+    """Kill ``worker`` and raise ``_Died("timeout")`` when the block overruns ``timeout_s`` (None: no deadline)."""
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            yield deadline
+    except TimeoutError:
+        await worker.kill()
+        raise _Died("timeout") from None

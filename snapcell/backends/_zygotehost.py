@@ -1,0 +1,323 @@
+"""The host side of a zygote (see `_zygote`): start it, ask it for forked workers, learn how they exit.
+
+The zygote is trusted-clean (it never runs script code), but its children are hostile: the pid a
+``forked`` reply names is checked with ``pidfd_open`` and ``/proc/<pid>/status`` (its parent must be
+the zygote) before the host believes it, and the child is killed through that pidfd, which cannot name
+a recycled pid. The zygote reaps its children and reports their exit status and peak RSS, which the
+host uses as it uses ``wait4`` for a spawned worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any
+
+from snapcell.worker._zygote import THREAD_ENV
+
+__all__ = ["ForkedChild", "Zygote", "ZygoteError"]
+
+_STARTUP_TIMEOUT_S = 60.0
+_FORK_TIMEOUT_S = 30.0
+# How long after its first fork the zygote is asked for its second stage (`_zygote._Preloader`): by then that fork's
+# session has usually had its first result, which the second stage's imports would otherwise compete with for the
+# CPU (on a busy machine; an idle one runs them on another core). Later children fork between its steps either way.
+_PRELOAD_DELAY_S = 0.05
+_MAX_REPLY_BYTES = 4096
+
+
+class ZygoteError(Exception):
+    """The zygote could not start or fork (internal: the pool falls back to spawning a worker)."""
+
+
+class ForkedChild:
+    """A worker forked by a zygote: its verified pid, a pidfd on it, and the future of its exit report."""
+
+    def __init__(
+        self,
+        pid: int,
+        pidfd: int,
+        inherited_rss: int,
+        exited: asyncio.Future[tuple[int, int | None]],
+        preloaded: tuple[str, ...] = (),
+    ) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.inherited_rss = inherited_rss
+        # (wait status, peak RSS in bytes or None), set when the zygote reaps it or dies.
+        self.exited = exited
+        # The heavy modules its zygote had imported when it forked it (it imports the others on demand).
+        self.preloaded = preloaded
+
+    def kill(self) -> None:
+        """SIGKILL the child through its pidfd (never a recycled pid); its process group goes when it is reaped."""
+        if self.pidfd >= 0 and not self.exited.done():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Close the pidfd."""
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+class Zygote:
+    """One zygote process for one set of preloaded modules.
+
+    Args:
+        preload: Heavy modules the zygote imports (see `_zygote.preload_modules`).
+        cwd: Its working directory (the pool's scratch root).
+        env: Its environment (the workers' empty one); the thread limits of `_zygote.THREAD_ENV` are added.
+    """
+
+    def __init__(self, preload: tuple[str, ...], *, cwd: str, env: dict[str, str]) -> None:
+        self.preload = preload
+        self._cwd = cwd
+        self._env = {**env, **THREAD_ENV}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.pid = 0
+        # The heavy modules it imports after "ready" (those installed), and those it has imported so far.
+        self.preloading: list[str] = []
+        self.preloaded: list[str] = []
+        # How many modules it had imported when it said ready (``sys.modules``; what every pool's first fork waits for).
+        self.modules_at_ready = 0
+        self._preload_requested = False
+        self._preload_timer: asyncio.TimerHandle | None = None
+        self._ctrl: socket.socket | None = None
+        self._stderr: IO[bytes] | None = None
+        self._forks: deque[asyncio.Future[dict[str, Any]]] = deque()
+        self._exits: dict[int, asyncio.Future[tuple[int, int | None]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.forks = 0
+
+    @property
+    def alive(self) -> bool:
+        """Whether the zygote still runs and its channel is open."""
+        return (
+            self.process is not None
+            and self.process.poll() is None
+            and self._reader is not None
+            and not self._reader.done()
+        )
+
+    @property
+    def preload_report(self) -> str:
+        """The heavy modules it preloads, for `isolation_report`: "numpy, pandas", "... (importing)" or "nothing"."""
+        if self.preloading:
+            return ", ".join(self.preloading) + " (importing)"
+        return ", ".join(self.preloaded) or "nothing"
+
+    async def start(self, *, meanwhile: Callable[[], None] | None = None) -> None:
+        """Spawn the zygote and wait until it has imported the worker (the heavy modules follow its first fork).
+
+        Args:
+            meanwhile: Host-side work to do while the zygote starts (on another core: this process only waits then).
+
+        Raises:
+            ZygoteError: It could not start, or did not come up clean (single-threaded).
+        """
+        host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._stderr = tempfile.TemporaryFile()
+        command = [sys.executable, "-I", "-m", "snapcell.worker._zygote", str(child.fileno()), str(os.getpid())]
+        try:
+            self.process = subprocess.Popen(
+                [*command, ",".join(self.preload)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                pass_fds=(child.fileno(),),
+                close_fds=True,
+                env=self._env,
+                cwd=self._cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            host.close()
+            raise ZygoteError(f"could not start a zygote: {exc}") from exc
+        finally:
+            child.close()
+        self.pid = self.process.pid
+        host.setblocking(False)
+        self._ctrl = host
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                await self.close()
+                raise
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(_STARTUP_TIMEOUT_S):
+                data = await loop.sock_recv(host, _MAX_REPLY_BYTES)
+            ready = json.loads(data) if data else {}
+        except (TimeoutError, OSError, ValueError) as exc:
+            await self.close()
+            raise ZygoteError(f"the zygote did not start: {exc!r}{self._stderr_tail()}") from None
+        if type(ready) is not dict or ready.get("op") != "ready" or ready.get("threads") != 1:
+            await self.close()
+            raise ZygoteError(f"the zygote did not come up clean: {str(ready)[:300]}{self._stderr_tail()}")
+        self.preloading = [str(m) for m in ready.get("preload", [])]
+        self.preloaded = [str(m) for m in ready.get("preloaded", [])]
+        modules = ready.get("modules")
+        self.modules_at_ready = modules if type(modules) is int else 0
+        self._reader = asyncio.ensure_future(self._read())
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        with contextlib.suppress(OSError, ValueError):
+            end = self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, end - 1500))
+            tail = self._stderr.read().decode(errors="replace").strip()
+            return f":\n{tail}" if tail else ""
+        return ""
+
+    async def _read(self) -> None:
+        """Dispatch the zygote's reports until its channel closes; then fail whatever still waits."""
+        ctrl = self._ctrl
+        if ctrl is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                data = await loop.sock_recv(ctrl, _MAX_REPLY_BYTES)
+                if not data:
+                    break
+                message = json.loads(data)
+                if type(message) is not dict:
+                    break
+                self._dispatch(message, loop)
+        except (OSError, ValueError):
+            pass
+        finally:
+            # The zygote is gone: its children got SIGKILL with it (pdeathsig).
+            for future in self._forks:
+                if not future.done():
+                    future.set_exception(ZygoteError("the zygote exited"))
+            self._forks.clear()
+            for exited in self._exits.values():
+                if not exited.done():
+                    exited.set_result((signal.SIGKILL, None))
+            self._exits.clear()
+
+    def _dispatch(self, message: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        op = message.get("op")
+        if op in ("forked", "fork_failed") and self._forks:
+            if op == "forked" and type(message.get("pid")) is int:
+                # Registered before any report of its exit can arrive (the zygote reports in order).
+                self._exits[message["pid"]] = loop.create_future()
+            future = self._forks.popleft()
+            if not future.done():
+                future.set_result(message)
+        elif op == "preloaded" and type(message.get("preloaded")) is list:
+            self.preloaded = [str(m) for m in message["preloaded"]]
+            self.preloading = []
+        elif op == "exited" and type(message.get("pid")) is int:
+            exited = self._exits.pop(message["pid"], None)
+            status, maxrss = message.get("status"), message.get("maxrss")
+            if exited is not None and not exited.done() and type(status) is int:
+                exited.set_result((status, maxrss if type(maxrss) is int else None))
+
+    async def fork(self, channel: socket.socket, stderr: IO[bytes]) -> ForkedChild:
+        """Fork a worker that serves ``channel`` (the worker's end) and writes its stderr to ``stderr``.
+
+        Raises:
+            ZygoteError: The zygote is gone, could not fork, or named a process that is not its child.
+        """
+        ctrl = self._ctrl
+        if ctrl is None or not self.alive:
+            raise ZygoteError("the zygote is not running")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        async with self._lock:  # the request and its place in the queue of replies go together
+            try:
+                socket.send_fds(ctrl, [b"F"], [channel.fileno(), stderr.fileno()])
+            except OSError as exc:
+                raise ZygoteError(f"could not reach the zygote: {exc}") from exc
+            self._forks.append(future)
+            if not self._preload_requested:
+                # Only after the first fork, which so waits for nothing: the zygote imports the heavy modules
+                # between later fork requests.
+                self._preload_requested = True
+                self._preload_timer = loop.call_later(_PRELOAD_DELAY_S, self._request_preload)
+        try:
+            async with asyncio.timeout(_FORK_TIMEOUT_S):
+                reply = await future
+        except TimeoutError:
+            await self.close()
+            raise ZygoteError("the zygote did not answer a fork request") from None
+        if reply.get("op") != "forked":
+            raise ZygoteError(f"the zygote could not fork: {str(reply.get('error'))[:300]}")
+        pid = reply["pid"]
+        exited = self._exits.get(pid)
+        if exited is None:
+            raise ZygoteError(f"the zygote named pid {pid} twice")
+        preloaded = reply.get("preloaded")
+        modules = tuple(str(m) for m in preloaded) if type(preloaded) is list else ()
+        child = ForkedChild(pid, -1, int(reply.get("rss") or 0), exited, modules)
+        self.forks += 1
+        try:
+            child.pidfd = os.pidfd_open(pid)
+            if _parent_of(pid) != self.pid:
+                raise ZygoteError(f"process {pid} is not a child of the zygote (pid {self.pid})")
+            signal.pidfd_send_signal(child.pidfd, 0)  # still the process the pidfd was opened on
+        except (OSError, ZygoteError) as exc:
+            child.close()
+            raise ZygoteError(f"could not verify the forked worker {pid}: {exc}") from exc
+        return child
+
+    def _request_preload(self) -> None:
+        """Ask the zygote for its second stage (once, `_PRELOAD_DELAY_S` after its first fork)."""
+        self._preload_timer = None
+        if self._ctrl is not None:
+            with contextlib.suppress(OSError):  # a zygote gone meanwhile fails the next fork's reply instead
+                self._ctrl.send(b"P")
+
+    async def close(self) -> None:
+        """Kill the zygote (its children die with it) and close its channel; safe to call twice."""
+        if self._preload_timer is not None:
+            self._preload_timer.cancel()
+            self._preload_timer = None
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.to_thread(self.process.wait), 5.0)
+        if self._ctrl is not None:
+            self._ctrl.close()
+            self._ctrl = None
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+
+def _parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` from /proc (0 if unknown).
+
+    Read from ``stat`` (one short line) rather than ``status`` (some fifty the kernel formats): once per worker start.
+    """
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        # The command name (field 2) may hold spaces and parentheses: the state and the parent follow its last ")".
+        return int(text.rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0

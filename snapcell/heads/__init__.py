@@ -1,0 +1,58 @@
+"""Conversation heads: each conversation's current checkpoint ID, its history, turn records and the turn lease."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from snapcell._support._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from snapcell.heads._async import AsyncHeads
+    from snapcell.heads._heads import (
+        Head,
+        HeadStore,
+        MemoryHeads,
+        RecordHeads,
+        TurnRecord,
+        validate_conversation_id,
+        validate_turn_id,
+    )
+    from snapcell.heads._open import default_heads, open_heads
+    from snapcell.heads._s3 import S3Heads
+    from snapcell.heads._sqlite import SQLiteHeads
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.heads._async": ("AsyncHeads",),
+    "snapcell.heads._heads": (
+        "Head",
+        "HeadStore",
+        "MemoryHeads",
+        "RecordHeads",
+        "TurnRecord",
+        "validate_conversation_id",
+        "validate_turn_id",
+    ),
+    "snapcell.heads._open": (
+        "default_heads",
+        "open_heads",
+    ),
+    "snapcell.heads._s3": ("S3Heads",),
+    "snapcell.heads._sqlite": ("SQLiteHeads",),
+}
+
+__all__ = [
+    "AsyncHeads",
+    "Head",
+    "HeadStore",
+    "MemoryHeads",
+    "RecordHeads",
+    "S3Heads",
+    "SQLiteHeads",
+    "TurnRecord",
+    "default_heads",
+    "open_heads",
+    "validate_conversation_id",
+    "validate_turn_id",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,0 +1,193 @@
+"""Host functions as seen by scripts: name-only proxies routed to the current run's bridge."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
+
+from snapcell._support._callables import is_async_callable
+from snapcell.errors import ConfigError, OutputLimitExceeded
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+    from snapcell._support._record import dataclass
+
+__all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostCall:
+    """One host-function call made by a run.
+
+    Attributes:
+        name: The host function's name.
+        duration_s: Seconds the call took in the host.
+        error: ``"Type: message"`` when the call raised, else None.
+    """
+
+    name: str
+    duration_s: float
+    error: str | None = None
+
+
+class HostBridge(Protocol):
+    """Carries host-function calls from a running script to wherever the host functions live."""
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call ``name``; returns its value, or an awaitable for an async host function."""
+        ...
+
+
+_bridge: ContextVar[HostBridge | None] = ContextVar("snapcell_host_bridge", default=None)
+
+
+class HostFunction:
+    """What a script sees under a host function's name: a proxy that holds only the name.
+
+    It pickles by name, so checkpoints never contain host code, and every call goes to the
+    host function of that name in the *current* run.
+    """
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bridge = _bridge.get()
+        if bridge is None:
+            raise RuntimeError(f"host function {self._name}() can only be called while a script runs")
+        return bridge.call(self._name, args, kwargs)
+
+    def __reduce__(self) -> tuple[Callable[[str], HostFunction], tuple[str]]:
+        return host_function, (self._name,)
+
+    def __repr__(self) -> str:
+        return f"<host function {self._name}>"
+
+    @property
+    def host_name(self) -> str:
+        """The name the host function is bound to."""
+        return self._name
+
+
+def host_function(name: str) -> HostFunction:
+    """Rebuild a host-function proxy when a checkpoint is loaded."""
+    return HostFunction(name)
+
+
+def validate_lookup(
+    lookup: Mapping[str, Callable[..., Any]] | None, *, what: str = "external_lookup"
+) -> dict[str, Callable[..., Any]]:
+    """Check an ``external_lookup`` mapping; ``what`` names the argument in error messages.
+
+    Raises:
+        ConfigError: ``lookup`` is not a mapping, a name is not an identifier or a value is not callable; nothing ran.
+    """
+    if lookup is None:
+        return {}
+    if not isinstance(lookup, Mapping):
+        raise ConfigError(
+            f"{what} must be a mapping of names to functions, like {{'fetch': fetch}}, not {type(lookup).__name__}"
+        )
+    result: dict[str, Callable[..., Any]] = {}
+    for name, func in lookup.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ConfigError(f"host function names must be public identifiers, not {name!r}")
+        if not callable(func):
+            raise ConfigError(f"{what}[{name!r}] must be callable, not {type(func).__name__}")
+        result[name] = func
+    return result
+
+
+class CallBudget:
+    """Counts a run's host-function calls against ``Limits.max_host_calls``; shared by every bridge."""
+
+    def __init__(self, max_calls: int | None) -> None:
+        self._max_calls = max_calls
+        self._started = 0
+
+    def admit(self, name: str, *, available: bool) -> None:
+        """Count one call of ``name``.
+
+        Raises:
+            NameError: No host function of that name in this run (the script may catch it).
+            OutputLimitExceeded: The run made more calls than allowed.
+        """
+        if not available:
+            raise NameError(f"host function {name!r} is not available in this run")
+        self._started += 1
+        if self._max_calls is not None and self._started > self._max_calls:
+            raise OutputLimitExceeded(
+                f"the run made more than {self._max_calls} host-function calls",
+                limit="max_host_calls",
+                value=self._max_calls,
+                hint="Batch the work into fewer calls.",
+            )
+
+
+class LocalBridge:
+    """Calls host functions in this process (inline mode, and the host side of a worker)."""
+
+    def __init__(self, lookup: Mapping[str, Callable[..., Any]], *, max_calls: int | None) -> None:
+        self._lookup = lookup
+        self._budget = CallBudget(max_calls)
+        self.calls: list[HostCall] = []
+
+    def _admit(self, name: str) -> Callable[..., Any]:
+        func = self._lookup.get(name)
+        self._budget.admit(name, available=func is not None)
+        if func is None:  # admit has raised already; this narrows the type
+            raise NameError(name)
+        from snapcell.telemetry import trace_host_function  # host side only: a worker imports this module too
+
+        return trace_host_function(name, func)
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        func = self._admit(name)
+        if is_async_callable(func):
+            return self._call_async(name, func(*args, **kwargs))
+        start = time.perf_counter()
+        try:
+            result = func(*args, **kwargs)
+        except Exception as exc:
+            self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+            _log_failure(name, exc)
+            raise
+        import inspect  # not before a worker needs it: a zygote says ready without it (issue 16)
+
+        if inspect.isawaitable(result):
+            return self._call_async(name, result, start)
+        self.calls.append(HostCall(name, time.perf_counter() - start))
+        return result
+
+    async def _call_async(self, name: str, awaitable: Awaitable[Any], start: float | None = None) -> Any:
+        start = time.perf_counter() if start is None else start
+        try:
+            result = await awaitable
+        except Exception as exc:
+            self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+            _log_failure(name, exc)
+            raise
+        self.calls.append(HostCall(name, time.perf_counter() - start))
+        return result
+
+
+def _log_failure(name: str, exc: Exception) -> None:
+    """Give the developer the host function's traceback (the script only sees the exception)."""
+    from snapcell.telemetry import log  # imports logging, which a worker does not need
+
+    log.warning("snapcell: the host function %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc)
+
+
+def bind_bridge(bridge: HostBridge | None) -> Any:
+    """Make ``bridge`` the current context's bridge; returns a token for `unbind_bridge`."""
+    return _bridge.set(bridge)
+
+
+def unbind_bridge(token: Any) -> None:
+    """Undo `bind_bridge`."""
+    _bridge.reset(token)

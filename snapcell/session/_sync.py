@@ -1,0 +1,111 @@
+"""`Session`: the synchronous twin of `AsyncSession`, a thin wrapper running it on one event loop."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from snapcell.checkpoint import Manifest
+from snapcell.interpreter import RunResult
+from snapcell.limits import Limits
+from snapcell.workspace import FileInfo
+
+if TYPE_CHECKING:
+    from snapcell.session import AsyncSession
+
+__all__ = ["Session"]
+
+HostFunctions = Mapping[str, Callable[..., Any]]
+
+
+class Session:
+    """The synchronous twin of `AsyncSession`; see its methods for details.
+
+    Create sessions with `Pool.checkout`.
+    """
+
+    def __init__(self, inner: AsyncSession, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self._inner = inner
+        self._call = call
+
+    @property
+    def checkpoint_id(self) -> bytes | None:
+        """ID of the checkpoint last loaded or dumped, if any."""
+        return self._inner.checkpoint_id
+
+    @property
+    def checkpoint_bytes(self) -> int | None:
+        """Size in bytes of the checkpoint last loaded or dumped, if any."""
+        return self._inner.checkpoint_bytes
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """Manifest of the checkpoint last loaded or dumped, if any."""
+        return self._inner.manifest
+
+    def load_session(self, checkpoint_id: bytes | bytearray | str) -> None:
+        """See `AsyncSession.load_session`."""
+        self._call(self._inner.load_session(checkpoint_id))
+
+    def run(
+        self,
+        code: str,
+        *,
+        external_lookup: HostFunctions | None = None,
+        setup: bool = False,
+        skip_type_check: bool = False,
+        limits: Limits | None = None,
+        then_dump: bool = False,
+    ) -> RunResult:
+        """See `AsyncSession.run`."""
+        result: RunResult = self._call(
+            self._inner.run(
+                code,
+                external_lookup=external_lookup,
+                setup=setup,
+                skip_type_check=skip_type_check,
+                limits=limits,
+                then_dump=then_dump,
+            )
+        )
+        return result
+
+    def feed_run(
+        self,
+        code: str,
+        *,
+        external_lookup: HostFunctions | None = None,
+        setup: bool = False,
+        skip_type_check: bool = False,
+        limits: Limits | None = None,
+    ) -> Any:
+        """See `AsyncSession.feed_run`."""
+        return self._call(
+            self._inner.feed_run(
+                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
+            )
+        )
+
+    def dump(self, *, on_unpicklable: Literal["skip", "fail"] = "skip") -> bytes:
+        """See `AsyncSession.dump`."""
+        checkpoint_id: bytes = self._call(self._inner.dump(on_unpicklable=on_unpicklable))
+        return checkpoint_id
+
+    def reset(self) -> None:
+        """See `AsyncSession.reset`."""
+        self._call(self._inner.reset())
+
+    def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
+        """See `AsyncSession.write_file`."""
+        self._call(self._inner.write_file(path, data))
+
+    def read_file(self, path: str | os.PathLike[str]) -> bytes:
+        """See `AsyncSession.read_file`."""
+        data: bytes = self._call(self._inner.read_file(path))
+        return data
+
+    def list_files(self) -> list[FileInfo]:
+        """See `AsyncSession.list_files`."""
+        listing: list[FileInfo] = self._call(self._inner.list_files())
+        return listing

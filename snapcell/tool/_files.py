@@ -1,0 +1,55 @@
+"""The `CodeTool`'s file operations on a conversation's workspace, each a turn-safe operation on its head."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from snapcell.heads import TurnRecord, validate_conversation_id, validate_turn_id
+from snapcell.session import AsyncSession
+
+if TYPE_CHECKING:
+    from snapcell.tool import CodeTool
+
+__all__ = ["files_at_head", "put_file"]
+
+
+async def put_file(
+    tool: CodeTool, conversation_id: str, path: str, data: bytes, *, turn_id: str | None
+) -> bytes | None:
+    """Write a file at the head as a turn: lease, load, write, dump, move the head; see `CodeTool.put_file`."""
+    validate_conversation_id(conversation_id)
+    turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
+    async with tool._leases.hold(conversation_id) as owner:
+        head = await tool._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
+        if head is not None and head.turn(turn_id) is not None:
+            return head.checkpoint_id
+        async with tool.pool.checkout(**tool._checkout) as session:
+            history = await tool._load(session, head, [])
+            await session.write_file(path, data)
+            new_id = await session.dump()
+        write = tool._aheads.compare_and_set(
+            conversation_id,
+            head.version if head is not None else None,
+            new_id,
+            history=history,
+            owner=owner[0],
+            release_lease=True,
+            turn=TurnRecord(turn_id, f"put_file {str(path)[:200]} ({len(data):,} bytes)"),
+        )
+        await tool._write(f"saving a file into conversation {conversation_id!r}", write)
+        owner.clear()  # released with the head
+        return new_id
+
+
+@asynccontextmanager
+async def files_at_head(tool: CodeTool, conversation_id: str) -> AsyncIterator[AsyncSession]:
+    """A session loaded from the conversation's head, under its lease; the head does not move."""
+    validate_conversation_id(conversation_id)
+    async with tool._leases.hold(conversation_id):
+        head = await tool._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
+        async with tool.pool.checkout(**tool._checkout) as session:
+            await tool._load(session, head, [])
+            yield session

@@ -1,0 +1,559 @@
+"""The ready-made agent tool: ``run_code(conversation_id, code)`` with one head per conversation.
+
+`CodeTool` keeps each conversation's current checkpoint ID in a head store, runs one turn at a time per
+conversation (an asyncio lock in this process, a lease in the head store across processes and servers), and turns
+each run into the text a model should read. `SyncCodeTool` is its synchronous twin over a `Pool`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+
+from snapcell.conversation import Conversation
+from snapcell.errors import (
+    ConfigError,
+    StorageUnavailable,
+)
+from snapcell.heads import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id, validate_turn_id
+from snapcell.interpreter._host import validate_lookup
+from snapcell.limits import Limits
+from snapcell.pool import AsyncPool, Pool
+from snapcell.session import AsyncSession
+from snapcell.telemetry import conversation_context
+from snapcell.tool._answer import (
+    MIN_ANSWER_CHARS,
+    cut_answer,
+    modules_text,
+    render_answer,
+    stub_signatures,
+    tool_call_arguments,
+    tool_signatures,
+)
+from snapcell.tool._files import files_at_head, put_file
+from snapcell.tool._lease import TurnLeases
+from snapcell.tool._records import CANCELLED_NOTE
+from snapcell.tool._turn import KEPT_ANSWER_CHARS, STATE_GONE_NOTE, load_head, run_turn
+from snapcell.tool._warm import WarmSessions
+from snapcell.workspace import FileInfo, check_mounts
+
+__all__ = [
+    "CANCELLED_NOTE",
+    "KEPT_ANSWER_CHARS",
+    "MIN_ANSWER_CHARS",
+    "STATE_GONE_NOTE",
+    "CodeTool",
+    "SyncCodeTool",
+    "cut_answer",
+    "render_answer",
+    "tool_call_arguments",
+]
+
+_HOLDER_ID = re.compile(r"[A-Za-z0-9_:.-]{1,96}\Z")
+_T = TypeVar("_T")
+
+_DESCRIPTION = """\
+Run Python code in a persistent session that belongs to this conversation. Variables, functions, classes and \
+imports defined in one call are still there in later calls (even days later), so keep intermediate data in \
+variables rather than printing all of it. The answer shows what the code printed, then the value of its last \
+expression (as in a notebook cell), then any error with its traceback, then notes about the session. Top-level \
+`await` works, so `await asyncio.gather(...)` runs host functions concurrently. Long answers are cut from the \
+start, so print only what you need to see."""
+_FILES = (
+    "\n\nThe working directory is this conversation's workspace: files written there with open() or pathlib are "
+    "still there in later calls. Files written under out/ (charts, reports) are shown to the user."
+)
+
+
+class CodeTool:
+    """The ``run_code`` tool for an agent: one persistent Python session per conversation.
+
+    Args:
+        pool: The pool that runs the sessions and stores the checkpoints.
+        heads: Where each conversation's head lives; default: `default_heads` of the pool's store
+            (`SQLiteHeads` next to a local store, `S3Heads` on S3, `MemoryHeads` in memory).
+        tools: Host functions by name (sync or async) the code may call.
+        stubs: Python stubs of the host functions; when given, every script is type-checked against them before it
+            runs (needs ty), and the tool's description lists them.
+        limits: Limits of every run instead of the pool's.
+        max_answer_chars: Longest answer; longer ones keep their end and say what was cut (default 8,000).
+        lease_ttl_s: Seconds a turn's lease lasts; it is renewed every third of that while the turn runs, so only a
+            dead process's lease ever expires. Servers sharing a head store should use the same value.
+        lease_wait_s: Seconds a turn waits for another turn of the same conversation before `ConversationBusy`.
+        storage_timeout_s: Deadline of every head-store call of a turn (read, lease, write, read-back), default
+            10 s; a head store that does not answer fails the turn with `StorageUnavailable` naming the call.
+            None waits for ever. Store calls inside load and dump are bounded by the store's own settings.
+        mounts: Host directories readable at ``name/`` in every session's workspace (``{"data": "/srv/datasets"}``);
+            never writable, never saved (process mode).
+        holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A later turn
+            of a tool with the same holder ID takes over such a lease at once, so a server that restarts with a
+            stable ID (its host name, a pod name) finds its conversations free; never give two live tools the same
+            ID. Default: a new ID per tool (host name, process ID, random).
+        keep_warm_s: Seconds a conversation's live session is kept after its turn (0, the default, keeps none). The
+            next turn reuses it, without loading, when the head still names the checkpoint it saved; otherwise it
+            is checked in and the turn loads as usual. A kept session holds a worker process (and its memory).
+        max_warm_sessions: Sessions kept warm at once (the oldest is checked in first); warm sessions also give up
+            their workers whenever a new checkout would otherwise wait for one.
+        max_warm_bytes: Worker memory all warm sessions may hold together, in bytes (None: no bound).
+
+    Raises:
+        ConfigError: A setting is invalid, or the pool's store has no default head store.
+    """
+
+    name = "run_code"
+
+    def __init__(
+        self,
+        pool: AsyncPool,
+        *,
+        heads: HeadStore | None = None,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
+        stubs: str | None = None,
+        limits: Limits | None = None,
+        max_answer_chars: int = 8000,
+        lease_ttl_s: float = 60.0,
+        lease_wait_s: float = 30.0,
+        storage_timeout_s: float | None = 10.0,
+        holder_id: str | None = None,
+        mounts: Mapping[str, str] | None = None,
+        keep_warm_s: float = 0.0,
+        max_warm_sessions: int = 16,
+        max_warm_bytes: int | None = 1024**3,
+    ) -> None:
+        if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
+            raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
+        for label, value in (("lease_ttl_s", lease_ttl_s), ("lease_wait_s", lease_wait_s)):
+            if not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{label} must be a positive number of seconds, not {value!r}")
+        if storage_timeout_s is not None and (not isinstance(storage_timeout_s, int | float) or storage_timeout_s <= 0):
+            raise ConfigError(
+                f"storage_timeout_s must be a positive number of seconds or None, not {storage_timeout_s!r}"
+            )
+        if holder_id is not None and (not isinstance(holder_id, str) or not _HOLDER_ID.match(holder_id)):
+            raise ConfigError(f"holder_id must be 1 to 96 letters, digits, '_', ':', '.' or '-', not {holder_id!r}")
+        _check_warm(keep_warm_s, max_warm_sessions, max_warm_bytes)
+        if not isinstance(pool, AsyncPool):
+            raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
+        if heads is not None and not isinstance(heads, HeadStore):
+            raise ConfigError(f"heads must be a head store (SQLiteHeads, S3Heads, MemoryHeads), not {heads!r}")
+        if stubs is not None and not isinstance(stubs, str):
+            raise ConfigError(f"stubs must be Python source text (a str) or None, not {type(stubs).__name__}")
+        if limits is not None and not isinstance(limits, Limits):
+            raise ConfigError(f"limits must be a snapcell Limits(...) or None, not {type(limits).__name__}")
+        # Checked now, not on the first turn: a bad name would otherwise fail only after a lease was taken.
+        tools = validate_lookup(tools, what="tools")
+        self.pool = pool
+        self.heads: HeadStore = heads if heads is not None else default_heads(pool.store)
+        self._owns_heads = heads is None
+        self.tools = tools
+        self.stubs = stubs
+        self.max_answer_chars = max_answer_chars
+        self.lease_ttl_s = float(lease_ttl_s)
+        self.lease_wait_s = float(lease_wait_s)
+        self.storage_timeout_s = None if storage_timeout_s is None else float(storage_timeout_s)
+        self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
+            self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
+        self._checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
+        if stubs is not None:
+            self._checkout.update(type_check=True, type_check_stubs=stubs)
+        host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
+        self.description = (
+            f"{_DESCRIPTION} {modules_text(pool.policy)}"
+            + (_FILES if pool.isolation == "process" else " There is no file access (open() is not available).")
+            + ("\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else "")
+        )
+        self._warm = WarmSessions(
+            keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
+        )
+        self._aheads = AsyncHeads(self.heads)
+        self._leases = TurnLeases(
+            self.heads,
+            ttl_s=self.lease_ttl_s,
+            wait_s=self.lease_wait_s,
+            storage_timeout_s=self.storage_timeout_s,
+            holder_id=self.holder_id,
+        )
+
+    @property
+    def json_schema(self) -> dict[str, Any]:
+        """JSON schema of the tool's parameters (``code``, optional ``setup``); the description goes beside it."""
+        return {
+            "type": "object",
+            "properties": {
+                "code": {
+                    "type": "string",
+                    "description": "Python code to run; the value of its last expression is shown.",
+                },
+                "setup": {
+                    "type": "boolean",
+                    "description": "True for setup code (imports, loading data) that should run again if the "
+                    "session ever restarts.",
+                    "default": False,
+                },
+            },
+            "required": ["code"],
+            "additionalProperties": False,
+        }
+
+    # ------------------------------------------------------------------ turns
+
+    async def run_code(
+        self, conversation_id: str | Conversation, code: str, setup: bool = False, *, turn_id: str | None = None
+    ) -> str:
+        """Run one turn of a conversation and return the text the model should read.
+
+        Waits for any other turn of the conversation (in this process, then across processes through the lease),
+        loads the conversation's head (nothing on its first turn), runs ``code``, dumps the namespace and moves the
+        head to the new checkpoint, keeping the previous one in its history. The head moves after every turn whose
+        code ran, also when the script failed or timed out: those are in the answer, for the model to fix.
+
+        Each turn has an ID, recorded in the head with the turn's answer when the head moves. Pass your own
+        ``turn_id`` (the model's tool-call ID, say) to make the call safe to retry: a turn whose ID is already
+        committed returns the committed answer and does not run again. A failed head write is read back before it
+        is reported, so `StorageError` and `Conflict` mean the head did not move; `TurnOutcomeUnknown` means that
+        could not be told, and a retry with the same ``turn_id`` settles it.
+
+        If the head's checkpoint expired or was deleted, the code runs on the newest checkpoint in the history that
+        still loads (or in an empty session if none does), the history is kept, and the answer says in one line
+        what was lost. If the worker process dies during the run or the dump (`WorkerLost`: a crash, a signal,
+        memory), the head does not move, the answer says that the session restarted and this code's changes are
+        lost, and the next turn continues from the head as it was.
+
+        Given a `Conversation` instead of an ID, the conversation is the truth about the Python state: the turn
+        starts from `Conversation.checkpoint_id` (so a `Conversation.truncate` or `Conversation.fork` moves the state
+        too), and when the head has moved, the turn's checkpoint, turn ID and usage are recorded in the conversation
+        (in memory: the application's next `ConversationStore.add_messages` stores them with the turn's messages).
+        A crash between the head's move and that save leaves the stored conversation as it was before the turn,
+        messages and state alike; retrying the turn with the same ``turn_id`` returns the committed answer and
+        records its checkpoint, without running the code again. Every run's usage is added to
+        ``Conversation.usage``, also of runs that failed, timed out, were cancelled or lost their worker.
+
+        Cancelling the task that awaits this interrupts the script where it is (in process mode and for async code
+        inline; a synchronous cell inline runs to its end first, as it holds the event loop), saves the namespace
+        as it stands and moves the head, then re-raises the cancellation; the next turn's answer says that the
+        previous turn was cancelled and which variables it had set.
+
+        Args:
+            conversation_id: The application's conversation ID (see `validate_conversation_id`), or a
+                `Conversation`.
+            code: The model's script.
+            setup: Mark the script as a setup cell (rerun after a restart).
+            turn_id: The turn's idempotency key (same rules as a conversation ID); default: a new random one.
+
+        Returns:
+            The answer text, at most ``max_answer_chars`` long (a replayed answer at most `KEPT_ANSWER_CHARS`).
+
+        Raises:
+            InvalidKey: The conversation ID or turn ID is malformed; nothing ran.
+            ConversationBusy: Another turn of this conversation held it for ``lease_wait_s`` (a `Conflict`); nothing
+                ran, the message says whether that turn is running or its lease went stale.
+            Conflict: Another turn moved the conversation's head while this turn ran; this turn's changes were not
+                saved and the conversation's head is the other turn's.
+            TurnOutcomeUnknown: The head write failed and the head could not be read back (a `StorageError`): the
+                turn may be saved or not; retry with the same ``turn_id``.
+            StorageError: The checkpoint or head store failed or did not answer within ``storage_timeout_s``; the
+                head did not move, the turn may be retried.
+            CheckpointCorrupt: The head's checkpoint was altered or signed with another key (check the keys after a
+                rotation); the head did not move: fix the keys, or `rewind` / start a new conversation.
+            CheckpointVersionError: The head's checkpoint was written by another Python minor version; the head did
+                not move: run it on that version, or `rewind` / start a new conversation.
+            SessionError: No worker could be checked out; nothing ran.
+        """
+        if isinstance(conversation_id, Conversation):
+            conversation, key = conversation_id, conversation_id.id
+        else:
+            conversation, key = None, conversation_id
+        validate_conversation_id(key)
+        turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
+        try:
+            async with self._leases.hold(key) as owner:
+                with conversation_context(key):
+                    return await run_turn(self, key, code, setup, owner, turn_id, conversation)
+        finally:
+            self._warm.start_checkins()  # the turn's session is checked in once its answer is returned
+
+    async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
+        """See `load_head`."""
+        return await load_head(self, session, head, notes)
+
+    def _new_session(self) -> AbstractAsyncContextManager[AsyncSession]:
+        return self.pool.checkout(**self._checkout)
+
+    def _pool_full(self) -> bool:
+        """Whether every worker slot of the pool is checked out (warm sessions give theirs up then).
+
+        Sessions already being checked in do not count: their slots come free without evicting a warm session.
+        """
+        taken = len(self.pool._sessions) - self._warm.leaving
+        return self.pool.isolation == "process" and taken >= self.pool.max_workers
+
+    async def _storage(self, what: str, conversation_id: str) -> Head | None:
+        """Read the conversation's head under the storage deadline.
+
+        Raises:
+            StorageUnavailable: No answer within ``storage_timeout_s``; ``what`` names the call.
+        """
+        try:
+            return await self._bounded(self._aheads.get(conversation_id))
+        except TimeoutError as exc:
+            raise self._leases.timed_out(what) from exc
+
+    async def _bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
+        return await self._leases.bounded(call, timeout_s)
+
+    async def aclose(self) -> None:
+        """Check in warm sessions and those of finished turns still being checked in, finish giving back leases
+        (for up to ``storage_timeout_s``), then close the head store if the tool opened it (the default one); a
+        head store passed in stays open."""
+        await self._warm.aclose()
+        await self._leases.aclose()
+        if self._owns_heads:
+            await asyncio.to_thread(self.heads.close)
+
+    # ------------------------------------------------------------ files
+
+    async def put_file(
+        self, conversation_id: str, path: str, data: bytes, *, turn_id: str | None = None
+    ) -> bytes | None:
+        """Write a file into the conversation's workspace as a turn of its own; return the new checkpoint ID.
+
+        Like a `run_code` turn: takes the conversation's lease, loads its head, writes the file, dumps and moves the
+        head (the previous checkpoint goes into the history, so `rewind` undoes it). With a ``turn_id`` already
+        committed, nothing is written again and the head's checkpoint ID is returned.
+
+        Raises:
+            WorkspacePathError: The path is absolute, climbs out, or lies in a mount; nothing changed.
+            WorkspaceQuotaExceeded: The workspace would exceed its quota; nothing changed.
+            Conflict: Another turn moved the head meanwhile; this write was not saved.
+            StorageError: The stores failed; the head did not move.
+        """
+        return await put_file(self, conversation_id, path, data, turn_id=turn_id)
+
+    async def get_file(self, conversation_id: str, path: str) -> bytes:
+        """Return a file of the conversation's workspace at its head (under the lease; the head does not move).
+
+        Raises:
+            WorkspacePathError: The path is malformed or goes through a symlink.
+            WorkspaceError: No such file (or the conversation has no head yet).
+        """
+        async with files_at_head(self, conversation_id) as session:
+            return await session.read_file(path)
+
+    async def list_files(self, conversation_id: str) -> list[FileInfo]:
+        """Every file of the conversation's workspace at its head (under the lease; the head does not move)."""
+        async with files_at_head(self, conversation_id) as session:
+            return await session.list_files()
+
+    # ------------------------------------------------------------ history ops
+
+    async def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:
+        """Move the conversation's head back ``turns`` turns in its history; return the new current checkpoint ID.
+
+        The IDs rewound over leave the history (their checkpoints stay in storage until they expire). Waits for a
+        turn in progress, like `run_code`.
+
+        Raises:
+            ConfigError: The conversation has no head, or fewer than ``turns`` earlier checkpoints in its history.
+            Conflict: A turn held the conversation for ``lease_wait_s``; nothing changed.
+        """
+        validate_conversation_id(conversation_id)
+        if not isinstance(turns, int) or turns < 1:
+            raise ConfigError(f"turns must be a positive integer, not {turns!r}")
+        async with self._leases.hold(conversation_id) as owner:
+            head = self._known(
+                conversation_id,
+                await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id),
+            )
+            if len(head.history) < turns:
+                raise ConfigError(
+                    f"conversation {conversation_id!r} has {len(head.history)} earlier checkpoints in its history; "
+                    f"it cannot go back {turns} turns"
+                )
+            target = head.history[turns - 1]
+            rewind = self._aheads.compare_and_set(
+                conversation_id, head.version, target, history=head.history[turns:], owner=owner[0], release_lease=True
+            )
+            await self._write(f"rewinding conversation {conversation_id!r}", rewind)
+            owner.clear()
+            return target
+
+    async def fork(self, conversation_id: str, new_conversation_id: str) -> bytes | None:
+        """Start ``new_conversation_id`` at the same checkpoint (and history) as ``conversation_id``.
+
+        Both conversations then go their own ways; checkpoints are immutable, so nothing is copied.
+
+        Returns:
+            The checkpoint ID both conversations now stand on.
+
+        Raises:
+            ConfigError: ``conversation_id`` has no head.
+            Conflict: ``new_conversation_id`` already exists; nothing changed.
+        """
+        validate_conversation_id(new_conversation_id)
+        what = f"reading the head of conversation {conversation_id!r}"
+        head = self._known(conversation_id, await self._storage(what, validate_conversation_id(conversation_id)))
+        fork = self._aheads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
+        await self._write(f"creating conversation {new_conversation_id!r}", fork)
+        return head.checkpoint_id
+
+    async def head(self, conversation_id: str) -> Head | None:
+        """Return the conversation's head (current checkpoint ID and history), or None before its first turn.
+
+        Raises:
+            StorageError: The head store failed or did not answer within ``storage_timeout_s``.
+        """
+        what = f"reading the head of conversation {conversation_id!r}"
+        return await self._storage(what, validate_conversation_id(conversation_id))
+
+    async def _write(self, what: str, call: Awaitable[str]) -> str:
+        """Await a head write under the storage deadline.
+
+        Raises:
+            StorageUnavailable: No answer within ``storage_timeout_s``; the write may still land.
+        """
+        try:
+            return await self._bounded(call)
+        except TimeoutError as exc:
+            raise StorageUnavailable(
+                f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not "
+                "answer and the write may still land; read the head to see"
+            ) from exc
+
+    @staticmethod
+    def _known(conversation_id: str, head: Head | None) -> Head:
+        if head is None:
+            raise ConfigError(f"conversation {conversation_id!r} has no head yet: it has not run a turn")
+        return head
+
+    def __repr__(self) -> str:
+        return f"CodeTool({self.pool.store.url!r}, heads={self.heads!r}, tools={sorted(self.tools)})"
+
+
+class SyncCodeTool:
+    """The synchronous twin of `CodeTool`, over a `Pool`; it runs on the pool's event loop.
+
+    Takes the same arguments as `CodeTool`; see its methods for details.
+    """
+
+    name = CodeTool.name
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        heads: HeadStore | None = None,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
+        stubs: str | None = None,
+        limits: Limits | None = None,
+        max_answer_chars: int = 8000,
+        lease_ttl_s: float = 60.0,
+        lease_wait_s: float = 30.0,
+        storage_timeout_s: float | None = 10.0,
+        holder_id: str | None = None,
+        mounts: Mapping[str, str] | None = None,
+        keep_warm_s: float = 0.0,
+        max_warm_sessions: int = 16,
+        max_warm_bytes: int | None = 1024**3,
+    ) -> None:
+        if not isinstance(pool, Pool):
+            raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
+        self._pool = pool
+        # The sessions must run on the loop that owns the pool's workers, so reuse the pool's runner.
+        self._inner = CodeTool(
+            pool.aio,
+            heads=heads,
+            tools=tools,
+            stubs=stubs,
+            limits=limits,
+            max_answer_chars=max_answer_chars,
+            lease_ttl_s=lease_ttl_s,
+            lease_wait_s=lease_wait_s,
+            storage_timeout_s=storage_timeout_s,
+            holder_id=holder_id,
+            mounts=mounts,
+            keep_warm_s=keep_warm_s,
+            max_warm_sessions=max_warm_sessions,
+            max_warm_bytes=max_warm_bytes,
+        )
+
+    @property
+    def inner(self) -> CodeTool:
+        """The async tool this wraps."""
+        return self._inner
+
+    @property
+    def heads(self) -> HeadStore:
+        """The head store."""
+        return self._inner.heads
+
+    @property
+    def description(self) -> str:
+        """See `CodeTool.description`."""
+        return self._inner.description
+
+    @property
+    def json_schema(self) -> dict[str, Any]:
+        """See `CodeTool.json_schema`."""
+        return self._inner.json_schema
+
+    def run_code(
+        self, conversation_id: str | Conversation, code: str, setup: bool = False, *, turn_id: str | None = None
+    ) -> str:
+        """See `CodeTool.run_code`."""
+        answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup, turn_id=turn_id))
+        return answer
+
+    def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:
+        """See `CodeTool.rewind`."""
+        target: bytes | None = self._pool.call(self._inner.rewind(conversation_id, turns))
+        return target
+
+    def fork(self, conversation_id: str, new_conversation_id: str) -> bytes | None:
+        """See `CodeTool.fork`."""
+        target: bytes | None = self._pool.call(self._inner.fork(conversation_id, new_conversation_id))
+        return target
+
+    def head(self, conversation_id: str) -> Head | None:
+        """See `CodeTool.head`."""
+        head: Head | None = self._pool.call(self._inner.head(conversation_id))
+        return head
+
+    def put_file(self, conversation_id: str, path: str, data: bytes, *, turn_id: str | None = None) -> bytes | None:
+        """See `CodeTool.put_file`."""
+        new_id: bytes | None = self._pool.call(self._inner.put_file(conversation_id, path, data, turn_id=turn_id))
+        return new_id
+
+    def get_file(self, conversation_id: str, path: str) -> bytes:
+        """See `CodeTool.get_file`."""
+        return self._pool.call(self._inner.get_file(conversation_id, path))
+
+    def list_files(self, conversation_id: str) -> list[FileInfo]:
+        """See `CodeTool.list_files`."""
+        return self._pool.call(self._inner.list_files(conversation_id))
+
+    def close(self) -> None:
+        """See `CodeTool.aclose`."""
+        self._pool.call(self._inner.aclose())
+
+
+def _check_warm(keep_warm_s: object, max_warm_sessions: object, max_warm_bytes: object) -> None:
+    """Validate the warm-session settings of `CodeTool`.
+
+    Raises:
+        ConfigError: A setting is invalid.
+    """
+    if isinstance(keep_warm_s, bool) or not isinstance(keep_warm_s, int | float) or not 0 <= keep_warm_s < 1e9:
+        raise ConfigError(f"keep_warm_s must be a number of seconds >= 0, not {keep_warm_s!r}")
+    if isinstance(max_warm_sessions, bool) or not isinstance(max_warm_sessions, int) or max_warm_sessions < 0:
+        raise ConfigError(f"max_warm_sessions must be a whole number >= 0, not {max_warm_sessions!r}")
+    if max_warm_bytes is not None and (
+        isinstance(max_warm_bytes, bool) or not isinstance(max_warm_bytes, int) or max_warm_bytes < 0
+    ):
+        raise ConfigError(f"max_warm_bytes must be a whole number of bytes >= 0 or None, not {max_warm_bytes!r}")

@@ -1,0 +1,4 @@
+"""Code that runs only inside a worker process or the zygote (``python -I -m snapcell.worker._worker``).
+
+Nothing here runs in the host, and nothing here imports `snapcell.backends`.
+"""
