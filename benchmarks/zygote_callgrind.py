@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from snapcell.worker._zygote import THREAD_ENV
+from snapcell.wire import THREAD_ENV
 
 RUNS = 2
 

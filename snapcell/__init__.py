@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support import lazy_exports
+from snapcell._support import VERSION, lazy_exports
 
 if TYPE_CHECKING:
     from snapcell.conversation import Conversation
@@ -147,7 +147,7 @@ _MOVED: dict[str, tuple[str, ...]] = {
     "snapcell.workspace": ("FileInfo",),
 }
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "AsyncPool",

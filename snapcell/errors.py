@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from snapcell._support._cancelled import RunCancelled
+    from snapcell._support import RunCancelled
 
 __all__ = [
     "CheckpointCorrupt",
@@ -545,7 +545,7 @@ def __getattr__(name: str) -> Any:
     """`RunCancelled` is an `asyncio.CancelledError`, so it is defined (in `snapcell._support._cancelled`) on first use:
     importing the errors does not import asyncio, which a worker's first run does not need."""
     if name == "RunCancelled":
-        from snapcell._support._cancelled import RunCancelled
+        from snapcell._support import RunCancelled
 
         globals()[name] = RunCancelled
         return RunCancelled

@@ -12,17 +12,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, TypeVar
 
-from snapcell._support._syncloop import SyncLoop
-from snapcell.backends import Backend, InlineBackend
-from snapcell.backends._procbackend import ProcessBackend
-from snapcell.backends._workerpool import WorkerPool
-from snapcell.checkpoint import Keyring
-from snapcell.checkpoint.scan._hostscan import PassedFrames
+from snapcell._support import SyncLoop
+from snapcell.backends import Backend, InlineBackend, ProcessBackend, WorkerPool
+from snapcell.checkpoint import Keyring, PassedFrames
 from snapcell.errors import ConfigError, SessionError
 from snapcell.limits import Limits
-from snapcell.policy import Policy
-from snapcell.policy._policy import with_file_access
-from snapcell.sandbox._scratch import reclaim_scratch_dirs
+from snapcell.policy import Policy, with_file_access
+from snapcell.sandbox import reclaim_scratch_dirs
 from snapcell.session import DEFAULT_MAX_CLOCK_SKEW_S, AsyncSession, Session
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
 from snapcell.typecheck import TypeChecker

@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from snapcell._support._callables import is_async_callable
+from snapcell._support import is_async_callable
 from snapcell.errors import CheckpointError, TimeLimitExceeded, WorkerLost
 
 __all__ = [
@@ -91,7 +91,7 @@ def _tracer() -> Any:
         # none is started (each costs microseconds on every run). Checked on every call: one may be set later.
         return None
     if _cached is None or _cached[0] is not provider:
-        from snapcell import __version__
+        from snapcell._support import VERSION as __version__
 
         _cached = (provider, provider.get_tracer(_TRACER_NAME, __version__))
     return _cached[1]
@@ -317,7 +317,7 @@ def note_checkpoint(body: bytes | bytearray | memoryview) -> None:
     span = api.get_current_span()
     if not span.is_recording():
         return
-    from snapcell.checkpoint._format import SectionKind, parse_container
+    from snapcell.checkpoint import SectionKind, parse_container
 
     try:
         sections = parse_container(body).sections

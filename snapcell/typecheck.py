@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snapcell._support._callables import is_async_callable
+from snapcell._support import is_async_callable
 from snapcell.errors import ConfigError, TimeLimitExceeded, TypingError
 
 __all__ = ["Diagnostic", "TypeChecker", "declarations_from_namespace", "find_ty"]

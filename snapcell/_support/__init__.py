@@ -11,13 +11,39 @@ from typing import TYPE_CHECKING
 from snapcell._support import _lazy
 
 if TYPE_CHECKING:
+    from snapcell._support._callables import is_async_callable
+    from snapcell._support._cancelled import RunCancelled
+    from snapcell._support._durations import ago, duration
     from snapcell._support._lazy import lazy_exports
+    from snapcell._support._record import dataclass, field
+    from snapcell._support._syncloop import SyncLoop
+    from snapcell._support._version import VERSION
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell._support._callables": ("is_async_callable",),
+    "snapcell._support._cancelled": ("RunCancelled",),
+    "snapcell._support._durations": (
+        "ago",
+        "duration",
+    ),
     "snapcell._support._lazy": ("lazy_exports",),
+    "snapcell._support._record": (
+        "dataclass",
+        "field",
+    ),
+    "snapcell._support._syncloop": ("SyncLoop",),
+    "snapcell._support._version": ("VERSION",),
 }
 
 __all__ = [
+    "VERSION",
+    "RunCancelled",
+    "SyncLoop",
+    "ago",
+    "dataclass",
+    "duration",
+    "field",
+    "is_async_callable",
     "lazy_exports",
 ]
 

@@ -8,21 +8,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.backends._backend import Backend, InlineBackend
+    from snapcell.backends._backend import Backend, DumpRequest, InlineBackend
+    from snapcell.backends._procbackend import ProcessBackend
+    from snapcell.backends._workerpool import WorkerPool
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.backends._backend": (
         "Backend",
+        "DumpRequest",
         "InlineBackend",
     ),
+    "snapcell.backends._procbackend": ("ProcessBackend",),
+    "snapcell.backends._workerpool": ("WorkerPool",),
 }
 
 __all__ = [
     "Backend",
+    "DumpRequest",
     "InlineBackend",
+    "ProcessBackend",
+    "WorkerPool",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

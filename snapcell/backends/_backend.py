@@ -9,11 +9,9 @@ from typing import Any, Literal, Protocol
 
 from snapcell.checkpoint import BlobRef, Dumped, Manifest
 from snapcell.errors import SessionError, WorkspaceError
-from snapcell.interpreter._host import LocalBridge
-from snapcell.interpreter._result import RunResult
-from snapcell.interpreter._runner import Runner
+from snapcell.interpreter import LocalBridge, Runner, RunResult
 from snapcell.limits import Limits
-from snapcell.policy._policy import Policy
+from snapcell.policy import Policy
 from snapcell.typecheck import declarations_from_namespace
 
 __all__ = ["Backend", "DumpRequest", "InlineBackend"]

@@ -14,10 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from snapcell.interpreter._host import HostCall
+from snapcell.interpreter import HostCall
 from snapcell.telemetry import trace_host_function
-from snapcell.wire._plain import JSON_SCALARS
-from snapcell.wire._wire import NotPlainData, to_plain
+from snapcell.wire import JSON_SCALARS, NotPlainData, to_plain
 
 __all__ = ["PendingCall", "call_host", "finish_call"]
 

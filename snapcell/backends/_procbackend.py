@@ -13,12 +13,11 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from snapcell._support._callables import is_async_callable
+from snapcell._support import is_async_callable
 from snapcell.backends._backend import DumpRequest
 from snapcell.backends._process import _CONTROL_TIMEOUT_S, _REQUEST_TIMEOUT_S, WorkerProcess, _Died, log
 from snapcell.backends._workerpool import WorkerPool
-from snapcell.checkpoint import Dumped, Manifest
-from snapcell.checkpoint._format import manifest_bytes, parse_manifest
+from snapcell.checkpoint import Dumped, Manifest, manifest_bytes, parse_manifest
 from snapcell.errors import (
     CheckpointCorrupt,
     CheckpointVersionError,
@@ -29,11 +28,10 @@ from snapcell.errors import (
     TimeLimitExceeded,
     WorkerLost,
 )
-from snapcell.interpreter._host import HostCall
-from snapcell.interpreter._result import Artifact, RunResult
+from snapcell.interpreter import Artifact, HostCall, RunResult
 from snapcell.limits import Limits
-from snapcell.policy._policy import Policy
-from snapcell.wire._budget import (
+from snapcell.policy import Policy
+from snapcell.wire import (
     MAX_ARTIFACTS,
     MAX_ASSIGNED,
     MAX_ASSIGNED_CHARS,
@@ -44,8 +42,12 @@ from snapcell.wire._budget import (
     MAX_NOTE_CHARS,
     MAX_NOTES,
     MAX_SUMMARY_CHARS,
+    MalformedMessage,
+    count_items,
+    error_from_plain,
+    split_parts,
+    to_plain,
 )
-from snapcell.wire._wire import MalformedMessage, count_items, error_from_plain, split_parts, to_plain
 from snapcell.workspace import check_path
 
 __all__ = ["ProcessBackend"]

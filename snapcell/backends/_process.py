@@ -34,14 +34,11 @@ from snapcell.backends._hostchannel import ChannelIO, Died, send_now
 from snapcell.backends._procstat import ProcStat
 from snapcell.backends._zygotehost import ForkedChild, Zygote
 from snapcell.errors import OutputLimitExceeded, SessionError
-from snapcell.interpreter._host import CallBudget, HostCall
+from snapcell.interpreter import CallBudget, HostCall
 from snapcell.limits import Limits
-from snapcell.policy._policy import Policy
-from snapcell.sandbox._privileges import LIVE_WORKER_PIDS
-from snapcell.sandbox._sandbox import sandbox_failure, worker_sandbox_settings
-from snapcell.sandbox._scratch import detach_scratch, remove_scratch
-from snapcell.wire._budget import Budget, either_budget, reply_budget
-from snapcell.wire._wire import FRAME, decode, encode, to_plain
+from snapcell.policy import Policy
+from snapcell.sandbox import LIVE_WORKER_PIDS, detach_scratch, remove_scratch, sandbox_failure, worker_sandbox_settings
+from snapcell.wire import FRAME, Budget, decode, either_budget, encode, reply_budget, to_plain
 
 __all__ = ["WorkerProcess", "plain_settings", "policy_to_plain"]
 

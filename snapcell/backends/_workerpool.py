@@ -23,9 +23,9 @@ from snapcell.backends._process import _ENV, _KILL_WAIT_S, _REFILL_DELAY_S, Work
 from snapcell.backends._zygotehost import Zygote, ZygoteError
 from snapcell.errors import ConfigError, Overloaded, SandboxError, SessionError
 from snapcell.limits import Limits
-from snapcell.policy._policy import Policy
-from snapcell.sandbox._scratch import make_scratch_root, reclaim_scratch_dirs, remove_scratch_root
-from snapcell.worker._zygote import HEAVY_MODULES, preload_modules
+from snapcell.policy import Policy
+from snapcell.sandbox import make_scratch_root, reclaim_scratch_dirs, remove_scratch_root
+from snapcell.wire import HEAVY_MODULES, preload_modules
 
 __all__ = ["CheckoutQueue", "WorkerPool"]
 

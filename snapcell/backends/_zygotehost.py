@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
-from snapcell.worker._zygote import THREAD_ENV
+from snapcell.wire import THREAD_ENV
 
 __all__ = ["ForkedChild", "Zygote", "ZygoteError"]
 
@@ -75,9 +75,9 @@ class Zygote:
     """One zygote process for one set of preloaded modules.
 
     Args:
-        preload: Heavy modules the zygote imports (see `_zygote.preload_modules`).
+        preload: Heavy modules the zygote imports (see `snapcell.wire.preload_modules`).
         cwd: Its working directory (the pool's scratch root).
-        env: Its environment (the workers' empty one); the thread limits of `_zygote.THREAD_ENV` are added.
+        env: Its environment (the workers' empty one); the thread limits of `snapcell.wire.THREAD_ENV` are added.
     """
 
     def __init__(self, preload: tuple[str, ...], *, cwd: str, env: dict[str, str]) -> None:

@@ -8,45 +8,96 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.checkpoint._blobs import BLOB_PREFIX, HASH_ALGORITHM, blob_key, blob_keys_of
+    from snapcell.checkpoint._blobs import (
+        BLOB_PREFIX,
+        CHUNK_BYTES,
+        HASH_ALGORITHM,
+        REFRESH_AFTER_S,
+        blob_key,
+        blob_raw_size,
+        decode_blob,
+        encode_blob,
+        hash_buffer,
+    )
+    from snapcell.checkpoint._findglobal import make_find_global
     from snapcell.checkpoint._format import (
         FORMAT_VERSION,
+        MAX_MANIFEST_BYTES,
         BlobRef,
+        Codec,
+        Container,
         DroppedVariable,
         Header,
         Manifest,
+        SectionKind,
         VariableInfo,
         WorkspaceFile,
+        blob_keys_of,
+        manifest_bytes,
+        pack_container,
         parse_container,
+        parse_manifest,
+    )
+    from snapcell.checkpoint._hostscan import (
+        AnyOf,
+        PassedFrames,
+        UnscannedFrame,
+        check_frame_blobs,
+        declared_raw_bytes,
+        frame_blob_hashes,
+        scan_body,
+        scanned_frames,
     )
     from snapcell.checkpoint._pickle import Dumped, dump_namespace
     from snapcell.checkpoint._rule import HELPERS, GlobalRule, Refusal, global_refusal
-    from snapcell.checkpoint._signing import ENV_SIGNING_KEY, CheckpointId, Keyring
-    from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace, make_find_global
-    from snapcell.checkpoint.scan._hostscan import scan_body
-    from snapcell.checkpoint.scan._scan import scan_pickle
+    from snapcell.checkpoint._signing import ENV_SIGNING_KEY, ID_BODY, ID_BYTES, MAC_BYTES, CheckpointId, Keyring
+    from snapcell.checkpoint._trial import make_trial_load
+    from snapcell.checkpoint._unpickle import FindGlobal, LoadedNamespace, load_namespace
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.checkpoint._blobs": (
         "BLOB_PREFIX",
+        "CHUNK_BYTES",
         "HASH_ALGORITHM",
+        "REFRESH_AFTER_S",
         "blob_key",
-        "blob_keys_of",
+        "blob_raw_size",
+        "decode_blob",
+        "encode_blob",
+        "hash_buffer",
     ),
+    "snapcell.checkpoint._findglobal": ("make_find_global",),
     "snapcell.checkpoint._format": (
         "FORMAT_VERSION",
+        "MAX_MANIFEST_BYTES",
         "BlobRef",
+        "Codec",
+        "Container",
         "DroppedVariable",
         "Header",
         "Manifest",
+        "SectionKind",
         "VariableInfo",
         "WorkspaceFile",
+        "blob_keys_of",
+        "manifest_bytes",
+        "pack_container",
         "parse_container",
+        "parse_manifest",
     ),
-    "snapcell.checkpoint.scan._hostscan": ("scan_body",),
+    "snapcell.checkpoint._hostscan": (
+        "AnyOf",
+        "PassedFrames",
+        "UnscannedFrame",
+        "check_frame_blobs",
+        "declared_raw_bytes",
+        "frame_blob_hashes",
+        "scan_body",
+        "scanned_frames",
+    ),
     "snapcell.checkpoint._pickle": (
         "Dumped",
         "dump_namespace",
@@ -57,48 +108,73 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Refusal",
         "global_refusal",
     ),
-    "snapcell.checkpoint.scan._scan": ("scan_pickle",),
     "snapcell.checkpoint._signing": (
         "ENV_SIGNING_KEY",
+        "ID_BODY",
+        "ID_BYTES",
+        "MAC_BYTES",
         "CheckpointId",
         "Keyring",
     ),
+    "snapcell.checkpoint._trial": ("make_trial_load",),
     "snapcell.checkpoint._unpickle": (
         "FindGlobal",
         "LoadedNamespace",
         "load_namespace",
-        "make_find_global",
     ),
 }
 
 __all__ = [
     "BLOB_PREFIX",
-    "HASH_ALGORITHM",
-    "BlobRef",
-    "Dumped",
-    "blob_key",
-    "blob_keys_of",
+    "CHUNK_BYTES",
     "ENV_SIGNING_KEY",
     "FORMAT_VERSION",
-    "CheckpointId",
-    "DroppedVariable",
-    "FindGlobal",
+    "HASH_ALGORITHM",
     "HELPERS",
+    "ID_BODY",
+    "ID_BYTES",
+    "MAC_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "REFRESH_AFTER_S",
+    "AnyOf",
+    "BlobRef",
+    "CheckpointId",
+    "Codec",
+    "Container",
+    "DroppedVariable",
+    "Dumped",
+    "FindGlobal",
     "GlobalRule",
-    "Refusal",
-    "global_refusal",
-    "scan_body",
-    "scan_pickle",
     "Header",
     "Keyring",
     "LoadedNamespace",
     "Manifest",
+    "PassedFrames",
+    "Refusal",
+    "SectionKind",
+    "UnscannedFrame",
     "VariableInfo",
     "WorkspaceFile",
+    "blob_key",
+    "blob_keys_of",
+    "blob_raw_size",
+    "check_frame_blobs",
+    "declared_raw_bytes",
+    "decode_blob",
     "dump_namespace",
+    "encode_blob",
+    "frame_blob_hashes",
+    "global_refusal",
+    "hash_buffer",
     "load_namespace",
     "make_find_global",
+    "make_trial_load",
+    "manifest_bytes",
+    "pack_container",
     "parse_container",
+    "parse_manifest",
+    "scan_body",
+    "scanned_frames",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

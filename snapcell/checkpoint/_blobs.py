@@ -17,7 +17,6 @@ import struct
 import xxhash
 import zstandard
 
-from snapcell.checkpoint._signing import MAC_BYTES as _MAC_BYTES
 from snapcell.errors import CheckpointCorrupt
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "HASH_ALGORITHM",
     "REFRESH_AFTER_S",
     "blob_key",
-    "blob_keys_of",
     "blob_raw_size",
     "decode_blob",
     "encode_blob",
@@ -156,23 +154,3 @@ def decode_blob(data: bytes | bytearray | memoryview, *, digest: bytes, into: me
         raise CheckpointCorrupt(
             f"blob {digest.hex()} does not match its hash: it was altered or replaced; the checkpoint was not loaded"
         )
-
-
-def blob_keys_of(stored: bytes | bytearray | memoryview) -> list[str]:
-    """The content hashes (hex) of the blobs a stored checkpoint refers to, read without verifying it.
-
-    For cleanup, which must keep every blob any checkpoint may need, whatever the namespace: a blob whose
-    key ends in one of these names is kept. Nothing is unpickled, and a forged checkpoint can at worst keep
-    blobs alive.
-
-    Raises:
-        CheckpointCorrupt: The bytes are not a readable checkpoint.
-        CheckpointVersionError: A checkpoint format this snapcell cannot read.
-    """
-    from snapcell.checkpoint._format import parse_container
-
-    view = memoryview(stored)
-    if len(view) <= _MAC_BYTES:
-        raise CheckpointCorrupt("the checkpoint is truncated or empty")
-    manifest = parse_container(view[:-_MAC_BYTES], check_python=False).manifest
-    return [ref.hash for ref in manifest.blobs]

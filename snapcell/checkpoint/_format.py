@@ -13,10 +13,12 @@ import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from snapcell.checkpoint._blobs import CHUNK_BYTES
+from snapcell.checkpoint._signing import MAC_BYTES as _MAC_BYTES
 from snapcell.errors import CheckpointCorrupt, CheckpointVersionError
 
 __all__ = [
     "FORMAT_VERSION",
+    "blob_keys_of",
     "READABLE_VERSIONS",
     "MAGIC",
     "Container",
@@ -371,3 +373,21 @@ def _read(fmt: struct.Struct, data: bytes | memoryview, offset: int) -> tuple[tu
     if offset + fmt.size > len(data):
         raise CheckpointCorrupt("the checkpoint is truncated")
     return fmt.unpack_from(data, offset), offset + fmt.size
+
+
+def blob_keys_of(stored: bytes | bytearray | memoryview) -> list[str]:
+    """The content hashes (hex) of the blobs a stored checkpoint refers to, read without verifying it.
+
+    For cleanup, which must keep every blob any checkpoint may need, whatever the namespace: a blob whose
+    key ends in one of these names is kept. Nothing is unpickled, and a forged checkpoint can at worst keep
+    blobs alive.
+
+    Raises:
+        CheckpointCorrupt: The bytes are not a readable checkpoint.
+        CheckpointVersionError: A checkpoint format this snapcell cannot read.
+    """
+    view = memoryview(stored)
+    if len(view) <= _MAC_BYTES:
+        raise CheckpointCorrupt("the checkpoint is truncated or empty")
+    manifest = parse_container(view[:-_MAC_BYTES], check_python=False).manifest
+    return [ref.hash for ref in manifest.blobs]

@@ -54,8 +54,7 @@ from snapcell.checkpoint._frames import (
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._stdvalues import std_reducers
-from snapcell.checkpoint.scan._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
-from snapcell.checkpoint.scan._scanplain import compile_patterns
+from snapcell.checkpoint.scan import PLAIN_UNREFUSED_BYTES, compile_patterns, scan_pickle, scan_pickle_data
 from snapcell.errors import UnpicklableValue
 
 __all__ = ["FRAME_BLOB_BYTES", "Dumped", "TrialLoad", "dump_namespace"]

@@ -20,9 +20,9 @@ ENV_SIGNING_KEY = "SNAPCELL_SIGNING_KEY"
 MIN_KEY_BYTES = 16
 
 _ID_VERSION = 1
-_ID_BODY = struct.Struct(">BQ16s")
+ID_BODY = struct.Struct(">BQ16s")
 _ID_MAC_BYTES = 16
-ID_BYTES = _ID_BODY.size + _ID_MAC_BYTES
+ID_BYTES = ID_BODY.size + _ID_MAC_BYTES
 MAC_BYTES = 32
 _ID_DOMAIN = b"snapcell-id\x00"
 _CHECKPOINT_DOMAIN = b"snapcell-checkpoint\x00"
@@ -95,7 +95,7 @@ class Keyring:
     def new_id(self, now: float | None = None) -> CheckpointId:
         """Mint a fresh signed ID created at ``now`` (seconds; default the current time)."""
         created_ms = int((time.time() if now is None else now) * 1000)
-        body = _ID_BODY.pack(_ID_VERSION, created_ms, secrets.token_bytes(16))
+        body = ID_BODY.pack(_ID_VERSION, created_ms, secrets.token_bytes(16))
         mac = hmac.new(self._keys[0], _ID_DOMAIN + body, hashlib.sha256).digest()[:_ID_MAC_BYTES]
         return CheckpointId(body + mac, created_ms, body[9:])
 
@@ -120,7 +120,7 @@ class Keyring:
             raise CheckpointCorrupt(
                 f"a checkpoint ID is {ID_BYTES} bytes long, this one has {len(raw)}", checkpoint_id=raw
             )
-        body, mac = raw[: _ID_BODY.size], raw[_ID_BODY.size :]
+        body, mac = raw[: ID_BODY.size], raw[ID_BODY.size :]
         if not any(
             hmac.compare_digest(hmac.new(key, _ID_DOMAIN + body, hashlib.sha256).digest()[:_ID_MAC_BYTES], mac)
             for key in self._keys
@@ -130,7 +130,7 @@ class Keyring:
                 "another key (check SNAPCELL_SIGNING_KEY)",
                 checkpoint_id=raw,
             )
-        version, created_ms, token = _ID_BODY.unpack(body)
+        version, created_ms, token = ID_BODY.unpack(body)
         if version != _ID_VERSION:
             raise CheckpointCorrupt(f"unknown checkpoint ID version {version}", checkpoint_id=raw)
         return CheckpointId(raw, created_ms, token)

@@ -30,7 +30,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from snapcell.ops._inspect import inspect_checkpoint
+    from snapcell.ops import inspect_checkpoint
 
     is_file = os.path.exists(args.target) and not os.path.isdir(args.target)
     if not is_file and args.id:

@@ -20,8 +20,7 @@ from typing import IO, Any
 
 from snapcell.checkpoint import Manifest
 from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, Conflict, SnapcellError
-from snapcell.ops._cleanup import format_bytes
-from snapcell.ops._inspect import inspect_checkpoint
+from snapcell.ops import format_bytes, inspect_checkpoint
 from snapcell.policy import Policy
 from snapcell.pool import Pool
 from snapcell.storage import MemoryStore

@@ -14,9 +14,8 @@ from typing import Any, TextIO
 
 from snapcell.errors import ConfigError, StorageError
 from snapcell.heads import HeadStore, open_heads
-from snapcell.ops import cleanup, usage
-from snapcell.ops._cleanup import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, MIN_BLOB_GRACE_S, MIN_GRACE_S
-from snapcell.sandbox._scratch import reclaim_scratch_dirs
+from snapcell.ops import DEFAULT_BLOB_GRACE_S, DEFAULT_GRACE_S, MIN_BLOB_GRACE_S, MIN_GRACE_S, cleanup, usage
+from snapcell.sandbox import reclaim_scratch_dirs
 from snapcell.storage import DEFAULT_TTL_S, LocalStore, Store, open_store
 
 __all__ = [

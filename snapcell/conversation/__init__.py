@@ -5,21 +5,46 @@ a `ConversationStore` keeps it (`MemoryConversationStore`, `FileConversationStor
 `CodeTool.run_code` accepts one in place of a conversation ID.
 """
 
-from snapcell.conversation._model import (
-    CONVERSATION_VERSION,
-    Conversation,
-    Usage,
-    tool_call_ids,
-    tool_result_ids,
-    validate_conversation_key,
-)
-from snapcell.conversation._object import S3ConversationStore
-from snapcell.conversation._stores import (
-    ConversationStore,
-    FileConversationStore,
-    LogConversationStore,
-    MemoryConversationStore,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from snapcell._support import lazy_exports
+
+if TYPE_CHECKING:
+    from snapcell.conversation._model import (
+        CONVERSATION_VERSION,
+        Conversation,
+        Usage,
+        tool_call_ids,
+        tool_result_ids,
+        validate_conversation_key,
+    )
+    from snapcell.conversation._object import S3ConversationStore
+    from snapcell.conversation._stores import (
+        ConversationStore,
+        FileConversationStore,
+        LogConversationStore,
+        MemoryConversationStore,
+    )
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.conversation._model": (
+        "CONVERSATION_VERSION",
+        "Conversation",
+        "Usage",
+        "tool_call_ids",
+        "tool_result_ids",
+        "validate_conversation_key",
+    ),
+    "snapcell.conversation._object": ("S3ConversationStore",),
+    "snapcell.conversation._stores": (
+        "ConversationStore",
+        "FileConversationStore",
+        "LogConversationStore",
+        "MemoryConversationStore",
+    ),
+}
 
 __all__ = [
     "CONVERSATION_VERSION",
@@ -34,3 +59,5 @@ __all__ = [
     "tool_result_ids",
     "validate_conversation_key",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

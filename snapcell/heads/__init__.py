@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.heads._async import AsyncHeads
+    from snapcell.heads._async import AsyncHeads, call_head_store
     from snapcell.heads._heads import (
         Head,
         HeadStore,
         MemoryHeads,
         RecordHeads,
         TurnRecord,
+        new_lease_owner,
         validate_conversation_id,
         validate_turn_id,
     )
@@ -22,13 +23,17 @@ if TYPE_CHECKING:
     from snapcell.heads._sqlite import SQLiteHeads
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "snapcell.heads._async": ("AsyncHeads",),
+    "snapcell.heads._async": (
+        "AsyncHeads",
+        "call_head_store",
+    ),
     "snapcell.heads._heads": (
         "Head",
         "HeadStore",
         "MemoryHeads",
         "RecordHeads",
         "TurnRecord",
+        "new_lease_owner",
         "validate_conversation_id",
         "validate_turn_id",
     ),
@@ -49,7 +54,9 @@ __all__ = [
     "S3Heads",
     "SQLiteHeads",
     "TurnRecord",
+    "call_head_store",
     "default_heads",
+    "new_lease_owner",
     "open_heads",
     "validate_conversation_id",
     "validate_turn_id",

@@ -8,31 +8,52 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.interpreter._host import HostCall, HostFunction
+    from snapcell.interpreter._host import CallBudget, HostCall, HostFunction, LocalBridge, validate_lookup
+    from snapcell.interpreter._interrupt import Watchdog, start_watchdog
     from snapcell.interpreter._result import Artifact, RunResult
-    from snapcell.interpreter._runner import Runner
+    from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.interpreter._host": (
+        "CallBudget",
         "HostCall",
         "HostFunction",
+        "LocalBridge",
+        "validate_lookup",
+    ),
+    "snapcell.interpreter._interrupt": (
+        "Watchdog",
+        "start_watchdog",
     ),
     "snapcell.interpreter._result": (
         "Artifact",
         "RunResult",
     ),
-    "snapcell.interpreter._runner": ("Runner",),
+    "snapcell.interpreter._runner": (
+        "DROPPED_PREFIX",
+        "Runner",
+        "checkpoint_rule",
+        "dropped_note",
+    ),
 }
 
 __all__ = [
+    "DROPPED_PREFIX",
     "Artifact",
+    "CallBudget",
     "HostCall",
     "HostFunction",
+    "LocalBridge",
     "RunResult",
     "Runner",
+    "Watchdog",
+    "checkpoint_rule",
+    "dropped_note",
+    "start_watchdog",
+    "validate_lookup",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

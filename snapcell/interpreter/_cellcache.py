@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 from snapcell.interpreter._assigned import bindable_names
 from snapcell.interpreter._compile import CompiledCell, compile_cell, parse_cell, register_source
 from snapcell.interpreter._definitions import bound_names
-from snapcell.policy._policy import Policy
+from snapcell.policy import Policy
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._support._record import dataclass
+    from snapcell._support import dataclass
 
 __all__ = ["CellCache", "PreparedCell"]
 

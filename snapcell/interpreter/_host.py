@@ -7,13 +7,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
-from snapcell._support._callables import is_async_callable
+from snapcell._support import is_async_callable
 from snapcell.errors import ConfigError, OutputLimitExceeded
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._support._record import dataclass
+    from snapcell._support import dataclass
 
 __all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
 

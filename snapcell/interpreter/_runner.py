@@ -27,28 +27,24 @@ from snapcell.interpreter._cellcache import CellCache
 from snapcell.interpreter._compile import RESULT_NAME, register_source
 from snapcell.interpreter._definitions import Definitions, setup_cells_assigning
 from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
-from snapcell.interpreter._interrupt import (
-    TICK_NAME,
-    ScriptInterrupt,
-    Watchdog,
-    cancelled_error,
-    reap_tasks,
-    running_tasks,
-    tick,
-)
+from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
 from snapcell.interpreter._result import RunResult
 from snapcell.interpreter._stack import script_recursion_limit
 from snapcell.interpreter._summary import summarize_namespace
 from snapcell.limits import Limits
-from snapcell.policy._guard import (
+from snapcell.policy import (
     GUARD_GLOBALS,
     INTERNAL_NAMES,
     SAFE_DUNDERS,
+    TICK_NAME,
+    Policy,
+    ScriptInterrupt,
     attribute_problem,
     is_dunder,
     name_denied,
+    tick,
+    with_file_access,
 )
-from snapcell.policy._policy import Policy, with_file_access
 
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, DroppedVariable, Dumped, FindGlobal, GlobalRule, Manifest
@@ -61,7 +57,7 @@ _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
 
 def checkpoint_rule(policy: Policy) -> GlobalRule:
     """The policy's part of the checkpoint rule: the loader, the worker's dump and the host's scan all use it."""
-    from snapcell.checkpoint._rule import GlobalRule
+    from snapcell.checkpoint import GlobalRule
 
     if not policy.restricted:
         return GlobalRule(allow_module=policy.allows_module)
@@ -143,7 +139,7 @@ class Runner:
 
     @cached_property
     def _find_global(self) -> FindGlobal:
-        from snapcell.checkpoint._findglobal import make_find_global
+        from snapcell.checkpoint import make_find_global
 
         overrides = {
             ("snapcell.interpreter._host", "host_function"): _host_function,
@@ -154,7 +150,7 @@ class Runner:
     @cached_property
     def _trial(self) -> Callable[[bytes, list[Any]], Any]:
         # dump() restores each new frame with the loader's unpickler, so what would fail at load is dropped now.
-        from snapcell.checkpoint._trial import make_trial_load
+        from snapcell.checkpoint import make_trial_load
 
         return make_trial_load(self._find_global, self.builtins)
 
@@ -400,7 +396,7 @@ class Runner:
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
         """
-        from snapcell.checkpoint._pickle import dump_namespace
+        from snapcell.checkpoint import dump_namespace
 
         for digest in passed_frames:
             if len(self._scanned) < _MAX_RESTORED_FRAMES:
@@ -465,7 +461,7 @@ class Runner:
             CheckpointCorrupt: The body is malformed, or a blob is missing or altered.
             CheckpointVersionError: A checkpoint format this snapcell cannot read.
         """
-        from snapcell.checkpoint._unpickle import load_namespace
+        from snapcell.checkpoint import load_namespace
 
         namespace = self._fresh_namespace()
         loaded = load_namespace(

@@ -18,8 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from snapcell.checkpoint import CheckpointId, Header, Keyring, Manifest, parse_container
-from snapcell.checkpoint._signing import _ID_BODY, ID_BYTES, MAC_BYTES
+from snapcell.checkpoint import ID_BODY, ID_BYTES, MAC_BYTES, CheckpointId, Header, Keyring, Manifest, parse_container
 from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, StorageError
 from snapcell.ops._cleanup import format_bytes
 from snapcell.storage import DEFAULT_TTL_S, LocalStore, Store, open_store
@@ -340,7 +339,7 @@ def _unverified_id(raw: bytes | bytearray | str) -> CheckpointId:
     if len(raw) != ID_BYTES:
         raise CheckpointCorrupt(f"a checkpoint ID is {ID_BYTES} bytes long, this one has {len(raw)}", checkpoint_id=raw)
     try:
-        _version, created_ms, token = _ID_BODY.unpack(raw[: _ID_BODY.size])
+        _version, created_ms, token = ID_BODY.unpack(raw[: ID_BODY.size])
     except struct.error as exc:  # pragma: no cover - the length was checked
         raise CheckpointCorrupt("the checkpoint ID is malformed", checkpoint_id=raw) from exc
     return CheckpointId(raw, created_ms, token)

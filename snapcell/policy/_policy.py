@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import ConfigError, PolicyError
-from snapcell.interpreter._interrupt import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
 from snapcell.policy._fidelity import fidelity_builtins
 from snapcell.policy._guard import (
     GUARD_GLOBALS,
@@ -75,11 +74,12 @@ from snapcell.policy._guard import (
 from snapcell.policy._policycheck import Checker, plans
 from snapcell.policy._rewrite import rewrite_format_calls
 from snapcell.policy._standins import stand_in_builtins
+from snapcell.policy._ticks import EXPIRED_NAME, TICK_NAME, apply_checks, instrument, tick
 
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._support._record import dataclass, field
+    from snapcell._support import dataclass, field
 
 __all__ = ["DATA_MODULES", "DEFAULT_MODULES", "FILE_MODULES", "Policy", "with_file_access"]
 

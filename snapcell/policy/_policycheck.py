@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from snapcell.errors import PolicyError
 from snapcell.policy._guard import (
@@ -21,10 +21,16 @@ from snapcell.policy._guard import (
 )
 from snapcell.policy._rewrite import TYPED_NAMES, AsyncioRunNames, Plan, is_type_call, needs_format_check
 
-if TYPE_CHECKING:
-    from snapcell.policy._policy import Policy
+__all__ = ["Checker", "ImportRule", "plans"]
 
-__all__ = ["Checker", "plans"]
+
+class ImportRule(Protocol):
+    """What the check asks of the policy (`Policy` is one): which modules a script may import, and the error."""
+
+    def allows_module(self, name: str) -> bool: ...
+
+    def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError: ...
+
 
 _SAFE_NAMES = frozenset({"__name__", "__debug__", "__class__", "__slots__", "__match_args__"}) | SAFE_DUNDERS
 _FORMAT_HINT = "Use f-strings or plain {} / {0} / {name} fields; attribute paths like {0.attr} are not allowed."
@@ -77,7 +83,7 @@ _LOOPS = (ast.While, ast.For, ast.AsyncFor, ast.ExceptHandler)
 class Checker(ast.NodeVisitor):
     """Walks a script, raises `PolicyError` at the first blocked construct, and plans the rewrites."""
 
-    def __init__(self, policy: Policy, source: str) -> None:
+    def __init__(self, policy: ImportRule, source: str) -> None:
         self.policy = policy
         self.source = source
         self.selves: list[str] = []

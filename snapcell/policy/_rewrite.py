@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._support._record import dataclass, field
+    from snapcell._support import dataclass, field
 
 __all__ = [
     "ASYNC_RUN_NAME",

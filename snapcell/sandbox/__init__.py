@@ -1,1 +1,57 @@
 """Kernel confinement a worker applies to itself: resource limits, privileges, Landlock, seccomp, scratch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from snapcell._support import lazy_exports
+
+if TYPE_CHECKING:
+    from snapcell.sandbox._privileges import LIVE_WORKER_PIDS, pin_import_paths, warm_import_paths
+    from snapcell.sandbox._sandbox import apply_sandbox, sandbox_failure, worker_sandbox_settings
+    from snapcell.sandbox._scratch import (
+        detach_scratch,
+        make_scratch_root,
+        reclaim_scratch_dirs,
+        remove_scratch,
+        remove_scratch_root,
+    )
+    from snapcell.sandbox._seccomp import warm_filters
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.sandbox._privileges": (
+        "LIVE_WORKER_PIDS",
+        "pin_import_paths",
+        "warm_import_paths",
+    ),
+    "snapcell.sandbox._sandbox": (
+        "apply_sandbox",
+        "sandbox_failure",
+        "worker_sandbox_settings",
+    ),
+    "snapcell.sandbox._scratch": (
+        "detach_scratch",
+        "make_scratch_root",
+        "reclaim_scratch_dirs",
+        "remove_scratch",
+        "remove_scratch_root",
+    ),
+    "snapcell.sandbox._seccomp": ("warm_filters",),
+}
+
+__all__ = [
+    "LIVE_WORKER_PIDS",
+    "apply_sandbox",
+    "detach_scratch",
+    "make_scratch_root",
+    "pin_import_paths",
+    "reclaim_scratch_dirs",
+    "remove_scratch",
+    "remove_scratch_root",
+    "sandbox_failure",
+    "warm_filters",
+    "warm_import_paths",
+    "worker_sandbox_settings",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -41,9 +41,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import snapcell.sandbox._seccomp as _seccomp
 from snapcell.errors import ConfigError, SandboxError
 from snapcell.limits import Limits
-from snapcell.sandbox import _seccomp
 from snapcell.sandbox._privileges import (
     drop_privileges,
     layer_error,
@@ -57,7 +57,7 @@ from snapcell.sandbox._privileges import (
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._support._record import dataclass, field
+    from snapcell._support import dataclass, field
 
 __all__ = [
     "LAYERS",

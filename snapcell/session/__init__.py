@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
     from snapcell.session._session import DEFAULT_MAX_CLOCK_SKEW_S, AsyncSession

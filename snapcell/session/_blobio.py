@@ -6,8 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
-from snapcell.checkpoint import BlobRef, Dumped, blob_key
-from snapcell.checkpoint._blobs import blob_raw_size, decode_blob
+from snapcell.checkpoint import BlobRef, Dumped, blob_key, blob_raw_size, decode_blob
 from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, ObjectExists, ObjectTooLarge
 from snapcell.storage import AsyncStore
 

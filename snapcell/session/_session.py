@@ -9,20 +9,25 @@ import time
 from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
-from snapcell._support._durations import ago, duration
-from snapcell.backends import Backend
-from snapcell.backends._backend import DumpRequest
-from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, parse_container
-from snapcell.checkpoint._format import MAX_MANIFEST_BYTES, Container
-from snapcell.checkpoint._rule import Refusal
-from snapcell.checkpoint.scan import scan_body
-from snapcell.checkpoint.scan._hostscan import (
+from snapcell._support import ago, duration
+from snapcell.backends import Backend, DumpRequest
+from snapcell.checkpoint import (
+    MAX_MANIFEST_BYTES,
     AnyOf,
+    BlobRef,
+    CheckpointId,
+    Container,
+    Dumped,
+    Keyring,
+    Manifest,
     PassedFrames,
+    Refusal,
     UnscannedFrame,
     check_frame_blobs,
     declared_raw_bytes,
     frame_blob_hashes,
+    parse_container,
+    scan_body,
     scanned_frames,
 )
 from snapcell.errors import (
@@ -41,20 +46,17 @@ from snapcell.errors import (
     WorkspaceError,
     WorkspaceQuotaExceeded,
 )
-from snapcell.interpreter import RunResult
-from snapcell.interpreter._host import validate_lookup
-from snapcell.interpreter._runner import checkpoint_rule
+from snapcell.interpreter import RunResult, checkpoint_rule, validate_lookup
 from snapcell.limits import Limits
 from snapcell.policy import Policy
 from snapcell.session._blobio import BlobIO, ForgedBlob
-from snapcell.session._sync import Session
 from snapcell.storage import AsyncStore
 from snapcell.telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.typecheck import TypeChecker
-from snapcell.wire._wire import check_script
+from snapcell.wire import check_script
 from snapcell.workspace import FileInfo, ForgedFiles, check_files, check_path, effective_quota, media_type
 
-__all__ = ["DEFAULT_MAX_CLOCK_SKEW_S", "AsyncSession", "Session"]
+__all__ = ["DEFAULT_MAX_CLOCK_SKEW_S", "AsyncSession"]
 
 # IDs dated further ahead than this are refused: a clock-skew tolerance, not a way to outlive the ttl.
 DEFAULT_MAX_CLOCK_SKEW_S = 300.0

@@ -12,7 +12,7 @@ from snapcell.limits import Limits
 from snapcell.workspace import FileInfo
 
 if TYPE_CHECKING:
-    from snapcell.session import AsyncSession
+    from snapcell.session._session import AsyncSession
 
 __all__ = ["Session"]
 

@@ -10,14 +10,13 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from snapcell._support._callables import is_async_callable
+from snapcell._support import is_async_callable
 from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.heads import TurnRecord
-from snapcell.interpreter import HostCall, RunResult
-from snapcell.interpreter._runner import DROPPED_PREFIX, dropped_note
+from snapcell.interpreter import DROPPED_PREFIX, HostCall, RunResult, dropped_note
 from snapcell.policy import DEFAULT_MODULES, Policy
-from snapcell.wire._budget import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
+from snapcell.wire import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
 
 __all__ = [
     "MIN_ANSWER_CHARS",

@@ -11,13 +11,13 @@ from snapcell.heads import TurnRecord, validate_conversation_id, validate_turn_i
 from snapcell.session import AsyncSession
 
 if TYPE_CHECKING:
-    from snapcell.tool import CodeTool
+    from snapcell.tool._context import TurnContext
 
 __all__ = ["files_at_head", "put_file"]
 
 
 async def put_file(
-    tool: CodeTool, conversation_id: str, path: str, data: bytes, *, turn_id: str | None
+    tool: TurnContext, conversation_id: str, path: str, data: bytes, *, turn_id: str | None
 ) -> bytes | None:
     """Write a file at the head as a turn: lease, load, write, dump, move the head; see `CodeTool.put_file`."""
     validate_conversation_id(conversation_id)
@@ -45,7 +45,7 @@ async def put_file(
 
 
 @asynccontextmanager
-async def files_at_head(tool: CodeTool, conversation_id: str) -> AsyncIterator[AsyncSession]:
+async def files_at_head(tool: TurnContext, conversation_id: str) -> AsyncIterator[AsyncSession]:
     """A session loaded from the conversation's head, under its lease; the head does not move."""
     validate_conversation_id(conversation_id)
     async with tool._leases.hold(conversation_id):

@@ -17,9 +17,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from snapcell.errors import ConversationBusy, SnapcellError, StorageUnavailable
-from snapcell.heads import AsyncHeads, Head, HeadStore, RecordHeads
-from snapcell.heads._async import call_head_store
-from snapcell.heads._heads import new_lease_owner
+from snapcell.heads import AsyncHeads, Head, HeadStore, RecordHeads, call_head_store, new_lease_owner
 
 __all__ = ["TurnLeases"]
 

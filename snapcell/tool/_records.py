@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from snapcell.conversation._model import Conversation
+from snapcell.conversation import Conversation
 from snapcell.heads import Head
 from snapcell.interpreter import RunResult
 

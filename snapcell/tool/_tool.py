@@ -22,7 +22,7 @@ from snapcell.errors import (
     StorageUnavailable,
 )
 from snapcell.heads import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id, validate_turn_id
-from snapcell.interpreter._host import validate_lookup
+from snapcell.interpreter import validate_lookup
 from snapcell.limits import Limits
 from snapcell.pool import AsyncPool, Pool
 from snapcell.session import AsyncSession

@@ -31,7 +31,7 @@ from snapcell.tool._records import CANCELLED_NOTE, cancelled_notes, conversation
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from snapcell.tool import CodeTool
+    from snapcell.tool._context import TurnContext
 
 __all__ = ["KEPT_ANSWER_CHARS", "STATE_GONE_NOTE", "commit_turn", "load_head", "run_turn"]
 
@@ -44,7 +44,7 @@ KEPT_ANSWER_CHARS = 8000
 
 
 async def run_turn(
-    tool: CodeTool,
+    tool: TurnContext,
     conversation_id: str,
     code: str,
     setup: bool,
@@ -117,13 +117,13 @@ async def run_turn(
     return answer
 
 
-def lost_answer(tool: CodeTool, exc: WorkerLost, notes: list[str]) -> str:
+def lost_answer(tool: TurnContext, exc: WorkerLost, notes: list[str]) -> str:
     notes.append(lost_note(exc))
     return render_answer(RunResult(status="lost"), notes, max_chars=tool.max_answer_chars)
 
 
 async def save_turn(
-    tool: CodeTool,
+    tool: TurnContext,
     session: AsyncSession,
     conversation_id: str,
     head: Head | None,
@@ -163,7 +163,7 @@ async def save_turn(
 
 
 async def commit_turn(
-    tool: CodeTool,
+    tool: TurnContext,
     conversation_id: str,
     head: Head | None,
     history: tuple[bytes, ...],
@@ -208,7 +208,7 @@ async def commit_turn(
     return answer
 
 
-async def load_head(tool: CodeTool, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
+async def load_head(tool: TurnContext, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
     """Load the newest checkpoint of the head that still exists; return the history the next head keeps.
 
     A checkpoint that expired or was deleted is skipped for the next one in the history, and the note says what
@@ -236,7 +236,7 @@ async def load_head(tool: CodeTool, session: AsyncSession, head: Head | None, no
     return candidates
 
 
-def fallback_note(tool: CodeTool, lost: list[str], loaded: bytes) -> str:
+def fallback_note(tool: TurnContext, lost: list[str], loaded: bytes) -> str:
     try:
         saved = datetime.fromtimestamp(tool.pool.keyring.parse_id(loaded).created_at, UTC)
         when = f" (saved {saved:%Y-%m-%d %H:%M} UTC)"
@@ -251,7 +251,7 @@ def fallback_note(tool: CodeTool, lost: list[str], loaded: bytes) -> str:
     )
 
 
-async def read_back(tool: CodeTool, conversation_id: str, turn_id: str, error: BaseException) -> Head | None:
+async def read_back(tool: TurnContext, conversation_id: str, turn_id: str, error: BaseException) -> Head | None:
     """Read the head after a failed write, retrying within one storage deadline.
 
     Raises:

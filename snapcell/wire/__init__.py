@@ -8,17 +8,128 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.wire._values import ScriptValue
+    from snapcell.wire._budget import (
+        MAX_ARTIFACTS,
+        MAX_ASSIGNED,
+        MAX_ASSIGNED_CHARS,
+        MAX_CHECKPOINT_REPLY_BYTES,
+        MAX_DECLARATIONS_CHARS,
+        MAX_DUMP_BLOBS,
+        MAX_LIST_FILES,
+        MAX_MANIFEST_ITEMS,
+        MAX_MESSAGE_BYTES,
+        MAX_NAME_CHARS,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_SUMMARY_CHARS,
+        Budget,
+        either_budget,
+        reply_budget,
+        value_items,
+    )
+    from snapcell.wire._plain import JSON_SCALARS
+    from snapcell.wire._values import ScriptValue, to_value
+    from snapcell.wire._wire import (
+        FRAME,
+        MalformedMessage,
+        NotPlainData,
+        check_script,
+        count_items,
+        cut_text,
+        decode,
+        encode,
+        error_from_plain,
+        error_to_plain,
+        split_parts,
+        to_plain,
+    )
+    from snapcell.wire._zygote import HEAVY_MODULES, THREAD_ENV, preload_modules
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "snapcell.wire._values": ("ScriptValue",),
+    "snapcell.wire._budget": (
+        "MAX_ARTIFACTS",
+        "MAX_ASSIGNED",
+        "MAX_ASSIGNED_CHARS",
+        "MAX_CHECKPOINT_REPLY_BYTES",
+        "MAX_DECLARATIONS_CHARS",
+        "MAX_DUMP_BLOBS",
+        "MAX_LIST_FILES",
+        "MAX_MANIFEST_ITEMS",
+        "MAX_MESSAGE_BYTES",
+        "MAX_NAME_CHARS",
+        "MAX_NOTE_CHARS",
+        "MAX_NOTES",
+        "MAX_SUMMARY_CHARS",
+        "Budget",
+        "either_budget",
+        "reply_budget",
+        "value_items",
+    ),
+    "snapcell.wire._plain": ("JSON_SCALARS",),
+    "snapcell.wire._values": (
+        "ScriptValue",
+        "to_value",
+    ),
+    "snapcell.wire._wire": (
+        "FRAME",
+        "MalformedMessage",
+        "NotPlainData",
+        "check_script",
+        "count_items",
+        "cut_text",
+        "decode",
+        "encode",
+        "error_from_plain",
+        "error_to_plain",
+        "split_parts",
+        "to_plain",
+    ),
+    "snapcell.wire._zygote": (
+        "HEAVY_MODULES",
+        "THREAD_ENV",
+        "preload_modules",
+    ),
 }
 
 __all__ = [
+    "FRAME",
+    "HEAVY_MODULES",
+    "JSON_SCALARS",
+    "MAX_ARTIFACTS",
+    "MAX_ASSIGNED",
+    "MAX_ASSIGNED_CHARS",
+    "MAX_CHECKPOINT_REPLY_BYTES",
+    "MAX_DECLARATIONS_CHARS",
+    "MAX_DUMP_BLOBS",
+    "MAX_LIST_FILES",
+    "MAX_MANIFEST_ITEMS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_NOTES",
+    "MAX_NOTE_CHARS",
+    "MAX_SUMMARY_CHARS",
+    "THREAD_ENV",
+    "Budget",
+    "MalformedMessage",
+    "NotPlainData",
     "ScriptValue",
+    "check_script",
+    "count_items",
+    "cut_text",
+    "decode",
+    "either_budget",
+    "encode",
+    "error_from_plain",
+    "error_to_plain",
+    "preload_modules",
+    "reply_budget",
+    "split_parts",
+    "to_plain",
+    "to_value",
+    "value_items",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

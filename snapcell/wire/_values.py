@@ -31,7 +31,7 @@ from snapcell.wire._plain import value_kinds
 if TYPE_CHECKING:
     from dataclasses import dataclass
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._support._record import dataclass
+    from snapcell._support import dataclass
 
 __all__ = ["VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
 

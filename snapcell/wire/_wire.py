@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from snapcell import errors
+import snapcell.errors as errors
 from snapcell.limits import Limits
 from snapcell.wire._budget import (
     MAX_ERROR_NAMES,

@@ -1,4 +1,5 @@
 """Code that runs only inside a worker process or the zygote (``python -I -m snapcell.worker._worker``).
 
-Nothing here runs in the host, and nothing here imports `snapcell.backends`.
+Nothing here runs in the host, and nothing here imports `snapcell.backends`: the two sides share `snapcell.wire`,
+`snapcell.interpreter`, `snapcell.policy` and `snapcell.limits`.
 """

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from snapcell.interpreter._result import RunResult
-from snapcell.interpreter._runner import Runner
+from snapcell.interpreter import Runner, RunResult
 
 __all__ = ["finish_without_loop", "runs_without_loop"]
 

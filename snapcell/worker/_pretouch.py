@@ -21,13 +21,32 @@ from __future__ import annotations
 import linecache
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from snapcell.errors import SnapcellError
-from snapcell.wire._wire import encode, to_plain
+from snapcell.wire import encode, to_plain
 
 if TYPE_CHECKING:
-    from snapcell.worker._worker import Worker
+    from snapcell.interpreter import Runner
+    from snapcell.worker._workerchannel import Channel
+    from snapcell.workspace import Workspace
+
+
+class Worker(Protocol):
+    """What a pre-touch walk needs of the worker it walks (`snapcell.worker._worker.Worker` is one)."""
+
+    channel: Channel
+    runner: Runner
+    workspace: Workspace | None
+
+    def new_runner(self) -> Runner: ...
+
+    def run(self, message: dict[str, Any]) -> tuple[bytes, list[bytes | bytearray]]: ...
+
+    def dump(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | bytearray]]: ...
+
+    def load(self, message: dict[str, Any], blob: bytearray) -> tuple[dict[str, Any], list[bytes | bytearray]]: ...
+
 
 __all__ = ["IDLE_WAIT_S", "pretouch", "steps_run"]
 

@@ -24,21 +24,32 @@ from snapcell.errors import (
     TimeLimitExceeded,
     WorkspaceError,
 )
-from snapcell.interpreter._interrupt import ScriptInterrupt, Watchdog, start_watchdog
-from snapcell.interpreter._result import RunResult
-from snapcell.interpreter._runner import Runner
+from snapcell.interpreter import Runner, RunResult, Watchdog, start_watchdog
 from snapcell.limits import Limits
-from snapcell.policy._policy import Policy
-from snapcell.wire._budget import MAX_CHECKPOINT_REPLY_BYTES, MAX_DECLARATIONS_CHARS, MAX_DUMP_BLOBS
-from snapcell.wire._wire import decode, encode, error_to_plain, split_parts
+from snapcell.policy import Policy, ScriptInterrupt
+from snapcell.wire import (
+    MAX_CHECKPOINT_REPLY_BYTES,
+    MAX_DECLARATIONS_CHARS,
+    MAX_DUMP_BLOBS,
+    decode,
+    encode,
+    error_to_plain,
+    split_parts,
+)
 from snapcell.worker._loopfree import finish_without_loop, runs_without_loop
 from snapcell.worker._pretouch import pretouch
 from snapcell.worker._tempdir import set_tempdir
 from snapcell.worker._workerchannel import Channel, WorkerBridge, ran_reply
 from snapcell.worker._workersetup import apply_session_sandbox, warm_read_paths
-from snapcell.workspace import effective_quota
-from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
-from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR
+from snapcell.workspace import (
+    STAGING_DIR,
+    TMP_DIR,
+    WORKSPACE_DIR,
+    Workspace,
+    attach_snapshot,
+    effective_quota,
+    empty_dir,
+)
 
 if TYPE_CHECKING:
     import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
@@ -216,7 +227,7 @@ class Worker:
 
     def dump(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         """Dump the namespace and the workspace's files: the reply, then the body and each new blob."""
-        from snapcell.checkpoint._format import BlobRef  # pydantic: not imported before a session's first dump
+        from snapcell.checkpoint import BlobRef  # pydantic: not imported before a session's first dump
 
         known = [BlobRef.model_validate(ref) for ref in message.get("known_blobs", ())]
         known_blobs = {ref.hash: ref for ref in known}
@@ -254,7 +265,7 @@ class Worker:
 
     def load(self, message: dict[str, Any], blob: bytearray) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         """Load a verified checkpoint: its files are staged (and checked) first, then the namespace, then the swap."""
-        from snapcell.checkpoint._format import parse_container  # pydantic: not imported before a session's first load
+        from snapcell.checkpoint import parse_container  # pydantic: not imported before a session's first load
 
         names = [str(n) for n in message.get("blobs", ())]
         try:
@@ -435,7 +446,7 @@ def _warm_up_data(preloaded: list[str]) -> None:
     import asyncio
     import linecache
 
-    from snapcell.policy._policy import with_file_access
+    from snapcell.policy import with_file_access
 
     runner = Runner(policy=with_file_access(Policy.process_default()), limits=Limits(wall_time_s=None))
     cell = (

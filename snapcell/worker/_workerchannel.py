@@ -14,27 +14,33 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import OutputLimitExceeded, WorkspaceError
-from snapcell.interpreter._host import CallBudget
-from snapcell.interpreter._result import RunResult
+from snapcell.interpreter import CallBudget, RunResult
 from snapcell.limits import Limits
-from snapcell.wire._budget import (
+from snapcell.wire import (
+    FRAME,
     MAX_ASSIGNED,
     MAX_ASSIGNED_CHARS,
     MAX_MESSAGE_BYTES,
     MAX_NOTE_CHARS,
     MAX_NOTES,
     MAX_SUMMARY_CHARS,
+    NotPlainData,
+    count_items,
+    cut_text,
+    decode,
+    encode,
+    error_to_plain,
     reply_budget,
+    to_plain,
+    to_value,
     value_items,
 )
-from snapcell.wire._values import to_value
-from snapcell.wire._wire import FRAME, NotPlainData, count_items, cut_text, decode, encode, error_to_plain, to_plain
 
 if TYPE_CHECKING:
     import _socket  # a zygote's child gets the C type, `_socket.socket`: it does not import the socket module
     import asyncio  # a run imports it when it needs the event loop (`_worker.Worker.loop`)
 
-    from snapcell.workspace._local import Workspace
+    from snapcell.workspace import Workspace
 
 __all__ = ["Channel", "WorkerBridge", "ran_reply"]
 

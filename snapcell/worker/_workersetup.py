@@ -7,8 +7,8 @@ import sys
 from typing import Any
 
 from snapcell.limits import Limits
-from snapcell.policy._policy import Policy
-from snapcell.workspace._setup import prepare_scratch
+from snapcell.policy import Policy
+from snapcell.workspace import prepare_scratch
 
 __all__ = ["apply_session_sandbox", "warm_read_paths"]
 
@@ -60,7 +60,7 @@ def apply_session_sandbox(
     parent_pid: int | None,
     host_pid: int | None = None,
 ) -> dict[str, str]:
-    from snapcell.sandbox._sandbox import apply_sandbox
+    from snapcell.sandbox import apply_sandbox
 
     uid, gid = settings.get("uid"), settings.get("gid")
     mounts = settings.get("mounts") or {}

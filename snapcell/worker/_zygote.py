@@ -51,19 +51,10 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["THREAD_ENV", "import_worker", "main", "preload_modules", "reseed"]
+from snapcell.wire import HEAVY_MODULES
 
-# Thread pools of numerical libraries are started at import: with one thread each, nothing runs in the
-# zygote but its main thread, and a fork copies no lock held by another thread.
-THREAD_ENV = {
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "NUMEXPR_NUM_THREADS": "1",
-    "VECLIB_MAXIMUM_THREADS": "1",
-}
-# Modules worth importing in the zygote when the policy allows them (costly to import on every checkout).
-HEAVY_MODULES = ("numpy", "pandas")
+__all__ = ["import_worker", "main", "reseed"]
+
 # snapcell's own modules that a first run does not need, so the zygote says "ready" without them: the checkpoint
 # code (pydantic, the picklers, zstd) a dump or load imports, asyncio, which a run imports once a cell needs it, and
 # the sandbox, which a child imports after the fork. They are the first preload step, so that later children get
@@ -83,18 +74,6 @@ DEFERRED_MODULES = (
 _DEFERRED_STEP = "<snapcell>"
 _PR_SET_PDEATHSIG = 1
 _MAX_CONTROL_BYTES = 16
-
-
-@functools.lru_cache(maxsize=64)
-def preload_modules(allowed: frozenset[str]) -> tuple[str, ...]:
-    """The heavy modules a zygote for a policy allowing ``allowed`` imports (those installed).
-
-    Asked on every checkout: the answer is kept (finding the modules costs ~0.1 ms), so a module installed while the
-    host runs is preloaded from the host's next start.
-    """
-    import importlib.util
-
-    return tuple(name for name in HEAVY_MODULES if name in allowed and importlib.util.find_spec(name) is not None)
 
 
 def reseed() -> None:
@@ -305,13 +284,13 @@ class _Preloader:
                 importlib.import_module(name)
                 self.preloaded.append(name)
                 return
-            from snapcell.policy import _guard
-            from snapcell.sandbox import _seccomp
+            from snapcell.policy import warm_guarded_builtins
+            from snapcell.sandbox import warm_filters
             from snapcell.worker import _worker
 
             _worker.warm_read_paths()  # the sandbox's read-only paths, computed once for every later child
-            _seccomp.warm_filters()  # and its seccomp programs, into which each child patches its pid
-            _guard.warm_guarded_builtins()  # and the builtins each session's namespace starts from
+            warm_filters()  # and its seccomp programs, into which each child patches its pid
+            warm_guarded_builtins()  # and the builtins each session's namespace starts from
             _worker._warm_up()  # a run and a dump: builds here what a first dump builds on first use (schemas, ...)
             _worker._warm_up_data(self.preloaded)  # and a DataFrame's, when pandas is preloaded
             _build_views(self.preloaded)
@@ -319,26 +298,26 @@ class _Preloader:
             print(f"snapcell zygote: preload step {name or 'warm-up'!r} failed: {exc!r}", file=sys.stderr, flush=True)
             if name:
                 return
-        from snapcell.sandbox import _privileges
+        from snapcell.sandbox import warm_import_paths
 
-        _privileges.warm_import_paths()
+        warm_import_paths()
         _freeze()
         _send(ctrl, {"op": "preloaded", "preloaded": self.preloaded, "threads": _threads()})
 
 
 def _freeze() -> None:
-    from snapcell.sandbox import _privileges
+    from snapcell.sandbox import pin_import_paths
     from snapcell.worker import _worker
     from snapcell.worker._hugepages import collapse_resident_heap
 
     if os.geteuid() == 0:
-        # Only a root host's workers switch uid, and so pin their import roots (`_privileges.pin_import_paths`). Pinned
-        # here, last (nothing is imported after it), the children inherit the roots and the rewritten paths: their own
-        # pin then opens and rewrites nothing (~800 page copies and 2 ms of CPU less per child). If it fails, each
-        # child pins what is left for itself.
+        # Only a root host's workers switch uid, and so pin their import roots (`snapcell.sandbox.pin_import_paths`).
+        # Pinned here, last (nothing is imported after it), the children inherit the roots and the rewritten paths:
+        # their own pin then opens and rewrites nothing (~800 page copies and 2 ms of CPU less per child). If it
+        # fails, each child pins what is left for itself.
         unpinned = tuple(sys.path)
         with contextlib.suppress(OSError):
-            _privileges.pin_import_paths()
+            pin_import_paths()
         _worker.warm_read_paths(unpinned)  # a child asks for them by its (pinned) sys.path
     # Everything imported so far is shared with the children copy-on-write; a child's garbage collector would
     # touch (and so copy) every page of it on its first pass. Frozen objects are never traversed. Children
@@ -361,7 +340,7 @@ def _build_views(preloaded: list[str]) -> None:
     every child shares it instead of building it on its first ``import pandas`` or load of a DataFrame. Views are
     keyed by the policy's modules, so a session under another policy builds its own, as before.
     """
-    from snapcell.policy._policy import Policy, with_file_access
+    from snapcell.policy import Policy, with_file_access
 
     default = with_file_access(Policy.process_default())
     for name in preloaded:
@@ -375,10 +354,10 @@ def import_worker() -> None:
     Everything else (`DEFERRED_MODULES`, the heavy modules, what a run imports on its first use of a module) is
     imported later, by the second stage or a child: each module here delays every pool's first result.
     """
-    from snapcell.sandbox import _privileges
+    from snapcell.sandbox import warm_import_paths
     from snapcell.worker import _worker  # noqa: F401  (imported once, for every child)
 
-    _privileges.warm_import_paths()
+    warm_import_paths()
 
 
 def main(argv: list[str] | None = None) -> int:

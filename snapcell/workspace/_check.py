@@ -36,7 +36,7 @@ def check_files(manifest: Manifest, *, quota_bytes: int | None, mounts: Collecti
         ForgedFiles: The list is malformed (only a broken or compromised worker sends one).
         WorkspaceQuotaExceeded: The files are over the quota.
     """
-    from snapcell.checkpoint._blobs import CHUNK_BYTES  # the host side only: a worker imports this module too
+    from snapcell.checkpoint import CHUNK_BYTES  # the host side only: a worker imports this module too
 
     files = manifest.files
     if len(files) > MAX_FILES:

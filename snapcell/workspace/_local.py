@@ -22,7 +22,7 @@ from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
-    from snapcell._support._record import dataclass, field
+    from snapcell._support import dataclass, field
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, Dumped, WorkspaceFile
 
@@ -236,8 +236,7 @@ class Workspace:
             WorkspaceQuotaExceeded: The files exceed the quota; nothing is returned.
             WorkspaceError: More than `MAX_FILES` files.
         """
-        from snapcell.checkpoint._blobs import CHUNK_BYTES
-        from snapcell.checkpoint._format import WorkspaceFile
+        from snapcell.checkpoint import CHUNK_BYTES, WorkspaceFile
 
         out = Snapshot()
         entries = []
@@ -274,8 +273,7 @@ class Workspace:
 
     @staticmethod
     def _add_chunk(chunk: bytes, out: Snapshot, known: Mapping[str, BlobRef], level: int, created_at: float) -> str:
-        from snapcell.checkpoint._blobs import REFRESH_AFTER_S, encode_blob, hash_buffer
-        from snapcell.checkpoint._format import BlobRef
+        from snapcell.checkpoint import REFRESH_AFTER_S, BlobRef, encode_blob, hash_buffer
 
         key = hash_buffer(chunk).hex()
         if key in out.refs:
@@ -300,7 +298,7 @@ class Workspace:
         Raises:
             CheckpointCorrupt: A path is malformed, a chunk is missing or altered; the workspace is untouched.
         """
-        from snapcell.checkpoint._blobs import CHUNK_BYTES, decode_blob
+        from snapcell.checkpoint import CHUNK_BYTES, decode_blob
 
         self.discard_staging()
         os.mkdir(self.staging, 0o700)
@@ -418,9 +416,7 @@ class Workspace:
 
 def attach_snapshot(dumped: Dumped, snap: Snapshot) -> Dumped:
     """The dump with the workspace's files in its manifest and their chunks among its blobs (body packed again)."""
-    from snapcell.checkpoint._blobs import HASH_ALGORITHM
-    from snapcell.checkpoint._format import Codec, SectionKind, pack_container, parse_container
-    from snapcell.checkpoint._pickle import Dumped
+    from snapcell.checkpoint import HASH_ALGORITHM, Codec, Dumped, SectionKind, pack_container, parse_container
 
     if not snap.files and not dumped.manifest.files:
         return dumped

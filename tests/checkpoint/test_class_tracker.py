@@ -20,13 +20,13 @@ import cloudpickle
 import pytest
 
 from snapcell import Policy, Pool, Session
-from snapcell.checkpoint import Keyring, Manifest, VariableInfo
+from snapcell.checkpoint import Keyring, Manifest, VariableInfo, scan_body
 from snapcell.checkpoint._classes import LoadClasses
 from snapcell.checkpoint._findglobal import make_find_global
 from snapcell.checkpoint._format import Codec, Header, SectionKind, pack_container
 from snapcell.checkpoint._rule import NOT_IN_DILL
 from snapcell.checkpoint._unpickle import load_namespace
-from snapcell.checkpoint.scan import scan_body, scan_pickle
+from snapcell.checkpoint.scan import scan_pickle
 from snapcell.interpreter._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 

@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import Manifest, VariableInfo
+from snapcell.checkpoint import Manifest, VariableInfo, _hostscan
 from snapcell.checkpoint._format import Codec, FrameInfo, Header, SectionKind, pack_container, parse_container
-from snapcell.checkpoint.scan import _hostscan
-from snapcell.checkpoint.scan._hostscan import scan_body, stream_key
+from snapcell.checkpoint._hostscan import scan_body, stream_key
 from snapcell.interpreter._runner import checkpoint_rule
 from snapcell.storage import LocalStore
 

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import Keyring, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint import Keyring, _hostscan, dump_namespace, load_namespace, make_find_global
 from snapcell.checkpoint._format import SectionKind, parse_container
-from snapcell.checkpoint.scan import _hostscan
-from snapcell.checkpoint.scan._hostscan import PassedFrames
+from snapcell.checkpoint._hostscan import PassedFrames
 from snapcell.errors import CheckpointCorrupt
 from snapcell.interpreter._definitions import Definitions
 from snapcell.storage import MemoryStore

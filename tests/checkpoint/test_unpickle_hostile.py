@@ -20,8 +20,8 @@ import cloudpickle
 import pytest
 
 from snapcell import Policy, Pool
-from snapcell.checkpoint import dump_namespace
-from snapcell.checkpoint.scan import scan_body, scan_pickle
+from snapcell.checkpoint import dump_namespace, scan_body
+from snapcell.checkpoint.scan import scan_pickle
 from snapcell.interpreter._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
 

@@ -18,7 +18,7 @@ import pytest
 from snapcell import Limits, Policy, Pool, WorkerLost
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._workerpool import WorkerPool
-from snapcell.worker._zygote import preload_modules
+from snapcell.wire import preload_modules
 
 NUMPY = Policy.unrestricted()  # os, to see pids; numpy and pandas preloaded
 HANG_GUARD_S = 60.0

@@ -18,7 +18,7 @@ from snapcell import AsyncPool, Limits, Policy
 from snapcell.backends import _zygotehost
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._workerpool import WorkerPool
-from snapcell.worker._zygote import preload_modules
+from snapcell.wire import preload_modules
 
 NUMPY = Policy.unrestricted()  # os and sys, to see pids and modules; numpy (and pandas) preloaded
 HANG_GUARD_S = 60.0
@@ -242,7 +242,7 @@ print(json.dumps([len(os.listdir("/proc/self/task")), sorted(set(linecache.cache
 @pytest.mark.parametrize("preloaded", [["numpy", "pandas"], ["numpy"]])
 def test_the_zygote_s_dataframe_warm_up_starts_no_thread_and_leaves_no_cell(preloaded: list[str]) -> None:
     """It runs in the zygote, which forks only with one thread; its cells must not show in a session's tracebacks."""
-    from snapcell.worker._zygote import THREAD_ENV
+    from snapcell.wire import THREAD_ENV
 
     probe = _DATA_WARM_UP.format(imports="\n".join(f"import {m}" for m in preloaded), preloaded=preloaded)
     done = subprocess.run(

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from snapcell._support._lazy import lazy_exports
+from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.checkpoint.scan._hostscan import scan_body
-    from snapcell.checkpoint.scan._scan import scan_pickle
+    from snapcell.checkpoint.scan._scan import PLAIN_UNREFUSED_BYTES, scan_pickle, scan_pickle_data
+    from snapcell.checkpoint.scan._scanplain import compile_patterns
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "snapcell.checkpoint.scan._hostscan": ("scan_body",),
-    "snapcell.checkpoint.scan._scan": ("scan_pickle",),
+    "snapcell.checkpoint.scan._scan": (
+        "PLAIN_UNREFUSED_BYTES",
+        "scan_pickle",
+        "scan_pickle_data",
+    ),
+    "snapcell.checkpoint.scan._scanplain": ("compile_patterns",),
 }
 
 __all__ = [
-    "scan_body",
+    "PLAIN_UNREFUSED_BYTES",
+    "compile_patterns",
     "scan_pickle",
+    "scan_pickle_data",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

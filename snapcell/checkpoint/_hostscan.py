@@ -15,7 +15,7 @@ from snapcell.checkpoint._blobs import blob_raw_size, decode_blob
 from snapcell.checkpoint._format import Container, Section, SectionKind, parse_container
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._unpickle import _decompress, frame_parts
-from snapcell.checkpoint.scan._scan import scan_pickle
+from snapcell.checkpoint.scan import scan_pickle
 from snapcell.errors import CheckpointCorrupt
 
 __all__ = [

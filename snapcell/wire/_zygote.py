@@ -1,0 +1,35 @@
+"""What the host and a zygote agree on before it starts: its thread limits and the heavy modules it may preload.
+
+The host starts the zygote with this environment and asks it to preload `preload_modules` (argv); the zygote keeps
+to the same list. Neither side imports the other's code for it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+__all__ = ["HEAVY_MODULES", "THREAD_ENV", "preload_modules"]
+
+# Thread pools of numerical libraries are started at import: with one thread each, nothing runs in the
+# zygote but its main thread, and a fork copies no lock held by another thread.
+THREAD_ENV = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+}
+# Modules worth importing in the zygote when the policy allows them (costly to import on every checkout).
+HEAVY_MODULES = ("numpy", "pandas")
+
+
+@functools.lru_cache(maxsize=64)
+def preload_modules(allowed: frozenset[str]) -> tuple[str, ...]:
+    """The heavy modules a zygote for a policy allowing ``allowed`` imports (those installed).
+
+    Asked on every checkout: the answer is kept (finding the modules costs ~0.1 ms), so a module installed while the
+    host runs is preloaded from the host's next start.
+    """
+    import importlib.util
+
+    return tuple(name for name in HEAVY_MODULES if name in allowed and importlib.util.find_spec(name) is not None)
