@@ -17,7 +17,7 @@ Then a full turn (checkout, load, run a cell, dump, check in) in process mode on
 stores (S3 is a moto server on loopback, started here: it measures the client stack and HTTP, not AWS).
 
 Ratios are to ``snapcell`` (x < 1: faster or smaller than snapcell); ``namespace_bytes`` is the size of the
-variables as one uncompressed pickle (dill for functions), the x axis of ``benchmarks/chart.png``.
+variables as one uncompressed pickle (dill for functions), the x axis of ``docs/assets/chart.png``.
 
 Run from the repository root: ``python -m benchmarks.bench_namespaces [--quick]`` (``--quick`` replaces the
 1M-row DataFrame and the 200 MB array with 100k rows and 20 MB, and takes fewer repetitions); JSON lines go to

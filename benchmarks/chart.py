@@ -1,7 +1,8 @@
 """Draw dump and load time by namespace size from ``benchmarks/results/namespaces.jsonl`` into a PNG.
 
 Uses each method's latest record per namespace. Run from the repository root:
-``python -m benchmarks.chart [OUT.png]`` (default ``benchmarks/chart.png``); ``python -m benchmarks`` calls it.
+``python -m benchmarks.chart [OUT.png]`` (default ``docs/assets/chart.png``, shown by the documentation's
+performance page); ``python -m benchmarks`` calls it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from benchmarks._common import RESULTS_DIR, machine_description
 
-CHART = Path(__file__).parent / "chart.png"
+CHART = Path(__file__).parents[1] / "docs" / "assets" / "chart.png"
 SOURCE = RESULTS_DIR / "namespaces.jsonl"
 METHODS = {"snapcell": "o", "pickle+zstd": "s", "dill": "^", "monty": "d"}  # markers: the namespaces differ in kind
 
