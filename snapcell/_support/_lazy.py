@@ -6,8 +6,8 @@ in the rest (pydantic for the checkpoint format, asyncio for the inline backend)
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
+from importlib import import_module
 from typing import Any
 
 __all__ = ["lazy_exports"]
@@ -34,7 +34,7 @@ def lazy_exports(
         module = where.get(name)
         if module is None:
             try:
-                return importlib.import_module(f"{package}.{name}")
+                return import_module(f"{package}.{name}")
             except ModuleNotFoundError as exc:
                 if exc.name != f"{package}.{name}":
                     raise
@@ -44,7 +44,7 @@ def lazy_exports(
                     f" (from {elsewhere[name]} import {name})"
                 )
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        value = getattr(import_module(module), name)
         namespace[name] = value
         return value
 
