@@ -18,6 +18,10 @@ shared between parts. A part's bytes depend only on its items, so a turn that ap
 to the list or adds keys to the dict changes the last part only; the others hash the same and are stored once as
 blobs (`_pickle`). Fixed-count chunks keep appends (the common growth of an agent's state) cheap; an insertion in
 the middle of a list re-stores the parts after it, which is no worse than storing the whole value.
+
+A dict or list of fewer items is cut too when its pickle is large (`LARGE_VALUE_BYTES`): by bytes, into parts of
+about `PART_BYTES` each and at least one item (`items_for_bytes`), so thirty 200 KB items appended one a turn are
+stored once each rather than the whole list again every turn.
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ from snapcell.checkpoint._stdvalues import keeps_identity
 
 __all__ = [
     "CHUNK_ITEMS",
+    "LARGE_VALUE_BYTES",
     "PART_BYTES",
     "Frame",
     "Part",
     "chunkable",
     "cut",
     "group_names",
+    "items_for_bytes",
     "items_per_part",
     "shared_ids",
 ]
@@ -54,8 +60,10 @@ CHUNK_ITEMS = 512
 PART_BYTES = 32 * 1024
 _MIN_PART_ITEMS = 64
 _MAX_PART_ITEMS = 1 << 16
-# Values with fewer items than this stay one pickle.
+# Values with fewer items than this are cut only when their pickle is over `LARGE_VALUE_BYTES`.
 _CHUNK_MIN_ITEMS = 2 * CHUNK_ITEMS
+# A dict or list of fewer items whose pickle (with its out-of-band buffers) is larger than this is cut by bytes.
+LARGE_VALUE_BYTES = 4 * PART_BYTES
 
 
 @dataclass(slots=True)
@@ -168,6 +176,16 @@ def items_per_part(sample_bytes: int) -> int:
     """
     wanted = CHUNK_ITEMS * PART_BYTES // max(sample_bytes, 1)
     return max(_MIN_PART_ITEMS, min(_MAX_PART_ITEMS, 1 << max(wanted, 1).bit_length() - 1))
+
+
+def items_for_bytes(count: int, pickled_bytes: int) -> int:
+    """Items per part for a value of ``count`` items that pickles to ``pickled_bytes``: parts of about `PART_BYTES`.
+
+    At least one item a part; a power of two, like `items_per_part`, so that a part's boundaries do not move
+    when the value grows by items of about the same size.
+    """
+    wanted = PART_BYTES * max(count, 1) // max(pickled_bytes, 1)
+    return 1 << max(wanted, 1).bit_length() - 1
 
 
 def cut(value: dict[Any, Any] | list[Any], per_part: int) -> tuple[str, list[list[Any]]]:

@@ -43,11 +43,13 @@ from snapcell.checkpoint._format import (
 )
 from snapcell.checkpoint._frames import (
     CHUNK_ITEMS,
+    LARGE_VALUE_BYTES,
     Frame,
     Part,
     chunkable,
     cut,
     group_names,
+    items_for_bytes,
     items_per_part,
     overlapping,
     shared_ids,
@@ -347,6 +349,9 @@ class _Builder:
                     parts, layout = [_pickle_part((value,), self.namespace)], "values"
             else:
                 parts, layout = [_pickle_part((value,), self.namespace)], "values"
+                large = isinstance(value, dict | list) and type(value) in (dict, list) and len(value) > 1
+                if large and _part_bytes(parts[0]) > LARGE_VALUE_BYTES:
+                    parts, layout = self._by_bytes(value, parts, layout)  # type: ignore[arg-type]
         except Exception as exc:  # __reduce__ of script objects may raise anything
             self.failed[name] = exc
             return None
@@ -360,6 +365,12 @@ class _Builder:
                     return None
         self.sizes[name] = sum(_part_bytes(part) for part in parts)
         return Frame([name], layout, parts)
+
+    def _by_bytes(self, value: dict[Any, Any] | list[Any], whole: list[Part], layout: str) -> tuple[list[Part], str]:
+        """A large value of few items as parts of about `PART_BYTES` (``whole`` when its items share objects)."""
+        cut_layout, chunks = cut(value, items_for_bytes(len(value), _part_bytes(whole[0])))
+        parts = [_pickle_part(chunk, self.namespace) for chunk in chunks]
+        return (whole, layout) if overlapping(parts) else (parts, cut_layout)
 
     def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> tuple[Refusal | None, bool]:
         """`scan_pickle_data`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per

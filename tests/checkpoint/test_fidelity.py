@@ -218,6 +218,30 @@ def test_a_growing_dict_is_stored_about_once() -> None:
     assert total < 2 * once + turns * 16 * 1024, (total, once)
 
 
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_a_few_large_items_appended_turn_by_turn_are_stored_about_once(kind: str) -> None:
+    """30 turns each adding one 200 KB item: a value of few but large items is cut by bytes, not only by count.
+
+    Under 1,024 items a value was one pickle, stored again whole every turn: about 94 MB for a 6 MB namespace.
+    """
+    store = MemoryStore("few-large")
+    turns, item = 30, 200_000
+    add = "data.append(random.randbytes(%d))" if kind == "list" else "data[len(data)] = random.randbytes(%d)"
+    with Pool(store, isolation="inline", signing_keys=[KEY]) as pool, pool.checkout() as session:
+        session.feed_run("import random\ndata = " + ("[]" if kind == "list" else "{}"))
+        for _ in range(turns):
+            session.feed_run(add % item)
+            session.dump()
+        assert session.feed_run(
+            "len(data), sum(len(v) for v in (data if isinstance(data, list) else data.values()))"
+        ) == (
+            turns,
+            turns * item,
+        )
+    total = _stored_bytes(store)
+    assert total < 2 * turns * item + turns * 64 * 1024, (total, turns * item)
+
+
 def test_the_format_3_golden_checkpoint_still_loads() -> None:
     folder = Path(__file__).parent / "golden" / "v3-py311"
     meta = json.loads((folder / "meta.json").read_text())
