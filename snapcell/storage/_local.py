@@ -382,13 +382,30 @@ def _open_temp(directory: Path) -> tuple[int, Path]:
     for attempt in range(4):
         if attempt:
             # Missing, or pruned by a concurrent delete between mkdir and open: create it (again).
-            directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+            _make_dirs(directory)
         tmp = directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             return os.open(tmp, flags, _FILE_MODE), tmp
         except FileNotFoundError:
             continue
     raise OSError(errno.ENOENT, "directory keeps disappearing", str(directory))
+
+
+def _make_dirs(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, syncing each new one's parent so the new entry is durable.
+
+    A file's own sync and its directory's keep the file, but a directory made for it (the first checkpoint of a
+    day, a new blob prefix) is itself an entry in its parent: without the parent's sync, a power loss can take
+    the directory, and the file in it, on file systems that do not order metadata as ext4 does.
+    """
+    missing = []
+    at = directory
+    while not at.exists() and at.parent != at:
+        missing.append(at)
+        at = at.parent
+    directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+    for new in reversed(missing):  # top down: an entry is synced once the directory holding it is
+        _fsync_dir(new.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
