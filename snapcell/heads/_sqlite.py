@@ -201,6 +201,21 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return (os.getpid(), info.st_dev, info.st_ino)
 
 
+def _open_hint(path: Path) -> str:
+    """Why a head store's file cannot be opened, when the file system says (SQLite only says "unable to open")."""
+    directory = path.parent
+    try:
+        while not directory.exists() and directory.parent != directory:
+            directory = directory.parent
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return f" ({directory} is on a read-only file system: give a path on a writable one)"
+    except OSError:
+        pass
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f" (this process (uid {os.geteuid()}) may not enter or write {directory}: check its permissions)"
+    return ""
+
+
 def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
     """Return this process's connection to ``path``, opening (and with ``create``, creating) it on first use.
 
@@ -209,7 +224,8 @@ def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
         StorageUnavailable: The file cannot be opened or created.
     """
     with _SHARED_LOCK:
-        key = _identity(path)
+        with map_exceptions(_ERRORS, f"cannot open the head store {path}{_open_hint(path)}"):
+            key = _identity(path)  # a directory the process may not enter fails here
         shared = _SHARED.get(key) if key is not None else None
         if shared is not None:
             shared.refs += 1
@@ -218,7 +234,7 @@ def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
             raise ConfigError(
                 f"no head store at {path}: the file does not exist; check the path (sqlite:///absolute/path)"
             )
-        with map_exceptions(_ERRORS, f"cannot open the head store {path}"):
+        with map_exceptions(_ERRORS, f"cannot open the head store {path}{_open_hint(path)}"):
             if create:
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             # create: SQLite creates the file itself; otherwise never create it, even if it vanished just now.

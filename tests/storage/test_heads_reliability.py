@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from snapcell import Conflict, Pool, StorageError, SyncCodeTool
+from snapcell.errors import StorageUnavailable
 from snapcell.heads import SQLiteHeads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +126,7 @@ def test_sqlite_errors_keep_their_real_cause(tmp_path: Path, pragma: str, cause:
 _OTHER_INSTANCE = """
 import sys
 from snapcell import Conflict
+from snapcell.errors import StorageUnavailable
 from snapcell.errors import StorageUnavailable
 from snapcell.heads import SQLiteHeads
 heads = SQLiteHeads(sys.argv[1], busy_timeout_s=0)
@@ -292,3 +294,39 @@ def test_s3_cas_hammer_from_many_processes_loses_no_increment(s3_server: str, s3
     heads = S3Heads(bucket=s3_bucket, prefix="proj", client=client)
     _hammer("s3", f"{s3_server}|{s3_bucket}", heads, processes=3, increments=10)
     client.close()
+
+
+def test_a_store_directory_the_process_may_not_enter_is_a_storage_error_that_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As root nothing is refused for permissions, so the refusal is injected where the kernel would give it.
+    from snapcell.heads import _sqlite
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat, real_access = os.stat, os.access
+
+    def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).startswith(str(locked)):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_sqlite.os, "stat", stat)
+    monkeypatch.setattr(_sqlite.os, "access", lambda p, mode: False if str(p) == str(locked) else real_access(p, mode))
+    with pytest.raises(StorageUnavailable, match="may not enter or write .*locked"):
+        SQLiteHeads(locked / "heads.sqlite3")
+
+
+def test_a_head_store_on_a_read_only_file_system_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from snapcell.heads import _sqlite
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(_sqlite.sqlite3, "connect", refuse)
+    monkeypatch.setattr(_sqlite.os, "statvfs", lambda path: ReadOnly())
+    with pytest.raises(StorageUnavailable, match="read-only file system"):
+        SQLiteHeads(tmp_path / "heads.sqlite3")
