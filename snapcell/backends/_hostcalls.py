@@ -1,26 +1,48 @@
 """The host's side of a run's host-function calls: call the function, turn its value into plain data, record it.
 
-A function is called as soon as its call frame is read, in the request's own task: a sync function's result goes
-back at once, with no task and no loop turn in between. Only what is left to await (an async function's coroutine)
-is finished in a task of its own, so gathered calls still overlap.
+An async function is called as soon as its call frame is read, in the request's own task, and what is left to
+await is finished in a task of its own, so gathered calls overlap. A sync function runs in a thread (at most
+`MAX_HOST_THREADS` at once in a process; more wait for one), as agent frameworks run sync tools: one that blocks
+(a database query, an HTTP call) holds up its own run, never the event loop every other conversation shares. It
+runs in a copy of the caller's context (`contextvars`). A run cancelled meanwhile stops waiting for it, but a
+thread cannot be stopped: the function runs to its end and its result is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import dataclasses
+import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from snapcell._support import is_async_callable
 from snapcell.interpreter import HostCall
 from snapcell.telemetry import trace_host_function
 from snapcell.wire import JSON_SCALARS, NotPlainData, to_plain
 
-__all__ = ["PendingCall", "call_host", "finish_call"]
+__all__ = ["MAX_HOST_THREADS", "PendingCall", "call_host", "finish_call"]
 
 log = logging.getLogger("snapcell")
+
+# Sync host functions running at once in this process; more calls wait for a thread.
+MAX_HOST_THREADS = 32
+_threads: ThreadPoolExecutor | None = None
+_threads_lock = threading.Lock()
+
+
+def _host_threads() -> ThreadPoolExecutor:
+    global _threads
+    with _threads_lock:
+        if _threads is None:
+            _threads = ThreadPoolExecutor(MAX_HOST_THREADS, thread_name_prefix="snapcell-host-function")
+        return _threads
 
 
 @dataclasses.dataclass(slots=True)
@@ -63,7 +85,11 @@ def call_host(
         if func is None:
             raise NameError(f"host function {name[:100]!r} is not available in this run")
         args, kwargs = message.get("args") or [], message.get("kwargs") or {}
-        value = func(*args, **{str(k): v for k, v in kwargs.items()}) if kwargs else func(*args)
+        kwargs = {str(k): v for k, v in kwargs.items()}
+        if not is_async_callable(func):
+            call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+            return PendingCall(reply, name, start, asyncio.get_running_loop().run_in_executor(_host_threads(), call))
+        value = func(*args, **kwargs)
     except Exception as exc:  # a host function's failure goes to the script, which may catch it
         _failed(reply, name, start, calls, exc, logged=func is not None)
         return reply
@@ -77,6 +103,8 @@ async def finish_call(pending: PendingCall, calls: list[HostCall] | None) -> dic
     """Await what a host function returned: the ``result`` reply."""
     try:
         value = await pending.awaitable
+        if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
+            value = await value  # a sync function that returned a coroutine (a lambda around an async call)
     except Exception as exc:  # a host function's failure goes to the script, which may catch it
         _failed(pending.reply, pending.name, pending.start, calls, exc, logged=True)
         return pending.reply

@@ -1,0 +1,57 @@
+"""Sync host functions run in threads: one that blocks stalls its own run, not every conversation on the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+
+import snapcell
+from snapcell.storage import MemoryStore
+
+KEY = "host-threads-tests-signing-key-0123456789"
+REQUEST = contextvars.ContextVar("REQUEST", default="none")
+
+
+def test_two_conversations_blocked_in_sync_host_functions_overlap() -> None:
+    """Each call waits (in its host function) until the other has started: on the event loop they never would."""
+    both_in = threading.Barrier(2, timeout=60)
+    threads: set[str] = set()
+
+    def wait_for_the_other(tag: str) -> str:
+        threads.add(threading.current_thread().name)
+        both_in.wait()  # BrokenBarrierError (after 60 s) if the calls ran one after the other
+        return tag
+
+    async def main() -> list[object]:
+        async with snapcell.AsyncPool(MemoryStore("threads"), isolation="process", signing_keys=[KEY]) as pool:
+
+            async def turn(tag: str) -> object:
+                async with pool.checkout() as session:
+                    return await session.feed_run(f"wait({tag!r})", external_lookup={"wait": wait_for_the_other})
+
+            return list(await asyncio.gather(turn("a"), turn("b")))
+
+    assert asyncio.run(main()) == ["a", "b"]
+    assert threading.main_thread().name not in threads
+
+
+def test_a_sync_host_function_sees_the_callers_context_and_its_failures_reach_the_script() -> None:
+    def read_context() -> str:
+        return REQUEST.get()
+
+    def fail() -> None:
+        raise LookupError("no such customer")
+
+    async def main() -> tuple[object, object]:
+        REQUEST.set("request-7")
+        async with snapcell.AsyncPool(MemoryStore("context"), isolation="process", signing_keys=[KEY]) as pool:
+            async with pool.checkout() as session:
+                tools = {"read_context": read_context, "fail": fail}
+                seen = await session.feed_run("read_context()", external_lookup=tools)
+                caught = await session.feed_run(
+                    "try:\n    fail()\nexcept LookupError as exc:\n    r = str(exc)\nr", external_lookup=tools
+                )
+                return seen, caught
+
+    assert asyncio.run(main()) == ("request-7", "no such customer")
