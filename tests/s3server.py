@@ -10,6 +10,8 @@ This module does not import snapcell.
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +35,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the server's process before it starts: SIGKILL when the process that started it ends, however it ends.
+
+    A run that is killed or ends with ``os._exit`` runs no fixture's clean-up; the server must not outlive it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def start_moto_server(*, timeout_s: float = _STARTUP_TIMEOUT_S) -> tuple[str, Callable[[], None]]:
     """Start ``python -m moto.server`` on a free loopback port and wait until it answers.
 
@@ -49,6 +60,7 @@ def start_moto_server(*, timeout_s: float = _STARTUP_TIMEOUT_S) -> tuple[str, Ca
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
     )
 
     def stop() -> None:

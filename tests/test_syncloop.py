@@ -6,10 +6,25 @@ import asyncio
 import contextvars
 import os
 import signal
+from collections.abc import Iterator
 
 import pytest
 
 from snapcell._support._syncloop import SyncLoop
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt here, as in an interactive Python, however pytest was started.
+
+    A shell starts a background job with SIGINT ignored: then no handler is installed (as `asyncio.Runner` does)
+    and the interrupt these tests send themselves would be lost.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupt_soon() -> None:

@@ -1,0 +1,73 @@
+"""The test command itself: a test that outlives its time limit fails alone, and the run goes on to its summary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_one_test_past_its_timeout_fails_alone_and_the_run_reports(tmp_path: Path) -> None:
+    (tmp_path / "test_inner.py").write_text(
+        "import time\n\ndef test_slow():\n    time.sleep(60)\n\ndef test_after_it():\n    pass\n"
+    )
+    # The project's own pytest configuration, with a short per-test limit in place of its usual one.
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
+        + ["-p", "no:cacheprovider", "--timeout=2", str(tmp_path / "test_inner.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Timeout" in done.stdout
+
+
+def test_the_ctrl_c_tests_pass_when_pytest_starts_with_sigint_ignored() -> None:
+    """A shell starts a background job with SIGINT ignored; the tests that send themselves Ctrl-C must not hang."""
+    import signal
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--timeout=30", "tests/test_syncloop.py"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_an_s3_server_does_not_outlive_a_run_that_ends_without_cleaning_up() -> None:
+    import os
+    import time
+
+    script = (
+        "import os, sys\n"
+        "from tests.s3server import start_moto_server\n"
+        "endpoint, stop = start_moto_server()\n"
+        "print(endpoint, flush=True)\n"
+        "os._exit(1)  # as a run that is killed: no fixture's clean-up runs\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    port = done.stdout.strip().rsplit(":", 1)[-1]
+    assert port.isdigit(), done.stdout + done.stderr
+
+    def servers() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"moto.server" in argv and port.encode() in argv:
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 30  # a hang guard for a loaded machine, not a measurement
+    while servers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert servers() == []
