@@ -22,7 +22,7 @@ async def put_file(
     """Write a file at the head as a turn: lease, load, write, dump, move the head; see `CodeTool.put_file`."""
     validate_conversation_id(conversation_id)
     turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
-    async with tool._leases.hold(conversation_id) as owner:
+    async with tool._leases.hold(conversation_id) as lease:
         head = await tool._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
         if head is not None and head.turn(turn_id) is not None:
             return head.checkpoint_id
@@ -35,12 +35,12 @@ async def put_file(
             head.version if head is not None else None,
             new_id,
             history=history,
-            owner=owner[0],
+            owner=lease.owner,
             release_lease=True,
             turn=TurnRecord(turn_id, f"put_file {str(path)[:200]} ({len(data):,} bytes)"),
         )
         await tool._write(f"saving a file into conversation {conversation_id!r}", write)
-        owner.clear()  # released with the head
+        lease.released_with_head()  # released with the head
         return new_id
 
 

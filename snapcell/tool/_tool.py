@@ -273,9 +273,9 @@ class CodeTool:
         validate_conversation_id(key)
         turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
         try:
-            async with self._leases.hold(key) as owner:
+            async with self._leases.hold(key) as lease:
                 with conversation_context(key):
-                    return await run_turn(self, key, code, setup, owner, turn_id, conversation)
+                    return await run_turn(self, key, code, setup, lease, turn_id, conversation)
         finally:
             self._warm.start_checkins()  # the turn's session is checked in once its answer is returned
 
@@ -366,7 +366,7 @@ class CodeTool:
         validate_conversation_id(conversation_id)
         if not isinstance(turns, int) or turns < 1:
             raise ConfigError(f"turns must be a positive integer, not {turns!r}")
-        async with self._leases.hold(conversation_id) as owner:
+        async with self._leases.hold(conversation_id) as lease:
             head = self._known(
                 conversation_id,
                 await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id),
@@ -378,10 +378,15 @@ class CodeTool:
                 )
             target = head.history[turns - 1]
             rewind = self._aheads.compare_and_set(
-                conversation_id, head.version, target, history=head.history[turns:], owner=owner[0], release_lease=True
+                conversation_id,
+                head.version,
+                target,
+                history=head.history[turns:],
+                owner=lease.owner,
+                release_lease=True,
             )
             await self._write(f"rewinding conversation {conversation_id!r}", rewind)
-            owner.clear()
+            lease.released_with_head()
             return target
 
     async def fork(self, conversation_id: str, new_conversation_id: str) -> bytes | None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from snapcell.tool._context import TurnContext
+    from snapcell.tool._lease import Lease
 
 __all__ = ["KEPT_ANSWER_CHARS", "STATE_GONE_NOTE", "commit_turn", "load_head", "run_turn"]
 
@@ -48,11 +49,11 @@ async def run_turn(
     conversation_id: str,
     code: str,
     setup: bool,
-    owner: list[str],
+    lease: Lease,
     turn_id: str,
     conversation: Conversation | None = None,
 ) -> str:
-    read, head = tool._leases.head_read(owner[0])
+    read, head = lease.head_read()
     if not read:
         head = await tool._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
     done = head.turn(turn_id) if head is not None else None
@@ -100,7 +101,7 @@ async def run_turn(
                 history,
                 result,
                 notes,
-                owner,
+                lease,
                 turn_id,
                 conversation,
                 dropped_before=dropped_before,
@@ -130,7 +131,7 @@ async def save_turn(
     history: tuple[bytes, ...],
     result: RunResult,
     notes: list[str],
-    owner: list[str],
+    lease: Lease,
     turn_id: str,
     conversation: Conversation | None,
     *,
@@ -156,7 +157,7 @@ async def save_turn(
         return lost_answer(tool, exc, notes)
     if conversation is not None:
         count_run(conversation, result, bytes_stored=session.bytes_stored)
-    answer = await commit_turn(tool, conversation_id, head, history, new_id, result, notes, owner, turn_id)
+    answer = await commit_turn(tool, conversation_id, head, history, new_id, result, notes, lease, turn_id)
     if conversation is not None:
         conversation.record_turn(new_id, turn_id)
     return answer
@@ -170,7 +171,7 @@ async def commit_turn(
     new_id: bytes,
     result: RunResult,
     notes: list[str],
-    owner: list[str],
+    lease: Lease,
     turn_id: str,
 ) -> str:
     answer = render_answer(result, notes, max_chars=tool.max_answer_chars)
@@ -180,7 +181,7 @@ async def commit_turn(
         head.version if head is not None else None,
         new_id,
         history=history,
-        owner=owner[0],
+        owner=lease.owner,
         release_lease=True,
         turn=turn,
     )
@@ -200,11 +201,11 @@ async def commit_turn(
                     turn_id=turn_id,
                 ) from exc
             raise
-        if current.lease_owner != owner[0]:
-            owner.clear()  # the head update released it
+        if current.lease_owner != lease.owner:
+            lease.released_with_head()  # the head update released it
         committed = current.turn(turn_id)
         return committed.answer if committed is not None and committed.answer is not None else answer
-    owner.clear()  # released with the head
+    lease.released_with_head()  # released with the head
     return answer
 
 
