@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -174,7 +175,7 @@ def _watch_checkins(tool: CodeTool, events: list[str], release: asyncio.Event | 
                 await release.wait()
         events.append("checked in")
 
-    tool._new_session = watched  # type: ignore[method-assign]
+    tool._context = dataclasses.replace(tool._context, new_session=watched)
 
 
 def test_a_turn_answers_before_its_session_is_checked_in_and_aclose_waits_for_it() -> None:
@@ -248,7 +249,7 @@ def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_sessi
                     yield session
                     await release.wait()
 
-            tool._new_session = held_checkin  # type: ignore[method-assign]
+            tool._context = dataclasses.replace(tool._context, new_session=held_checkin)
             await tool.run_code("a", "x = 1")  # kept warm: one worker
             # A generator cannot be saved, so this session is not kept: it is checked in, held there: the other worker.
             await tool.run_code("b", "g = (i for i in range(3))")

@@ -2,7 +2,8 @@
 
 `TurnLeases` takes a conversation's lease in the head store (after an asyncio lock in this process), renews it while
 the turn runs, and gives it back with retries of its own when the turn failed, so a storage fault never strands a
-conversation: the same holder takes its own lease over at once, everyone else waits at most one ttl.
+conversation: the same holder takes its own lease over at once, everyone else waits at most one ttl. A held lease is
+a `Lease`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TypeVar
 from snapcell.errors import ConversationBusy, SnapcellError, StorageUnavailable
 from snapcell.heads import AsyncHeads, Head, HeadStore, RecordHeads, call_head_store, new_lease_owner
 
-__all__ = ["TurnLeases"]
+__all__ = ["Lease", "TurnLeases"]
 
 log = logging.getLogger("snapcell")
 _POLL_MIN_S = 0.01
@@ -27,6 +28,42 @@ _POLL_MAX_S = 0.25
 # A failed turn waits this long for its lease to be given back before it reports; retries go on in the background.
 RELEASE_WAIT_S = 2.0
 _T = TypeVar("_T")
+
+
+class Lease:
+    """A conversation's lease, held by one turn (`TurnLeases.hold` yields it).
+
+    Attributes:
+        conversation_id: The conversation.
+        owner: The lease's owner in the head store (``"<holder>/<turn>"``); a head write under the lease names it.
+        held: False once a head update gave the lease back (`released_with_head`): nothing is left to give back.
+    """
+
+    __slots__ = ("_head", "_read", "conversation_id", "held", "owner")
+
+    def __init__(self, conversation_id: str, owner: str) -> None:
+        self.conversation_id = conversation_id
+        self.owner = owner
+        self.held = True
+        self._read = False
+        self._head: Head | None = None
+
+    def released_with_head(self) -> None:
+        """Note that a head update (``release_lease=True``) gave the lease back."""
+        self.held = False
+
+    def keep_head(self, head: Head | None) -> None:
+        """Keep the head that the store returned with the lease, in the same call."""
+        self._read, self._head = True, head
+
+    def head_read(self) -> tuple[bool, Head | None]:
+        """The head read when the lease was taken, once: (False, None) when it was not read then."""
+        read, head = self._read, self._head
+        self._read, self._head = False, None
+        return read, head
+
+    def __repr__(self) -> str:
+        return f"Lease({self.conversation_id!r}, {self.owner!r}, held={self.held})"
 
 
 class TurnLeases:
@@ -57,7 +94,6 @@ class TurnLeases:
         self._read_with_lease = isinstance(heads, RecordHeads) and all(
             getattr(cls, name) is getattr(RecordHeads, name) for name in ("get", "acquire_lease")
         )
-        self._read: dict[str, Head | None] = {}
 
     async def bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
         """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``); TimeoutError after."""
@@ -74,55 +110,55 @@ class TurnLeases:
         )
 
     @contextlib.asynccontextmanager
-    async def hold(self, conversation_id: str) -> AsyncIterator[list[str]]:
-        """Hold the in-process lock and the head store's lease of a conversation; yield ``[owner]``.
+    async def hold(self, conversation_id: str) -> AsyncIterator[Lease]:
+        """Hold the in-process lock and the head store's lease of a conversation; yield the `Lease`.
 
-        The body may clear the list when it released the lease itself (with the head update).
+        The body calls `Lease.released_with_head` when a head update gave the lease back; otherwise it is given
+        back here.
         """
         lock = self._locks.get(conversation_id)
         if lock is None:
             lock = self._locks[conversation_id] = asyncio.Lock()
         async with lock:
-            owner = new_lease_owner(self.holder_id)
+            lease = Lease(conversation_id, new_lease_owner(self.holder_id))
             try:
-                await self._acquire(conversation_id, owner)
+                await self._acquire(lease)
             except ConversationBusy:
                 raise
             except BaseException:
                 # A store error may hide a lease that was granted after all: give it back (a no-op otherwise).
-                self.in_background(self.release(conversation_id, owner))
+                self.in_background(self.release(conversation_id, lease.owner))
                 raise
-            renewer = asyncio.create_task(self._renew(conversation_id, owner))
-            held = [owner]
+            renewer = asyncio.create_task(self._renew(conversation_id, lease.owner))
             try:
-                yield held
+                yield lease
             finally:
-                self._read.pop(owner, None)
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)
-                if held:
+                if lease.held:
                     # The turn failed, maybe because the store did: give the lease back with retries of its own,
                     # waiting a little for it; if the store stays down, this holder's next turn takes it over at
                     # once and everyone else's when it expires.
-                    release = self.in_background(self.release(conversation_id, owner))
+                    release = self.in_background(self.release(conversation_id, lease.owner))
                     await asyncio.wait({release}, timeout=min(RELEASE_WAIT_S, self.storage_timeout_s or RELEASE_WAIT_S))
 
-    async def _acquire(self, conversation_id: str, owner: str) -> None:
+    async def _acquire(self, lease: Lease) -> None:
         deadline = time.monotonic() + self.wait_s
         delay = _POLL_MIN_S
-        while not await self._try_lease(conversation_id, owner):
+        while not await self._try_lease(lease):
             if time.monotonic() >= deadline:
-                raise await self._busy(conversation_id)
+                raise await self._busy(lease.conversation_id)
             await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, _POLL_MAX_S)
 
-    async def _try_lease(self, conversation_id: str, owner: str) -> bool:
+    async def _try_lease(self, lease: Lease) -> bool:
         """One attempt at the lease, under the storage deadline.
 
         The attempt runs in a thread that cannot be stopped: if this turn is cancelled or gives up waiting, the
         lease is given back once the attempt finishes, or it would keep the conversation locked for a whole ttl.
         """
-        attempt = asyncio.ensure_future(self._attempt(conversation_id, owner))
+        conversation_id, owner = lease.conversation_id, lease.owner
+        attempt = asyncio.ensure_future(self._attempt(lease))
         try:
             return await self.bounded(asyncio.shield(attempt))
         except TimeoutError as exc:
@@ -132,7 +168,8 @@ class TurnLeases:
             self.in_background(self.release(conversation_id, owner, after=attempt))
             raise
 
-    async def _attempt(self, conversation_id: str, owner: str) -> bool:
+    async def _attempt(self, lease: Lease) -> bool:
+        conversation_id, owner = lease.conversation_id, lease.owner
         if not self._read_with_lease:
             return await self._aheads.acquire_lease(conversation_id, owner, self.ttl_s)
         heads = self.heads
@@ -141,14 +178,8 @@ class TurnLeases:
             heads, lambda: heads.acquire_lease_and_get(conversation_id, owner, self.ttl_s)
         )
         if taken:
-            self._read[owner] = head
+            lease.keep_head(head)
         return taken
-
-    def head_read(self, owner: str) -> tuple[bool, Head | None]:
-        """The head read when ``owner``'s lease was taken, once: (False, None) when it was not read then."""
-        if owner in self._read:
-            return True, self._read.pop(owner)
-        return False, None
 
     async def _busy(self, conversation_id: str) -> ConversationBusy:
         """The error of a turn that waited ``lease_wait_s``: who holds the conversation, and is it still alive."""

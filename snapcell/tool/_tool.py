@@ -8,24 +8,20 @@ each run into the text a model should read. `SyncCodeTool` is its synchronous tw
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from snapcell.conversation import Conversation
-from snapcell.errors import (
-    ConfigError,
-    StorageUnavailable,
-)
+from snapcell.errors import ConfigError
 from snapcell.heads import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id, validate_turn_id
 from snapcell.interpreter import validate_lookup
 from snapcell.limits import Limits
 from snapcell.pool import AsyncPool, Pool
-from snapcell.session import AsyncSession
 from snapcell.telemetry import conversation_context
 from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
@@ -36,10 +32,11 @@ from snapcell.tool._answer import (
     tool_call_arguments,
     tool_signatures,
 )
+from snapcell.tool._context import TurnContext
 from snapcell.tool._files import files_at_head, put_file
 from snapcell.tool._lease import TurnLeases
 from snapcell.tool._records import CANCELLED_NOTE
-from snapcell.tool._turn import KEPT_ANSWER_CHARS, STATE_GONE_NOTE, load_head, run_turn
+from snapcell.tool._turn import KEPT_ANSWER_CHARS, STATE_GONE_NOTE, Turn
 from snapcell.tool._warm import WarmSessions
 from snapcell.workspace import FileInfo, check_mounts
 
@@ -56,7 +53,6 @@ __all__ = [
 ]
 
 _HOLDER_ID = re.compile(r"[A-Za-z0-9_:.-]{1,96}\Z")
-_T = TypeVar("_T")
 
 _DESCRIPTION = """\
 Run Python code in a persistent session that belongs to this conversation. Variables, functions, classes and \
@@ -160,9 +156,9 @@ class CodeTool:
         self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
             self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
-        self._checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
+        checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
         if stubs is not None:
-            self._checkout.update(type_check=True, type_check_stubs=stubs)
+            checkout.update(type_check=True, type_check_stubs=stubs)
         host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
         self.description = (
             f"{_DESCRIPTION} {modules_text(pool.policy)}"
@@ -172,13 +168,21 @@ class CodeTool:
         self._warm = WarmSessions(
             keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
         )
-        self._aheads = AsyncHeads(self.heads)
         self._leases = TurnLeases(
             self.heads,
             ttl_s=self.lease_ttl_s,
             wait_s=self.lease_wait_s,
             storage_timeout_s=self.storage_timeout_s,
             holder_id=self.holder_id,
+        )
+        self._context = TurnContext(
+            pool=pool,
+            tools=self.tools,
+            max_answer_chars=self.max_answer_chars,
+            heads=AsyncHeads(self.heads),
+            leases=self._leases,
+            warm=self._warm,
+            new_session=functools.partial(pool.checkout, **checkout),
         )
 
     @property
@@ -273,40 +277,11 @@ class CodeTool:
         validate_conversation_id(key)
         turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
         try:
-            async with self._leases.hold(key) as owner:
+            async with self._leases.hold(key) as lease:
                 with conversation_context(key):
-                    return await run_turn(self, key, code, setup, owner, turn_id, conversation)
+                    return await Turn(self._context, lease, turn_id, conversation).run(code, setup)
         finally:
             self._warm.start_checkins()  # the turn's session is checked in once its answer is returned
-
-    async def _load(self, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
-        """See `load_head`."""
-        return await load_head(self, session, head, notes)
-
-    def _new_session(self) -> AbstractAsyncContextManager[AsyncSession]:
-        return self.pool.checkout(**self._checkout)
-
-    def _pool_full(self) -> bool:
-        """Whether every worker slot of the pool is checked out (warm sessions give theirs up then).
-
-        Sessions already being checked in do not count: their slots come free without evicting a warm session.
-        """
-        taken = len(self.pool._sessions) - self._warm.leaving
-        return self.pool.isolation == "process" and taken >= self.pool.max_workers
-
-    async def _storage(self, what: str, conversation_id: str) -> Head | None:
-        """Read the conversation's head under the storage deadline.
-
-        Raises:
-            StorageUnavailable: No answer within ``storage_timeout_s``; ``what`` names the call.
-        """
-        try:
-            return await self._bounded(self._aheads.get(conversation_id))
-        except TimeoutError as exc:
-            raise self._leases.timed_out(what) from exc
-
-    async def _bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
-        return await self._leases.bounded(call, timeout_s)
 
     async def aclose(self) -> None:
         """Check in warm sessions and those of finished turns still being checked in, finish giving back leases
@@ -334,7 +309,7 @@ class CodeTool:
             Conflict: Another turn moved the head meanwhile; this write was not saved.
             StorageError: The stores failed; the head did not move.
         """
-        return await put_file(self, conversation_id, path, data, turn_id=turn_id)
+        return await put_file(self._context, conversation_id, path, data, turn_id=turn_id)
 
     async def get_file(self, conversation_id: str, path: str) -> bytes:
         """Return a file of the conversation's workspace at its head (under the lease; the head does not move).
@@ -343,12 +318,12 @@ class CodeTool:
             WorkspacePathError: The path is malformed or goes through a symlink.
             WorkspaceError: No such file (or the conversation has no head yet).
         """
-        async with files_at_head(self, conversation_id) as session:
+        async with files_at_head(self._context, conversation_id) as session:
             return await session.read_file(path)
 
     async def list_files(self, conversation_id: str) -> list[FileInfo]:
         """Every file of the conversation's workspace at its head (under the lease; the head does not move)."""
-        async with files_at_head(self, conversation_id) as session:
+        async with files_at_head(self._context, conversation_id) as session:
             return await session.list_files()
 
     # ------------------------------------------------------------ history ops
@@ -366,22 +341,24 @@ class CodeTool:
         validate_conversation_id(conversation_id)
         if not isinstance(turns, int) or turns < 1:
             raise ConfigError(f"turns must be a positive integer, not {turns!r}")
-        async with self._leases.hold(conversation_id) as owner:
-            head = self._known(
-                conversation_id,
-                await self._storage(f"reading the head of conversation {conversation_id!r}", conversation_id),
-            )
+        async with self._leases.hold(conversation_id) as lease:
+            head = self._known(conversation_id, await self._context.read_head(conversation_id))
             if len(head.history) < turns:
                 raise ConfigError(
                     f"conversation {conversation_id!r} has {len(head.history)} earlier checkpoints in its history; "
                     f"it cannot go back {turns} turns"
                 )
             target = head.history[turns - 1]
-            rewind = self._aheads.compare_and_set(
-                conversation_id, head.version, target, history=head.history[turns:], owner=owner[0], release_lease=True
+            rewind = self._context.heads.compare_and_set(
+                conversation_id,
+                head.version,
+                target,
+                history=head.history[turns:],
+                owner=lease.owner,
+                release_lease=True,
             )
-            await self._write(f"rewinding conversation {conversation_id!r}", rewind)
-            owner.clear()
+            await self._context.write_head(f"rewinding conversation {conversation_id!r}", rewind)
+            lease.released_with_head()
             return target
 
     async def fork(self, conversation_id: str, new_conversation_id: str) -> bytes | None:
@@ -397,10 +374,9 @@ class CodeTool:
             Conflict: ``new_conversation_id`` already exists; nothing changed.
         """
         validate_conversation_id(new_conversation_id)
-        what = f"reading the head of conversation {conversation_id!r}"
-        head = self._known(conversation_id, await self._storage(what, validate_conversation_id(conversation_id)))
-        fork = self._aheads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
-        await self._write(f"creating conversation {new_conversation_id!r}", fork)
+        head = self._known(conversation_id, await self._context.read_head(validate_conversation_id(conversation_id)))
+        fork = self._context.heads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
+        await self._context.write_head(f"creating conversation {new_conversation_id!r}", fork)
         return head.checkpoint_id
 
     async def head(self, conversation_id: str) -> Head | None:
@@ -409,22 +385,7 @@ class CodeTool:
         Raises:
             StorageError: The head store failed or did not answer within ``storage_timeout_s``.
         """
-        what = f"reading the head of conversation {conversation_id!r}"
-        return await self._storage(what, validate_conversation_id(conversation_id))
-
-    async def _write(self, what: str, call: Awaitable[str]) -> str:
-        """Await a head write under the storage deadline.
-
-        Raises:
-            StorageUnavailable: No answer within ``storage_timeout_s``; the write may still land.
-        """
-        try:
-            return await self._bounded(call)
-        except TimeoutError as exc:
-            raise StorageUnavailable(
-                f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not "
-                "answer and the write may still land; read the head to see"
-            ) from exc
+        return await self._context.read_head(validate_conversation_id(conversation_id))
 
     @staticmethod
     def _known(conversation_id: str, head: Head | None) -> Head:

@@ -1,6 +1,6 @@
-"""One turn of `CodeTool`: head read, warm session or load, run, dump, head write (with read-back).
+"""One turn of `CodeTool`, a `Turn`: head read, warm session or load, run, dump, head write (with read-back).
 
-The tool holds the conversation's lease around `run_turn`; everything here runs under it.
+The tool holds the conversation's lease around `Turn.run`; everything here runs under it.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from snapcell.tool._answer import cut_answer, dropped_in_turn, lost_note, render
 from snapcell.tool._records import CANCELLED_NOTE, cancelled_notes, conversation_head, count_run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from snapcell.tool._context import TurnContext
+    from snapcell.tool._lease import Lease
+    from snapcell.tool._warm import WarmTurn
 
-__all__ = ["KEPT_ANSWER_CHARS", "STATE_GONE_NOTE", "commit_turn", "load_head", "run_turn"]
+__all__ = ["KEPT_ANSWER_CHARS", "STATE_GONE_NOTE", "Turn", "load_head"]
 
 STATE_GONE_NOTE = (
     "the earlier state of this conversation is gone (its checkpoint expired or was deleted); this code ran in a "
@@ -43,172 +43,212 @@ STATE_GONE_NOTE = (
 KEPT_ANSWER_CHARS = 8000
 
 
-async def run_turn(
-    tool: TurnContext,
-    conversation_id: str,
-    code: str,
-    setup: bool,
-    owner: list[str],
-    turn_id: str,
-    conversation: Conversation | None = None,
-) -> str:
-    read, head = tool._leases.head_read(owner[0])
-    if not read:
-        head = await tool._storage(f"reading the head of conversation {conversation_id!r}", conversation_id)
-    done = head.turn(turn_id) if head is not None else None
-    if done is not None:
-        if conversation is not None and head is not None and conversation.last_turn_id != turn_id:
-            # Committed by a writer that died before saving the conversation: adopt the turn's state, once.
-            if head.turns and head.turns[0].turn_id == turn_id and head.checkpoint_id is not None:
-                conversation.record_turn(head.checkpoint_id, turn_id)
-        return replayed(done)
-    notes: list[str] = cancelled_notes(head)
-    cancelled: BaseException | None = None
-    start = head if conversation is None else conversation_head(conversation)
-    at = start.checkpoint_id if start is not None else None
-    async with tool._warm.turn(conversation_id, at, tool._new_session, room_needed=tool._pool_full) as warm:
-        session = warm.session
+class Turn:
+    """One turn of a conversation, under its lease: what it carries from the head read to the head write.
+
+    `CodeTool.run_code` makes one per call, inside the conversation's lease, and awaits `run`.
+
+    Args:
+        context: The tool's settings and services.
+        lease: The conversation's lease, held for the whole turn.
+        turn_id: The turn's idempotency key, recorded in the head with its answer.
+        conversation: The application's `Conversation`, if given: the state starts from its checkpoints, and its
+            usage and new checkpoint are recorded in it.
+
+    Attributes:
+        conversation_id: The conversation (the lease's).
+        head: The conversation's head as read under the lease (None before its first turn): the head write expects
+            its version, and a turn ID it has committed is answered from it.
+        start: The state the turn starts from: the head, or the conversation's own checkpoints.
+        history: The checkpoints the next head keeps, newest first (known once the session is loaded).
+        notes: Notes for the model, at the end of the answer.
+    """
+
+    def __init__(
+        self, context: TurnContext, lease: Lease, turn_id: str, conversation: Conversation | None = None
+    ) -> None:
+        self.context = context
+        self.lease = lease
+        self.conversation_id = lease.conversation_id
+        self.turn_id = turn_id
+        self.conversation = conversation
+        self.head: Head | None = None
+        self.start: Head | None = None
+        self.history: tuple[bytes, ...] = ()
+        self.notes: list[str] = []
+
+    async def run(self, code: str, setup: bool) -> str:
+        """Run ``code`` as this turn and return the answer; see `CodeTool.run_code`.
+
+        A turn ID the head has committed returns the committed answer, and the code does not run again.
+        """
+        read, self.head = self.lease.head_read()
+        if not read:
+            self.head = await self.context.read_head(self.conversation_id)
+        done = self.head.turn(self.turn_id) if self.head is not None else None
+        if done is not None:
+            return self._replayed(done)
+        self.notes = cancelled_notes(self.head)
+        self.start = self.head if self.conversation is None else conversation_head(self.conversation)
+        at = self.start.checkpoint_id if self.start is not None else None
+        cancelled: BaseException | None = None
+        context = self.context
+        async with context.warm.turn(
+            self.conversation_id, at, context.new_session, room_needed=context.pool_full
+        ) as warm:
+            session = warm.session
+            await self._load(warm)
+            dropped_before = frozenset(d.name for d in session.manifest.dropped) if session.manifest else frozenset()
+            try:
+                # The answer of the turn whose dump dropped a variable named it; the run would name it again.
+                # The dump always follows a run that ends: asked for with it, it costs no round trip of its own.
+                run = await session.run(code, external_lookup=context.tools, setup=setup, then_dump=True)
+                result = without_dropped_notes(run)
+            except RunCancelled as exc:
+                result, cancelled = without_dropped_notes(exc.result), exc
+                if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
+                    self._count(result)
+                    raise
+                self.notes.append(CANCELLED_NOTE + (", ".join(result.assigned) or "none") + ")")
+            except WorkerLost as exc:
+                self._count(exc.result if isinstance(exc.result, RunResult) else RunResult(status="lost"))
+                return self._lost(exc)
+            # The state is saved even when the turn is being cancelled: shielded, and awaited to its end.
+            save = asyncio.ensure_future(self._save(warm, result, dropped_before))
+            try:
+                answer = await asyncio.shield(save)
+            except asyncio.CancelledError as exc:
+                cancelled = cancelled or exc
+                answer = await save
+        if cancelled is not None:
+            raise cancelled
+        return answer
+
+    async def _load(self, warm: WarmTurn) -> None:
+        """Bring the turn's session to its start, and learn the history the next head keeps."""
+        start = self.start
         # A warm session holds exactly the checkpoint this turn starts from: nothing to load.
-        if warm.reused and start is not None and at is not None:
-            history: tuple[bytes, ...] = (at, *start.history)
+        if warm.reused and start is not None and start.checkpoint_id is not None:
+            self.history = (start.checkpoint_id, *start.history)
         else:
-            history = await load_head(tool, session, start, notes)
-        dropped_before = frozenset(d.name for d in session.manifest.dropped) if session.manifest else frozenset()
+            self.history = await load_head(self.context, warm.session, start, self.notes)
+
+    def _replayed(self, done: TurnRecord) -> str:
+        """The answer of a turn ID the head has committed, recording its state in the conversation if it missed it."""
+        conversation, head = self.conversation, self.head
+        if conversation is not None and head is not None and conversation.last_turn_id != self.turn_id:
+            # Committed by a writer that died before saving the conversation: adopt the turn's state, once.
+            if head.turns and head.turns[0].turn_id == self.turn_id and head.checkpoint_id is not None:
+                conversation.record_turn(head.checkpoint_id, self.turn_id)
+        return replayed(done)
+
+    def _count(self, result: RunResult, *, bytes_stored: int = 0) -> None:
+        """Add a run to the conversation's usage, if the turn has a conversation."""
+        if self.conversation is not None:
+            count_run(self.conversation, result, bytes_stored=bytes_stored)
+
+    def _lost(self, exc: WorkerLost) -> str:
+        """The answer of a turn whose worker was lost: the head does not move."""
+        self.notes.append(lost_note(exc))
+        return render_answer(RunResult(status="lost"), self.notes, max_chars=self.context.max_answer_chars)
+
+    async def _save(self, warm: WarmTurn, result: RunResult, dropped_before: frozenset[str]) -> str:
+        """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
+        session = warm.session
         try:
-            # The answer of the turn whose dump dropped a variable named it; the run would name it again.
-            # The dump always follows a run that ends: asked for with it, it costs no round trip of its own.
-            run = await session.run(code, external_lookup=tool.tools, setup=setup, then_dump=True)
-            result = without_dropped_notes(run)
-        except RunCancelled as exc:
-            result, cancelled = without_dropped_notes(exc.result), exc
-            if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
-                if conversation is not None:
-                    count_run(conversation, result)
-                raise
-            notes.append(CANCELLED_NOTE + (", ".join(result.assigned) or "none") + ")")
+            new_id = await session.dump()
+            warm.dumped(new_id, result.memory_bytes)
+            dropped = dropped_in_turn(session.manifest, dropped_before, result)
+            if dropped is not None:
+                self.notes.append(dropped)  # this turn's answer says what was not saved
+        except WorkspaceQuotaExceeded as exc:
+            self.notes.append(f"{exc}; this call was not saved: the next call starts from the state before it")
+            self._count(result)
+            return render_answer(result, self.notes, max_chars=self.context.max_answer_chars)
         except WorkerLost as exc:
-            if conversation is not None:
-                count_run(conversation, exc.result if isinstance(exc.result, RunResult) else RunResult(status="lost"))
-            return lost_answer(tool, exc, notes)
-        # The state is saved even when the turn is being cancelled: shielded, and awaited to its end.
-        save = asyncio.ensure_future(
-            save_turn(
-                tool,
-                session,
-                conversation_id,
-                head,
-                history,
-                result,
-                notes,
-                owner,
-                turn_id,
-                conversation,
-                dropped_before=dropped_before,
-                on_dumped=lambda new_id: warm.dumped(new_id, result.memory_bytes),
-            )
+            self._count(dataclasses.replace(result, status="lost"))
+            return self._lost(exc)
+        self._count(result, bytes_stored=session.bytes_stored)
+        answer = await self._commit(new_id, result)
+        if self.conversation is not None:
+            self.conversation.record_turn(new_id, self.turn_id)
+        return answer
+
+    async def _commit(self, new_id: bytes, result: RunResult) -> str:
+        """Move the head to ``new_id`` with the turn's record, giving the lease back with it; the turn's answer.
+
+        Raises:
+            Conflict: Another turn moved the head (read back: this turn's write did not land).
+            StorageError: The write failed and the head read back does not show it.
+            TurnOutcomeUnknown: The write or the read-back did not finish: the turn may be saved or not.
+        """
+        context, lease, turn_id = self.context, self.lease, self.turn_id
+        answer = render_answer(result, self.notes, max_chars=context.max_answer_chars)
+        record = TurnRecord(
+            turn_id, answer if len(answer) <= KEPT_ANSWER_CHARS else cut_answer(answer, KEPT_ANSWER_CHARS)
+        )
+        write = context.heads.compare_and_set(
+            self.conversation_id,
+            self.head.version if self.head is not None else None,
+            new_id,
+            history=self.history,
+            owner=lease.owner,
+            release_lease=True,
+            turn=record,
         )
         try:
-            answer = await asyncio.shield(save)
-        except asyncio.CancelledError as exc:
-            cancelled = cancelled or exc
-            answer = await save
-    if cancelled is not None:
-        raise cancelled
-    return answer
+            await context.bounded(write)
+        except (TimeoutError, Conflict, StorageError) as exc:
+            # The write may have landed although it reported a failure (a reply lost on the way back, a retried
+            # request on S3): read the head back before saying anything about it.
+            current = await self._read_back(exc)
+            if current is None or (current.turn(turn_id) is None and current.checkpoint_id != new_id):
+                if isinstance(exc, TimeoutError):
+                    raise TurnOutcomeUnknown(
+                        f"saving turn {turn_id!r} of conversation {self.conversation_id!r} did not finish within "
+                        f"{context.storage_timeout_s:g} s (storage_timeout_s) and the head does not show it yet; it "
+                        f"may still land: run the turn again with turn_id={turn_id!r} (it will not run twice)",
+                        conversation_id=self.conversation_id,
+                        turn_id=turn_id,
+                    ) from exc
+                raise
+            if current.lease_owner != lease.owner:
+                lease.released_with_head()
+            committed = current.turn(turn_id)
+            return committed.answer if committed is not None and committed.answer is not None else answer
+        lease.released_with_head()
+        return answer
+
+    async def _read_back(self, error: BaseException) -> Head | None:
+        """Read the head after a failed write, retrying within one storage deadline.
+
+        Raises:
+            TurnOutcomeUnknown: The head could not be read.
+        """
+        context, conversation_id, turn_id = self.context, self.conversation_id, self.turn_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (context.storage_timeout_s or 10.0)
+        delay = 0.05
+        while True:
+            try:
+                return await context.bounded(context.heads.get(conversation_id), max(deadline - loop.time(), 0.01))
+            except (TimeoutError, StorageError) as exc:
+                if loop.time() + delay >= deadline:
+                    why = str(error) or f"no answer within {context.storage_timeout_s:g} s"
+                    raise TurnOutcomeUnknown(
+                        f"saving turn {turn_id!r} of conversation {conversation_id!r} failed ({why}) and reading "
+                        f"the head back failed too ({exc or 'no answer'}): the turn may or may not be saved; run it "
+                        f"again with turn_id={turn_id!r}: if it was saved you get its answer and it does not run twice",
+                        conversation_id=conversation_id,
+                        turn_id=turn_id,
+                    ) from error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
 
-def lost_answer(tool: TurnContext, exc: WorkerLost, notes: list[str]) -> str:
-    notes.append(lost_note(exc))
-    return render_answer(RunResult(status="lost"), notes, max_chars=tool.max_answer_chars)
-
-
-async def save_turn(
-    tool: TurnContext,
-    session: AsyncSession,
-    conversation_id: str,
-    head: Head | None,
-    history: tuple[bytes, ...],
-    result: RunResult,
-    notes: list[str],
-    owner: list[str],
-    turn_id: str,
-    conversation: Conversation | None,
-    *,
-    dropped_before: frozenset[str] = frozenset(),
-    on_dumped: Callable[[bytes], None] | None = None,
-) -> str:
-    """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
-    try:
-        new_id = await session.dump()
-        if on_dumped is not None:
-            on_dumped(new_id)
-        dropped = dropped_in_turn(session.manifest, dropped_before, result)
-        if dropped is not None:
-            notes.append(dropped)  # this turn's answer says what was not saved
-    except WorkspaceQuotaExceeded as exc:
-        notes.append(f"{exc}; this call was not saved: the next call starts from the state before it")
-        if conversation is not None:
-            count_run(conversation, result)
-        return render_answer(result, notes, max_chars=tool.max_answer_chars)
-    except WorkerLost as exc:
-        if conversation is not None:
-            count_run(conversation, dataclasses.replace(result, status="lost"))
-        return lost_answer(tool, exc, notes)
-    if conversation is not None:
-        count_run(conversation, result, bytes_stored=session.bytes_stored)
-    answer = await commit_turn(tool, conversation_id, head, history, new_id, result, notes, owner, turn_id)
-    if conversation is not None:
-        conversation.record_turn(new_id, turn_id)
-    return answer
-
-
-async def commit_turn(
-    tool: TurnContext,
-    conversation_id: str,
-    head: Head | None,
-    history: tuple[bytes, ...],
-    new_id: bytes,
-    result: RunResult,
-    notes: list[str],
-    owner: list[str],
-    turn_id: str,
-) -> str:
-    answer = render_answer(result, notes, max_chars=tool.max_answer_chars)
-    turn = TurnRecord(turn_id, answer if len(answer) <= KEPT_ANSWER_CHARS else cut_answer(answer, KEPT_ANSWER_CHARS))
-    write = tool._aheads.compare_and_set(
-        conversation_id,
-        head.version if head is not None else None,
-        new_id,
-        history=history,
-        owner=owner[0],
-        release_lease=True,
-        turn=turn,
-    )
-    try:
-        await tool._bounded(write)
-    except (TimeoutError, Conflict, StorageError) as exc:
-        # The write may have landed although it reported a failure (a reply lost on the way back, a retried
-        # request on S3): read the head back before saying anything about it.
-        current = await read_back(tool, conversation_id, turn_id, exc)
-        if current is None or (current.turn(turn_id) is None and current.checkpoint_id != new_id):
-            if isinstance(exc, TimeoutError):
-                raise TurnOutcomeUnknown(
-                    f"saving turn {turn_id!r} of conversation {conversation_id!r} did not finish within "
-                    f"{tool.storage_timeout_s:g} s (storage_timeout_s) and the head does not show it yet; it may "
-                    f"still land: run the turn again with turn_id={turn_id!r} (it will not run twice)",
-                    conversation_id=conversation_id,
-                    turn_id=turn_id,
-                ) from exc
-            raise
-        if current.lease_owner != owner[0]:
-            owner.clear()  # the head update released it
-        committed = current.turn(turn_id)
-        return committed.answer if committed is not None and committed.answer is not None else answer
-    owner.clear()  # released with the head
-    return answer
-
-
-async def load_head(tool: TurnContext, session: AsyncSession, head: Head | None, notes: list[str]) -> tuple[bytes, ...]:
+async def load_head(
+    context: TurnContext, session: AsyncSession, head: Head | None, notes: list[str]
+) -> tuple[bytes, ...]:
     """Load the newest checkpoint of the head that still exists; return the history the next head keeps.
 
     A checkpoint that expired or was deleted is skipped for the next one in the history, and the note says what
@@ -230,15 +270,15 @@ async def load_head(tool: TurnContext, session: AsyncSession, head: Head | None,
             lost.append("deleted")
         else:
             if lost:
-                notes.append(fallback_note(tool, lost, checkpoint_id))
+                notes.append(fallback_note(context, lost, checkpoint_id))
             return candidates
     notes.append(STATE_GONE_NOTE)
     return candidates
 
 
-def fallback_note(tool: TurnContext, lost: list[str], loaded: bytes) -> str:
+def fallback_note(context: TurnContext, lost: list[str], loaded: bytes) -> str:
     try:
-        saved = datetime.fromtimestamp(tool.pool.keyring.parse_id(loaded).created_at, UTC)
+        saved = datetime.fromtimestamp(context.pool.keyring.parse_id(loaded).created_at, UTC)
         when = f" (saved {saved:%Y-%m-%d %H:%M} UTC)"
     except SnapcellError:
         when = ""
@@ -249,29 +289,3 @@ def fallback_note(tool: TurnContext, lost: list[str], loaded: bytes) -> str:
         f"state saved before {'it' if len(lost) == 1 else 'them'}{when}, so variables, functions and imports from "
         f"the last {turns} must be recreated"
     )
-
-
-async def read_back(tool: TurnContext, conversation_id: str, turn_id: str, error: BaseException) -> Head | None:
-    """Read the head after a failed write, retrying within one storage deadline.
-
-    Raises:
-        TurnOutcomeUnknown: The head could not be read.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + (tool.storage_timeout_s or 10.0)
-    delay = 0.05
-    while True:
-        try:
-            return await tool._bounded(tool._aheads.get(conversation_id), max(deadline - loop.time(), 0.01))
-        except (TimeoutError, StorageError) as exc:
-            if loop.time() + delay >= deadline:
-                why = str(error) or f"no answer within {tool.storage_timeout_s:g} s"
-                raise TurnOutcomeUnknown(
-                    f"saving turn {turn_id!r} of conversation {conversation_id!r} failed ({why}) and reading the "
-                    f"head back failed too ({exc or 'no answer'}): the turn may or may not be saved; run it again "
-                    f"with turn_id={turn_id!r}: if it was saved you get its answer and it does not run twice",
-                    conversation_id=conversation_id,
-                    turn_id=turn_id,
-                ) from error
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
