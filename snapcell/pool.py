@@ -91,8 +91,10 @@ class AsyncPool:
         min_warm_workers: Worker processes kept started ahead of time, so a checkout skips the start-up.
         max_workers: Worker processes alive at once (default: the CPU count); a checkout waits for a free one.
         max_queued_checkouts: Checkouts that may wait for a free worker, served first come, first served
-            (default: 4 per worker). One more is refused at once with `Overloaded`, so an overloaded
-            application can back off instead of piling up turns that would time out (process mode).
+            (default: 64 per worker, so a burst of conversations waits its turn rather than fails). One more is
+            refused at once with `Overloaded`, so an overloaded application can back off instead of piling up
+            turns that would time out (process mode). Size it to the burst you expect beyond ``max_workers``;
+            `checkout_timeout_s` bounds how long each waits.
         checkout_timeout_s: Seconds a checkout waits in the queue for a free worker before `Overloaded`.
         recycle_after: Checkouts a worker serves before it is replaced (default 1: a fresh interpreter per
             session). Higher values skip the start-up of a new worker for later sessions with the same policy

@@ -179,3 +179,21 @@ def test_overload_completes_or_refuses_every_turn_and_loses_none() -> None:
     assert outcomes[6:] == [["overloaded"] * TURNS] * (CONVERSATIONS - 6)
     # No admitted turn was lost: each conversation's counter is the number of turns it completed.
     assert counters == [TURNS] * 6 + [0] * (CONVERSATIONS - 6)
+
+
+def test_by_default_a_burst_of_conversations_waits_its_turn_instead_of_being_refused() -> None:
+    """Twenty conversations at once on two workers: a server wants them queued (bounded by the checkout wait)."""
+
+    async def scenario() -> list[object]:
+        async with AsyncPool("memory://", max_workers=2) as pool:
+
+            async def turn(index: int) -> object:
+                try:
+                    async with pool.checkout() as session:
+                        return await session.feed_run(f"{index} * 2")
+                except Overloaded as exc:
+                    return exc
+
+            return list(await asyncio.gather(*(turn(i) for i in range(20))))
+
+    assert asyncio.run(scenario()) == [i * 2 for i in range(20)]

@@ -29,8 +29,10 @@ from snapcell.wire import HEAVY_MODULES, preload_modules
 
 __all__ = ["CheckoutQueue", "WorkerPool"]
 
-# Checkouts that may wait per worker when the pool is not told otherwise.
-QUEUED_PER_WORKER = 4
+# Checkouts that may wait per worker when the pool is not told otherwise. A waiting checkout costs the host a
+# future, and a server would rather serve a burst a little late than refuse it: the wait is bounded by
+# `checkout_timeout_s` instead. 64 a worker keeps a runaway client from queueing without end.
+QUEUED_PER_WORKER = 64
 
 
 class _SharedZygote:
