@@ -91,12 +91,30 @@ class TailBuffer(io.TextIOBase):
                 self.dropped_bytes += excess
 
     def getvalue(self) -> str:
-        """The kept text, preceded by a line saying how much was dropped."""
+        """The kept text, preceded by a line saying how much was dropped: ``limit`` characters at most, in all.
+
+        The line takes its room from the oldest kept text, so the cap holds for what the caller receives.
+        """
         self._trim()
         text = "".join(self._chunks)
-        if self.dropped_bytes:
-            return f"[... {self.dropped_bytes} earlier characters of output were dropped ...]\n{text}"
-        return text
+        if not self.dropped_bytes or self._limit is None:
+            return text
+        limit = self._limit
+        dropped, cut = self.dropped_bytes, 0
+        for _ in range(3):  # the note's length depends on the count it states: settle both (twice is enough)
+            cut = max(len(text) - (limit - len(_dropped_note(dropped, limit))), 0)
+            if self.dropped_bytes + cut == dropped:
+                break
+            dropped = self.dropped_bytes + cut
+        return _dropped_note(dropped, limit) + text[cut:]
+
+
+def _dropped_note(count: int, limit: int) -> str:
+    """The line saying ``count`` characters were dropped, short or none when it would take over half the cap."""
+    for note in (f"[... {count} earlier characters of output were dropped ...]\n", f"[... {count} dropped ...]\n"):
+        if len(note) <= limit // 2:
+            return note
+    return ""
 
 
 _targets: ContextVar[tuple[TailBuffer, TailBuffer] | None] = ContextVar("snapcell_capture", default=None)

@@ -59,7 +59,7 @@ def cut_answer(text: str, max_chars: int) -> str:
 
 # Markers of the cuts made before the answer is put together: the output's (`TailBuffer`), a value's (`_render`).
 _EARLIER_CUT = re.compile(
-    r"\[\.\.\. (\d+) earlier characters of output were dropped \.\.\.\]\n|\.\.\.\[(\d+) characters cut\]\.\.\."
+    r"\[\.\.\. (\d+) (?:earlier characters of output were )?dropped \.\.\.\]\n|\.\.\.\[(\d+) characters cut\]\.\.\."
 )
 
 
