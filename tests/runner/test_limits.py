@@ -50,10 +50,9 @@ def test_many_short_runs_do_not_leak_deadlines(run):
 def test_output_cap_keeps_the_tail_and_says_what_was_dropped(run):
     result = run("for i in range(100):\n    print(f'line {i}')", limits=Limits(max_output_bytes=50))
     assert result.stdout.startswith("[... ")
-    assert "earlier characters of output were dropped" in result.stdout
+    assert "dropped ...]" in result.stdout  # a short note: the long one would not fit in half of a 50-character cap
     assert result.stdout.endswith("line 99\n")
-    kept = result.stdout.split("\n", 1)[1]
-    assert len(kept) == 50
+    assert len(result.stdout) == 50  # the note is inside the cap
 
 
 def test_stderr_is_capped_too(run):
