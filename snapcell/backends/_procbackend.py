@@ -27,6 +27,7 @@ from snapcell.errors import (
     SnapcellError,
     TimeLimitExceeded,
     WorkerLost,
+    WorkspacePathError,
 )
 from snapcell.interpreter import Artifact, HostCall, RunResult
 from snapcell.limits import Limits
@@ -267,7 +268,13 @@ class ProcessBackend:
                 or item[1] < 0
             ):
                 raise await self._malformed("ws_list", MalformedMessage("a listing entry is not [path, size]"))
-            out.append((item[0], item[1]))
+            try:
+                path = check_path(item[0])
+            except WorkspacePathError:
+                raise await self._malformed("ws_list", MalformedMessage("a listing names a malformed path")) from None
+            if path != item[0]:
+                raise await self._malformed("ws_list", MalformedMessage("a listing names a path not in normal form"))
+            out.append((path, item[1]))
         return out
 
     async def dump(self, request: DumpRequest) -> Dumped:

@@ -100,7 +100,8 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
         if isinstance(result.error, TimeLimitExceeded):  # the error says it already
             run_notes = tuple(note for note in run_notes if not note.startswith("stopped after "))
     if result.files:
-        shown = ", ".join(f"{f.path} ({f.media_type}, {f.size_bytes:,} bytes)" for f in result.files[:20])
+        # Paths are checked on the host already (no control characters); escaping what is shown is the last line.
+        shown = ", ".join(f"{_inert(f.path)} ({f.media_type}, {f.size_bytes:,} bytes)" for f in result.files[:20])
         more = f" and {len(result.files) - 20} more" if len(result.files) > 20 else ""
         parts.append(f"[files] {shown}{more}")
     parts.extend(f"[note] {note}" for note in (*notes, *run_notes))
@@ -108,6 +109,11 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
     if memory:
         parts.append(f"[note] {memory}")
     return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
+
+
+def _inert(text: str) -> str:
+    """``text`` with every character that is not printable escaped (``\\n``, ``\\x1b``): it cannot start a line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _failed_host_call(result: RunResult) -> HostCall | None:

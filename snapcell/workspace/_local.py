@@ -87,7 +87,11 @@ class Workspace:
     # ------------------------------------------------------------ walking
 
     def _walk(self, top: str = "") -> Iterator[tuple[str, os.stat_result | None]]:
-        """Yield (path, stat) of regular files, and (path, None) of anything else that is not a directory."""
+        """Yield (path, stat) of regular files, and (path, None) of anything else that is not a directory.
+
+        A file whose path the path rule refuses (`check_path`: a control character in its name) counts as
+        "anything else": it is not saved, listed or returned as an artifact, and a dump names it as skipped.
+        """
         base = os.path.join(self.root, top) if top else self.root
         try:
             walker = os.fwalk(base, follow_symlinks=False)
@@ -103,7 +107,7 @@ class Workspace:
                         info = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    yield prefix + name, info if stat.S_ISREG(info.st_mode) else None
+                    yield prefix + name, info if stat.S_ISREG(info.st_mode) and _readable(prefix + name) else None
         except FileNotFoundError:
             return
 
@@ -412,6 +416,14 @@ class Workspace:
                 parts.append(data)
                 left -= len(data)
         return found, parts
+
+
+def _readable(path: str) -> bool:
+    try:
+        check_path(path)
+    except WorkspacePathError:
+        return False
+    return True
 
 
 def attach_snapshot(dumped: Dumped, snap: Snapshot) -> Dumped:

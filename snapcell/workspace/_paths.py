@@ -1,8 +1,10 @@
 """Workspace paths: one rule for what a path may be, applied by the host and by the worker alike.
 
 A workspace path is relative, POSIX, made of non-empty components other than ``.`` and ``..``, without NUL,
-at most 1024 characters and 64 components, each at most 255 bytes. ``a//b`` and ``./a`` are normalized to
-``a/b`` and ``a``; the checkpoint stores only normalized paths.
+at most 1024 characters and 64 components, each at most 255 bytes. It holds no control character, line or
+paragraph separator or bidirectional override: a path is shown to people and models (an artifact's name in an
+answer, a file listing), and such characters would let a file's name forge lines or reorder what is shown.
+``a//b`` and ``./a`` are normalized to ``a/b`` and ``a``; the checkpoint stores only normalized paths.
 """
 
 from __future__ import annotations
@@ -103,6 +105,13 @@ def check_path(path: object, *, mounts: Collection[str] = (), writing: bool = Fa
             f"workspace path {shown!r} is absolute; give a path relative to the workspace, such as 'data.csv'",
             path=shown,
         )
+    unreadable = _unreadable().search(text)
+    if unreadable is not None:
+        raise WorkspacePathError(
+            f"workspace path {shown!r} holds the character {unreadable.group()!r} (U+{ord(unreadable.group()):04X}): "
+            "control characters, line separators and direction overrides are not allowed in file names",
+            path=shown,
+        )
     parts = [part for part in text.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise WorkspacePathError(f"workspace path {shown!r} climbs out of the workspace with '..'", path=shown)
@@ -113,6 +122,13 @@ def check_path(path: object, *, mounts: Collection[str] = (), writing: bool = Fa
             f"workspace path {shown!r} is inside the read-only mount {parts[0]!r}; write elsewhere", path=shown
         )
     return "/".join(parts)
+
+
+@functools.cache
+def _unreadable() -> re.Pattern[str]:
+    """Characters a path shown to a reader may not hold (C0 and C1 controls, DEL, line and paragraph separators,
+    bidirectional embeddings, overrides and isolates); compiled on first use."""
+    return re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 @functools.cache
