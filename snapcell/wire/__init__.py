@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         value_items,
     )
     from snapcell.wire._plain import JSON_SCALARS
-    from snapcell.wire._values import ScriptValue, to_value
+    from snapcell.wire._values import MAX_FRAME_COLUMNS, ScriptValue, to_value
     from snapcell.wire._wire import (
         FRAME,
         MalformedMessage,
@@ -70,6 +70,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "snapcell.wire._plain": ("JSON_SCALARS",),
     "snapcell.wire._values": (
+        "MAX_FRAME_COLUMNS",
         "ScriptValue",
         "to_value",
     ),
@@ -104,6 +105,7 @@ __all__ = [
     "MAX_CHECKPOINT_REPLY_BYTES",
     "MAX_DECLARATIONS_CHARS",
     "MAX_DUMP_BLOBS",
+    "MAX_FRAME_COLUMNS",
     "MAX_LIST_FILES",
     "MAX_MANIFEST_ITEMS",
     "MAX_MESSAGE_BYTES",

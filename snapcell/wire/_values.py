@@ -33,12 +33,15 @@ if TYPE_CHECKING:
 else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
     from snapcell._support import dataclass
 
-__all__ = ["VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
+__all__ = ["MAX_FRAME_COLUMNS", "VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
 
 MAX_DEPTH = 32
 _MAX_INT_BITS = 13_000
 _REPR_CHARS = 2000
 _MAX_NDIM = 32
+# A frame of more columns crosses as its repr (`ScriptValue`): the host builds each column as a block of its own,
+# so a forged value of 40,000 one-row columns, a megabyte, cost it seconds to rebuild. The host refuses more.
+MAX_FRAME_COLUMNS = 1000
 # Set members or dict keys sharing one hash: each insertion compares with every earlier one, so a worker that
 # sends many colliding ints (multiples of 2**61 - 1 all hash to 0) would make the host do quadratic work.
 _MAX_SAME_HASH = 64
@@ -274,7 +277,7 @@ def _plain_label(label: Any, convert: Any, depth: int) -> Any:
 
 
 def _frame(numpy: Any, pandas: Any, frame: Any, convert: Any, depth: int) -> Any:
-    if isinstance(frame.columns, pandas.MultiIndex):
+    if isinstance(frame.columns, pandas.MultiIndex) or frame.shape[1] > MAX_FRAME_COLUMNS:
         return None
     index = _index(numpy, pandas, frame.index, convert, depth)
     if index is None:
@@ -403,6 +406,8 @@ def _build_frame(value: Any) -> Any:
     names, columns, text = _list(names, "column names"), _list(columns, "columns"), _text(text, "a repr")
     if len(names) != len(columns):
         raise ValueError("a $df tag has as many names as columns")
+    if len(columns) > MAX_FRAME_COLUMNS:
+        raise ValueError(f"a $df tag holds more than {MAX_FRAME_COLUMNS} columns")
     pandas, numpy = _has("pandas"), _has("numpy")
     if pandas is None or numpy is None:
         return ScriptValue("pandas.DataFrame", _cut(text))
