@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 from snapcell._support import ago, duration
-from snapcell.backends import Backend, DumpRequest
+from snapcell.backends import Backend, DumpRequest, LoadRequest, RunRequest
 from snapcell.checkpoint import (
     MAX_MANIFEST_BYTES,
     AnyOf,
@@ -219,7 +219,7 @@ class AsyncSession:
         refs = container.manifest.blobs
         # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
         blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
-        self.manifest = await self._backend.load(body, blobs, manifest=container.manifest)
+        self.manifest = await self._backend.load(LoadRequest(body=body, blobs=blobs, manifest=container.manifest))
         if key_index != 0:
             self._frames = set()
         else:
@@ -322,9 +322,10 @@ class AsyncSession:
             restarted, self._restarted = self._restarted, False
             try:
                 dump = self._dump_request(self._clock(), "skip") if then_dump else None
-                result = await self._backend.run(
-                    code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, report=report
+                request = RunRequest(
+                    code=code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, report=report
                 )
+                result = await self._backend.run(request)
             except WorkerLost as exc:
                 exc.result = RunResult(
                     status="lost", duration_s=time.perf_counter() - started, restarted=restarted, error=None
