@@ -418,8 +418,9 @@ def _lost(exc: _Died, op: Any, timeout_s: float | None, limit_name: str) -> Work
 def _body_manifest(body: memoryview) -> Manifest:
     """The manifest of a dumped body, its items counted before it is parsed (the reply carries no copy of it).
 
-    Taken from the body the host signs, so the host's view of the checkpoint is the stored one; `AsyncSession`
-    passes it on to the body's full parse, which does not parse it again.
+    Reply framing: a reply that fails here never becomes a `Dumped`. Taken from the body the host signs, so the
+    host's view of the checkpoint is the stored one; the session's checks of the dump (`Verifier.check_dump`) take
+    it for the body's full parse, which does not parse it again.
 
     Raises:
         MalformedMessage: The body's manifest cannot be read, or holds more than `MAX_MANIFEST_ITEMS` items.
