@@ -19,7 +19,7 @@ from snapcell.errors import ConfigError, SessionError
 from snapcell.limits import Limits
 from snapcell.policy import Policy, with_file_access
 from snapcell.sandbox import reclaim_scratch_dirs
-from snapcell.session import DEFAULT_MAX_CLOCK_SKEW_S, AsyncSession, Session
+from snapcell.session import DEFAULT_MAX_CLOCK_SKEW_S, AsyncSession, Session, SessionConfig, Verifier
 from snapcell.storage import DEFAULT_TTL_S, AsyncStore, LocalStore, MemoryStore, Store, open_store
 from snapcell.typecheck import TypeChecker
 from snapcell.workspace import check_mounts
@@ -177,6 +177,15 @@ class AsyncPool:
         self.recycle_after = recycle_after
         self._workers: WorkerPool | None = None
         self._async_store = AsyncStore(self.store)
+        # What every session of this pool shares, built once.
+        self._session_config = SessionConfig(
+            store=self._async_store,
+            keyring=self.keyring,
+            ttl_s=self.ttl_s,
+            clock=self.clock,
+            compression_level=self.compression_level,
+            max_clock_skew_s=self.max_clock_skew_s,
+        )
         self._closed = False
         self._sessions: set[AsyncSession] = set()
 
@@ -300,19 +309,14 @@ class AsyncPool:
         checker: TypeChecker | None,
         mounts: dict[str, str],
     ) -> AsyncIterator[AsyncSession]:
-        session = AsyncSession(
-            backend=backend,
-            store=self._async_store,
-            keyring=self.keyring,
-            ttl_s=self.ttl_s,
-            clock=self.clock,
-            max_clock_skew_s=self.max_clock_skew_s,
-            compression_level=self.compression_level,
-            limits=limits,
-            checker=checker,
+        verifier = Verifier(
             policy=with_file_access(policy) if self.isolation == "process" else policy,
+            limits=limits,
             mounts=mounts,
-            passed_frames=self._passed_frames,
+            passed=self._passed_frames,
+        )
+        session = AsyncSession(
+            backend=backend, config=self._session_config, limits=limits, verifier=verifier, checker=checker
         )
         self._sessions.add(session)
         try:

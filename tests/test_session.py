@@ -523,16 +523,16 @@ def test_the_host_scans_a_small_dump_on_its_loop_and_a_large_one_in_a_thread(
     The large case is a few compressed bytes that declare 400 kB of pickle: its size on the wire alone would keep
     it on the loop.
     """
-    from snapcell.session import AsyncSession
+    from snapcell.session import Verifier
 
     threads: list[bool] = []
-    original = AsyncSession._check
+    original = Verifier._check
 
-    def recorded(self: AsyncSession, *args: Any) -> Any:
+    def recorded(self: Verifier, *args: Any) -> Any:
         threads.append(asyncio._get_running_loop() is not None)  # on the event loop, or in a worker thread
         return original(self, *args)
 
-    monkeypatch.setattr(AsyncSession, "_check", recorded)
+    monkeypatch.setattr(Verifier, "_check", recorded)
     with Pool("memory://", signing_keys=[KEY_A], isolation="inline") as pool, pool.checkout() as session:
         session.run("small = [1, 2, 3]")
         small_id = session.dump()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.backends._backend import Backend, DumpRequest, InlineBackend
+    from snapcell.backends._backend import Backend, DumpRequest, InlineBackend, LoadRequest, RunRequest
     from snapcell.backends._procbackend import ProcessBackend
     from snapcell.backends._workerpool import WorkerPool
 
@@ -20,6 +20,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Backend",
         "DumpRequest",
         "InlineBackend",
+        "LoadRequest",
+        "RunRequest",
     ),
     "snapcell.backends._procbackend": ("ProcessBackend",),
     "snapcell.backends._workerpool": ("WorkerPool",),
@@ -29,7 +31,9 @@ __all__ = [
     "Backend",
     "DumpRequest",
     "InlineBackend",
+    "LoadRequest",
     "ProcessBackend",
+    "RunRequest",
     "WorkerPool",
 ]
 

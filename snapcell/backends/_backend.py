@@ -14,7 +14,7 @@ from snapcell.limits import Limits
 from snapcell.policy import Policy
 from snapcell.typecheck import declarations_from_namespace
 
-__all__ = ["Backend", "DumpRequest", "InlineBackend"]
+__all__ = ["Backend", "DumpRequest", "InlineBackend", "LoadRequest", "RunRequest"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,27 +37,52 @@ class DumpRequest:
     passed_frames: Collection[str] = ()
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunRequest:
+    """What `Backend.run` takes: one cell, and how to run it.
+
+    Attributes:
+        code: The script.
+        lookup: Host functions by name (sync or async), callable from the script during this run.
+        setup: A setup cell (imports, data loading), run again after a restart.
+        limits: The limits this run runs under.
+        then_dump: A dump the backend may do right after the run, in the same request (see `Backend.run`).
+        report: False when the caller reads only the result's value and error (`feed_run`): ``cpu_time_s``,
+            ``peak_memory_bytes``, ``memory_bytes``, ``namespace_summary`` and ``files`` may then be left unset
+            rather than measured.
+    """
+
+    code: str
+    lookup: Mapping[str, Callable[..., Any]]
+    setup: bool
+    limits: Limits
+    then_dump: DumpRequest | None = None
+    report: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LoadRequest:
+    """What `Backend.load` takes: a checkpoint the host verified.
+
+    Attributes:
+        body: The verified checkpoint body.
+        blobs: Its blobs as the store holds them, by hash hex (the runner checks each one's hash before use).
+        manifest: The host's own parse of ``body``'s manifest; `Backend.load` returns it.
+    """
+
+    body: bytes | bytearray | memoryview
+    blobs: Mapping[str, bytes]
+    manifest: Manifest
+
+
 class Backend(Protocol):
     """A session's runner, in this process or in a worker; every method is a request to it."""
 
-    async def run(
-        self,
-        code: str,
-        *,
-        lookup: Mapping[str, Callable[..., Any]],
-        setup: bool,
-        limits: Limits,
-        then_dump: DumpRequest | None = None,
-        report: bool = True,
-    ) -> RunResult:
+    async def run(self, request: RunRequest) -> RunResult:
         """Run one cell; see `Runner.run`.
 
-        ``report`` False: the caller reads only the result's value and error (`feed_run`): ``cpu_time_s``,
-        ``peak_memory_bytes``, ``memory_bytes``, ``namespace_summary`` and ``files`` may then be left unset rather
-        than measured.
-
-        With ``then_dump``, a backend may dump right after the run, in the same request: `pending_dump` then says
-        so, and `dumped` returns that dump. A backend that does not (or a run that ended in an error) leaves
+        With ``request.then_dump``, a backend may dump right after the run, in the same request: `pending_dump` then
+        says so, and `dumped` returns that dump. A backend that does not (or a run that ended in an error) leaves
         `pending_dump` None.
         """
         ...
@@ -75,13 +100,11 @@ class Backend(Protocol):
         """Serialize the namespace into an unsigned checkpoint body plus the blobs the store lacks."""
         ...
 
-    async def load(
-        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
-    ) -> Manifest:
+    async def load(self, request: LoadRequest) -> Manifest:
         """Replace the namespace with a verified checkpoint body and its blobs.
 
-        ``manifest`` is the one the host parsed from these very bytes, and what is returned: the session's view of
-        the checkpoint is its own parse of what it verified, never a worker's account of it.
+        Returns ``request.manifest``, the one the host parsed from these very bytes: the session's view of the
+        checkpoint is its own parse of what it verified, never a worker's account of it.
         """
         ...
 
@@ -126,20 +149,17 @@ class InlineBackend:
         self._limits = limits
         self.runner = Runner(policy=policy, limits=limits)
 
-    async def run(
-        self,
-        code: str,
-        *,
-        lookup: Mapping[str, Callable[..., Any]],
-        setup: bool,
-        limits: Limits,
-        then_dump: DumpRequest | None = None,
-        report: bool = True,
-    ) -> RunResult:
+    async def run(self, request: RunRequest) -> RunResult:
         # ``then_dump`` is left to `dump`: in this process there is no round trip to save.
+        lookup, limits = request.lookup, request.limits
         bridge = LocalBridge(lookup, max_calls=limits.max_host_calls)
         return await self.runner.run(
-            code, bridge=bridge, host_names=tuple(lookup), setup=setup, limits=limits, report=report
+            request.code,
+            bridge=bridge,
+            host_names=tuple(lookup),
+            setup=request.setup,
+            limits=limits,
+            report=request.report,
         )
 
     async def dump(self, request: DumpRequest) -> Dumped:
@@ -153,10 +173,8 @@ class InlineBackend:
             passed_frames=request.passed_frames,
         )
 
-    async def load(
-        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
-    ) -> Manifest:
-        return await asyncio.to_thread(self.runner.load, body, blobs, manifest=manifest)
+    async def load(self, request: LoadRequest) -> Manifest:
+        return await asyncio.to_thread(self.runner.load, request.body, request.blobs, manifest=request.manifest)
 
     @property
     def pending_dump(self) -> DumpRequest | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from snapcell._support import is_async_callable
-from snapcell.backends._backend import DumpRequest
+from snapcell.backends._backend import DumpRequest, LoadRequest, RunRequest
 from snapcell.backends._process import _CONTROL_TIMEOUT_S, _REQUEST_TIMEOUT_S, WorkerProcess, _Died, log
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.checkpoint import Dumped, Manifest, manifest_bytes, parse_manifest
@@ -176,16 +176,8 @@ class ProcessBackend:
         log.warning("snapcell: worker sent a malformed reply to %s: %s", op, exc)
         return _lost(_Died("crash", f"it sent a malformed reply: {str(exc)[:200]}"), op, None, "")
 
-    async def run(
-        self,
-        code: str,
-        *,
-        lookup: Mapping[str, Callable[..., Any]],
-        setup: bool,
-        limits: Limits,
-        then_dump: DumpRequest | None = None,
-        report: bool = True,
-    ) -> RunResult:
+    async def run(self, request: RunRequest) -> RunResult:
+        code, lookup, limits, then_dump = request.code, request.lookup, request.limits, request.then_dump
         host = {name: is_async_callable(func) for name, func in lookup.items()}
         timeout = None if limits.wall_time_s is None else limits.wall_time_s + limits.grace_s + 1.0
         calls: list[HostCall] = []
@@ -193,7 +185,7 @@ class ProcessBackend:
             await self.start()
         worker = self.worker
         # Without ``report`` neither reading is taken: two preads of /proc and their parsing, per run.
-        stat = worker.stat if worker is not None and report else None
+        stat = worker.stat if worker is not None and request.report else None
         mark = self._cpu_mark
         if mark is not None and worker is mark[0] and worker.requests == mark[1]:
             cpu_before: float | None = mark[2]  # no request since the last run's reading: the same number again
@@ -206,9 +198,9 @@ class ProcessBackend:
             # A str subclass is sent as its text; anything else is not a script, which the worker says.
             "code": str.__str__(code) if isinstance(code, str) else None,
             "host": host,
-            "setup": setup,
+            "setup": request.setup,
         }
-        if not report:
+        if not request.report:
             message["report"] = False  # nor does the worker summarize, read its clock or memory, or walk out/
         try:
             reply, blob = await self._request(
@@ -320,13 +312,12 @@ class ProcessBackend:
         except SnapcellError as exc:  # that dump's own failure (a variable that cannot be pickled) is nobody's
             log.debug("snapcell: a dump nobody took failed: %s", exc)
 
-    async def load(
-        self, body: bytes | bytearray | memoryview, blobs: Mapping[str, bytes], *, manifest: Manifest
-    ) -> Manifest:
+    async def load(self, request: LoadRequest) -> Manifest:
+        body, blobs = request.body, request.blobs
         names = list(blobs)
         sizes = [len(body), *(len(blobs[name]) for name in names)]
         # The reply says only that the load succeeded (a control reply's budget): what the checkpoint holds is
-        # ``manifest``, the host's own parse of the body it verified.
+        # ``request.manifest``, the host's own parse of the body it verified.
         await self._request(
             {"op": "load", "parts": sizes, "blobs": names},
             [body, *(blobs[name] for name in names)],
@@ -334,7 +325,7 @@ class ProcessBackend:
             timeout_s=_step_timeout(self._limits, self._limits.load_time_s),
             limit_name="load_time_s",
         )
-        return manifest
+        return request.manifest
 
     async def queue(self, *, notes: list[str], setup_cells: list[str]) -> None:
         """Ask the runner to add notes and run setup cells before the next cell."""
@@ -434,8 +425,9 @@ def _lost(exc: _Died, op: Any, timeout_s: float | None, limit_name: str) -> Work
 def _body_manifest(body: memoryview) -> Manifest:
     """The manifest of a dumped body, its items counted before it is parsed (the reply carries no copy of it).
 
-    Taken from the body the host signs, so the host's view of the checkpoint is the stored one; `AsyncSession`
-    passes it on to the body's full parse, which does not parse it again.
+    Reply framing: a reply that fails here never becomes a `Dumped`. Taken from the body the host signs, so the
+    host's view of the checkpoint is the stored one; the session's checks of the dump (`Verifier.check_dump`) take
+    it for the body's full parse, which does not parse it again.
 
     Raises:
         MalformedMessage: The body's manifest cannot be read, or holds more than `MAX_MANIFEST_ITEMS` items.

@@ -1,4 +1,7 @@
-"""Moving a checkpoint's blobs between the store and a session: fetch, verify, write once, refresh."""
+"""Moving a checkpoint's blobs between the store and a session: fetch, write once, refresh.
+
+What a worker sent is checked before it gets here (`Verifier.check_dump` in `_verify.py`).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +9,14 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
-from snapcell.checkpoint import BlobRef, Dumped, blob_key, blob_raw_size, decode_blob
+from snapcell.checkpoint import BlobRef, Dumped, blob_key
 from snapcell.errors import CheckpointCorrupt, CheckpointNotFound, ObjectExists, ObjectTooLarge
 from snapcell.storage import AsyncStore
 
-__all__ = ["BlobIO", "ForgedBlob"]
+__all__ = ["BlobIO"]
 
 _CONCURRENCY = 8
 T = TypeVar("T")
-
-
-class ForgedBlob(Exception):
-    """A worker sent a blob whose content does not match its name: it is not stored."""
 
 
 class BlobIO:
@@ -63,19 +62,17 @@ class BlobIO:
         return dict(await _bounded(fetch(ref) for ref in refs))
 
     async def store(self, dumped: Dumped, expires_at: float) -> bool:
-        """Write a dump's new blobs (create-only) after checking them, and refresh the old ones it reuses.
+        """Write a dump's new blobs (create-only), and refresh the old ones it reuses.
+
+        Call it only with a dump that passed `Verifier.check_dump`: a new blob is stored under the name it came with.
 
         Returns:
             False when a blob the dump relies on has vanished from the store (the caller dumps again
             without relying on earlier blobs).
 
         Raises:
-            ForgedBlob: A new blob's content does not match its name (a compromised worker); nothing was stored.
             StorageError: The store failed.
         """
-        if dumped.new_blobs:
-            sizes = {ref.hash: ref.raw_bytes for ref in dumped.manifest.blobs}
-            await asyncio.to_thread(_check_new_blobs, dumped, sizes)
 
         async def put(name: str, data: bytes) -> bool:
             key = self.key(name)
@@ -99,27 +96,6 @@ class BlobIO:
 
         await _bounded(put(name, data) for name, data in dumped.new_blobs.items())
         return all(await _bounded(touch(name) for name in dumped.refresh))
-
-
-def _check_new_blobs(dumped: Dumped, sizes: dict[str, int]) -> None:
-    """Decode every new blob and compare its hash with its name, before anything is stored."""
-    scratch = bytearray()
-    for name, data in dumped.new_blobs.items():
-        size = sizes.get(name)
-        if size is None:
-            raise ForgedBlob(f"the worker sent blob {name}, which its manifest does not list")
-        if blob_raw_size(data) != size:
-            # Checked against the bytes actually received before allocating: a manifest may claim any size.
-            raise ForgedBlob(
-                f"the worker sent blob {name} whose content does not match its name: it does not hold the {size} "
-                "bytes its manifest says"
-            )
-        if len(scratch) < size:
-            scratch = bytearray(size)
-        try:
-            decode_blob(data, digest=bytes.fromhex(name), into=memoryview(scratch)[:size])
-        except (CheckpointCorrupt, ValueError) as exc:
-            raise ForgedBlob(f"the worker sent blob {name} whose content does not match its name: {exc}") from exc
 
 
 async def _bounded(coros: Iterable[Awaitable[T]]) -> list[T]:

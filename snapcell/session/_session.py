@@ -6,38 +6,13 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
-from snapcell._support import ago, duration
-from snapcell.backends import Backend, DumpRequest
-from snapcell.checkpoint import (
-    MAX_MANIFEST_BYTES,
-    AnyOf,
-    BlobRef,
-    CheckpointId,
-    Container,
-    Dumped,
-    Keyring,
-    Manifest,
-    PassedFrames,
-    Refusal,
-    UnscannedFrame,
-    check_frame_blobs,
-    declared_raw_bytes,
-    frame_blob_hashes,
-    parse_container,
-    scan_body,
-    scanned_frames,
-)
+from snapcell.backends import Backend, DumpRequest, LoadRequest, RunRequest
+from snapcell.checkpoint import BlobRef, CheckpointId, Keyring, Manifest
 from snapcell.errors import (
-    CheckpointCorrupt,
-    CheckpointExpired,
-    CheckpointNotFound,
-    CheckpointRefused,
-    CheckpointVersionError,
     ConfigError,
-    ObjectTooLarge,
     RunCancelled,
     SessionError,
     SnapcellError,
@@ -46,83 +21,81 @@ from snapcell.errors import (
     WorkspaceError,
     WorkspaceQuotaExceeded,
 )
-from snapcell.interpreter import RunResult, checkpoint_rule, validate_lookup
+from snapcell.interpreter import RunResult, validate_lookup
 from snapcell.limits import Limits
-from snapcell.policy import Policy
-from snapcell.session._blobio import BlobIO, ForgedBlob
+from snapcell.session._blobio import BlobIO
+from snapcell.session._verify import HMAC_THREAD_BYTES, ForgedBlob, ForgedFiles, Verifier, check_id, open_checkpoint
 from snapcell.storage import AsyncStore
 from snapcell.telemetry import note_checkpoint, trace_checkpoint, trace_run
 from snapcell.typecheck import TypeChecker
 from snapcell.wire import check_script
-from snapcell.workspace import FileInfo, ForgedFiles, check_files, check_path, effective_quota, media_type
+from snapcell.workspace import FileInfo, check_path, media_type
 
-__all__ = ["DEFAULT_MAX_CLOCK_SKEW_S", "AsyncSession"]
+__all__ = ["DEFAULT_MAX_CLOCK_SKEW_S", "AsyncSession", "SessionConfig"]
 
 # IDs dated further ahead than this are refused: a clock-skew tolerance, not a way to outlive the ttl.
 DEFAULT_MAX_CLOCK_SKEW_S = 300.0
 
 T = TypeVar("T")
 HostFunctions = Mapping[str, Callable[..., Any]]
-# Verify and sign off the event loop above this size: HMAC-SHA256 runs at about 1 GB/s.
-_THREAD_BYTES = 1024 * 1024
-# Scan pickles off the event loop above this many raw bytes (the scan walks opcodes in Python, 40-60 MB/s: at most
-# about 0.4 ms on the loop); below it the hand-off to a thread costs about as much as the scan.
-_SCAN_THREAD_BYTES = 16 * 1024
-# Largest checkpoint read when the session has no memory limit, and room for the header and section table.
-_NO_MEMORY_LIMIT_CAP = 64 * 1024**3
-_TABLE_SLACK_BYTES = 64 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SessionConfig:
+    """What every session of a pool shares: where its checkpoints go, how they are signed, dated and compressed.
+
+    The pool builds one (from its validated arguments) and hands it to each session it checks out.
+
+    Attributes:
+        store: Where checkpoints and their blobs are stored.
+        keyring: The signing keys: the first signs, any verifies.
+        ttl_s: How long a checkpoint is kept, in seconds; an older ID is refused.
+        clock: The time now, in seconds since the epoch.
+        compression_level: zstd level of dumps.
+        max_clock_skew_s: How far ahead of ``clock`` an ID may be dated, in seconds.
+    """
+
+    store: AsyncStore
+    keyring: Keyring
+    ttl_s: float
+    clock: Callable[[], float]
+    compression_level: int
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
 
 
 class AsyncSession:
     """One session checked out of an `AsyncPool`; use it from one task at a time.
 
     Create sessions with `AsyncPool.checkout`, not directly.
+
+    Args:
+        backend: Where the session's runner lives.
+        config: What the pool's sessions share: store, signing keys, ttl, clock, compression.
+        limits: The session's limits (a run may bring its own).
+        verifier: The checks of this session's checkpoints, and what they already passed (one per session).
+        checker: The type checker every script is checked with, if any.
     """
 
     def __init__(
         self,
         *,
         backend: Backend,
-        store: AsyncStore,
-        keyring: Keyring,
-        ttl_s: float,
-        clock: Callable[[], float],
-        compression_level: int,
+        config: SessionConfig,
         limits: Limits,
-        checker: TypeChecker | None,
-        policy: Policy | None = None,
-        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
-        mounts: Collection[str] = (),
-        passed_frames: PassedFrames | None = None,
+        verifier: Verifier,
+        checker: TypeChecker | None = None,
     ) -> None:
         self._backend = backend
-        self._max_skew_s = max_clock_skew_s
-        self._mounts = frozenset(mounts)
-        # The loader's module rule: every pickle is checked against it before the host signs anything.
-        self._policy = policy or Policy()
-        self._rule = checkpoint_rule(self._policy)
-        # Frames the pool's host scanned under each policy: a load of its own dump need not scan them again.
-        self._passed = passed_frames if passed_frames is not None else PassedFrames()
-        self._store = store
-        self._keyring = keyring
-        self._ttl_s = ttl_s
-        self._clock = clock
-        self._level = compression_level
+        self._config = config
         self._limits = limits
+        self._verifier = verifier
         self._checker = checker
         self._closed = False
         self._busy = False
         self._setup_since_checkpoint: list[str] = []
         # Blobs this session wrote or loaded: a later dump refers to them instead of storing them again.
         self._blobs: dict[str, BlobRef] = {}
-        # Frame blobs (pickles stored as blobs) the host scanned: a dump may refer to these without sending them.
-        self._frames: set[str] = set()
-        self._dump_frames: set[str] = set()
-        # Pickle streams of the last dump's body that passed the rule (`stream_key`): the next dump's unchanged
-        # variables send the very same bytes, which are not scanned again. At most one body's worth of digests.
-        self._streams: frozenset[bytes] = frozenset()
-        self._dump_streams: frozenset[bytes] = frozenset()
-        self._blob_io = BlobIO(store, keyring.blob_namespace())
+        self._blob_io = BlobIO(config.store, config.keyring.blob_namespace())
         self.checkpoint_id: bytes | None = None
         self.checkpoint_bytes: int | None = None
         # Bytes the last dump put into the store (the checkpoint and its new blobs).
@@ -146,26 +119,10 @@ class AsyncSession:
                 beyond the pool's ``max_clock_skew_s``.
             CheckpointExpired: The ID is older than the pool's ttl.
         """
-        cid = self._keyring.parse_id(checkpoint_id)
-        now = self._clock()
-        if cid.created_at - now > self._max_skew_s:
-            # Signed, but dated in the future: a clock far off, or an ID minted to outlive the ttl.
-            raise CheckpointCorrupt(
-                f"checkpoint {cid.raw.hex()[:16]}... is dated {ago(cid.created_at - now)} in the future, beyond "
-                f"the clock-skew tolerance of {duration(self._max_skew_s)}; check this host's clock (and the one "
-                "that wrote it) or raise max_clock_skew_s",
-                checkpoint_id=cid.raw,
-            )
-        if now - cid.created_at > self._ttl_s:
-            expired_at = cid.created_at + self._ttl_s
-            raise CheckpointExpired(
-                f"checkpoint {cid.raw.hex()[:16]}... expired {ago(now - expired_at)} ago "
-                f"(checkpoints are kept for {duration(self._ttl_s)}); start a fresh session",
-                checkpoint_id=cid.raw,
-                created_at=cid.created_at,
-                expired_at=expired_at,
-            )
-        return cid
+        config = self._config
+        return check_id(
+            config.keyring, checkpoint_id, now=config.clock(), ttl_s=config.ttl_s, max_skew_s=config.max_clock_skew_s
+        )
 
     async def load_session(self, checkpoint_id: bytes | bytearray | str) -> None:
         """Replace this session's namespace with a checkpoint's.
@@ -194,51 +151,20 @@ class AsyncSession:
     @trace_checkpoint("snapcell.load")
     async def _load(self, checkpoint_id: bytes | bytearray | str) -> None:
         cid = self.parse_id(checkpoint_id)
-        try:
-            # Refused by its size before it is read: a checkpoint holds at most the worker's memory in pickles.
-            blob = await self._store.get_at_most(cid.storage_key, self._max_checkpoint_bytes())
-        except ObjectTooLarge as exc:
-            raise CheckpointCorrupt(
-                f"the object stored for checkpoint {cid.raw.hex()[:16]}... is {exc.size} bytes, more than any "
-                f"checkpoint of this session can be ({exc.limit}); it was not read or loaded",
-                checkpoint_id=cid.raw,
-            ) from exc
-        except CheckpointNotFound as exc:
-            raise CheckpointNotFound(
-                f"no checkpoint is stored for ID {cid.raw.hex()[:16]}...; it was deleted by cleanup or never "
-                "written to this store; start a fresh session",
-                checkpoint_id=cid.raw,
-                key=cid.storage_key,
-            ) from exc
-        if len(blob) > _THREAD_BYTES:
-            body, key_index = await asyncio.to_thread(self._keyring.verify_with_key, blob, cid)
-        else:
-            body, key_index = self._keyring.verify_with_key(blob, cid)
-        note_checkpoint(body)
-        container = parse_container(body)
-        refs = container.manifest.blobs
+        config = self._config
+        opened = await open_checkpoint(config.store, config.keyring, cid, max_bytes=self._verifier.max_checkpoint_bytes)
+        note_checkpoint(opened.body)
+        refs = opened.container.manifest.blobs
         # Blobs live in the namespace of the key that signed the checkpoint (an older key after a rotation).
-        blobs = await BlobIO(self._store, self._keyring.blob_namespace(key_index)).fetch(refs)
-        self.manifest = await self._backend.load(body, blobs, manifest=container.manifest)
-        if key_index != 0:
-            self._frames = set()
-        else:
-            frames = frame_blob_hashes(container)
-            known = self._passed.known(self._policy, frames)
-            if sum(size for digest, size in frames.items() if digest not in known) > _SCAN_THREAD_BYTES:
-                self._frames = await asyncio.to_thread(scanned_frames, container, blobs, self._rule, known=known)
-            else:
-                self._frames = scanned_frames(container, blobs, self._rule, known=known)
-            self._passed.add(self._policy, self._frames)
+        blobs = await BlobIO(config.store, config.keyring.blob_namespace(opened.key_index)).fetch(refs)
+        self.manifest = await self._backend.load(
+            LoadRequest(body=opened.body, blobs=blobs, manifest=opened.container.manifest)
+        )
+        await self._verifier.loaded(opened.container, blobs, opened.key_index)
         self.checkpoint_id = cid.raw
-        self.checkpoint_bytes = len(blob)
+        self.checkpoint_bytes = opened.stored_bytes
         # Only blobs in the signing key's namespace can be referred to by the next dump.
-        self._blobs = {ref.hash: ref for ref in refs} if key_index == 0 else {}
-
-    def _max_checkpoint_bytes(self) -> int:
-        """The largest stored checkpoint this session will read: its pickles, manifest and tables."""
-        memory = self._limits.memory_bytes
-        return (memory if memory is not None else _NO_MEMORY_LIMIT_CAP) + MAX_MANIFEST_BYTES + _TABLE_SLACK_BYTES
+        self._blobs = {ref.hash: ref for ref in refs} if opened.key_index == 0 else {}
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
@@ -321,10 +247,11 @@ class AsyncSession:
             started = time.perf_counter()
             restarted, self._restarted = self._restarted, False
             try:
-                dump = self._dump_request(self._clock(), "skip") if then_dump else None
-                result = await self._backend.run(
-                    code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, report=report
+                dump = self._dump_request(self._config.clock(), "skip") if then_dump else None
+                request = RunRequest(
+                    code=code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, report=report
                 )
+                result = await self._backend.run(request)
             except WorkerLost as exc:
                 exc.result = RunResult(
                     status="lost", duration_s=time.perf_counter() - started, restarted=restarted, error=None
@@ -373,10 +300,10 @@ class AsyncSession:
         """A dump of this session's namespace, referring to the blobs it knows and the frames the host passed."""
         return DumpRequest(
             created_at=created_at,
-            level=self._level,
+            level=self._config.compression_level,
             on_unpicklable=on_unpicklable,
             known_blobs=self._blobs,
-            passed_frames=self._frames,
+            passed_frames=self._verifier.frames,
         )
 
     @trace_checkpoint("snapcell.dump")
@@ -403,7 +330,8 @@ class AsyncSession:
         """
         self._start()
         try:
-            now = self._clock()
+            config = self._config
+            now = config.clock()
             ahead = self._backend.pending_dump
             try:
                 if ahead is not None and ahead.on_unpicklable == on_unpicklable and ahead.known_blobs is self._blobs:
@@ -412,13 +340,13 @@ class AsyncSession:
                     dumped = await self._backend.dumped()
                 else:
                     dumped = await self._backend.dump(self._dump_request(now, on_unpicklable))
-                await self._verify(dumped)
-                if not await self._blob_io.store(dumped, now + self._ttl_s):
+                await self._verifier.check_dump(dumped)
+                if not await self._blob_io.store(dumped, now + config.ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
                     dumped = await self._backend.dump(self._dump_request(now, on_unpicklable))
-                    await self._verify(dumped)
-                    await self._blob_io.store(dumped, now + self._ttl_s)
+                    await self._verifier.check_dump(dumped)
+                    await self._blob_io.store(dumped, now + config.ttl_s)
             except (ForgedBlob, ForgedFiles) as exc:
                 # Only a compromised worker sends a blob that is not what it claims: it goes, nothing is stored.
                 await self._backend.discard()
@@ -429,103 +357,22 @@ class AsyncSession:
                 raise
             body, manifest = dumped.body, dumped.manifest
             note_checkpoint(body)
-            cid = self._keyring.new_id(now)
-            if len(body) > _THREAD_BYTES:
-                blob = await asyncio.to_thread(self._keyring.sign, body, cid)
+            cid = config.keyring.new_id(now)
+            if len(body) > HMAC_THREAD_BYTES:
+                blob = await asyncio.to_thread(config.keyring.sign, body, cid)
             else:
-                blob = self._keyring.sign(body, cid)
-            await self._store.put(cid.storage_key, blob, expires_at=now + self._ttl_s)
+                blob = config.keyring.sign(body, cid)
+            await config.store.put(cid.storage_key, blob, expires_at=now + config.ttl_s)
             self.bytes_stored = len(blob) + sum(len(data) for data in dumped.new_blobs.values())
             self.checkpoint_id = cid.raw
             self.checkpoint_bytes = len(blob)
             self.manifest = manifest
             self._setup_since_checkpoint = []
             self._blobs = {ref.hash: ref for ref in manifest.blobs}
-            self._frames = self._dump_frames
-            self._streams = self._dump_streams
-            self._passed.add(self._policy, self._frames)
-            self._passed.add_streams(self._policy, self._streams)  # the next turn's session skips them too
+            self._verifier.dump_signed()
             return cid.raw
         finally:
             self._busy = False
-
-    async def _verify(self, dumped: Dumped) -> None:
-        """Check a dump before anything is stored or signed: every pickle against the loader's rule, the files.
-
-        The body is parsed once, with its declared sizes capped, and every check reads that parse.
-
-        Raises:
-            CheckpointRefused: A pickle names a global the loader would refuse.
-            ForgedBlob: The body is malformed (a compromised worker).
-            ForgedFiles: The workspace file list is malformed.
-            WorkspaceQuotaExceeded: The workspace files are over the quota.
-        """
-        found = None
-        # A small dump is scanned on the event loop (a thread hand-off costs more); a large one, or a few bytes
-        # that declare much data to decompress, in a thread.
-        inline = len(dumped.body) + sum(map(len, dumped.new_blobs.values())) <= _SCAN_THREAD_BYTES
-        if inline:
-            container = self._parse(dumped)
-            inline = declared_raw_bytes(container, dumped.new_blobs) <= _SCAN_THREAD_BYTES
-            if inline:
-                found = self._check(container, dumped)
-            del container  # its views of the body must be gone before signing appends to it
-        if not inline:
-            found = await asyncio.to_thread(self._scan, dumped)
-        if found is None:
-            return
-        refusal, variable = found
-        where = f"variable {variable!r}" if variable else "the checkpoint"
-        raise CheckpointRefused(
-            f"{where} refers to {refusal.describe()}, which a checkpoint may not hold; nothing was stored. "
-            "Delete or recreate that variable (or allow its module in the policy) and dump again",
-            module=refusal.module,
-            name=refusal.name,
-            reason=refusal.reason,
-            variable_names=[variable] if variable else [],
-        )
-
-    def _scan(self, dumped: Dumped) -> tuple[Refusal, str | None] | None:
-        """Parse the body once, then scan its pickles and new frame blobs and check its files (CPU work: a thread).
-
-        The parse holds views of the body; it is not returned, so none is left when signing appends to the body.
-        """
-        return self._check(self._parse(dumped), dumped)
-
-    def _parse(self, dumped: Dumped) -> Container:
-        """Parse a dump's body, its declared sizes capped.
-
-        Raises:
-            ForgedBlob: The host cannot read it (a compromised worker).
-        """
-        try:
-            # A worker's dump: its manifest was parsed from this body when it arrived, and is not parsed again.
-            known = dumped.manifest if dumped.manifest_from_body else None
-            return parse_container(dumped.body, max_raw_bytes=self._limits.memory_bytes, manifest=known)
-        except (CheckpointCorrupt, CheckpointVersionError) as exc:
-            # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
-            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
-
-    def _check(self, container: Container, dumped: Dumped) -> tuple[Refusal, str | None] | None:
-        """Scan a parsed dump's pickles and new frame blobs against the loader's rule, and check its files."""
-        try:
-            passing: set[bytes] = set()
-            passed = AnyOf(self._streams, self._passed.streams(self._policy))
-            found = scan_body(container, rule=self._rule, passed=passed, passing=passing)
-            self._dump_streams = frozenset(passing)
-        except (CheckpointCorrupt, CheckpointVersionError) as exc:
-            raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
-        if found is not None:
-            return found
-        try:
-            frame_found, self._dump_frames = check_frame_blobs(container, dumped.new_blobs, self._frames, self._rule)
-        except (CheckpointCorrupt, UnscannedFrame) as exc:
-            raise ForgedBlob(f"the worker sent a checkpoint the host cannot verify: {exc}") from exc
-        if frame_found is not None:
-            return frame_found[0], None
-        quota = effective_quota(self._limits.workspace_bytes, self._limits.max_scratch_bytes)
-        check_files(container.manifest, quota_bytes=quota, mounts=self._mounts)
-        return None
 
     async def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
         """Write a file into the session's workspace, replacing any file at ``path`` (process mode).
@@ -543,10 +390,10 @@ class AsyncSession:
             WorkspaceQuotaExceeded: The workspace would exceed its quota; nothing was written, earlier files are kept.
             WorkspaceError: Inline mode (no workspace), or the file could not be written; nothing was written.
         """
-        checked = check_path(path, mounts=self._mounts, writing=True)
+        checked = check_path(path, mounts=self._verifier.mounts, writing=True)
         if not isinstance(data, bytes | bytearray | memoryview):
             raise WorkspaceError(f"file data must be bytes, not {type(data).__name__}", path=checked)
-        quota = effective_quota(self._limits.workspace_bytes, self._limits.max_scratch_bytes)
+        quota = self._verifier.quota_bytes
         if quota is not None and len(data) > quota:
             raise WorkspaceQuotaExceeded(
                 f"{checked!r} would have {len(data):,} bytes, over the workspace quota of {quota:,} bytes "
@@ -565,7 +412,7 @@ class AsyncSession:
             WorkspaceError: No such regular file, or inline mode (no workspace).
         """
         checked = check_path(path)
-        quota = effective_quota(self._limits.workspace_bytes, self._limits.max_scratch_bytes)
+        quota = self._verifier.quota_bytes
         data: bytes = await self._file_request(self._backend.read_file(checked, max_bytes=quota))
         return data
 
@@ -601,7 +448,7 @@ class AsyncSession:
             self.manifest = None
             self._setup_since_checkpoint = []
             self._blobs = {}
-            self._frames = set()
+            self._verifier.forget()
         finally:
             self._busy = False
 

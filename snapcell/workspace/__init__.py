@@ -1,7 +1,8 @@
 """Session files: a workspace directory persisted with the checkpoint as blobs, read-only mounts, artifacts.
 
-The worker owns the directory (`Workspace`); the host checks what the worker reports (`check_files`) and never
-opens a file in it. Its names are imported on first use (`snapcell._support._lazy`).
+The worker owns the directory (`Workspace`); the host checks the file list a worker reports with this package's
+path rule (in `snapcell.session`, with every other check of a dump) and never opens a file in it. Its names are
+imported on first use (`snapcell._support._lazy`).
 """
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ from typing import TYPE_CHECKING
 from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.workspace._check import ForgedFiles, check_files, effective_quota
     from snapcell.workspace._local import Workspace, attach_snapshot, empty_dir
-    from snapcell.workspace._paths import MAX_FILES, OUT_DIR, FileInfo, check_mounts, check_path, media_type
+    from snapcell.workspace._paths import (
+        MAX_FILES,
+        OUT_DIR,
+        FileInfo,
+        check_mounts,
+        check_path,
+        effective_quota,
+        media_type,
+    )
     from snapcell.workspace._setup import STAGING_DIR, TMP_DIR, WORKSPACE_DIR, prepare_scratch
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "snapcell.workspace._check": (
-        "ForgedFiles",
-        "check_files",
-        "effective_quota",
-    ),
     "snapcell.workspace._local": (
         "Workspace",
         "attach_snapshot",
@@ -33,6 +36,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "FileInfo",
         "check_mounts",
         "check_path",
+        "effective_quota",
         "media_type",
     ),
     "snapcell.workspace._setup": (
@@ -50,10 +54,8 @@ __all__ = [
     "TMP_DIR",
     "WORKSPACE_DIR",
     "FileInfo",
-    "ForgedFiles",
     "Workspace",
     "attach_snapshot",
-    "check_files",
     "check_mounts",
     "check_path",
     "effective_quota",

@@ -1,4 +1,4 @@
-"""Workspace paths: one rule for what a path may be, applied by the host and by the worker alike.
+"""Workspace rules the host and the worker share: what a path may be, how many files, the quota in force.
 
 A workspace path is relative, POSIX, made of non-empty components other than ``.`` and ``..``, without NUL,
 at most 1024 characters and 64 components, each at most 255 bytes. It holds no control character, line or
@@ -30,6 +30,7 @@ __all__ = [
     "OUT_DIR",
     "check_mounts",
     "check_path",
+    "effective_quota",
     "media_type",
 ]
 
@@ -58,6 +59,12 @@ _MEDIA_TYPES = {
     "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
     "zip": "application/zip",
 }
+
+
+def effective_quota(workspace_bytes: int | None, max_scratch_bytes: int | None) -> int | None:
+    """The workspace quota in force: the smaller of the persisted quota and the scratch size (None: no quota)."""
+    bounds = [b for b in (workspace_bytes, max_scratch_bytes) if b is not None]
+    return min(bounds) if bounds else None
 
 
 def media_type(path: str) -> str:

@@ -64,7 +64,7 @@ def test_a_load_of_the_pool_s_own_dump_scans_none_of_its_frames_and_the_next_dum
     assert len(frames) >= 2, "the test needs both variables stored as frame blobs"
     with pool.checkout() as session:
         session.load_session(checkpoint_id)
-        assert session._inner._frames == set(frames)
+        assert session._inner._verifier.frames == set(frames)
         session.run("extra = 1")
         stored_before = len(list(store.scan()))
         session.dump()  # refers to the loaded frames without sending them: the host knows them
@@ -76,7 +76,7 @@ def test_a_load_in_another_pool_scans_every_frame(dumped: tuple[MemoryStore, Poo
     store, pool, checkpoint_id = dumped
     with Pool(store, isolation="inline", signing_keys=[KEY], policy=WIDE) as other, other.checkout() as session:
         session.load_session(checkpoint_id)
-        assert session._inner._frames == set(_frame_blobs(pool, checkpoint_id))
+        assert session._inner._verifier.frames == set(_frame_blobs(pool, checkpoint_id))
     assert sorted(scans) == sorted(_frame_blobs(pool, checkpoint_id))
 
 
@@ -88,13 +88,13 @@ def test_a_session_with_a_narrower_policy_scans_the_frames_again_and_keeps_only_
     frames = _frame_blobs(pool, checkpoint_id)
     with pool.checkout(policy=Policy()) as session:
         session.load_session(checkpoint_id)
-        kept = session._inner._frames
+        kept = session._inner._verifier.frames
     assert sorted(scans) == sorted(frames)
     assert kept and kept < set(frames)
     # The refused frame is numpy's; a dump of this session could not refer to it unscanned.
     with pool.checkout(policy=Policy()) as again:
         again.load_session(checkpoint_id)
-        assert again._inner._frames == kept
+        assert again._inner._verifier.frames == kept
     assert len(scans) == 2 * len(frames) - len(kept)  # refused frames are scanned again: a refusal is not remembered
 
 

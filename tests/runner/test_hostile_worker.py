@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool, ScriptError, SessionError, WorkerLost
-from snapcell.backends._backend import DumpRequest
+from snapcell.backends._backend import DumpRequest, LoadRequest, RunRequest
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.checkpoint import DroppedVariable, Manifest
@@ -154,12 +154,12 @@ async def _attack(attack: str, recorded: list[Any]) -> tuple[Any, int | None]:
                 backend.dump(DumpRequest(created_at=0.0, level=1, on_unpicklable="skip", known_blobs={}))
             )
         elif _driver(attack) == "load":
-            outcome = await _outcome(backend.load(b"body", {}, manifest=HOST_MANIFEST))
+            outcome = await _outcome(backend.load(LoadRequest(body=b"body", blobs={}, manifest=HOST_MANIFEST)))
         else:
-            run = backend.run("x", lookup={"record": record}, setup=False, limits=LIMITS)
+            run = backend.run(RunRequest(code="x", lookup={"record": record}, setup=False, limits=LIMITS))
             outcome = await _outcome(run)
             if attack == "interleaved_replies":
-                again = backend.run("x", lookup={}, setup=False, limits=LIMITS)
+                again = backend.run(RunRequest(code="x", lookup={}, setup=False, limits=LIMITS))
                 outcome = (outcome, await _outcome(again))
         exit_status = worker.process.poll()
         # The pool is not wedged by what happened: the session gets a new worker.

@@ -7,6 +7,7 @@ import socket
 from typing import Any
 
 from snapcell import AsyncPool, Limits
+from snapcell.backends import RunRequest
 
 
 def double(x: int) -> int:
@@ -135,8 +136,8 @@ def test_a_run_whose_caller_reads_only_its_value_is_not_summarized() -> None:
             await session.feed_run("rows = list(range(1000))\nname = 'x'")
             backend = session._backend  # type: ignore[attr-defined]
             plain = {"lookup": {}, "setup": False, "limits": Limits()}
-            quiet = await backend.run("1 + 1", report=False, **plain)
-            full = await backend.run("1 + 1", **plain)
+            quiet = await backend.run(RunRequest(code="1 + 1", report=False, **plain))
+            full = await backend.run(RunRequest(code="1 + 1", **plain))
             return quiet.namespace_summary, full.namespace_summary, (await session.run("2")).namespace_summary
 
     quiet, full, public = asyncio.run(scenario())
@@ -152,8 +153,8 @@ def test_a_run_whose_caller_reads_only_its_value_reads_neither_the_workers_memor
             backend = session._backend  # type: ignore[attr-defined]
             plain = {"lookup": {}, "setup": False, "limits": Limits()}
             write = "from pathlib import Path\nPath('out').mkdir(exist_ok=True)\nPath('out/{}.txt').write_text('x')\n1"
-            quiet = await backend.run(write.format("quiet"), report=False, **plain)
-            full = await backend.run(write.format("full"), **plain)
+            quiet = await backend.run(RunRequest(code=write.format("quiet"), report=False, **plain))
+            full = await backend.run(RunRequest(code=write.format("full"), **plain))
             public = await session.run(write.format("public"))
             return quiet, full, public
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from snapcell import Limits, Policy, Pool, WorkerLost
+from snapcell.backends import RunRequest
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.wire import preload_modules
@@ -112,7 +113,7 @@ def test_the_zygote_reports_a_childs_exit_status_and_peak_memory() -> None:
             forked = worker.forked
             code = "import os, signal\nb = bytearray(200 * 2**20)\nos.kill(os.getpid(), signal.SIGSEGV)"
             with pytest.raises(WorkerLost) as lost:
-                await backend.run(code, lookup={}, setup=False, limits=Limits())
+                await backend.run(RunRequest(code=code, lookup={}, setup=False, limits=Limits()))
             assert lost.value.reason == "crash", lost.value
             status, peak = await asyncio.wait_for(forked.exited, HANG_GUARD_S)
             assert peak is not None
@@ -159,7 +160,7 @@ def test_worker_command_bypasses_the_zygote() -> None:
         backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
         try:
             await backend.start()
-            result = await backend.run("1 + 1", lookup={}, setup=False, limits=Limits())
+            result = await backend.run(RunRequest(code="1 + 1", lookup={}, setup=False, limits=Limits()))
             return backend.start_path, result.value
         finally:
             await workers.close()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from snapcell import AsyncPool, Limits, Policy
-from snapcell.backends import _zygotehost
+from snapcell.backends import RunRequest, _zygotehost
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.wire import preload_modules
@@ -67,7 +67,7 @@ def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_
             zygote = early.worker.zygote
             assert zygote is not None and "numpy" in zygote.preloading + zygote.preloaded
             assert early.worker.forked.preloaded == ()
-            first = (await early.run(_PROBE, lookup={}, setup=False, limits=Limits())).value
+            first = (await early.run(RunRequest(code=_PROBE, lookup={}, setup=False, limits=Limits()))).value
 
             await _until(lambda: not zygote.preloading)
             assert "numpy" in zygote.preloaded
@@ -75,7 +75,7 @@ def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_
             await late.start()
             assert late.worker is not None and late.worker.forked is not None
             assert late.worker.zygote is zygote and "numpy" in late.worker.forked.preloaded
-            second = (await late.run(_PROBE, lookup={}, setup=False, limits=Limits())).value
+            second = (await late.run(RunRequest(code=_PROBE, lookup={}, setup=False, limits=Limits()))).value
             if os.geteuid() == 0:
                 # The zygote pinned the import roots at the end of its second stage: the late child reaches its
                 # imports through the descriptors it inherited, and opened none (the early one pinned its own).

@@ -11,7 +11,8 @@ import pytest
 from snapcell.checkpoint import BlobRef, Manifest, WorkspaceFile
 from snapcell.checkpoint._blobs import CHUNK_BYTES, encode_blob, hash_buffer
 from snapcell.errors import CheckpointCorrupt, WorkspacePathError, WorkspaceQuotaExceeded
-from snapcell.workspace import ForgedFiles, check_files, check_path
+from snapcell.session._verify import ForgedFiles, check_files
+from snapcell.workspace import check_path
 from snapcell.workspace._local import Workspace
 
 
