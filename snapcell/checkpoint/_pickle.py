@@ -54,6 +54,13 @@ from snapcell.checkpoint._frames import (
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._stdvalues import std_reducers
+from snapcell.checkpoint.helpers import (
+    code_in_cell,
+    rebuild_datetime_array,
+    rebuild_lru_cache,
+    rebuild_recursive_repr,
+    session_namespace,
+)
 from snapcell.checkpoint.scan import PLAIN_UNREFUSED_BYTES, compile_patterns, scan_pickle, scan_pickle_data
 from snapcell.errors import UnpicklableValue
 
@@ -71,18 +78,6 @@ _MAX_KEPT_CELLS = 200
 _CELL_PREFIX = "<cell-"
 # Frame parts at least this large are stored once as content-addressed blobs (unchanged ones cost a reference).
 FRAME_BLOB_BYTES = 16 * 1024
-
-
-def _rebuild_lru_cache(func: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
-    return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
-
-
-def _code_in_cell(constructor: Callable[..., types.CodeType], args: tuple[Any, ...], filename: str) -> types.CodeType:
-    return constructor(*args).replace(co_filename=filename)
-
-
-def _rebuild_recursive_repr(func: Callable[[Any], str]) -> Callable[[Any], str]:
-    return functools.wraps(func)(reprlib.recursive_repr()(func))
 
 
 def _recursive_repr_codes() -> frozenset[types.CodeType]:
@@ -110,22 +105,12 @@ def _datetime_array_reduce(array: Any) -> tuple[Callable[..., Any], tuple[Any, .
     numpy = sys.modules.get("numpy")
     if numpy is None or type(array) is not numpy.ndarray or not array.flags.c_contiguous or array.dtype.itemsize != 8:
         return None
-    return _rebuild_datetime_array, (pickle.PickleBuffer(array.view(numpy.int64)), array.dtype.str, array.shape)
-
-
-def _rebuild_datetime_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
-    import numpy
-
-    return numpy.frombuffer(buffer, dtype=numpy.int64).reshape(shape).view(numpy.dtype(dtype))
+    return rebuild_datetime_array, (pickle.PickleBuffer(array.view(numpy.int64)), array.dtype.str, array.shape)
 
 
 class _RefusedGlobal(Exception):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(f"it refers to {refusal.describe()}, which the checkpoint loader refuses")
-
-
-def _session_namespace() -> dict[str, Any]:
-    raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
 
 
 class _NamespaceToken:
@@ -134,7 +119,7 @@ class _NamespaceToken:
     __slots__ = ()
 
     def __reduce__(self) -> tuple[Callable[[], dict[str, Any]], tuple[()]]:
-        return _session_namespace, ()
+        return session_namespace, ()
 
 
 _NAMESPACE_TOKEN = _NamespaceToken()
@@ -167,18 +152,18 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             return std(obj)
         if isinstance(obj, functools._lru_cache_wrapper):
             params = obj.cache_parameters()
-            return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
+            return rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
         if isinstance(obj, types.CodeType) and obj.co_filename.startswith(_CELL_PREFIX):
             # cloudpickle renames every code object <dynamic-code>; the cell name keeps restored tracebacks readable.
             constructor, args = cloudpickle.cloudpickle._code_reduce(obj)
-            return _code_in_cell, (constructor, args, obj.co_filename)
+            return code_in_cell, (constructor, args, obj.co_filename)
         if type(obj).__name__ == "ndarray" and getattr(obj, "dtype", None) is not None and obj.dtype.kind in "mM":  # type: ignore[attr-defined]
             reduced = _datetime_array_reduce(obj)
             if reduced is not None:
                 return reduced
         if isinstance(obj, types.FunctionType) and obj.__code__ in _RECURSIVE_REPR_CODES and obj.__closure__:
             user_function = obj.__closure__[obj.__code__.co_freevars.index("user_function")].cell_contents
-            return _rebuild_recursive_repr, (user_function,)
+            return rebuild_recursive_repr, (user_function,)
         return super().reducer_override(obj)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
+from snapcell._support import HELPERS_MODULE
 from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
@@ -142,7 +143,7 @@ class Runner:
         from snapcell.checkpoint import make_find_global
 
         overrides = {
-            ("snapcell.interpreter._host", "host_function"): _host_function,
+            (HELPERS_MODULE, "host_function"): _host_function,
             **self.policy.find_global_overrides(),
         }
         return make_find_global(self.rule, overrides, resolve=self.policy.global_resolver())
