@@ -20,43 +20,26 @@ from snapcell.checkpoint._format import Codec, parse_container
 from snapcell.checkpoint._rule import MOVED_MODULES, OLDER_HELPER_PATHS, PLAIN, current_name
 from snapcell.interpreter._runner import checkpoint_rule
 from snapcell.storage import MemoryStore
+from tests.checkpoint.golden.make_helpers import SCRIPT as GOLDEN_SCRIPT
 
 KEY = "helper-paths-tests-signing-key-0123456789"
 POLICY = Policy().with_modules(["numpy"])
 RULE = checkpoint_rule(POLICY)
-# A value of each kind that pickles through one of snapcell's helpers.
-SCRIPT = """
-import asyncio, io, functools, operator, string, time, zoneinfo, enum, dataclasses
-import numpy as np
-buf = io.StringIO("hello")
-raw = io.BytesIO(b"abc")
+# A value of each kind that pickles through one of snapcell's helpers: the golden checkpoint's, and the rest.
+SCRIPT = (
+    GOLDEN_SCRIPT
+    + """
+import string
 lock = asyncio.Lock()
 event = asyncio.Event()
 semaphore = asyncio.BoundedSemaphore(2)
 condition = asyncio.Condition()
-queue = asyncio.Queue()
-queue.put_nowait(1)
-zone = zoneinfo.ZoneInfo("UTC")
-@functools.lru_cache(maxsize=8)
-def square(n):
-    return n * n
-getter = operator.attrgetter("real")
-caller = operator.methodcaller("upper", "x")
 keyed_caller = operator.methodcaller("split", sep=",")
-nap = time.sleep
-lookup = list_customers
 tools = (setattr, delattr, dir, vars)
 formatter = string.Formatter()
 stand_ins = (dataclasses.dataclass, dataclasses.replace, functools.wraps, functools.total_ordering, asyncio.run)
-stamps = np.array(["2024-01-01", "2024-06-30"], dtype="datetime64[D]")
-class Color(enum.Enum):
-    RED = 1
-@dataclasses.dataclass
-class Point:
-    x: int
-    y: int = 0
-point = Point(1)
 """
+)
 
 
 def _pickles(store: MemoryStore, checkpoint_id: bytes) -> list[bytes]:
