@@ -397,27 +397,25 @@ class Runner:
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
         """
-        from snapcell.checkpoint import dump_namespace
+        from snapcell.checkpoint import DumpOptions, dump_namespace
 
         for digest in passed_frames:
             if len(self._scanned) < _MAX_RESTORED_FRAMES:
                 self._scanned.add(bytes.fromhex(digest))
+        options = DumpOptions(level=level, on_unpicklable=on_unpicklable, rule=self.rule, trial=self._bounded_trial)
         dumped = dump_namespace(
             self.variables(),
             namespace=self.namespace,
             created_at=created_at,
-            level=level,
-            on_unpicklable=on_unpicklable,
+            options=options,
             setup_cells=self.setup_cells,
             cells=self.cells,
             cell_count=self.cell_count,
             future_flags=self.future_flags,
+            definitions=self.definitions.sources(),
             known_blobs=known_blobs,
-            rule=self.rule,
-            trial=self._bounded_trial,
             restored=self._restored,
             scanned=self._scanned,
-            definitions=self.definitions.sources(),
         )
         dropped = dumped.manifest.dropped
         new = [d for d in dropped if self._named_drops.get(d.name) != id(self.namespace.get(d.name))]
