@@ -6,7 +6,7 @@ memory store (store growth counts every object the store holds: checkpoints and 
 
 - snapcell: ``session.dump()`` — the dict is cut into parts of 512 items, each its own pickle stored once as a
   content-addressed blob, so a turn stores its last part and a small body;
-- before (one stream): the same namespace with frame blobs off (``dump_namespace(..., frame_blob_threshold=None)``),
+- before (one stream): the same namespace with frame blobs off (``DumpOptions(frame_blob_threshold_bytes=None)``),
   signed: the whole dict in every checkpoint, as before format 3;
 - pickle+zstd: the namespace pickled and zstd-compressed (level 1) every turn, what a plain implementation stores.
 
@@ -27,13 +27,14 @@ import zstandard
 
 from benchmarks._common import machine_description, parse_args, print_table, write_jsonl
 from snapcell import Pool
-from snapcell.checkpoint import Keyring, dump_namespace
+from snapcell.checkpoint import DumpOptions, Keyring, dump_namespace
 from snapcell.storage import MemoryStore
 
 TURNS = 300
 QUICK_TURNS = 100
 PER_TURN = 100
 KEY = "benchmark-signing-key-0123456789"
+ONE_STREAM = DumpOptions(frame_blob_threshold_bytes=None)  # the "before" dump: frame blobs off
 TURN = "data.update((f'k{{i:06d}}', hashlib.sha1(str(i).encode()).hexdigest()) for i in range({start}, {stop}))"
 
 
@@ -57,7 +58,7 @@ def _measure(turns: int) -> list[dict[str, Any]]:
             session.dump()
             totals["snapcell"].append(_stored(store))
             last["snapcell"] = session.checkpoint_bytes or 0
-            old = dump_namespace({"data": data}, namespace={}, created_at=time.time(), frame_blob_threshold=None)
+            old = dump_namespace({"data": data}, namespace={}, created_at=time.time(), options=ONE_STREAM)
             signed = len(keyring.sign(bytes(old.body), keyring.new_id()))
             totals["before (one stream)"].append(totals["before (one stream)"][-1] + signed)
             last["before (one stream)"] = signed

@@ -6,7 +6,7 @@ and datetime columns). Measured side by side in one run, on a memory store, inli
 - snapcell (incremental): ``session.dump()`` — large buffers are content-addressed blobs, and a dump
   stores only blobs the session has not stored before;
 - full re-compression: the same namespace serialized with every buffer compressed into one checkpoint
-  (``dump_namespace(..., blob_threshold=None)``), signed and stored — what each turn costs without blobs.
+  (``DumpOptions(blob_threshold_bytes=None)``), signed and stored — what each turn costs without blobs.
 
 For each: the first dump, a second dump with nothing changed, a dump after changing 1% of the data,
 and a load; plus store growth per unchanged turn. Targets: second dump under 0.25 s, growth per
@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks._common import machine_description, parse_args, print_table, write_jsonl
 from snapcell import Limits, Policy, Pool
-from snapcell.checkpoint import Keyring, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint import DumpOptions, Keyring, dump_namespace, load_namespace, make_find_global
 from snapcell.storage import MemoryStore
 
 ROWS = 20_000_000  # DataFrame rows: 3 columns x 8 bytes = 480 MB
@@ -31,6 +31,7 @@ QUICK_ROWS = 2_000_000
 QUICK_ARRAY = 7_000_000
 REPS = 2
 KEY = "benchmark-signing-key-0123456789"
+NO_BLOBS = DumpOptions(blob_threshold_bytes=None)  # the full re-compression baseline: every buffer in the body
 POLICY = Policy().with_modules(["numpy", "pandas"])
 
 SETUP = """\
@@ -92,7 +93,7 @@ def _full(rows: int, array: int) -> dict[str, Any]:
                 start = time.perf_counter()
                 now = time.time()
                 dumped = dump_namespace(
-                    runner.variables(), namespace=runner.namespace, created_at=now, blob_threshold=None
+                    runner.variables(), namespace=runner.namespace, created_at=now, options=NO_BLOBS
                 )
                 cid = keyring.new_id(now)
                 store.put(cid.storage_key, keyring.sign(dumped.body, cid))

@@ -1,4 +1,5 @@
-"""Small helpers every layer may use: lazy exports, the no-compile dataclass, durations, the sync loop.
+"""Small helpers every layer may use: lazy exports, the no-compile dataclass, durations, the sync loop, the table
+of pickled helpers.
 
 Its names are imported on first use, like every package's: a worker imports the sync loop (asyncio) only if it
 needs it.
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from snapcell._support._cancelled import RunCancelled
     from snapcell._support._durations import ago, duration
     from snapcell._support._lazy import lazy_exports
+    from snapcell._support._pickled import HELPERS_MODULE, pickled_helper, pickled_helpers
     from snapcell._support._record import dataclass, field
     from snapcell._support._syncloop import SyncLoop
     from snapcell._support._version import VERSION
@@ -27,6 +29,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "duration",
     ),
     "snapcell._support._lazy": ("lazy_exports",),
+    "snapcell._support._pickled": (
+        "HELPERS_MODULE",
+        "pickled_helper",
+        "pickled_helpers",
+    ),
     "snapcell._support._record": (
         "dataclass",
         "field",
@@ -36,6 +43,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 }
 
 __all__ = [
+    "HELPERS_MODULE",
     "VERSION",
     "RunCancelled",
     "SyncLoop",
@@ -45,6 +53,8 @@ __all__ = [
     "field",
     "is_async_callable",
     "lazy_exports",
+    "pickled_helper",
+    "pickled_helpers",
 ]
 
 __getattr__, __dir__ = _lazy.lazy_exports(__name__, _EXPORTS, globals())

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         scan_body,
         scanned_frames,
     )
-    from snapcell.checkpoint._pickle import Dumped, dump_namespace
+    from snapcell.checkpoint._pickle import Dumped, DumpOptions, dump_namespace
     from snapcell.checkpoint._rule import HELPERS, GlobalRule, Refusal, global_refusal
     from snapcell.checkpoint._signing import ENV_SIGNING_KEY, ID_BODY, ID_BYTES, MAC_BYTES, CheckpointId, Keyring
     from snapcell.checkpoint._trial import make_trial_load
@@ -100,6 +100,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "snapcell.checkpoint._pickle": (
         "Dumped",
+        "DumpOptions",
         "dump_namespace",
     ),
     "snapcell.checkpoint._rule": (
@@ -143,6 +144,7 @@ __all__ = [
     "Container",
     "DroppedVariable",
     "Dumped",
+    "DumpOptions",
     "FindGlobal",
     "GlobalRule",
     "Header",

@@ -18,13 +18,8 @@ from typing import Any
 import cloudpickle
 import dill
 
+import snapcell.checkpoint.helpers as helpers
 from snapcell.checkpoint._hoststate import state_refusal
-from snapcell.checkpoint._pickle import (
-    _code_in_cell,
-    _rebuild_datetime_array,
-    _rebuild_lru_cache,
-    _rebuild_recursive_repr,
-)
 from snapcell.checkpoint._rule import (
     CLASS_DUNDERS,
     HELPERS,
@@ -39,18 +34,9 @@ from snapcell.checkpoint._rule import (
     module_refusal,
 )
 
-__all__ = ["PICKLE_MODULE", "FindGlobal", "checked", "make_find_global"]
+__all__ = ["FindGlobal", "checked", "make_find_global"]
 
-# Pickles name snapcell's own reconstruction helpers by this module path.
-PICKLE_MODULE = "snapcell.checkpoint._pickle"
 FindGlobal = Callable[[str, str], Any]
-
-_OWN_HELPERS: dict[str, Callable[..., Any]] = {
-    "_rebuild_datetime_array": _rebuild_datetime_array,
-    "_rebuild_lru_cache": _rebuild_lru_cache,
-    "_rebuild_recursive_repr": _rebuild_recursive_repr,
-    "_code_in_cell": _code_in_cell,
-}
 
 
 def _public_getattr(rule: GlobalRule, obj: object, name: str, *default: object) -> Any:
@@ -78,6 +64,18 @@ def _refuse_state(module: str, name: str, value: Any) -> Any:
     if problem is not None:
         raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
     return value
+
+
+def _own_helper(name: str) -> Any:
+    """A helper of snapcell's, by its stable name (`snapcell.checkpoint.helpers`), as the rule allowed it."""
+    if name == "session_namespace":
+        # Only the loader's own unpickler hands out the namespace it restores into.
+        raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
+    helper = getattr(helpers, name, None)
+    if helper is None:
+        # A helper of a layer above registers when its module is imported; the runner that loads imports them all.
+        raise pickle.UnpicklingError(f"the checkpoint refers to {helpers.MODULE}.{name}, which is not loaded here")
+    return helper
 
 
 def _class_dunder(owner: object, name: str) -> Any:
@@ -174,10 +172,8 @@ def make_find_global(
             if name in ("subimport", "dynamic_subimport"):
                 return subimport
             return checked(kind, getattr(cloudpickle.cloudpickle, name), rule)
-        if module == PICKLE_MODULE:
-            if name not in _OWN_HELPERS:
-                raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
-            return _OWN_HELPERS[name]
+        if module == helpers.MODULE:
+            return checked(kind, _own_helper(name), rule)
         if module.split(".")[0] in ("snapcell", "dill", "copyreg") or module == "builtins":
             target: Any = importlib.import_module(module)
             return checked(kind, _refuse_state(module, name, getattr(target, name)), rule)

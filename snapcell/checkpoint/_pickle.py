@@ -56,10 +56,17 @@ from snapcell.checkpoint._frames import (
 )
 from snapcell.checkpoint._rule import GlobalRule, Refusal
 from snapcell.checkpoint._stdvalues import std_reducers
+from snapcell.checkpoint.helpers import (
+    code_in_cell,
+    rebuild_datetime_array,
+    rebuild_lru_cache,
+    rebuild_recursive_repr,
+    session_namespace,
+)
 from snapcell.checkpoint.scan import PLAIN_UNREFUSED_BYTES, compile_patterns, scan_pickle, scan_pickle_data
-from snapcell.errors import UnpicklableValue
+from snapcell.errors import ConfigError, UnpicklableValue
 
-__all__ = ["FRAME_BLOB_BYTES", "Dumped", "TrialLoad", "dump_namespace"]
+__all__ = ["FRAME_BLOB_BYTES", "DumpOptions", "Dumped", "TrialLoad", "dump_namespace"]
 
 
 _PROTOCOL = 5
@@ -73,18 +80,6 @@ _MAX_KEPT_CELLS = 200
 _CELL_PREFIX = "<cell-"
 # Frame parts at least this large are stored once as content-addressed blobs (unchanged ones cost a reference).
 FRAME_BLOB_BYTES = 16 * 1024
-
-
-def _rebuild_lru_cache(func: Callable[..., Any], maxsize: int | None, typed: bool) -> Callable[..., Any]:
-    return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
-
-
-def _code_in_cell(constructor: Callable[..., types.CodeType], args: tuple[Any, ...], filename: str) -> types.CodeType:
-    return constructor(*args).replace(co_filename=filename)
-
-
-def _rebuild_recursive_repr(func: Callable[[Any], str]) -> Callable[[Any], str]:
-    return functools.wraps(func)(reprlib.recursive_repr()(func))
 
 
 def _recursive_repr_codes() -> frozenset[types.CodeType]:
@@ -112,22 +107,12 @@ def _datetime_array_reduce(array: Any) -> tuple[Callable[..., Any], tuple[Any, .
     numpy = sys.modules.get("numpy")
     if numpy is None or type(array) is not numpy.ndarray or not array.flags.c_contiguous or array.dtype.itemsize != 8:
         return None
-    return _rebuild_datetime_array, (pickle.PickleBuffer(array.view(numpy.int64)), array.dtype.str, array.shape)
-
-
-def _rebuild_datetime_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
-    import numpy
-
-    return numpy.frombuffer(buffer, dtype=numpy.int64).reshape(shape).view(numpy.dtype(dtype))
+    return rebuild_datetime_array, (pickle.PickleBuffer(array.view(numpy.int64)), array.dtype.str, array.shape)
 
 
 class _RefusedGlobal(Exception):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(f"it refers to {refusal.describe()}, which the checkpoint loader refuses")
-
-
-def _session_namespace() -> dict[str, Any]:
-    raise pickle.UnpicklingError("the session namespace can only be restored by load_namespace")
 
 
 class _NamespaceToken:
@@ -136,7 +121,7 @@ class _NamespaceToken:
     __slots__ = ()
 
     def __reduce__(self) -> tuple[Callable[[], dict[str, Any]], tuple[()]]:
-        return _session_namespace, ()
+        return session_namespace, ()
 
 
 _NAMESPACE_TOKEN = _NamespaceToken()
@@ -169,18 +154,18 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             return std(obj)
         if isinstance(obj, functools._lru_cache_wrapper):
             params = obj.cache_parameters()
-            return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
+            return rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
         if isinstance(obj, types.CodeType) and obj.co_filename.startswith(_CELL_PREFIX):
             # cloudpickle renames every code object <dynamic-code>; the cell name keeps restored tracebacks readable.
             constructor, args = cloudpickle.cloudpickle._code_reduce(obj)
-            return _code_in_cell, (constructor, args, obj.co_filename)
+            return code_in_cell, (constructor, args, obj.co_filename)
         if type(obj).__name__ == "ndarray" and getattr(obj, "dtype", None) is not None and obj.dtype.kind in "mM":  # type: ignore[attr-defined]
             reduced = _datetime_array_reduce(obj)
             if reduced is not None:
                 return reduced
         if isinstance(obj, types.FunctionType) and obj.__code__ in _RECURSIVE_REPR_CODES and obj.__closure__:
             user_function = obj.__closure__[obj.__code__.co_freevars.index("user_function")].cell_contents
-            return _rebuild_recursive_repr, (user_function,)
+            return rebuild_recursive_repr, (user_function,)
         return super().reducer_override(obj)
 
 
@@ -449,25 +434,61 @@ class _Unrestorable(Exception):
         super().__init__(f"it would not restore at load ({_describe(cause)})")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DumpOptions:
+    """How `dump_namespace` serializes a namespace: the settings, fixed for a session or a dump, not its data.
+
+    Attributes:
+        level: zstd compression level (the pool checks the one it is given).
+        on_unpicklable: ``"skip"`` drops and names a variable that cannot be serialized; ``"fail"`` raises.
+        blob_threshold_bytes: Smallest buffer stored as a blob; None keeps every buffer inside the body.
+        frame_blob_threshold_bytes: Smallest frame part stored once as a content-addressed blob; None keeps every
+            frame inside the body.
+        rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
+            the loader would refuse (`snapcell.checkpoint.scan._scan`) is dropped and named, as the host would refuse
+            the whole checkpoint before signing it. A pickle of plain data (lists, dicts, sets, tuples, strings,
+            bytes and numbers only, as the pickler saw) names none and is not scanned here; the host scans it.
+        trial: The loader's restricted unpickler (pickle bytes and buffers to a value, raising when it would
+            fail at load); each new frame is restored by it right after pickling, and a variable whose frame
+            fails is dropped and named. A frame of plain data cannot fail to restore and is not restored.
+
+    Raises:
+        ConfigError: An ``on_unpicklable`` other than ``"skip"`` or ``"fail"``, or a negative threshold.
+    """
+
+    level: int = 1
+    on_unpicklable: Literal["skip", "fail"] = "skip"
+    blob_threshold_bytes: int | None = BLOB_THRESHOLD_BYTES
+    frame_blob_threshold_bytes: int | None = FRAME_BLOB_BYTES
+    rule: GlobalRule | Callable[[str], bool] | None = None
+    trial: TrialLoad | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_unpicklable not in ("skip", "fail"):
+            raise ConfigError(f'on_unpicklable must be "skip" or "fail", not {self.on_unpicklable!r}')
+        for name in ("blob_threshold_bytes", "frame_blob_threshold_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must be at least 0 or None, not {value!r}")
+
+
+_DEFAULT_OPTIONS = DumpOptions()
+
+
 def dump_namespace(
     variables: Mapping[str, object],
     *,
     namespace: dict[str, Any],
     created_at: float,
-    level: int = 1,
-    on_unpicklable: Literal["skip", "fail"] = "skip",
+    options: DumpOptions | None = None,
     setup_cells: Iterable[str] = (),
     cells: Iterable[str] = (),
     cell_count: int = 0,
     future_flags: int = 0,
+    definitions: Iterable[str] = (),
     known_blobs: Mapping[str, BlobRef] | None = None,
-    blob_threshold: int | None = BLOB_THRESHOLD_BYTES,
-    rule: GlobalRule | Callable[[str], bool] | None = None,
-    trial: TrialLoad | None = None,
     restored: set[bytes] | None = None,
     scanned: set[bytes] | None = None,
-    definitions: Iterable[str] = (),
-    frame_blob_threshold: int | None = FRAME_BLOB_BYTES,
 ) -> Dumped:
     """Serialize variables into an unsigned checkpoint body.
 
@@ -480,30 +501,20 @@ def dump_namespace(
         variables: Name to value, in the order to store them.
         namespace: The globals dict of the script's functions; restored functions get the new namespace.
         created_at: Creation time recorded in the manifest (seconds since the epoch).
-        level: zstd compression level.
-        on_unpicklable: ``"skip"`` drops and names a variable that cannot be serialized; ``"fail"`` raises.
+        options: The settings (compression, unpicklable variables, blob thresholds, the rule and the trial
+            restore); the defaults of `DumpOptions` when None.
         setup_cells: Setup cell sources, in order.
         cells: Cell sources; the most recent ones are kept so restored tracebacks show their lines.
         cell_count: Cells run so far, so new cell names stay unique after a load.
         future_flags: ``__future__`` flags in force.
-        known_blobs: Blobs the store already has (from this session's earlier dumps and loads), by hash.
-            Buffers of at least ``blob_threshold`` bytes become blobs; only unknown ones are encoded.
-        blob_threshold: Smallest buffer stored as a blob; None keeps every buffer inside the body.
-        rule: The policy's part of the loader's rule; when given, a variable whose pickle names a global
-            the loader would refuse (`snapcell.checkpoint.scan._scan`) is dropped and named, as the host would refuse
-            the whole checkpoint before signing it. A pickle of plain data (lists, dicts, sets, tuples, strings,
-            bytes and numbers only, as the pickler saw) names none and is not scanned here; the host scans it.
-        trial: The loader's restricted unpickler (pickle bytes and buffers to a value, raising when it would
-            fail at load); each new frame is restored by it right after pickling, and a variable whose frame
-            fails is dropped and named. A frame of plain data cannot fail to restore and is not restored.
-        restored: Hashes of frames that ``trial`` restored before (kept by the caller across dumps).
-        scanned: Hashes of pickles that passed ``rule`` before; their scan is skipped (the scan is a function of
-            the bytes and the rule), and pickles that pass are added. Kept by the caller across dumps made with one
-            ``rule`` only: a set filled under another rule would let a refused global through.
         definitions: Top-level def/class/import statements of the cells, re-run at load when a function or
             class cannot be restored.
-        frame_blob_threshold: Smallest frame part stored once as a content-addressed blob; None keeps every
-            frame inside the body.
+        known_blobs: Blobs the store already has (from this session's earlier dumps and loads), by hash.
+            Buffers of at least ``options.blob_threshold_bytes`` become blobs; only unknown ones are encoded.
+        restored: Hashes of frames that ``options.trial`` restored before (kept by the caller across dumps).
+        scanned: Hashes of pickles that passed ``options.rule`` before; their scan is skipped (the scan is a
+            function of the bytes and the rule), and pickles that pass are added. Kept by the caller across dumps
+            made with one ``rule`` only: a set filled under another rule would let a refused global through.
 
     Returns:
         The body, its manifest, the blobs to store first, and the blobs to refresh.
@@ -511,10 +522,12 @@ def dump_namespace(
     Raises:
         UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
     """
+    options = options or _DEFAULT_OPTIONS
+    level, rule = options.level, options.rule
     if rule is not None:
         # Here rather than in the first scan: a worker's warm-up dump (plain data, so not scanned) builds them.
         compile_patterns()
-    builder = _Builder(namespace, rule, trial, restored, scanned)
+    builder = _Builder(namespace, rule, options.trial, restored, scanned)
     frames = builder.frames(variables)
     failed = builder.failed
     dill_sections: list[tuple[str, bytes]] = []
@@ -535,7 +548,7 @@ def dump_namespace(
         except Exception as exc:  # same boundary as above
             reason = f"cannot be serialized ({_describe(cause)}; dill: {_describe(exc)})"
             dropped.append(DroppedVariable(name=name, type_name=_type_name(value), reason=reason))
-    if dropped and on_unpicklable == "fail":
+    if dropped and options.on_unpicklable == "fail":
         names = [d.name for d in dropped]
         raise UnpicklableValue(
             f"cannot serialize {', '.join(names)}; delete them or recreate them in a setup cell",
@@ -560,6 +573,7 @@ def dump_namespace(
         counts = []
         for part in frame.parts:
             size = len(part.data)
+            frame_blob_threshold = options.frame_blob_threshold_bytes
             if frame_blob_threshold is not None and frame_blob_threshold <= size <= CHUNK_BYTES:
                 digest = hash_buffer(part.data)
                 view = memoryview(part.data)
@@ -573,7 +587,7 @@ def dump_namespace(
                 level=level,
                 created_at=created_at,
                 known=known,
-                threshold=blob_threshold,
+                threshold=options.blob_threshold_bytes,
                 refs=refs,
                 out=dumped,
             )

@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from snapcell._support import HELPERS_MODULE
 from snapcell.checkpoint._stdvalues import VALUE_HELPERS, value_call_refusal
 
 __all__ = [
     "ALIASES",
     "MOVED_MODULES",
+    "OLDER_HELPER_PATHS",
     "current_name",
     "CLASS_DUNDERS",
     "HELPERS",
@@ -116,19 +118,14 @@ HELPERS: dict[tuple[str, str], str] = {
     ("builtins", "type"): TYPE_CALL,
     ("operator", "attrgetter"): ATTR_PATHS,
     ("operator", "methodcaller"): ATTR_PATHS,
+    # snapcell's own helpers, by their one stable path (`snapcell.checkpoint.helpers`). The policy's stand-ins
+    # (``attrgetter``, ``dataclass``, ...) share that path but are the policy's to allow (`GlobalRule.stand_ins`).
     **{
-        ("snapcell.checkpoint._pickle", name): PLAIN
+        (HELPERS_MODULE, name): PLAIN
         for name in (
-            "_session_namespace", "_rebuild_datetime_array", "_rebuild_lru_cache", "_rebuild_recursive_repr",
-            "_code_in_cell",
-        )
-    },
-    ("snapcell.interpreter._host", "host_function"): PLAIN,
-    **{
-        ("snapcell.policy._guard", name): PLAIN
-        for name in (
-            "_sliced_sleep", "_guarded_attrgetter", "_guarded_methodcaller", "guarded_getattr", "guarded_hasattr",
-            "guarded_setattr", "guarded_delattr", "guarded_dir", "guarded_vars",
+            "session_namespace", "rebuild_datetime_array", "rebuild_lru_cache", "rebuild_recursive_repr",
+            "code_in_cell", "host_function", "sliced_sleep", "guarded_getattr", "guarded_hasattr", "guarded_setattr",
+            "guarded_delattr", "guarded_dir", "guarded_vars",
         )
     },
     # Standard-library and data-library internals that their own classes pickle through.
@@ -183,20 +180,64 @@ NAMES_ONLY: dict[str, frozenset[str]] = {"copy": frozenset({"copy", "deepcopy", 
 # (``typing.Optional[int]`` pickles as ``_operator.getitem(typing.Union, (int, NoneType))``). The alias stands for
 # its public twin exactly: allowed only when the twin is, so no other name of ``_operator`` becomes reachable.
 ALIASES: dict[tuple[str, str], tuple[str, str]] = {("_operator", "getitem"): ("operator", "getitem")}
-# snapcell's own modules whose helpers checkpoints name, by the path each had when older checkpoints were written:
-# a pickle names a helper by its module, so a helper module that moves keeps every checkpoint naming its old path
-# loading. The host's scan and the loader both read a global through `current_name`, so both see the same helper.
+# Where snapcell's helpers were before they all took their stable path, and the names they had there: a pickle names
+# a helper by its module, so each older path stays an alias of the helper's stable one, and every checkpoint written
+# before loads. Each older name stands for exactly its helper, and is allowed exactly when that helper is (a stand-in
+# only under a policy whose rule has it). Entries are never removed.
+OLDER_HELPER_PATHS: dict[str, dict[str, str]] = {
+    "snapcell.checkpoint._pickle": {
+        "_session_namespace": "session_namespace",
+        "_rebuild_datetime_array": "rebuild_datetime_array",
+        "_rebuild_lru_cache": "rebuild_lru_cache",
+        "_rebuild_recursive_repr": "rebuild_recursive_repr",
+        "_code_in_cell": "code_in_cell",
+    },
+    "snapcell.checkpoint._stdvalues": {name: name for _module, name in VALUE_HELPERS},
+    "snapcell.interpreter._host": {"host_function": "host_function"},
+    "snapcell.policy._guard": {
+        "_sliced_sleep": "sliced_sleep",
+        "_guarded_attrgetter": "attrgetter",
+        "_guarded_methodcaller": "methodcaller",
+        **{
+            name: name
+            for name in (
+                "guarded_getattr", "guarded_hasattr", "guarded_setattr", "guarded_delattr", "guarded_dir",
+                "guarded_vars",
+            )
+        },
+    },
+    "snapcell.policy._standins": {
+        name: name
+        for name in (
+            "attrgetter", "methodcaller", "Formatter", "update_wrapper", "wraps", "singledispatch",
+            "singledispatchmethod", "total_ordering", "dataclass", "make_dataclass", "replace", "asdict", "astuple",
+            "no_type_check", "final", "runtime_checkable", "update_abstractmethods", "all_tasks", "current_task",
+        )
+    },
+    "snapcell.policy._fidelity": {"run": "run"},
+}  # fmt: skip
+# Modules whose helpers had moved once before: the same names as in the module each moved to.
 MOVED_MODULES: dict[str, str] = {
     "snapcell.runner._host": "snapcell.interpreter._host",
     "snapcell.runner._guard": "snapcell.policy._guard",
     "snapcell.runner._standins": "snapcell.policy._standins",
     "snapcell.runner._fidelity": "snapcell.policy._fidelity",
 }
+ALIASES.update(
+    ((module, old), (HELPERS_MODULE, new)) for module, names in OLDER_HELPER_PATHS.items() for old, new in names.items()
+)
+ALIASES.update(
+    ((old_module, old), (HELPERS_MODULE, new))
+    for old_module, module in MOVED_MODULES.items()
+    for old, new in OLDER_HELPER_PATHS[module].items()
+)
 
 
 def current_name(module: str, name: str) -> tuple[str, str]:
-    """The global a checkpoint's ``module.name`` stands for today: moved modules and C accelerators resolved."""
-    module = MOVED_MODULES.get(module, module)
+    """The global a checkpoint's ``module.name`` stands for today: older helper paths and C accelerators resolved.
+
+    The host's scan and the loader both read every global through it, so both see the same helper.
+    """
     return ALIASES.get((module, name), (module, name))
 
 
@@ -299,7 +340,7 @@ def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule)
     rule = as_rule(rule)
     if (module, name) in HELPERS or (module, name) in rule.stand_ins:
         return None
-    if (module, name) in ALIASES or module in MOVED_MODULES:
+    if (module, name) in ALIASES:
         return global_refusal(*current_name(module, name), rule)
     if module in NAMES_ONLY and name not in NAMES_ONLY[module]:
         return "a name of a module whose other names are serializer machinery"

@@ -19,9 +19,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final
 
+from snapcell._support import HELPERS_MODULE, pickled_helper
+
 __all__ = ["MODULE", "VALUE_HELPERS", "keeps_identity", "std_reducers", "value_call_refusal"]
 
-MODULE: Final = "snapcell.checkpoint._stdvalues"
+# Checkpoints name the helpers by their stable path (`snapcell.checkpoint.helpers`), not by this module.
+MODULE: Final = HELPERS_MODULE
 _MAX_COUNT = 2**31 - 1  # semaphore values, queue sizes, unfinished tasks, stream positions
 _MAX_SPEC = 64
 _MAX_ZONE_KEY = 128
@@ -168,6 +171,7 @@ def _checked(kind: str, *args: Any) -> None:
 # ------------------------------------------------------------------ the helpers (called at load)
 
 
+@pickled_helper
 def rebuild_lock(spec: str) -> Any:
     """An ``asyncio.Lock``, locked or not, bound to no loop."""
     import asyncio
@@ -178,6 +182,7 @@ def rebuild_lock(spec: str) -> Any:
     return lock
 
 
+@pickled_helper
 def rebuild_event(spec: str) -> Any:
     """An ``asyncio.Event``, set or not, bound to no loop."""
     import asyncio
@@ -189,6 +194,7 @@ def rebuild_event(spec: str) -> Any:
     return event
 
 
+@pickled_helper
 def rebuild_semaphore(spec: str) -> Any:
     """An ``asyncio.Semaphore`` (``Semaphore:value``) or ``BoundedSemaphore`` (``BoundedSemaphore:value/bound``)."""
     import asyncio
@@ -203,6 +209,7 @@ def rebuild_semaphore(spec: str) -> Any:
     return semaphore
 
 
+@pickled_helper
 def rebuild_condition(lock: Any) -> Any:
     """An ``asyncio.Condition`` around ``lock`` (restored on its own, so a lock shared with a variable stays so)."""
     import asyncio
@@ -211,6 +218,7 @@ def rebuild_condition(lock: Any) -> Any:
     return asyncio.Condition(lock)
 
 
+@pickled_helper
 def rebuild_queue(spec: str, items: list[Any]) -> Any:
     """An ``asyncio.Queue``/``LifoQueue``/``PriorityQueue`` (``Kind:maxsize:unfinished``) holding ``items``."""
     import asyncio
@@ -227,6 +235,7 @@ def rebuild_queue(spec: str, items: list[Any]) -> Any:
     return queue
 
 
+@pickled_helper
 def rebuild_stringio(spec: str, text: str) -> Any:
     """An ``io.StringIO`` (``newline-mode:position``) holding ``text`` as stored, without newline translation."""
     import io
@@ -239,6 +248,7 @@ def rebuild_stringio(spec: str, text: str) -> Any:
     return buffer
 
 
+@pickled_helper
 def rebuild_bytesio(spec: str, data: bytes) -> Any:
     """An ``io.BytesIO`` (``position``) holding ``data``."""
     import io
@@ -249,6 +259,7 @@ def rebuild_bytesio(spec: str, data: bytes) -> Any:
     return buffer
 
 
+@pickled_helper
 def rebuild_zoneinfo(key: str) -> Any:
     """``zoneinfo.ZoneInfo(key)``."""
     import zoneinfo

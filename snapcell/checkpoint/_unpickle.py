@@ -1,7 +1,8 @@
 """Checkpoint body -> namespace: restricted unpickling, decompression, and blobs put back in place.
 
 Every global a checkpoint names goes through `make_find_global`, so loading never imports an
-arbitrary module. Helpers that pickles name by path stay in `_pickle` (old checkpoints refer to them).
+arbitrary module. Pickles name snapcell's own helpers by one stable path (`snapcell.checkpoint.helpers`); older
+paths are aliases of it (`snapcell.checkpoint._rule`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from snapcell.checkpoint._classes import (
     make_skeleton_enum,
     make_typevar,
 )
-from snapcell.checkpoint._findglobal import PICKLE_MODULE, FindGlobal, checked, make_find_global
+from snapcell.checkpoint._findglobal import FindGlobal, checked, make_find_global
 from snapcell.checkpoint._format import (
     Codec,
     Container,
@@ -51,7 +52,9 @@ from snapcell.checkpoint._pickle import (
 from snapcell.checkpoint._rule import (
     HELPERS,
     NOT_IN_DILL,
+    current_name,
 )
+from snapcell.checkpoint.helpers import MODULE as HELPERS_MODULE
 from snapcell.errors import CheckpointCorrupt
 
 __all__ = [
@@ -101,7 +104,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         self._made: dict[int, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == (PICKLE_MODULE, "_session_namespace"):
+        if current_name(module, name) == (HELPERS_MODULE, "session_namespace"):
             return lambda: self._namespace
         if module != "cloudpickle.cloudpickle" or name not in _TRACKED:
             return self._find_global(module, name)

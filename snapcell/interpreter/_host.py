@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
-from snapcell._support import is_async_callable
+from snapcell._support import is_async_callable, pickled_helper
 from snapcell.errors import ConfigError, OutputLimitExceeded
 
 if TYPE_CHECKING:
@@ -74,8 +74,9 @@ class HostFunction:
         return self._name
 
 
+@pickled_helper
 def host_function(name: str) -> HostFunction:
-    """Rebuild a host-function proxy when a checkpoint is loaded."""
+    """Rebuild a host-function proxy when a checkpoint is loaded (its stable name: `snapcell.checkpoint.helpers`)."""
     return HostFunction(name)
 
 

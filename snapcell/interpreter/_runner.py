@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
+from snapcell._support import HELPERS_MODULE
 from snapcell.errors import (
     LimitExceeded,
     MemoryLimitExceeded,
@@ -142,7 +143,7 @@ class Runner:
         from snapcell.checkpoint import make_find_global
 
         overrides = {
-            ("snapcell.interpreter._host", "host_function"): _host_function,
+            (HELPERS_MODULE, "host_function"): _host_function,
             **self.policy.find_global_overrides(),
         }
         return make_find_global(self.rule, overrides, resolve=self.policy.global_resolver())
@@ -396,27 +397,25 @@ class Runner:
         Raises:
             UnpicklableValue: With ``on_unpicklable="fail"``, when a variable cannot be serialized.
         """
-        from snapcell.checkpoint import dump_namespace
+        from snapcell.checkpoint import DumpOptions, dump_namespace
 
         for digest in passed_frames:
             if len(self._scanned) < _MAX_RESTORED_FRAMES:
                 self._scanned.add(bytes.fromhex(digest))
+        options = DumpOptions(level=level, on_unpicklable=on_unpicklable, rule=self.rule, trial=self._bounded_trial)
         dumped = dump_namespace(
             self.variables(),
             namespace=self.namespace,
             created_at=created_at,
-            level=level,
-            on_unpicklable=on_unpicklable,
+            options=options,
             setup_cells=self.setup_cells,
             cells=self.cells,
             cell_count=self.cell_count,
             future_flags=self.future_flags,
+            definitions=self.definitions.sources(),
             known_blobs=known_blobs,
-            rule=self.rule,
-            trial=self._bounded_trial,
             restored=self._restored,
             scanned=self._scanned,
-            definitions=self.definitions.sources(),
         )
         dropped = dumped.manifest.dropped
         new = [d for d in dropped if self._named_drops.get(d.name) != id(self.namespace.get(d.name))]

@@ -217,7 +217,7 @@ async def run_at_top_level(func: Any, /, *args: Any, **kwargs: Any) -> Any:
     return func(*args, **kwargs)
 
 
-register_stand_in("asyncio", "run", run, pickled_as=(f"{__name__}.run",))
+register_stand_in("asyncio", "run", run)
 
 
 def fidelity_builtins() -> dict[str, Any]:

@@ -20,6 +20,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from snapcell._support import HELPERS_MODULE, pickled_helper
 from snapcell.errors import PolicyError
 from snapcell.policy._rewrite import FORMAT_ATTR_NAME
 
@@ -444,23 +445,23 @@ def _sliced_sleep(seconds: float) -> None:
 
 
 _sliced_sleep.__name__ = "sleep"
+pickled_helper(_sliced_sleep, "sliced_sleep")
 
-# Stand-ins pickled by reference (module, name); the checkpoint loader maps them back.
+# Stand-ins pickled by reference, by their stable path (module, name); the checkpoint loader maps them back.
 # `snapcell.policy._standins` adds the rest of both tables when it is imported (the policy imports it).
-GUARD_GLOBALS: dict[tuple[str, str], Any] = {(__name__, "_sliced_sleep"): _sliced_sleep}
+GUARD_GLOBALS: dict[tuple[str, str], Any] = {(HELPERS_MODULE, "sliced_sleep"): _sliced_sleep}
 
 _SPECIAL: dict[tuple[str, str], Any] = {("time", "sleep"): _sliced_sleep}
 
 
-def register_stand_in(module: str, name: str, value: Any, *, pickled_as: tuple[str, ...] = ()) -> None:
-    """Make module views hand out ``value`` for ``module.name``, and let checkpoints name it as ``pickled_as``.
+def register_stand_in(module: str, name: str, value: Any) -> None:
+    """Make module views hand out ``value`` for ``module.name``, and let checkpoints name it by its stable path.
 
-    Call before the first view of ``module`` is built (views are cached).
+    A checkpoint names it ``snapcell.checkpoint.helpers.<value.__name__>`` (`pickled_helper`). Call before the first
+    view of ``module`` is built (views are cached).
     """
     _SPECIAL[(module, name)] = value
-    for qualified in pickled_as:
-        owner, _, attribute = qualified.rpartition(".")
-        GUARD_GLOBALS[(owner, attribute)] = value
+    GUARD_GLOBALS[(HELPERS_MODULE, value.__name__)] = pickled_helper(value)
 
 
 def special_value(module: str, name: str, value: Any) -> Any:
@@ -468,6 +469,7 @@ def special_value(module: str, name: str, value: Any) -> Any:
     return _SPECIAL.get((module, name), value)
 
 
+@pickled_helper
 def guarded_getattr(obj: Any, name: str, *default: Any) -> Any:
     """`getattr` that refuses dunder, private and frame/code names."""
     name = check_attr(name)
@@ -476,16 +478,19 @@ def guarded_getattr(obj: Any, name: str, *default: Any) -> Any:
     return getattr(obj, name, *default)
 
 
+@pickled_helper
 def guarded_hasattr(obj: Any, name: str) -> bool:
     """`hasattr` that refuses dunder, private and frame/code names."""
     return hasattr(obj, check_attr(name))
 
 
+@pickled_helper
 def guarded_setattr(obj: Any, name: str, value: Any) -> None:
     """`setattr` that refuses dunder, private and frame/code names, and objects the script does not own."""
     setattr(store_target(obj), check_attr(name, store=True), value)
 
 
+@pickled_helper
 def guarded_delattr(obj: Any, name: str) -> None:
     """`delattr` that refuses dunder, private and frame/code names, and objects the script does not own."""
     delattr(store_target(obj), check_attr(name, store=True))
@@ -495,6 +500,7 @@ def _visible(names: Iterable[str]) -> list[str]:
     return sorted(n for n in names if attribute_problem(n) is None)
 
 
+@pickled_helper
 def guarded_dir(*args: Any) -> list[str]:
     """`dir` listing only the names a script may use."""
     if not args:
@@ -503,6 +509,7 @@ def guarded_dir(*args: Any) -> list[str]:
     return _visible(dir(*args))
 
 
+@pickled_helper
 def guarded_vars(*args: Any) -> dict[str, Any]:
     """`vars` of an instance or module view; classes and the caller's scope are refused."""
     if len(args) != 1:

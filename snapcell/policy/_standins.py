@@ -563,26 +563,26 @@ def stand_in_builtins() -> dict[str, Any]:
     }
 
 
-_STAND_INS: list[tuple[str, str, Any, tuple[str, ...]]] = [
-    ("operator", "attrgetter", attrgetter, ("snapcell.policy._guard._guarded_attrgetter",)),
-    ("operator", "methodcaller", methodcaller, ("snapcell.policy._guard._guarded_methodcaller",)),
-    ("string", "Formatter", Formatter, ()),
-    ("functools", "update_wrapper", update_wrapper, ()),
-    ("functools", "wraps", wraps, ()),
-    ("functools", "singledispatch", singledispatch, ()),
-    ("functools", "singledispatchmethod", singledispatchmethod, ()),
-    ("functools", "total_ordering", total_ordering, ()),
-    ("dataclasses", "dataclass", dataclass, ()),
-    ("dataclasses", "make_dataclass", make_dataclass, ()),
-    ("dataclasses", "replace", replace, ()),
-    ("dataclasses", "asdict", asdict, ()),
-    ("dataclasses", "astuple", astuple, ()),
-    ("typing", "no_type_check", no_type_check, ()),
-    ("typing", "final", final, ()),
-    ("typing", "runtime_checkable", runtime_checkable, ()),
-    ("abc", "update_abstractmethods", update_abstractmethods, ()),
-    ("asyncio", "all_tasks", all_tasks, ()),
-    ("asyncio", "current_task", current_task, ()),
+_STAND_INS: list[tuple[str, str, Any]] = [
+    ("operator", "attrgetter", attrgetter),
+    ("operator", "methodcaller", methodcaller),
+    ("string", "Formatter", Formatter),
+    ("functools", "update_wrapper", update_wrapper),
+    ("functools", "wraps", wraps),
+    ("functools", "singledispatch", singledispatch),
+    ("functools", "singledispatchmethod", singledispatchmethod),
+    ("functools", "total_ordering", total_ordering),
+    ("dataclasses", "dataclass", dataclass),
+    ("dataclasses", "make_dataclass", make_dataclass),
+    ("dataclasses", "replace", replace),
+    ("dataclasses", "asdict", asdict),
+    ("dataclasses", "astuple", astuple),
+    ("typing", "no_type_check", no_type_check),
+    ("typing", "final", final),
+    ("typing", "runtime_checkable", runtime_checkable),
+    ("abc", "update_abstractmethods", update_abstractmethods),
+    ("asyncio", "all_tasks", all_tasks),
+    ("asyncio", "current_task", current_task),
 ]
-for _module, _name, _value, _old in _STAND_INS:
-    register_stand_in(_module, _name, _value, pickled_as=(f"{__name__}.{_value.__name__}", *_old))
+for _module, _name, _value in _STAND_INS:
+    register_stand_in(_module, _name, _value)

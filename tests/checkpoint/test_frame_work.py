@@ -16,13 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import _frames, _pickle, dump_namespace
+from snapcell.checkpoint import DumpOptions, _frames, _pickle, dump_namespace
 from snapcell.checkpoint._pickle import _pickle_part
 from snapcell.checkpoint.scan import _scan, _scanplain
 from snapcell.checkpoint.scan._scan import scan_pickle_data
+from snapcell.errors import ConfigError
 from snapcell.interpreter._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())  # numpy is not allowed: an array's pickle is refused
+CHECKED = DumpOptions(rule=RULE)
 
 
 def _frame_names(dumped: Any) -> list[list[str]]:
@@ -92,7 +94,7 @@ def test_a_pickle_that_passed_the_rule_is_not_scanned_again(monkeypatch: pytest.
     def dump(n: int) -> Any:
         scans.clear()
         variables = {"rows": rows, "n": datetime.date(2024, 1, n), "arr": numpy.arange(3)}
-        return dump_namespace(variables, namespace={}, created_at=0.0, rule=RULE, scanned=scanned)
+        return dump_namespace(variables, namespace={}, created_at=0.0, options=CHECKED, scanned=scanned)
 
     first = dump(1)
     rows_pickle = next(data for data in scans if b"row-199" in data)
@@ -111,7 +113,7 @@ def test_without_a_scanned_set_every_pickle_is_scanned(monkeypatch: pytest.Monke
     scans = _count_scans(monkeypatch)
     for _ in range(2):
         variables = {"rows": [datetime.date(2024, 1, 1)] * 100, "n": datetime.date(2024, 1, 2)}
-        dump_namespace(variables, namespace={}, created_at=0.0, rule=RULE)
+        dump_namespace(variables, namespace={}, created_at=0.0, options=CHECKED)
     assert len(scans) == 4
 
 
@@ -120,7 +122,7 @@ def test_plain_data_is_not_scanned_in_the_dump(monkeypatch: pytest.MonkeyPatch) 
     scans = _count_scans(monkeypatch)
     rows = [{"id": i, "name": f"n{i}"} for i in range(5000)]  # cut into parts
     dumped = dump_namespace(
-        {"rows": rows, "n": 1, "when": datetime.date(2024, 1, 1)}, namespace={}, created_at=0.0, rule=RULE
+        {"rows": rows, "n": 1, "when": datetime.date(2024, 1, 1)}, namespace={}, created_at=0.0, options=CHECKED
     )
     assert len(scans) == 1 and b"datetime" in scans[0]
     assert len(dumped.manifest.variables) == 3
@@ -147,7 +149,9 @@ def test_only_frames_of_plain_data_go_without_a_trial_restore() -> None:
         "flags": re.compile("a+"),
         "mixed": [{"id": i} for i in range(3000)] + [datetime.date(2024, 1, 3)],  # the last part names a class
     }
-    dumped = dump_namespace({**plain, **called}, namespace={}, created_at=0.0, rule=RULE, trial=failing_trial)
+    dumped = dump_namespace(
+        {**plain, **called}, namespace={}, created_at=0.0, options=DumpOptions(rule=RULE, trial=failing_trial)
+    )
     assert sorted(v.name for v in dumped.manifest.variables) == sorted(plain)
     assert sorted(d.name for d in dumped.manifest.dropped) == sorted(called)
     assert all("would not restore" in d.reason for d in dumped.manifest.dropped)
@@ -198,7 +202,7 @@ def test_plain_data_too_deep_to_scan_is_still_dropped_alone() -> None:
     """The one refusal plain data can meet is a stack too deep to verify: a stream that long is scanned."""
     # One byte (NONE) per value, all on the stack; the depth is checked at the stream's frames (every 64 KiB).
     deep = (None,) * (_scan.PLAIN_UNREFUSED_BYTES + (1 << 17))
-    dumped = dump_namespace({"deep": deep, "n": [1]}, namespace={}, created_at=0.0, rule=RULE)
+    dumped = dump_namespace({"deep": deep, "n": [1]}, namespace={}, created_at=0.0, options=CHECKED)
     assert [d.name for d in dumped.manifest.dropped] == ["deep"]
     assert [v.name for v in dumped.manifest.variables] == ["n"]
 
@@ -207,7 +211,7 @@ def test_a_dump_with_a_rule_compiles_the_scan_patterns_even_when_it_scans_nothin
     """A worker's warm-up dump is plain data (not scanned): it must still build the patterns its first scan needs."""
     _scanplain._group_patterns.cache_clear()
     _scanplain._memoize_segments.cache_clear()
-    dump_namespace({"x": [1]}, namespace={}, created_at=0.0, rule=RULE)
+    dump_namespace({"x": [1]}, namespace={}, created_at=0.0, options=CHECKED)
     assert _scanplain._group_patterns.cache_info().currsize == 1
     assert _scanplain._memoize_segments.cache_info().currsize == 1
 
@@ -246,3 +250,11 @@ def test_a_list_is_cut_into_slices_of_the_part_size_in_order(length: int) -> Non
     assert [item for part in parts for item in part] == value
     layout, parts = _frames.cut(dict.fromkeys(value), 64)
     assert layout == "dict" and [key for part in parts for key, _ in part] == value
+
+
+@pytest.mark.parametrize(
+    "options", [{"on_unpicklable": "drop"}, {"blob_threshold_bytes": -1}, {"frame_blob_threshold_bytes": -1}]
+)
+def test_dump_options_are_checked_when_made(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        DumpOptions(**options)

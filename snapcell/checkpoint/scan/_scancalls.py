@@ -20,7 +20,7 @@ from snapcell.checkpoint._rule import (
 )
 from snapcell.checkpoint.scan._scanvalues import (
     _FOREIGN_HELPERS,
-    _GETTER_NAMES,
+    _GETTERS,
     _NEW_OF_ARGUMENT,
     _NOT_AT_LOAD,
     _OWN_STATE,
@@ -81,7 +81,7 @@ class _Calls:
         if func.kind == MODULE_ARG and isinstance(args, tuple) and args and isinstance(args[0], str):
             return _ModuleRef(args[0])
         key = (func.module, func.name)
-        if func.kind == ATTR_PATHS or (func.module.startswith("snapcell.policy.") and func.name in _GETTER_NAMES):
+        if func.kind == ATTR_PATHS or key in _GETTERS:
             return GETTER
         if func.kind != PLAIN or key in _FOREIGN_HELPERS:
             return FOREIGN

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from snapcell._support import HELPERS_MODULE
 from snapcell.checkpoint._rule import PLAIN, TYPE_CALL, Refusal
 
 __all__ = ["FOREIGN", "GETTER", "MAX_MEMO_KEPT", "OPAQUE"]
@@ -67,9 +68,8 @@ _OWN_STATE = frozenset({("numpy", "dtype")})
 _NEW_OF_ARGUMENT = {("copyreg", "__newobj__"): 0, ("copyreg", "__newobj_ex__"): 0, ("copyreg", "_reconstructor"): 1}
 # Helpers never called while loading (a namespace holds them as values): the guarded getattr and its kin read and
 # write attributes of any object they are given, a module's included; the guarded getters make `GETTER`s.
-_GUARD = "snapcell.policy._guard"
 _NOT_AT_LOAD = frozenset(
-    (_GUARD, name)
+    (HELPERS_MODULE, name)
     for name in (
         "guarded_getattr",
         "guarded_hasattr",
@@ -79,7 +79,7 @@ _NOT_AT_LOAD = frozenset(
         "guarded_vars",
     )
 )
-_GETTER_NAMES = frozenset({"attrgetter", "methodcaller", "_guarded_attrgetter", "_guarded_methodcaller"})
+_GETTERS = frozenset({(HELPERS_MODULE, "attrgetter"), (HELPERS_MODULE, "methodcaller")})
 # cloudpickle's state setters: (obj, state) for an object the stream made.
 _SETSTATE = frozenset(
     {("cloudpickle.cloudpickle", "_class_setstate"), ("cloudpickle.cloudpickle", "_function_setstate")}
