@@ -14,7 +14,7 @@ import pytest
 
 import snapcell
 from snapcell.sandbox._sandbox import LAYERS, parse_required
-from tests.runner.sandbox_helpers import (
+from tests.sandbox.sandbox_helpers import (
     HANG_GUARD_S,
     require,
     wait_gone,

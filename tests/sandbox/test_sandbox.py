@@ -23,7 +23,7 @@ import pytest
 import snapcell
 from snapcell.sandbox import _seccomp
 from snapcell.sandbox._sandbox import LAYERS, seccomp_denied_syscalls
-from tests.runner.sandbox_helpers import (
+from tests.sandbox.sandbox_helpers import (
     _MIB,
     HANG_GUARD_S,
     PRELUDE,

@@ -1,10 +1,10 @@
-"""Fixtures of the runner tests: what the sandbox reports on this machine."""
+"""Fixtures of the sandbox tests: what the sandbox reports on this machine."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.runner.sandbox_helpers import sandboxed
+from tests.sandbox.sandbox_helpers import sandboxed
 
 
 @pytest.fixture(scope="session")

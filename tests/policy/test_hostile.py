@@ -395,7 +395,7 @@ def test_swallowed_timeouts_still_stop(run, code):
 
 def test_output_flood_is_capped(run):
     # That the flood costs work in proportion to what is printed, not to what is printed times what is kept, is
-    # counted (trims per byte) in tests/runner/test_capture.py, not timed here.
+    # counted (trims per byte) in tests/interpreter/test_capture.py, not timed here.
     result = run("for i in range(10**6):\n    print(i)", limits=Limits(max_output_bytes=1000))
     assert result.error is None
     assert result.stdout.endswith("999999\n")
