@@ -103,7 +103,7 @@ def pretouch(worker: Worker) -> int:
 
 def _steps(worker: Worker) -> Iterator[Callable[[], Any]]:
     """The throwaway turn, step by step, as the worker serves them (replies encoded, never sent)."""
-    import dataclasses  # not before a zygote's "ready" (tests/runner/test_zygote_imports.py)
+    import dataclasses  # not before a zygote's "ready" (tests/worker/test_zygote_imports.py)
 
     limits = to_plain(dataclasses.asdict(worker.runner.limits))
     run = {"op": "run", "code": _CELL, "host": {}, "setup": False, "limits": limits}
