@@ -25,7 +25,7 @@ separate Python process pays before it does any work. ``floor: JSON in Python`` 
 Python does: a JSON frame each way, the host answering a call in the loop's readiness callback, nothing checked.
 Each target's verdict also says how far those floors already are from monty.
 
-Ratios are to ``snapcell process``, the default (x < 1: faster than it). Targets (issue 16), as ratios to monty in
+Ratios are to ``snapcell process``, the default (x < 1: faster than it). Targets, as ratios to monty in
 the same run: process-mode ``run_1+1`` and ``host_call_each`` at most 1.5x monty's (``run_1+1_steady``,
 ``host_sync`` and ``host_async`` are reported against the same bound).
 
@@ -78,7 +78,7 @@ BASELINE = "snapcell process"
 SETUP_CODE = 'rows = [{"id": i, "name": f"row-{i}", "v": i * 0.5} for i in range(100)]\nturns = 0\n'
 TURN_CODE = 'turns += 1\ntotal = sum(r["v"] for r in rows)\n[turns, total]'
 HOST_LOOP = f"total = 0\nfor i in range({HOST_CALLS}):\n    total += f(i)\ntotal"
-# Issue 16: these process-mode medians at most TARGET_RATIO times monty's in the same run.
+# These process-mode medians at most TARGET_RATIO times monty's in the same run.
 TARGETS = ("run_1+1", "run_1+1_steady", "host_sync", "host_async", "host_call_each")
 TARGET_RATIO = 1.5
 METRICS = (

@@ -1,6 +1,6 @@
 """How close is a sandboxed ``run_code`` turn to monty's, and how many turns per second does a pool serve?
 
-Side by side in one event loop, alternating every repetition (issue 16):
+Side by side in one event loop, alternating every repetition:
 
 - ``turn``: one ``run_code`` turn back to back on a conversation with a small namespace (a 100-item list of
   dicts, a counter): lease, head read, checkout, load, run, dump, head write, on a local store with SQLite

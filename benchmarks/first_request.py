@@ -1,4 +1,4 @@
-"""What does a checkout's first request cost over its later ones, and on which side? (issue 16)
+"""What does a checkout's first request cost over its later ones, and on which side?
 
 Each checkout gets a worker set up ahead, idle for ``GAP_S`` (its pretouch done), then runs ``feed_run("1+1")``
 ``CALLS`` times. Per call: wall time, the host's CPU (this thread's ``thread_time``: the event loop's own work) and

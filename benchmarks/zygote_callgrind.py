@@ -1,4 +1,4 @@
-"""How many instructions does a zygote run from exec to "ready", and with how many modules? (issue 16, cold start)
+"""How many instructions does a zygote run from exec to "ready", and with how many modules? (cold start)
 
 Wall time is noisy on a shared machine; callgrind's instruction count is not. The zygote is started as
 `snapcell.backends._zygotehost.Zygote` starts it (``python -I -m snapcell.worker._zygote CTRL_FD HOST_PID``, an

@@ -9,7 +9,7 @@ from snapcell.errors import ConfigError
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass
 
 __all__ = ["Limits"]

@@ -176,7 +176,7 @@ def test_shipped_records_repr_as_dataclasses_do() -> None:
 
 
 def test_making_the_shipped_records_compiles_nothing() -> None:
-    # What a zygote pays for at start-up (issue 16): `dataclasses.dataclass` compiles ~6 functions a class.
+    # What a zygote pays for at start-up: `dataclasses.dataclass` compiles ~6 functions a class.
     probe = (
         "import builtins, sys\n"
         "calls = []\n"

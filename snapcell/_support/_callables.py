@@ -10,7 +10,7 @@ __all__ = ["is_async_callable"]
 def is_async_callable(func: Any) -> bool:
     """Whether calling ``func`` makes a coroutine: an ``async def`` function or method, a `functools.partial` of
     one, or an object whose class defines ``async def __call__``."""
-    import inspect  # on a first call: a worker's zygote says ready without inspect (issue 16)
+    import inspect  # on a first call: a worker's zygote says ready without inspect
 
     if inspect.iscoroutinefunction(func):
         return True

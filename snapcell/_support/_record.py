@@ -2,7 +2,7 @@
 
 `dataclasses.dataclass` writes a class's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__`` and frozen
 ``__setattr__`` as source text and compiles each one: about 3.5M instructions a class, and importing `dataclasses`
-imports `inspect`. Thirteen such classes made about a quarter of a zygote's start-up (issue 16). This `dataclass` makes
+imports `inspect`. Thirteen such classes made about a quarter of a zygote's start-up. This `dataclass` makes
 the same methods from closures over the field names instead, for the few options snapcell uses (``frozen``,
 ``slots``, ``kw_only``; ``field(default=...)`` and ``field(default_factory=...)``).
 

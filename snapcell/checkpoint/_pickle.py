@@ -147,7 +147,7 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         self.plain = False
         if isinstance(obj, re.Pattern):
             # The stdlib's copyreg reducer names the private ``re._compile``, which the checkpoint rule refuses;
-            # ``re.compile`` is public API of an allowed module, given plain data (fid-ckpt, issue 14).
+            # ``re.compile`` is public API of an allowed module, given plain data.
             return re.compile, (obj.pattern, obj.flags)
         std = self._std_reducers.get(type(obj))
         if std is not None:

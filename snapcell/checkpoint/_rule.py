@@ -166,7 +166,7 @@ NOT_IN_DILL = frozenset(
 # helpers (``dill._dill`` plus ``"os.mkdir"``), and snapcell's own modules are not script API.
 _SERIALIZER_MODULES = ("cloudpickle", "dill", "copyreg", "pickle", "_pickle", "snapcell", "pickletools")
 
-# ---------------------------------------------------------------- fid-ckpt: ordinary values' globals (issue 14)
+# ---------------------------------------------------------------- ordinary values' globals
 # Each entry below widens the rule for one global an ordinary value's pickle needs; each is covered by an attack
 # stream in tests/checkpoint/test_rule_widened.py that the host's scan and the loader both refuse.
 
@@ -252,7 +252,7 @@ CLASS_DUNDERS = frozenset({"__new__", "__format__", "__repr__", "__str__"})
 # and none reads attributes by name, imports, or evaluates text. ``min``/``max``/``sum`` return one of the values
 # given, so the scanner treats them as lookups (no BUILD on their result).
 PURE_BUILTINS = frozenset({"abs", "pow", "divmod", "round", "min", "max", "sum", "len", "sorted", "any", "all"})
-# ---------------------------------------------------------------- end fid-ckpt
+# ---------------------------------------------------------------- end of the ordinary values' globals
 # Plain builtins a checkpoint may name (types and constants the pickle protocol itself uses).
 SAFE_BUILTINS = frozenset(
     {

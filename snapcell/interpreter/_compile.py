@@ -11,7 +11,7 @@ from snapcell.errors import ScriptSyntaxError
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass
 
 __all__ = ["RESULT_NAME", "CompiledCell", "compile_cell", "register_source"]
@@ -19,7 +19,7 @@ __all__ = ["RESULT_NAME", "CompiledCell", "compile_cell", "register_source"]
 # The trailing expression's value is stored here for the length of one run.
 RESULT_NAME = "__snapcell_result__"
 
-# `inspect.CO_COROUTINE` (importing inspect costs a zygote ~5% of its start-up, issue 16).
+# `inspect.CO_COROUTINE` (importing inspect costs a zygote ~5% of its start-up).
 _CO_COROUTINE = 0x0080
 _FUTURE_MASK = 0
 for _feature in ("annotations", "generator_stop", "barry_as_FLUFL"):

@@ -12,7 +12,7 @@ from snapcell.errors import ConfigError, OutputLimitExceeded
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass
 
 __all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
@@ -158,7 +158,7 @@ class LocalBridge:
             self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
             _log_failure(name, exc)
             raise
-        import inspect  # not before a worker needs it: a zygote says ready without it (issue 16)
+        import inspect  # not before a worker needs it: a zygote says ready without it
 
         if inspect.isawaitable(result):
             return self._call_async(name, result, start)

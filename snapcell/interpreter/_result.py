@@ -9,7 +9,7 @@ from snapcell.interpreter._host import HostCall
 
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass, field
 
 __all__ = ["Artifact", "RunResult", "RunStatus"]

@@ -1,4 +1,4 @@
-"""Rules that let ordinary code through where a name alone cannot decide (issue 14: no false positives).
+"""Rules that let ordinary code through where a name alone cannot decide (no false positives).
 
 - Attributes whose rule depends on the object (`TYPED_NAMES`): ``x.replace`` is ``str.replace`` or
   ``date.replace`` unless ``x`` is a code object; namedtuple's documented API (``_replace``, ``_asdict``,

@@ -55,7 +55,7 @@ SAFE_DUNDERS = frozenset(
         "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
         "__ixor__", "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__complex__",
         "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__copy__", "__deepcopy__",
-        "__annotations__", "__mro__", "__slots__", "__version__",  # read-only (never assigned), issue 14
+        "__annotations__", "__mro__", "__slots__", "__version__",  # read-only (never assigned)
     }
 )  # fmt: skip
 

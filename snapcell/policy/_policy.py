@@ -78,7 +78,7 @@ from snapcell.policy._ticks import EXPIRED_NAME, TICK_NAME, apply_checks, instru
 
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass, field
 
 __all__ = ["DATA_MODULES", "DEFAULT_MODULES", "FILE_MODULES", "Policy", "with_file_access"]

@@ -1,7 +1,7 @@
 """Guarded stand-ins for the standard-library pieces that lead around the policy.
 
 Module views hand these out in place of the real objects (`register_stand_in`). Each closes a route
-found in review (issue 13), and behaves like the original for ordinary code:
+found in review, and behaves like the original for ordinary code:
 
 - ``operator.attrgetter`` / ``methodcaller``: classes of their own, so ``type(attrgetter('x'))`` is this
   guarded class and not the unchecked C type; ``format`` / ``format_map`` reached through them are checked.
@@ -297,7 +297,7 @@ def dataclass(cls: Any = None, /, **options: Any) -> Any:
             for name in annotations if isinstance(annotations, dict) else ():
                 if not (type(name) is str and name.isidentifier() and not keyword.iskeyword(name)):
                     raise runtime_policy_error(f"the dataclass field name {name!r}", "Field names must be identifiers.")
-        import dataclasses  # on a script's first dataclass: a zygote says ready without it (issue 16)
+        import dataclasses  # on a script's first dataclass: a zygote says ready without it
 
         return dataclasses.dataclass(target, **options)
 
@@ -317,7 +317,7 @@ def make_dataclass(cls_name: str, fields: Any, *, namespace: Any = None, **optio
 
 def _field_kinds() -> dict[str, Any]:
     """The field-type sentinels of `dataclasses`: ``_FIELD``, ``_FIELD_CLASSVAR``, ``_FIELD_INITVAR``."""
-    import dataclasses  # imported on first use: a zygote says ready without it (issue 16)
+    import dataclasses  # imported on first use: a zygote says ready without it
 
     return vars(dataclasses)
 
@@ -328,7 +328,7 @@ def _dataclass_fields(obj: Any, what: str) -> list[tuple[str, dataclasses.Field[
     ``replace``, ``asdict`` and ``astuple`` read ``getattr(obj, name)`` for every field. Given a class whose metaclass
     is a dataclass with a field ``__getattribute__`` they would hand out ``object.__getattribute__``, an attribute
     reader no check sees; a checkpoint can build such a class with ``abc.ABCMeta`` and public names only, so the
-    loader gets these stand-ins too (fid-ckpt, issue 14). The name checked is the one read later: each field's own
+    loader gets these stand-ins too. The name checked is the one read later: each field's own
     ``name``, read once, from the class's table only (the standard library reads the table again from the instance,
     whose ``__dict__`` a checkpoint's BUILD fills with any key, and a table's key need not be its field's name).
     """
@@ -417,7 +417,7 @@ def _plain(obj: Any, factory: Callable[[list[Any]], Any], what: str) -> Any:
             result.update(items)
             return result
         return type(obj)(items)
-    import copy  # on first use: a zygote says ready without it (issue 16)
+    import copy  # on first use: a zygote says ready without it
 
     return copy.deepcopy(obj)
 

@@ -56,7 +56,7 @@ from snapcell.sandbox._privileges import (
 
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass, field
 
 __all__ = [

@@ -30,7 +30,7 @@ from snapcell.wire._plain import value_kinds
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass
 
 __all__ = ["MAX_FRAME_COLUMNS", "VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
@@ -105,7 +105,7 @@ _SCALARS = (type(None), bool, int, float, str, bytes)
 
 @functools.cache
 def _dtype() -> re.Pattern[str]:
-    """The dtypes an array may cross with; compiled on first use: a zygote says ready without it (issue 16)."""
+    """The dtypes an array may cross with; compiled on first use: a zygote says ready without it."""
     return re.compile(
         r"[<>|](?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|[SU]\d{1,6}|[mM]8\[(?:Y|M|W|D|h|m|s|ms|us|ns)\])"
     )

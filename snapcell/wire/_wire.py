@@ -344,7 +344,7 @@ def _untag(obj: dict[str, Any]) -> Any:
 def _string() -> re.Pattern[bytes]:
     """A JSON string, escapes included; removed before counting a message's items when the quick count is too high.
 
-    Compiled on first use: a zygote says ready without it (issue 16).
+    Compiled on first use: a zygote says ready without it.
     """
     return re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 

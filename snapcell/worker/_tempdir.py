@@ -2,7 +2,7 @@
 
 A worker sets it rather than leave it to tempfile's own search, which probes each candidate by writing a file (and
 so fails under ``Limits.max_file_bytes=0`` or a full scratch directory). A zygote's first child has not imported
-tempfile, which costs it ~2% of a cold start (issue 16) with `random`, which tempfile imports: a finder first in
+tempfile, which costs it ~2% of a cold start with `random`, which tempfile imports: a finder first in
 ``sys.meta_path`` sets the directory when tempfile is first imported, by the script or by snapcell, then steps aside.
 """
 

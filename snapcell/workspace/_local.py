@@ -21,7 +21,7 @@ from snapcell.workspace._paths import MAX_FILES, OUT_DIR, check_path, media_type
 
 if TYPE_CHECKING:
     from dataclasses import dataclass, field
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass, field
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, Dumped, WorkspaceFile
@@ -355,7 +355,7 @@ class Workspace:
     def discard_staging(self) -> None:
         """Remove the staging directory, if any."""
         if os.path.lexists(self.staging):
-            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma
 
             shutil.rmtree(self.staging, ignore_errors=True)
 
@@ -365,7 +365,7 @@ class Workspace:
             if entry.name in self.mounts:
                 continue
             if entry.is_dir(follow_symlinks=False):
-                import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+                import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma
 
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
@@ -452,7 +452,7 @@ def empty_dir(path: str) -> None:
     """Remove everything inside ``path`` (best effort; nothing is followed)."""
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
-            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma (issue 16)
+            import shutil  # not on a run's path: a zygote says ready without it, or bz2 and lzma
 
             shutil.rmtree(entry.path, ignore_errors=True)
         else:

@@ -19,7 +19,7 @@ from snapcell.errors import ConfigError, WorkspacePathError
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
-else:  # the same classes, made without compiling source text (a zygote's start-up, issue 16)
+else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass
 
 __all__ = [
@@ -140,7 +140,7 @@ def _unreadable() -> re.Pattern[str]:
 
 @functools.cache
 def _mount_name() -> re.Pattern[str]:
-    """A mount's name; compiled on first use: a zygote says ready without it (issue 16)."""
+    """A mount's name; compiled on first use: a zygote says ready without it."""
     return re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 

@@ -3,7 +3,7 @@
 Part one drives the real host code (`WorkerPool`, `WorkerProcess`, `ProcessBackend`) against a fake worker
 (`fake_worker.py`, started in place of ``python -I -m snapcell.worker._worker``) that sends malformed,
 oversized and lying frames. Part two takes over a real worker from inside a script (the unrestricted policy
-lets a script reach the worker's channel) and replays the attacks of issue 13 end to end, in process mode.
+lets a script reach the worker's channel) and replays the attacks on a worker end to end, in process mode.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def test_after_the_attacks_a_real_session_works() -> None:
     assert os.getpid() > 0
 
 
-# ---------------------------------------------------------------- the attacks of issue 13, end to end
+# ---------------------------------------------------------------- the attacks on a worker, end to end
 
 UNRESTRICTED = Policy.unrestricted()
 # Process-mode limits: short dump and load limits keep the hang tests quick; three host calls a run.

@@ -1,4 +1,4 @@
-"""The steady-state round trip of a run and of a host call: the work each does, counted (issue 16)."""
+"""The steady-state round trip of a run and of a host call: the work each does, counted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What survives a turn (issue 14): each variable on its own, shared references kept, what is lost named at once."""
+"""What survives a turn: each variable on its own, shared references kept, what is lost named at once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each check of the widened rule on its own (issue 14): the scanner, the loader's resolver and the policy overlap,
+"""Each check of the widened rule on its own: the scanner, the loader's resolver and the policy overlap,
 so a check that only one stream exercises end to end can go missing unnoticed while another layer still refuses.
 Here each is called directly, with a rule that has nothing else to refuse.
 """

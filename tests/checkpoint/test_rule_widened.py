@@ -1,4 +1,4 @@
-"""Crafted streams against each entry the checkpoint rule gained for ordinary values (issue 14, fid-ckpt).
+"""Crafted streams against each entry the checkpoint rule gained for ordinary values.
 
 The rule now admits ``subimport('copy')`` and ``copy.copy``/``deepcopy``, pure builtins such as ``pow``, a class's
 text dunders (``enum.Enum.__format__``, ``getattr(str, '__repr__')``), ``_operator.getitem`` as ``operator.getitem``,

@@ -1,4 +1,4 @@
-"""Standard-library values kept as plain data (issue 14): asyncio primitives and queues, StringIO/BytesIO, ZoneInfo.
+"""Standard-library values kept as plain data: asyncio primitives and queues, StringIO/BytesIO, ZoneInfo.
 
 Each survives a turn (dumped in one worker, loaded in a fresh one) in both isolation modes, also inside containers
 and script objects, and a value two variables share stays one value. Their helpers take plain data that the rule

@@ -1,4 +1,4 @@
-"""Ordinary values the checkpoint rule used to refuse (issue 14): each survives a dump and a load in a fresh process.
+"""Ordinary values the checkpoint rule used to refuse: each survives a dump and a load in a fresh process.
 
 A compiled pattern (``re._compile`` before), ``functools.partial`` of a builtin, the ``copy`` module and its
 functions, a str-mixin Enum (``enum.Enum.__format__``), ``dataclasses.replace`` and a function annotated with

@@ -1,4 +1,4 @@
-"""The corpus of ordinary agent scripts (issue 14): each turn restored from its checkpoint, compared with CPython.
+"""The corpus of ordinary agent scripts: each turn restored from its checkpoint, compared with CPython.
 
 Every turn of a conversation runs in a new session restored from the previous turn's checkpoint: a new worker
 process in process mode. What it gives (the value of its last expression, its output, the type of its error)

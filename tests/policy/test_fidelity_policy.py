@@ -1,4 +1,4 @@
-"""No false positives in the policy (issue 14): ordinary code runs, and the holes stay closed."""
+"""No false positives in the policy: ordinary code runs, and the holes stay closed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from snapcell import Policy, PolicyError, Pool, RunResult, Session
 from snapcell.policy._fidelity import typed_attr
 
-# Each was refused by the policy before issue 14; the value is what plain CPython gives.
+# Each was refused by the policy before; the value is what plain CPython gives.
 ORDINARY: dict[str, tuple[str, object]] = {
     "str_replace": ("'a-b-c'.replace('-', '+')", "a+b+c"),
     "str_replace_dynamic": ("getattr('ab', 'replace')('a', 'x')", "xb"),

@@ -135,7 +135,7 @@ def test_hostile_script_is_stopped(run, code, expected):
     assert run("'pwned' in dir()").value is False
 
 
-# Holes found in the guard (issue 13). Each attack reaches the real `sys`/`os`, a frame, a class every session
+# Holes found in the guard. Each attack reaches the real `sys`/`os`, a frame, a class every session
 # shares, or code outside the run; the second item is a check (run afterwards, in the same session) that the
 # shared object the attack aimed at is intact. Every attack succeeds with the guard off (see the liveness test).
 FUNC = "def f():\n    pass\n"
@@ -448,7 +448,7 @@ def test_reduce_payloads_are_live_for_a_plain_unpickler(capfd, payload):
     assert "CANARY" in capfd.readouterr().out
 
 
-# --- asyncio: a script sees and touches only its own tasks (issue 13)
+# --- asyncio: a script sees and touches only its own tasks
 
 OWN_TASKS_ONLY = (
     "import asyncio\n"

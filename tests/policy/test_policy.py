@@ -108,7 +108,7 @@ ALLOWED = {
         "one",
     ),
     "slots_and_name": ("class S:\n    __slots__ = ('a',)\n__name__", "__main__"),
-    # --- ordinary code near the guard's stand-ins (issue 13): none of it may be refused
+    # --- ordinary code near the guard's stand-ins: none of it may be refused
     "functools_wraps_script_function": (
         "import functools\ndef deco(f):\n    @functools.wraps(f)\n    def w(*a):\n        return f(*a) + 1\n"
         "    return w\n@deco\ndef g(x):\n    'doc'\n    return x\n(g(1), g.__name__, g.__doc__)",

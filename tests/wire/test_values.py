@@ -1,4 +1,4 @@
-"""A run's value crosses from the worker as faithfully as plain data allows (issue 14), and the host stays safe."""
+"""A run's value crosses from the worker as faithfully as plain data allows, and the host stays safe."""
 
 from __future__ import annotations
 

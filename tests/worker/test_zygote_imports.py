@@ -1,4 +1,4 @@
-"""What a zygote imports before it says ready: each module there delays every new pool's first result (issue 16).
+"""What a zygote imports before it says ready: each module there delays every new pool's first result.
 
 The modules a first run does not need come later: in the zygote's second stage (for later children), or in a
 child when its script first needs them. A first child must still carry values of those modules both ways.
