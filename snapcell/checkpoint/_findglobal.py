@@ -111,9 +111,8 @@ def checked(kind: str, func: Callable[..., Any], rule: GlobalRule | Callable[[st
     def checked(*args: Any, **kwargs: Any) -> Any:
         problem = call_refusal(kind, args, rule)
         if problem is not None:
-            raise pickle.UnpicklingError(
-                f"the checkpoint calls {func.__name__}{args!r:.80}, which is refused: {problem}"
-            )
+            name = getattr(func, "__name__", None) or getattr(getattr(func, "func", None), "__name__", "a helper")
+            raise pickle.UnpicklingError(f"the checkpoint calls {name}{args!r:.80}, which is refused: {problem}")
         return func(*args, **kwargs)
 
     return checked

@@ -264,6 +264,10 @@ SAFE_BUILTINS = frozenset(
 # Private names the ``getattr`` helper may read: a class's own ``__new__`` (``enum.Enum.__new__`` in every Enum
 # subclass) and the text methods of `CLASS_DUNDERS` (a str-mixin Enum's dict holds ``getattr(str, '__repr__')``).
 PRIVATE_OK = CLASS_DUNDERS
+# Public names the ``getattr`` helper may not read: string formatters walk attribute paths of their arguments
+# (``'{0.__init__.__globals__}'.format(obj)``), which the script guard never hands out raw (scripts get a checked
+# formatter); a loaded checkpoint may not have them either.
+FORMATTERS = frozenset({"format", "format_map"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +326,8 @@ def attribute_refusal(name: object, *, dotted: bool = False, rule: GlobalRule | 
             return "not an attribute name"
         if _private(part) and part not in PRIVATE_OK:
             return "a private attribute"
+        if part in FORMATTERS:
+            return "a string formatter, which reads attribute paths of its arguments (the guard's rule)"
         if rule is not None and rule.deny_attribute is not None and rule.deny_attribute(part):
             return "an attribute the policy hides"
     return None

@@ -11,6 +11,7 @@ from snapcell.checkpoint._hoststate import MISSING, makes_new_objects, resolved_
 from snapcell.checkpoint._rule import (
     ATTR_ARG,
     ATTR_PATHS,
+    CLASS_DUNDERS,
     HELPERS,
     MODULE_ARG,
     PLAIN,
@@ -27,6 +28,7 @@ from snapcell.checkpoint.scan._scanvalues import (
     FOREIGN,
     GETTER,
     OPAQUE,
+    _Attribute,
     _Global,
     _ModuleRef,
     _Refused,
@@ -51,6 +53,10 @@ class _Calls:
         self.imported: set[str] = set()  # modules this scan tried to import (a bounded number)
 
     def check(self, func: object, args: object, how: str) -> None:
+        if type(func) is _Attribute and not func.of_module and func.name not in CLASS_DUNDERS:
+            raise _Refused(
+                "builtins", "getattr", f"a call of the attribute {func.name!r} that getattr read (through {how})"
+            )
         if func is GETTER or (isinstance(func, _Global) and (func.module, func.name) in _NOT_AT_LOAD):
             raise _Refused(
                 getattr(func, "module", ""),
@@ -80,6 +86,8 @@ class _Calls:
             return FOREIGN  # a callable the stream computed may return anything
         if func.kind == MODULE_ARG and isinstance(args, tuple) and args and isinstance(args[0], str):
             return _ModuleRef(args[0])
+        if func.kind == ATTR_ARG and isinstance(args, tuple) and len(args) > 1 and isinstance(args[1], str):
+            return _Attribute(args[1], of_module=type(args[0]) is _ModuleRef)
         key = (func.module, func.name)
         if func.kind == ATTR_PATHS or key in _GETTERS:
             return GETTER

@@ -39,6 +39,21 @@ FOREIGN: Final = _Opaque()
 GETTER: Final = _Opaque()
 
 
+class _Attribute(_Opaque):
+    """What the ``getattr`` helper gave back: foreign like any lookup, and callable only where the scan can vouch.
+
+    A pickler calls an attribute read through ``getattr`` only for a class's own ``__new__`` (or a module's
+    attribute, which is the global ``module.name`` the rule checked): calling anything else while loading (a
+    bound method of an existing object, a formatter) runs code no policy check saw.
+    """
+
+    __slots__ = ("name", "of_module")
+
+    def __init__(self, name: str, *, of_module: bool) -> None:
+        self.name = name
+        self.of_module = of_module
+
+
 class _ModuleRef(_Opaque):
     """What a module-importing helper called with a constant name returns: a module, foreign like a lookup.
 
@@ -103,7 +118,7 @@ def _check_target(target: object, how: str) -> None:
     """State may only go to objects the stream made: not to a global or what a lookup returned (a library class)."""
     if isinstance(target, _Global):
         raise _Refused(target.module, target.name, f"{how} on a global (patching it in place)")
-    if target is FOREIGN or target is GETTER or type(target) is _ModuleRef:
+    if target is FOREIGN or target is GETTER or type(target) in (_ModuleRef, _Attribute):
         raise _Refused("", "", f"{how} on an object a lookup returned (it may be a library class or function)")
 
 
