@@ -133,6 +133,10 @@ def _checked_code(rule: GlobalRule, make: Callable[..., types.CodeType], *args: 
     return code
 
 
+_UNRESOLVED = object()
+_MAX_RESOLVED = 4096
+
+
 def make_find_global(
     allow_module: GlobalRule | Callable[[str], bool],
     overrides: Mapping[tuple[str, str], Any] | None = None,
@@ -159,7 +163,7 @@ def make_find_global(
     }
     subimport = _guarded_subimport(rule)
 
-    def find_global(module: str, name: str) -> Any:
+    def resolve_global(module: str, name: str) -> Any:
         problem = global_refusal(module, name, rule)
         if problem is not None:
             raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, which is not allowed: {problem}")
@@ -190,7 +194,26 @@ def make_find_global(
                 raise pickle.UnpicklingError(f"the checkpoint refers to {module}.{name}, a path through a module")
         return checked(kind, _refuse_state(module, name, target), rule)
 
+    find_global = _remembering(resolve_global)
     overrides[("dill._dill", "_create_namedtuple")] = functools.partial(_create_namedtuple, find_global)
+    return find_global
+
+
+def _remembering(resolve: FindGlobal) -> FindGlobal:
+    """``resolve``, asked once per distinct global: a stream names a memoized global again for four bytes.
+
+    A refusal is not kept (it ends the frame's load); what resolved is the same object each time it is named.
+    """
+    resolved: dict[tuple[str, str], Any] = {}
+
+    def find_global(module: str, name: str) -> Any:
+        found = resolved.get((module, name), _UNRESOLVED)
+        if found is _UNRESOLVED:
+            found = resolve(module, name)
+            if len(resolved) < _MAX_RESOLVED:
+                resolved[(module, name)] = found
+        return found
+
     return find_global
 
 

@@ -268,6 +268,10 @@ PRIVATE_OK = CLASS_DUNDERS
 # (``'{0.__init__.__globals__}'.format(obj)``), which the script guard never hands out raw (scripts get a checked
 # formatter); a loaded checkpoint may not have them either.
 FORMATTERS = frozenset({"format", "format_map"})
+# The longest module and qualified names a checkpoint may name, and the most parts a qualified name may have: no
+# pickler writes more (a nested class is a few parts), and each part is one lookup for whoever checks the name.
+MAX_GLOBAL_CHARS = 512
+MAX_NAME_PARTS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +347,8 @@ def global_refusal(module: object, name: object, rule: GlobalRule | AllowModule)
     """
     if not isinstance(module, str) or not isinstance(name, str):
         return "the module or name is not a constant string"
+    if len(module) > MAX_GLOBAL_CHARS or len(name) > MAX_GLOBAL_CHARS or name.count(".") >= MAX_NAME_PARTS:
+        return f"a name too long to be a global (over {MAX_GLOBAL_CHARS} characters or {MAX_NAME_PARTS} parts)"
     rule = as_rule(rule)
     if (module, name) in HELPERS or (module, name) in rule.stand_ins:
         return None

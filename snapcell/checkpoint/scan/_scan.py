@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import pickletools
+import re
 import struct
 from array import array
 
@@ -78,6 +79,12 @@ _MAX_MEMO_STRINGS = 1 << 18  # memoized constants kept; later ones are forgotten
 _MIXED_MEMO = "a pickle stream that numbers its memo both ways (PUT and MEMOIZE), which no pickler writes"
 _TOO_MANY = "more memoized globals and lookups than any pickler writes (the scanner keeps each one)"
 _MAX_TUPLE = 3
+# The checks' work budget: this much per byte of the stream, plus a floor for small streams.
+_WORK_PER_BYTE = 4
+_WORK_BASE = 1 << 20
+_OVER_BUDGET = "a stream whose globals take more work to check than its size allows"
+_NEWLINE = re.compile(b"\n")
+_MAX_LINE = 65536
 _U4 = struct.Struct("<I")
 _I4 = struct.Struct("<i")
 _U8 = struct.Struct("<Q")
@@ -176,6 +183,10 @@ class _Scanner:
         # earlier pending groups), and where the group is.
         self.pending: list[tuple[int, int, int]] = []
         self.plain = True  # only opcodes of plain data so far (`scan_pickle_data`)
+        self.globals: dict[tuple[str, str], _Global] = {}  # verdicts of the globals passed so far
+        # Work the checks may do for this stream (characters of distinct global names checked): linear in its size.
+        self.work = 0
+        self.budget = _WORK_PER_BYTE * len(data) + _WORK_BASE
 
     def _resolve(self, memo_next: int) -> int:
         """Count the MEMOIZEs of the pending flat groups; returns the true number of memo entries so far.
@@ -247,6 +258,18 @@ class _Scanner:
     def _global(self, module: object, name: object) -> _Global:
         if not isinstance(module, str) or not isinstance(name, str):
             raise _Refused(str(module), str(name), "STACK_GLOBAL operands that are not constant strings")
+        # One verdict per distinct global: a stream names a memoized global again for four bytes, and the checks
+        # walk the name. A refusal ends the scan, so only passes are kept.
+        known = self.globals.get((module, name))
+        if known is not None:
+            return known
+        self.work += len(module) + len(name)
+        if self.work > self.budget:
+            raise _Refused(module[:100], name[:100], _OVER_BUDGET)
+        checked = self.globals[(module, name)] = self._check_global(module, name)
+        return checked
+
+    def _check_global(self, module: str, name: str) -> _Global:
         problem = global_refusal(module, name, self.rule)
         if problem is not None:
             raise _Refused(module, name, problem)
@@ -433,10 +456,10 @@ class _Scanner:
             arg_start += 8
         elif arglen == _LINE:
             for _ in range(2 if code in (ord("c"), ord("i")) else 1):
-                newline = bytes(data[pos : pos + 65536]).find(b"\n")
-                if newline < 0:
+                newline = _NEWLINE.search(data, pos, pos + _MAX_LINE)  # in place: no copy of the stream
+                if newline is None:
                     raise ValueError("unterminated line")
-                pos += newline + 1
+                pos = newline.end()
         if pos > end:
             raise ValueError("truncated")
         if code in _STR_OPS:
