@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -106,6 +107,16 @@ def require(probe: dict[str, object], layer: str) -> None:
 def denied(entry: object, err: int | None = None) -> bool:
     assert isinstance(entry, dict)
     return entry.get("error") == "PermissionError" and (err is None or entry.get("errno") == err)
+
+
+def received(target: socket.socket) -> list[bytes]:
+    """Every datagram queued at the non-blocking ``target`` (a unix datagram is queued before its send returns)."""
+    got = []
+    while True:
+        try:
+            got.append(target.recv(1000))
+        except BlockingIOError:
+            return got
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
