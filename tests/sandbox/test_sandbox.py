@@ -29,6 +29,7 @@ from tests.sandbox.sandbox_helpers import (
     PRELUDE,
     REQUIRED,
     denied,
+    kernel_landlock_abi,
     require,
     run_sandboxed,
     sandboxed,
@@ -50,22 +51,82 @@ def test_report_names_every_layer(probe):
         assert limit in report["rlimits"]
 
 
-def kernel_landlock_abi() -> int:
-    """The Landlock ABI as the kernel reports it to this (unsandboxed) test process; 0 without Landlock."""
-    import ctypes
+_LANDLOCK_RECORDED = """
+import ctypes, json, os, sys
+from snapcell.sandbox import _sandbox
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    abi = libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_..._VERSION
-    return max(int(abi), 0)
+cfg = json.loads(sys.argv[1])
+created, rules = [], []
+real = _sandbox._syscall
 
 
-def test_landlock_uses_the_kernels_full_abi(probe):
-    """A set-up bug that silently falls back to an older ABI (fewer rights handled) shows here."""
+def recording(nr, *args):
+    if nr == _sandbox._LANDLOCK_CREATE_RULESET and args[0]:
+        fields = (ctypes.c_uint64 * 3).from_address(args[0])
+        created.append({"size": args[1], "fields": list(fields)[: args[1] // 8]})
+    elif nr == _sandbox._LANDLOCK_ADD_RULE:
+        rule = _sandbox._PathBeneathAttr.from_address(args[2])
+        rules.append([os.readlink(f"/proc/self/fd/{rule.parent_fd}"), rule.allowed_access])
+    return real(nr, *args)
+
+
+_sandbox._syscall = recording
+state = _sandbox._apply_landlock(cfg["scratch"], cfg["read_paths"], [])
+print(json.dumps({"state": state, "created": created, "rules": rules}))
+"""
+
+# Landlock's rights (include/uapi/linux/landlock.h), written out here apart from the code, by the ABI that brought them.
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_MAKE_CHAR, _MAKE_BLOCK, _REFER, _TRUNCATE, _IOCTL_DEV = 1 << 6, 1 << 11, 1 << 13, 1 << 14, 1 << 15
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: _REFER, 3: _TRUNCATE, 5: _IOCTL_DEV}  # ABI 1: EXECUTE .. MAKE_SYM
+_NET_BY_ABI = {4: 0b11}  # BIND_TCP, CONNECT_TCP
+_SCOPED_BY_ABI = {6: 0b11}  # ABSTRACT_UNIX_SOCKET, SIGNAL
+
+
+def _rights(table: dict[int, int], abi: int) -> int:
+    return sum(bits for since, bits in table.items() if abi >= since)
+
+
+def test_landlock_uses_the_kernels_full_abi(probe, tmp_path):
+    """The ruleset the code hands the kernel handles every right the kernel's ABI has, and the rules grant few.
+
+    Read off the ``landlock_create_ruleset`` and ``landlock_add_rule`` calls themselves: a set-up bug that silently
+    falls back to an older ABI (fewer rights handled: no TRUNCATE, no IOCTL_DEV) shows here.
+    """
     abi = kernel_landlock_abi()
     if abi == 0:
         assert "landlock" not in REQUIRED, "SNAPCELL_REQUIRE_SANDBOX requires landlock, but the kernel has none"
         pytest.skip("kernel lacks Landlock")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    cfg = {"scratch": str(scratch), "read_paths": worker_read_paths()}
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", _LANDLOCK_RECORDED, json.dumps(cfg)],
+        env={},
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["state"].startswith(f"active: ABI {abi}:"), out["state"]
     assert probe["report"]["landlock"].startswith(f"active: ABI {abi}:"), probe["report"]["landlock"]
+    (created,) = out["created"]
+    handled = created["fields"]
+    fs = _rights(_FS_BY_ABI, abi)
+    assert handled[0] == fs, f"handled filesystem rights {handled[0]:#x}, the kernel's ABI {abi} has {fs:#x}"
+    if abi >= 3:
+        assert handled[0] & _TRUNCATE
+    if abi >= 4:
+        assert handled[1] == _rights(_NET_BY_ABI, abi)
+    if abi >= 6:
+        assert handled[2] == _rights(_SCOPED_BY_ABI, abi)
+    rules = {os.path.realpath(path): access for path, access in out["rules"]}
+    assert rules.pop(str(scratch.resolve())) == fs & ~(_EXECUTE | _MAKE_CHAR | _MAKE_BLOCK)
+    assert rules.pop("/dev/null") == (_READ_FILE | _WRITE_FILE | (fs & _TRUNCATE))
+    for path, access in rules.items():
+        assert access & ~(_READ_FILE | _READ_DIR) == 0, (path, f"{access:#x}")  # everything else is read-only
 
 
 def test_report_api():

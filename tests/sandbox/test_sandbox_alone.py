@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,8 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests.sandbox.sandbox_helpers import (
+    PRELUDE,
     REQUIRED,
+    denied,
+    kernel_landlock_abi,
     received,
+    sandboxed,
+    worker_read_paths,
 )
 
 # ------------------------------------------------------------------ seccomp alone
@@ -173,3 +179,101 @@ def test_the_seccomp_filter_alone_refuses_escapes_and_allows_a_worker(tmp_path, 
     # PR_SET_VMA names memory only on kernels built with CONFIG_ANON_VMA_NAME (EINVAL elsewhere): never EPERM.
     assert works.pop("set_vma") in (0, errno.EINVAL)
     assert works == dict.fromkeys(works, 0), {k: v for k, v in works.items() if v != 0}
+
+
+# ------------------------------------------------------------------ landlock alone
+
+
+def test_truncating_a_writable_file_outside_scratch_is_refused(tmp_path):
+    """Only Landlock's TRUNCATE right stops this: the file is writable by anyone and the process keeps uid 0."""
+    abi = kernel_landlock_abi()
+    if abi < 3:
+        assert abi > 0 or "landlock" not in REQUIRED, (
+            "SNAPCELL_REQUIRE_SANDBOX requires landlock, but the kernel has none"
+        )
+        pytest.skip(f"kernel lacks Landlock's truncate right: ABI {abi} < 3")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    victim = shared / "notes.txt"
+    victim.write_text("keep me")
+    victim.chmod(0o666)
+    body = f"""
+    attempt("truncate", lambda: os.truncate({str(victim)!r}, 0))
+    attempt("read", lambda: open({str(victim)!r}).read())
+    """
+    out = sandboxed(tmp_path, body, read_paths=[*worker_read_paths(), str(shared)])
+    assert out["read"] == {"ok": "keep me"}
+    assert denied(out["truncate"], errno.EACCES), out["truncate"]
+    assert victim.read_text() == "keep me"
+
+
+# ------------------------------------------------------------------ privileges alone
+
+_HELD = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+out["securebits"] = libc.prctl(27, 0, 0, 0, 0)
+out["ambient_raised"] = RAISED
+out["bounding"] = [cap for cap in range(64) if libc.prctl(23, cap, 0, 0, 0) == 1]
+print(json.dumps(out), flush=True)
+sys.stdin.read()  # held open until the test has read /proc/PID/status
+"""
+
+# Raise one ambient capability before the sandbox, so that an empty ambient set is the privilege drop's doing.
+_RAISE_AMBIENT = """
+import ctypes
+_libc = ctypes.CDLL(None, use_errno=True)
+_header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+_data = (ctypes.c_uint32 * 6)()
+_libc.syscall(ctypes.c_long(125 if os.uname().machine == "x86_64" else 90), _header, _data)  # capget
+_data[2], _data[5] = _data[1], _data[4]  # inheritable = permitted
+_libc.syscall(ctypes.c_long(126 if os.uname().machine == "x86_64" else 91), _header, _data)  # capset
+RAISED = _libc.prctl(47, 2, 0, 0, 0)  # PR_CAP_AMBIENT_RAISE CAP_CHOWN
+"""
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
+
+
+def test_the_privilege_drop_alone_empties_every_capability_set_and_locks_securebits(tmp_path):
+    """Without a uid switch (the harness keeps uid 0), only the drop itself empties the sets of a root process."""
+    held = int(_status(os.getpid())["CapEff"], 16)
+    if not held & (1 << 8):  # CAP_SETPCAP: what the bounding set and securebits need
+        pytest.skip("this test process holds no CAP_SETPCAP: it has no capabilities for a child to drop")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    prelude = PRELUDE.replace("cfg = json.loads", _RAISE_AMBIENT + "cfg = json.loads", 1)
+    code = prelude + _HELD
+    cfg = {"limits": {}, "scratch": str(scratch), "read_paths": worker_read_paths(), "allow_fds": [], "extra": {}}
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-c", code, json.dumps(cfg)],
+        env={},
+        cwd=scratch,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        line = child.stdout.readline()
+        assert line, child.stderr.read() if child.stderr else ""
+        out = json.loads(line)
+        status = _status(child.pid)
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        child.wait(60)
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+    assert out["ambient_raised"] == 0  # so an empty ambient set below is the drop's doing
+    assert out["report"]["privileges"] == "off"  # uid 0 kept: no switch to hide a capability left behind
+    assert status["Uid"].split()[0] == "0"
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[cap], 16) == 0, (cap, status[cap])
+    assert out["bounding"] == []
+    # NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, each with its lock: uid 0 never regains a capability.
+    assert out["securebits"] == 0b1110_1011

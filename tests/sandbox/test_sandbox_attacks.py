@@ -106,11 +106,21 @@ def test_worker_cannot_signal_the_host(attack_pool):
 
 
 def test_worker_runs_unprivileged_with_no_capabilities(attack_pool):
+    # Landlock keeps the worker out of /proc, so its status is read from here; securebits only it can read.
+    inside = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None)\n"
+        "os.getpid(), os.getuid(), os.getgid(), os.getgroups(), libc.prctl(27, 0, 0, 0, 0),"
+        " [cap for cap in range(64) if libc.prctl(23, cap, 0, 0, 0) == 1]"
+    )
     with attack_pool.checkout() as session:
-        pid, uid, gid, groups = session.feed_run("import os\nos.getpid(), os.getuid(), os.getgid(), os.getgroups()")
+        pid, uid, gid, groups, securebits, bounding = session.feed_run(inside)
         status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
+    assert bounding == []
+    own = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    if int(own["CapEff"], 16) & (1 << 8):  # a host with CAP_SETPCAP hands it to the worker, which locks securebits
+        assert securebits == 0b1110_1011, bin(securebits)
     assert status["NoNewPrivs"].strip() == "1"
     assert status["Seccomp"].strip() == "2"
     if os.geteuid() == 0:  # a non-root host's workers keep its uid (and it has no capabilities to lose)
