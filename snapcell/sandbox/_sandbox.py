@@ -576,5 +576,6 @@ def _apply_seccomp(arch: str | None, *, deny_fork: bool, notes: list[str]) -> st
             raise layer_error("seccomp", "prctl(PR_SET_SECCOMP)", exc2.errno) from None
     return (
         f"active: allowlist (default EPERM), {arch}, {count} instructions, signals and rlimits only for pid"
-        f" {pid}, fork {'denied' if deny_fork else 'allowed'}"
+        f" {pid}, fork {'denied' if deny_fork else 'allowed'}; prctl, ioctl, fcntl and setsockopt options by"
+        " allowlist, socketpair only AF_UNIX stream, sendto only without an address, no sendmsg"
     )

@@ -15,6 +15,15 @@ memory, threads, time, signals to itself, the inherited socket pair. Sockets, ex
 ``max_processes`` allows it), namespaces, mounts, ptrace, BPF, perf, keyrings, io_uring, SysV IPC,
 POSIX message queues, ``memfd_create``, fanotify/inotify, clock and host-name changes, uid/gid changes
 and capabilities are all outside it.
+
+Calls with options that reach past the process are allowed by argument (see `_guarded`): ``prctl``,
+``ioctl``, ``fcntl`` and ``setsockopt`` only with the options on their lists (no clearing the parent-death
+signal, no socket ioctls that list the host's interfaces, no signal-on-I/O owner, no socket filters),
+``socketpair`` only for an AF_UNIX stream pair, ``sendto`` only without an address. ``sendmsg`` and
+``sendmmsg`` are denied: their destination and ancillary data (descriptors) sit in user memory that a
+filter cannot read, and no worker sends with them. So every socket a worker holds is a connected stream,
+and nothing it sends can be aimed at a pathname socket such as ``/dev/log`` (which Landlock up to ABI 7
+does not cover).
 """
 
 from __future__ import annotations
@@ -24,14 +33,22 @@ import os
 import struct
 import sys
 
-__all__ = ["allowed_syscalls", "build_filter", "denied_syscalls", "machine", "packed_filter", "warm_filters"]
+__all__ = [
+    "allowed_syscalls",
+    "build_filter",
+    "denied_syscalls",
+    "machine",
+    "packed_filter",
+    "prctl_options",
+    "warm_filters",
+]
 
 _ALLOW = {
     "x86_64": {
-        "read": 0, "write": 1, "futex": 202, "newfstatat": 262, "lseek": 8, "openat": 257, "close": 3, "ioctl": 16,
+        "read": 0, "write": 1, "futex": 202, "newfstatat": 262, "lseek": 8, "openat": 257, "close": 3,
         "mmap": 9, "munmap": 11, "mprotect": 10, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14,
         "rt_sigreturn": 15, "getdents64": 217, "getpid": 39, "gettid": 186, "epoll_pwait": 281, "recvfrom": 45,
-        "sendto": 44, "recvmsg": 47, "sendmsg": 46, "fcntl": 72, "getrandom": 318, "pread64": 17, "pwrite64": 18,
+        "recvmsg": 47, "getrandom": 318, "pread64": 17, "pwrite64": 18,
         "readv": 19, "writev": 20, "madvise": 28, "mremap": 25, "statx": 332, "fstat": 5, "getcwd": 79,
         "readlinkat": 267, "faccessat": 269, "faccessat2": 439, "dup": 32, "dup3": 292, "close_range": 436,
         "pipe2": 293, "eventfd2": 290, "epoll_create1": 291, "epoll_ctl": 233, "epoll_pwait2": 441, "ppoll": 271,
@@ -39,7 +56,7 @@ _ALLOW = {
         "gettimeofday": 96, "set_robust_list": 273, "set_tid_address": 218, "rseq": 334, "sched_yield": 24,
         "sched_get_priority_max": 146, "sched_get_priority_min": 147, "getppid": 110, "getuid": 102, "geteuid": 107,
         "getgid": 104, "getegid": 108, "getresuid": 118, "getresgid": 120, "getgroups": 115, "uname": 63, "sysinfo": 99,
-        "getrusage": 98, "times": 100, "getcpu": 309, "umask": 95, "prctl": 157, "exit": 60, "exit_group": 231,
+        "getrusage": 98, "times": 100, "getcpu": 309, "umask": 95, "exit": 60, "exit_group": 231,
         "wait4": 61, "waitid": 247, "getrlimit": 97, "setrlimit": 160, "sigaltstack": 131, "rt_sigsuspend": 130,
         "rt_sigpending": 127, "rt_sigtimedwait": 128, "restart_syscall": 219, "setitimer": 38, "getitimer": 36,
         "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_getoverrun": 225, "timer_delete": 226,
@@ -49,7 +66,7 @@ _ALLOW = {
         "tee": 276, "openat2": 437, "statfs": 137, "fstatfs": 138, "chdir": 80, "fchdir": 81, "mkdirat": 258,
         "unlinkat": 263, "renameat": 264, "renameat2": 316, "linkat": 265, "symlinkat": 266, "fchmod": 91,
         "fchmodat": 268, "fchmodat2": 452, "fchownat": 260, "fchown": 93, "utimensat": 280, "mknodat": 259,
-        "shutdown": 48, "getsockname": 51, "getpeername": 52, "getsockopt": 55, "setsockopt": 54, "sendmmsg": 307,
+        "shutdown": 48, "getsockname": 51, "getpeername": 52, "getsockopt": 55,
         "recvmmsg": 299, "msync": 26, "mincore": 27, "membarrier": 324, "getxattr": 191, "lgetxattr": 192,
         "fgetxattr": 193, "listxattr": 194, "llistxattr": 195, "flistxattr": 196, "setxattr": 188, "lsetxattr": 189,
         "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "futex_waitv": 449, "stat": 4,
@@ -60,10 +77,10 @@ _ALLOW = {
         "arch_prctl": 158, "signalfd": 282,
     },
     "aarch64": {
-        "read": 63, "write": 64, "futex": 98, "newfstatat": 79, "lseek": 62, "openat": 56, "close": 57, "ioctl": 29,
+        "read": 63, "write": 64, "futex": 98, "newfstatat": 79, "lseek": 62, "openat": 56, "close": 57,
         "mmap": 222, "munmap": 215, "mprotect": 226, "brk": 214, "rt_sigaction": 134, "rt_sigprocmask": 135,
         "rt_sigreturn": 139, "getdents64": 61, "getpid": 172, "gettid": 178, "epoll_pwait": 22, "recvfrom": 207,
-        "sendto": 206, "recvmsg": 212, "sendmsg": 211, "fcntl": 25, "getrandom": 278, "pread64": 67, "pwrite64": 68,
+        "recvmsg": 212, "getrandom": 278, "pread64": 67, "pwrite64": 68,
         "readv": 65, "writev": 66, "madvise": 233, "mremap": 216, "statx": 291, "fstat": 80, "getcwd": 17,
         "readlinkat": 78, "faccessat": 48, "faccessat2": 439, "dup": 23, "dup3": 24, "close_range": 436, "pipe2": 59,
         "eventfd2": 19, "epoll_create1": 20, "epoll_ctl": 21, "epoll_pwait2": 441, "ppoll": 73, "pselect6": 72,
@@ -71,7 +88,7 @@ _ALLOW = {
         "set_robust_list": 99, "set_tid_address": 96, "rseq": 293, "sched_yield": 124, "sched_get_priority_max": 125,
         "sched_get_priority_min": 126, "getppid": 173, "getuid": 174, "geteuid": 175, "getgid": 176, "getegid": 177,
         "getresuid": 148, "getresgid": 150, "getgroups": 158, "uname": 160, "sysinfo": 179, "getrusage": 165,
-        "times": 153, "getcpu": 168, "umask": 166, "prctl": 167, "exit": 93, "exit_group": 94, "wait4": 260,
+        "times": 153, "getcpu": 168, "umask": 166, "exit": 93, "exit_group": 94, "wait4": 260,
         "waitid": 95, "getrlimit": 163, "setrlimit": 164, "sigaltstack": 132, "rt_sigsuspend": 133,
         "rt_sigpending": 136, "rt_sigtimedwait": 137, "restart_syscall": 128, "setitimer": 103, "getitimer": 102,
         "timer_create": 107, "timer_settime": 110, "timer_gettime": 108, "timer_getoverrun": 109, "timer_delete": 111,
@@ -81,7 +98,7 @@ _ALLOW = {
         "tee": 77, "openat2": 437, "statfs": 43, "fstatfs": 44, "chdir": 49, "fchdir": 50, "mkdirat": 34,
         "unlinkat": 35, "renameat": 38, "renameat2": 276, "linkat": 37, "symlinkat": 36, "fchmod": 52, "fchmodat": 53,
         "fchmodat2": 452, "fchownat": 54, "fchown": 55, "utimensat": 88, "mknodat": 33, "shutdown": 210,
-        "getsockname": 204, "getpeername": 205, "getsockopt": 209, "setsockopt": 208, "sendmmsg": 269, "recvmmsg": 243,
+        "getsockname": 204, "getpeername": 205, "getsockopt": 209, "recvmmsg": 243,
         "msync": 227, "mincore": 232, "membarrier": 283, "getxattr": 8, "lgetxattr": 9, "fgetxattr": 10,
         "listxattr": 11, "llistxattr": 12, "flistxattr": 13, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7,
         "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16, "futex_waitv": 449,
@@ -138,6 +155,7 @@ _NOTABLE_DENIED = {
         "syslog": 103, "acct": 163, "quotactl": 179, "process_madvise": 440, "process_mrelease": 448, "move_pages": 279,
         "migrate_pages": 256, "get_robust_list": 274, "kcmp": 312, "ioprio_set": 251, "inotify_init1": 294,
         "mlock": 149, "mlockall": 151, "modify_ldt": 154,
+        "sendmsg": 46, "sendmmsg": 307,
     },
     "aarch64": {
         "socket": 198, "connect": 203, "accept": 202, "accept4": 242, "bind": 200, "listen": 201, "execve": 221,
@@ -156,22 +174,75 @@ _NOTABLE_DENIED = {
         "capset": 91, "setpgid": 154, "setsid": 157, "personality": 92, "syslog": 116, "acct": 89, "quotactl": 60,
         "process_madvise": 440, "process_mrelease": 448, "move_pages": 239, "migrate_pages": 238,
         "get_robust_list": 100, "kcmp": 272, "ioprio_set": 30, "inotify_init1": 26, "mlock": 228, "mlockall": 230,
+        "sendmsg": 211, "sendmmsg": 269,
     },
+}  # fmt: skip
+
+# Calls allowed only with some arguments (their numbers; the rules are in `_guarded`).
+_GUARDED = {
+    "x86_64": {
+        "sendto": 44, "ioctl": 16, "fcntl": 72, "prctl": 157, "setsockopt": 54, "socketpair": 53,
+    },
+    "aarch64": {
+        "sendto": 206, "ioctl": 29, "fcntl": 25, "prctl": 167, "setsockopt": 208, "socketpair": 199,
+    },
+}  # fmt: skip
+
+# prctl options a worker may use once confined: reads of its own state, and naming its threads and memory maps
+# (glibc and libraries name threads with PR_SET_NAME; PR_SET_VMA names anonymous mappings). Every option that
+# changes what the process may do or who may reach it is refused: PR_SET_PDEATHSIG (outliving the host),
+# PR_SET_DUMPABLE, PR_SET_PTRACER, PR_SET_CHILD_SUBREAPER, PR_SET_MM, PR_SET_SECCOMP, PR_SET_SECUREBITS,
+# PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_SET_NO_NEW_PRIVS, PR_SCHED_CORE (which names other processes), ...
+_PRCTL_OPTIONS = {
+    "PR_GET_PDEATHSIG": 2, "PR_GET_DUMPABLE": 3, "PR_GET_KEEPCAPS": 7, "PR_SET_NAME": 15, "PR_GET_NAME": 16,
+    "PR_GET_SECCOMP": 21, "PR_CAPBSET_READ": 23, "PR_GET_SECUREBITS": 27, "PR_GET_TIMERSLACK": 30,
+    "PR_GET_CHILD_SUBREAPER": 37, "PR_GET_NO_NEW_PRIVS": 39, "PR_GET_THP_DISABLE": 42,
+    "PR_GET_SPECULATION_CTRL": 52, "PR_SET_VMA": 0x53564D41,
+}  # fmt: skip
+# Reads of the vector lengths and pointer-authentication keys, which aarch64 code may ask for at any time.
+_PRCTL_ARCH_OPTIONS = {
+    "x86_64": {},
+    "aarch64": {"PR_SVE_GET_VL": 51, "PR_GET_TAGGED_ADDR_CTRL": 56, "PR_PAC_GET_ENABLED_KEYS": 61, "PR_SME_GET_VL": 64},
+}
+# ioctl requests (the same numbers on x86_64 and aarch64): what isatty, termios, os.get_terminal_size,
+# socket.setblocking and os.set_inheritable use. Not socket ioctls (SIOCGIFCONF, SIOCGIFHWADDR: the host's network
+# interfaces and addresses), FIOSETOWN/SIOCSPGRP (signals to another process), FIOASYNC or TIOCSTI.
+_IOCTL_REQUESTS = {
+    "TCGETS": 0x5401, "TCGETS2": 0x802C542A, "TIOCGWINSZ": 0x5413, "FIONREAD": 0x541B, "FIONBIO": 0x5421,
+    "FIONCLEX": 0x5450, "FIOCLEX": 0x5451,
+}  # fmt: skip
+# fcntl commands: descriptors, status flags, locks (sqlite3) and reads. Not F_SETOWN, F_SETOWN_EX or F_SETSIG,
+# which make the kernel signal a process of the caller's choosing on I/O, nor F_SETLEASE or F_NOTIFY (signals
+# too), F_SETPIPE_SZ or F_ADD_SEALS.
+_FCNTL_COMMANDS = {
+    "F_DUPFD": 0, "F_GETFD": 1, "F_SETFD": 2, "F_GETFL": 3, "F_SETFL": 4, "F_GETLK": 5, "F_SETLK": 6, "F_SETLKW": 7,
+    "F_GETOWN": 9, "F_GETSIG": 11, "F_GETOWN_EX": 16, "F_OFD_GETLK": 36, "F_OFD_SETLK": 37, "F_OFD_SETLKW": 38,
+    "F_GETLEASE": 1025, "F_DUPFD_CLOEXEC": 1030, "F_GETPIPE_SZ": 1032, "F_GET_SEALS": 1034,
+}  # fmt: skip
+# setsockopt at SOL_SOCKET only, and only buffer sizes, watermarks, timeouts and credential passing: the worker's
+# sockets are AF_UNIX stream pairs. Not SO_ATTACH_FILTER and its kin (a BPF program handed to the kernel).
+_SOL_SOCKET = 1
+_SOCKET_OPTIONS = {
+    "SO_SNDBUF": 7, "SO_RCVBUF": 8, "SO_PASSCRED": 16, "SO_RCVLOWAT": 18, "SO_SNDLOWAT": 19, "SO_RCVTIMEO_OLD": 20,
+    "SO_SNDTIMEO_OLD": 21, "SO_PEEK_OFF": 42, "SO_RCVTIMEO_NEW": 66, "SO_SNDTIMEO_NEW": 67,
 }  # fmt: skip
 
 _CLONE = {"x86_64": 56, "aarch64": 220}
 _FORK = {"x86_64": {"fork": 57, "vfork": 58}, "aarch64": {}}
-_SOCKETPAIR = {"x86_64": 53, "aarch64": 199}
 _CLONE3 = 435
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_SYSCALL_BIT = 0x40000000
 
 _CLONE_THREAD = 0x00010000
-# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
-_CLONE_NAMESPACES = 0x7E020000
+# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET, and
+# CLONE_PARENT, which would hand the new process to the worker's parent (the zygote or the host).
+_CLONE_FORBIDDEN = 0x7E020000 | 0x00008000
 _AF_UNIX = 1
+_SOCK_STREAM = 1
+_SOCK_TYPE_FLAGS = 0o2000000 | 0o4000  # SOCK_CLOEXEC | SOCK_NONBLOCK, or'ed into socketpair's type
 
 _BPF_LD_W_ABS = 0x20
+_BPF_ALU_AND_K = 0x54
 _BPF_JEQ_K = 0x15
 _BPF_JGE_K = 0x35
 _BPF_JSET_K = 0x45
@@ -179,14 +250,19 @@ _BPF_RET_K = 0x06
 _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
 _RET_ALLOW = 0x7FFF0000
-# Offsets in struct seccomp_data. Every argument checked here is an int or pid_t, of which the kernel uses the
-# low 32 bits only, and those come first on little-endian machines.
+_BPF_MAX_JUMP = 255  # jt and jf are one byte each
+# Offsets in struct seccomp_data. Every argument checked here is an int, unsigned int or pid_t, of which the kernel
+# uses the low 32 bits only, and those come first on little-endian machines; a pointer is checked in both halves.
 _OFF_NR = 0
 _OFF_ARCH = 4
 
 
 def _arg_low(index: int) -> int:
     return 16 + 8 * index
+
+
+def _arg_high(index: int) -> int:
+    return 16 + 8 * index + 4
 
 
 Insn = tuple[int, int, int, int]
@@ -225,13 +301,28 @@ def denied_syscalls(*, deny_fork: bool = True) -> dict[str, str]:
         fates[name] = "EPERM unless who is 0"
     if deny_fork:
         fates.update(dict.fromkeys(_FORK[arch], "EPERM"))
-        fates["clone"] = "EPERM unless CLONE_THREAD without namespace flags"
+        fates["clone"] = "EPERM unless CLONE_THREAD, and always with namespace flags or CLONE_PARENT"
     else:
-        fates["clone"] = "EPERM with namespace flags"
+        fates["clone"] = "EPERM with namespace flags or CLONE_PARENT"
     fates["clone3"] = "ENOSYS"
-    fates["socketpair"] = "EPERM unless AF_UNIX"
+    fates["prctl"] = "EPERM unless the option is " + _either(prctl_options(arch))
+    fates["ioctl"] = "EPERM unless the request is " + _either(_IOCTL_REQUESTS)
+    fates["fcntl"] = "EPERM unless the command is " + _either(_FCNTL_COMMANDS)
+    fates["setsockopt"] = "EPERM unless the level is SOL_SOCKET and the option " + _either(_SOCKET_OPTIONS)
+    fates["socketpair"] = "EPERM unless AF_UNIX and SOCK_STREAM (with or without SOCK_CLOEXEC, SOCK_NONBLOCK)"
+    fates["sendto"] = "EPERM unless the destination address is NULL (a connected socket's peer)"
     fates["*"] = "EPERM (not on the allowlist)"
     return fates
+
+
+def _either(names: dict[str, int]) -> str:
+    *rest, last = names
+    return f"{', '.join(rest)} or {last}" if rest else last
+
+
+def prctl_options(arch: str) -> dict[str, int]:
+    """Return the prctl options the filter allows on ``arch``, by name."""
+    return {**_PRCTL_OPTIONS, **_PRCTL_ARCH_OPTIONS[arch]}
 
 
 def allowed_syscalls(arch: str, *, deny_fork: bool) -> dict[str, int]:
@@ -261,7 +352,12 @@ def build_filter(arch: str, *, pid: int, deny_fork: bool) -> list[Insn]:
     ]
     if arch == "x86_64":
         prog += [(_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT), _EPERM]
-    # Plain allows first, most frequent first: a pair each, so no jump is ever long.
+    guarded = _guarded(arch)
+    # The channel's sends and the descriptor calls come often: their blocks go ahead of the plain allows, and cost
+    # any other call one jump each.
+    for name in ("sendto", "ioctl", "fcntl"):
+        prog += guarded.pop(name)
+    # Plain allows next, most frequent first: a pair each, so no jump is ever long.
     for nr in allowed_syscalls(arch, deny_fork=deny_fork).values():
         prog += [(_BPF_JEQ_K, 0, 1, nr), _ALLOW_RET]
     for nr in _ONLY_SELF[arch].values():
@@ -270,13 +366,14 @@ def build_filter(arch: str, *, pid: int, deny_fork: bool) -> list[Insn]:
         prog += _arg_in(nr, 0, (0, pid))
     for nr in _WHO_ZERO[arch].values():
         prog += _arg_in(nr, 1, (0,))
-    prog += _arg_in(_SOCKETPAIR[arch], 0, (_AF_UNIX,))  # asyncio's self-pipe; it reaches nothing outside
+    for block in guarded.values():
+        prog += block
     prog += [(_BPF_JEQ_K, 0, 1, _CLONE3), (_BPF_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
     if deny_fork:
         prog += [
             (_BPF_JEQ_K, 0, 5, _CLONE[arch]),
             (_BPF_LD_W_ABS, 0, 0, _arg_low(0)),
-            (_BPF_JSET_K, 2, 0, _CLONE_NAMESPACES),
+            (_BPF_JSET_K, 2, 0, _CLONE_FORBIDDEN),
             (_BPF_JSET_K, 0, 1, _CLONE_THREAD),
             _ALLOW_RET,
             _EPERM,
@@ -285,12 +382,32 @@ def build_filter(arch: str, *, pid: int, deny_fork: bool) -> list[Insn]:
         prog += [
             (_BPF_JEQ_K, 0, 4, _CLONE[arch]),
             (_BPF_LD_W_ABS, 0, 0, _arg_low(0)),
-            (_BPF_JSET_K, 0, 1, _CLONE_NAMESPACES),
+            (_BPF_JSET_K, 0, 1, _CLONE_FORBIDDEN),
             _EPERM,
             _ALLOW_RET,
         ]
     prog.append(_EPERM)
     return prog
+
+
+def _guarded(arch: str) -> dict[str, list[Insn]]:
+    """The blocks of the calls allowed only with some arguments, by name."""
+    nr = _GUARDED[arch]
+    return {
+        # Only to a connected socket's peer: with no address, no datagram can be aimed at a path such as /dev/log.
+        "sendto": _when(nr["sendto"], (_arg_low(4), (0,)), (_arg_high(4), (0,))),
+        "ioctl": _when(nr["ioctl"], (_arg_low(1), tuple(_IOCTL_REQUESTS.values()))),
+        "fcntl": _when(nr["fcntl"], (_arg_low(1), tuple(_FCNTL_COMMANDS.values()))),
+        "prctl": _when(nr["prctl"], (_arg_low(0), tuple(prctl_options(arch).values()))),
+        "setsockopt": _when(
+            nr["setsockopt"], (_arg_low(1), (_SOL_SOCKET,)), (_arg_low(2), tuple(_SOCKET_OPTIONS.values()))
+        ),
+        # asyncio's self-pipe and multiprocessing's duplex Pipe: a connected stream pair, which reaches nothing
+        # outside and refuses a destination address (EISCONN), unlike a datagram pair.
+        "socketpair": _when(
+            nr["socketpair"], (_arg_low(0), (_AF_UNIX,)), (_arg_low(1), (_SOCK_STREAM,), ~_SOCK_TYPE_FLAGS & 0xFFFFFFFF)
+        ),
+    }
 
 
 # One ``struct sock_filter``: code, jt, jf, k in the machine's byte order.
@@ -333,13 +450,34 @@ def packed_filter(arch: str, *, pid: int, deny_fork: bool) -> bytes:
 
 
 def _arg_in(nr: int, index: int, values: tuple[int, ...]) -> list[Insn]:
-    """A block: if the call is ``nr``, allow it when argument ``index`` is one of ``values``, else EPERM.
+    """A block: if the call is ``nr``, allow it when argument ``index`` is one of ``values``, else EPERM."""
+    return _when(nr, (_arg_low(index), values))
 
-    The block ends in a return whenever it loaded an argument, so the syscall number never needs reloading.
+
+def _when(nr: int, *checks: tuple[int, tuple[int, ...]] | tuple[int, tuple[int, ...], int]) -> list[Insn]:
+    """A block: if the call is ``nr``, allow it when every check holds, else EPERM.
+
+    Each check is ``(offset, values)`` or ``(offset, values, mask)``: the 32-bit word at ``offset`` in struct
+    seccomp_data, and'ed with ``mask`` when given, must be one of ``values``. The block ends in a return whenever
+    it loaded an argument, so the syscall number never needs reloading.
+
+    Raises:
+        ValueError: A jump would not fit in a BPF instruction (too many values): a bug here, not the caller's.
     """
-    checks: list[Insn] = []
-    for i, value in enumerate(values):
-        # Jump to the allow at the end when equal; the last check falls through to EPERM.
-        checks.append((_BPF_JEQ_K, len(values) - i, 0, value & 0xFFFFFFFF))
-    body: list[Insn] = [(_BPF_LD_W_ABS, 0, 0, _arg_low(index)), *checks, _EPERM, _ALLOW_RET]
-    return [(_BPF_JEQ_K, 0, len(body), nr), *body]
+    deny_at = sum(1 + (len(check) == 3) + len(check[1]) for check in checks) + 1  # checks, the allow, then EPERM
+    body: list[Insn] = []
+    for check in checks:
+        offset, values = check[0], check[1]
+        body.append((_BPF_LD_W_ABS, 0, 0, offset))
+        if len(check) == 3:
+            body.append((_BPF_ALU_AND_K, 0, 0, check[2]))
+        passed_at = len(body) + len(values)  # the next check, or the allow after the last one
+        for i, value in enumerate(values):
+            here = len(body)
+            last = i == len(values) - 1
+            body.append((_BPF_JEQ_K, passed_at - here - 1, deny_at - here - 1 if last else 0, value & 0xFFFFFFFF))
+    body += [_ALLOW_RET, _EPERM]
+    block = [(_BPF_JEQ_K, 0, len(body), nr), *body]
+    if any(max(jt, jf) > _BPF_MAX_JUMP for _code, jt, jf, _k in block):
+        raise ValueError(f"a check of syscall {nr} has a jump longer than {_BPF_MAX_JUMP} instructions")
+    return block

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -106,6 +108,23 @@ def require(probe: dict[str, object], layer: str) -> None:
 def denied(entry: object, err: int | None = None) -> bool:
     assert isinstance(entry, dict)
     return entry.get("error") == "PermissionError" and (err is None or entry.get("errno") == err)
+
+
+def kernel_landlock_abi() -> int:
+    """The Landlock ABI as the kernel reports it to this (unsandboxed) test process; 0 without Landlock."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_..._VERSION
+    return max(int(abi), 0)
+
+
+def received(target: socket.socket) -> list[bytes]:
+    """Every datagram queued at the non-blocking ``target`` (a unix datagram is queued before its send returns)."""
+    got = []
+    while True:
+        try:
+            got.append(target.recv(1000))
+        except BlockingIOError:
+            return got
 
 
 def wait_gone(pid: int, timeout: float) -> bool:

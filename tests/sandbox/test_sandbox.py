@@ -29,6 +29,7 @@ from tests.sandbox.sandbox_helpers import (
     PRELUDE,
     REQUIRED,
     denied,
+    kernel_landlock_abi,
     require,
     run_sandboxed,
     sandboxed,
@@ -50,22 +51,82 @@ def test_report_names_every_layer(probe):
         assert limit in report["rlimits"]
 
 
-def kernel_landlock_abi() -> int:
-    """The Landlock ABI as the kernel reports it to this (unsandboxed) test process; 0 without Landlock."""
-    import ctypes
+_LANDLOCK_RECORDED = """
+import ctypes, json, os, sys
+from snapcell.sandbox import _sandbox
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    abi = libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_..._VERSION
-    return max(int(abi), 0)
+cfg = json.loads(sys.argv[1])
+created, rules = [], []
+real = _sandbox._syscall
 
 
-def test_landlock_uses_the_kernels_full_abi(probe):
-    """A set-up bug that silently falls back to an older ABI (fewer rights handled) shows here."""
+def recording(nr, *args):
+    if nr == _sandbox._LANDLOCK_CREATE_RULESET and args[0]:
+        fields = (ctypes.c_uint64 * 3).from_address(args[0])
+        created.append({"size": args[1], "fields": list(fields)[: args[1] // 8]})
+    elif nr == _sandbox._LANDLOCK_ADD_RULE:
+        rule = _sandbox._PathBeneathAttr.from_address(args[2])
+        rules.append([os.readlink(f"/proc/self/fd/{rule.parent_fd}"), rule.allowed_access])
+    return real(nr, *args)
+
+
+_sandbox._syscall = recording
+state = _sandbox._apply_landlock(cfg["scratch"], cfg["read_paths"], [])
+print(json.dumps({"state": state, "created": created, "rules": rules}))
+"""
+
+# Landlock's rights (include/uapi/linux/landlock.h), written out here apart from the code, by the ABI that brought them.
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_MAKE_CHAR, _MAKE_BLOCK, _REFER, _TRUNCATE, _IOCTL_DEV = 1 << 6, 1 << 11, 1 << 13, 1 << 14, 1 << 15
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: _REFER, 3: _TRUNCATE, 5: _IOCTL_DEV}  # ABI 1: EXECUTE .. MAKE_SYM
+_NET_BY_ABI = {4: 0b11}  # BIND_TCP, CONNECT_TCP
+_SCOPED_BY_ABI = {6: 0b11}  # ABSTRACT_UNIX_SOCKET, SIGNAL
+
+
+def _rights(table: dict[int, int], abi: int) -> int:
+    return sum(bits for since, bits in table.items() if abi >= since)
+
+
+def test_landlock_uses_the_kernels_full_abi(probe, tmp_path):
+    """The ruleset the code hands the kernel handles every right the kernel's ABI has, and the rules grant few.
+
+    Read off the ``landlock_create_ruleset`` and ``landlock_add_rule`` calls themselves: a set-up bug that silently
+    falls back to an older ABI (fewer rights handled: no TRUNCATE, no IOCTL_DEV) shows here.
+    """
     abi = kernel_landlock_abi()
     if abi == 0:
         assert "landlock" not in REQUIRED, "SNAPCELL_REQUIRE_SANDBOX requires landlock, but the kernel has none"
         pytest.skip("kernel lacks Landlock")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    cfg = {"scratch": str(scratch), "read_paths": worker_read_paths()}
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", _LANDLOCK_RECORDED, json.dumps(cfg)],
+        env={},
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["state"].startswith(f"active: ABI {abi}:"), out["state"]
     assert probe["report"]["landlock"].startswith(f"active: ABI {abi}:"), probe["report"]["landlock"]
+    (created,) = out["created"]
+    handled = created["fields"]
+    fs = _rights(_FS_BY_ABI, abi)
+    assert handled[0] == fs, f"handled filesystem rights {handled[0]:#x}, the kernel's ABI {abi} has {fs:#x}"
+    if abi >= 3:
+        assert handled[0] & _TRUNCATE
+    if abi >= 4:
+        assert handled[1] == _rights(_NET_BY_ABI, abi)
+    if abi >= 6:
+        assert handled[2] == _rights(_SCOPED_BY_ABI, abi)
+    rules = {os.path.realpath(path): access for path, access in out["rules"]}
+    assert rules.pop(str(scratch.resolve())) == fs & ~(_EXECUTE | _MAKE_CHAR | _MAKE_BLOCK)
+    assert rules.pop("/dev/null") == (_READ_FILE | _WRITE_FILE | (fs & _TRUNCATE))
+    for path, access in rules.items():
+        assert access & ~(_READ_FILE | _READ_DIR) == 0, (path, f"{access:#x}")  # everything else is read-only
 
 
 def test_report_api():
@@ -130,11 +191,14 @@ def test_sockets_are_denied_but_asyncio_works(probe, tmp_path):
         attempt("unix", lambda: socket.socket(socket.AF_UNIX).fileno())
         attempt("udp", lambda: socket.socket(type=socket.SOCK_DGRAM).fileno())
         attempt("inet_pair", lambda: socket.socketpair(socket.AF_INET).__len__())
+        attempt("dgram_pair", lambda: len(socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)))
+        attempt("seqpacket_pair", lambda: len(socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)))
         attempt("unix_pair", lambda: len(socket.socketpair()))
+        attempt("sendmsg", lambda: socket.socketpair()[0].sendmsg([b"x"]))
         attempt("asyncio", lambda: asyncio.run(asyncio.sleep(0, "done")))
         """,
     )
-    for key in ("inet", "inet6", "unix", "udp", "inet_pair"):
+    for key in ("inet", "inet6", "unix", "udp", "inet_pair", "dgram_pair", "seqpacket_pair", "sendmsg"):
         assert denied(out[key], 1), (key, out[key])
     assert out["unix_pair"] == {"ok": 2}
     assert out["asyncio"] == {"ok": "done"}
@@ -151,7 +215,7 @@ def test_inherited_channel_stays_usable_and_other_fds_are_closed(tmp_path):
             import socket
             chan = socket.socket(fileno={worker.fileno()})
             chan.sendall(b"hello")
-            chan.sendmsg([b" world"])
+            chan.send(b" world")
             out["recv"] = chan.recv(4).decode()
             attempt("stray", lambda: os.fstat({stray_r}).st_mode)
             """,
@@ -484,6 +548,118 @@ def test_filter_is_well_formed(machine, deny_fork):
     assert not allowed & set(notable.values()), sorted(n for n, nr in notable.items() if nr in allowed)
     for name in ("shmget", "fanotify_init", "clock_settime", "sethostname", "socket", "execve", "ptrace", "bpf"):
         assert name in notable
+    for name in ("sendmsg", "sendmmsg"):  # their destination and descriptors lie in memory a filter cannot read
+        assert name in notable
+    assert not allowed & set(_seccomp._GUARDED[machine].values())  # allowed only by argument, never plainly
+
+
+# ------------------------------------------------ the filter run on made-up calls (any architecture)
+
+_X86_NR = {"prctl": 157, "ioctl": 16, "fcntl": 72, "socketpair": 53, "sendto": 44, "sendmsg": 46, "sendmmsg": 307}
+_X86_NR |= {"setsockopt": 54, "kill": 62, "prlimit64": 302, "clone": 56, "read": 0, "write": 1}
+_ARM_NR = {"prctl": 167, "ioctl": 29, "fcntl": 25, "socketpair": 199, "sendto": 206, "sendmsg": 211, "sendmmsg": 269}
+_ARM_NR |= {"setsockopt": 208, "kill": 129, "prlimit64": 261, "clone": 220, "read": 63, "write": 64}
+_ALLOW = 0x7FFF0000
+_EPERM = 0x00050000 | errno.EPERM
+_PID = 4242
+
+
+def _run_filter(prog: list[tuple[int, int, int, int]], arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
+    """What classic BPF ``prog`` returns for a call (the instructions a seccomp filter here may use)."""
+    words = [nr, arch, 0, 0]  # nr, arch, instruction pointer (two words)
+    for arg in (*args, *(0,) * (6 - len(args))):
+        words += [arg & 0xFFFFFFFF, (arg >> 32) & 0xFFFFFFFF]  # little-endian: low word first
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = prog[pc]
+        pc += 1
+        if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            acc = words[k // 4]
+        elif code == 0x54:  # BPF_ALU | BPF_AND | BPF_K
+            acc &= k
+        elif code in (0x15, 0x35, 0x45):  # BPF_JMP | BPF_JEQ / BPF_JGE / BPF_JSET, BPF_K
+            taken = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
+            pc += jt if taken else jf
+        elif code == 0x06:  # BPF_RET | BPF_K
+            return k
+        else:
+            raise AssertionError(f"instruction {code:#x} at {pc - 1} is not one this test knows")
+
+
+@pytest.mark.parametrize(
+    ("machine", "audit_arch", "nr"),
+    [
+        pytest.param("x86_64", 0xC000003E, _X86_NR, id="x86_64"),
+        pytest.param("aarch64", 0xC00000B7, _ARM_NR, id="aarch64"),
+    ],
+)
+@pytest.mark.parametrize("deny_fork", [True, False])
+def test_the_filter_checks_arguments(machine, audit_arch, nr, deny_fork):
+    prog = _seccomp.build_filter(machine, pid=_PID, deny_fork=deny_fork)
+
+    def fate(name: str, *args: int) -> int:
+        return _run_filter(prog, audit_arch, nr[name], args)
+
+    socket_types = (socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
+    refused = {
+        "PR_SET_PDEATHSIG": fate("prctl", 1, 0),
+        "PR_SET_DUMPABLE": fate("prctl", 4, 1),
+        "PR_SET_SECCOMP": fate("prctl", 22, 1),
+        "PR_SET_MM": fate("prctl", 35, 1),
+        "PR_SET_PTRACER": fate("prctl", 0x59616D61, -1),
+        "PR_SET_CHILD_SUBREAPER": fate("prctl", 36, 1),
+        "PR_SET_NO_NEW_PRIVS": fate("prctl", 38, 1),
+        "PR_CAP_AMBIENT": fate("prctl", 47, 2, 0),
+        "PR_SCHED_CORE": fate("prctl", 62, 1, 1),
+        "SIOCGIFCONF": fate("ioctl", 0, 0x8912),
+        "SIOCGIFHWADDR": fate("ioctl", 0, 0x8927),
+        "FIOSETOWN": fate("ioctl", 0, 0x8901),
+        "TIOCSTI": fate("ioctl", 0, 0x5412),
+        "F_SETOWN": fate("fcntl", 3, 8, _PID + 1),
+        "F_SETSIG": fate("fcntl", 3, 10, 0),
+        "F_SETOWN_EX": fate("fcntl", 3, 15, 0),
+        "F_SETLEASE": fate("fcntl", 3, 1024, 0),
+        "F_NOTIFY": fate("fcntl", 3, 1026, 0),
+        "SO_ATTACH_FILTER": fate("setsockopt", 3, 1, 26, 1, 16),
+        "SO_SNDBUF at another level": fate("setsockopt", 3, 6, 7, 1, 4),
+        "socketpair AF_INET": fate("socketpair", 2, 1, 0),
+        **{f"socketpair type {kind:#x}": fate("socketpair", 1, kind, 0) for kind in socket_types},
+        "sendto an address": fate("sendto", 3, 1, 1, 0, 0x7FFF_0000_1000, 110),
+        "sendto an address above 4 GiB": fate("sendto", 3, 1, 1, 0, 0x7FFF_0000_0000, 110),
+        "sendmsg": fate("sendmsg", 3, 0x1000, 0),
+        "sendmmsg": fate("sendmmsg", 3, 0x1000, 1, 0),
+        "kill another": fate("kill", _PID + 1, 0),
+        "prlimit64 pid 1": fate("prlimit64", 1, 7, 0, 0x1000),
+        "clone CLONE_PARENT": fate("clone", 0x8000 | 17),
+    }
+    assert refused == dict.fromkeys(refused, _EPERM), {k: hex(v) for k, v in refused.items() if v != _EPERM}
+    allowed = {
+        "read": fate("read", 0, 0x1000, 10),
+        **{name: fate("prctl", option) for name, option in _seccomp.prctl_options(machine).items()},
+        "TCGETS": fate("ioctl", 0, 0x5401),
+        "TCGETS2": fate("ioctl", 0, 0x802C542A),
+        "FIONBIO": fate("ioctl", 3, 0x5421, 0x1000),
+        "FIOCLEX": fate("ioctl", 3, 0x5451),
+        "TIOCGWINSZ": fate("ioctl", 1, 0x5413),
+        "FIONREAD (high bits ignored by the kernel)": fate("ioctl", 3, 0xFFFF_FFFF_0000_541B),
+        "F_GETFL": fate("fcntl", 3, 3),
+        "F_SETFL": fate("fcntl", 3, 4, 0o4000),
+        "F_SETFD": fate("fcntl", 3, 2, 1),
+        "F_DUPFD_CLOEXEC": fate("fcntl", 3, 1030, 0),
+        "F_SETLK": fate("fcntl", 3, 6, 0x1000),
+        "SO_SNDBUF": fate("setsockopt", 3, 1, 7, 0x1000, 4),
+        "socketpair stream": fate("socketpair", 1, socket.SOCK_STREAM, 0, 0x1000),
+        "socketpair stream, cloexec, nonblock": fate(
+            "socketpair", 1, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK, 0, 0x1000
+        ),
+        "sendto its peer": fate("sendto", 3, 0x1000, 10, 0, 0, 0),
+        "kill itself": fate("kill", _PID, 0),
+        "prlimit64 itself": fate("prlimit64", 0, 7, 0, 0x1000),
+        "a thread": fate("clone", 0x3D0F00),  # glibc's pthread_create flags
+    }
+    assert allowed == dict.fromkeys(allowed, _ALLOW), {k: hex(v) for k, v in allowed.items() if v != _ALLOW}
+    forked = fate("clone", 0x01200011)  # glibc's fork: CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD
+    assert forked == (_EPERM if deny_fork else _ALLOW)
 
 
 @pytest.mark.parametrize("deny_fork", [True, False])
@@ -516,3 +692,12 @@ def test_denied_syscalls_listing():
     assert "CLONE_THREAD" in fates["clone"]
     assert "itself" in fates["kill"] and "own" in fates["prlimit64"]
     assert fates["*"].startswith("EPERM")
+    # Each call allowed only by argument says which arguments.
+    for name, allowed in (("prctl", "PR_GET_PDEATHSIG"), ("ioctl", "FIONBIO"), ("fcntl", "F_DUPFD_CLOEXEC")):
+        assert fates[name].startswith("EPERM unless") and allowed in fates[name], fates[name]
+    assert "PR_SET_PDEATHSIG" not in fates["prctl"] and "SIOCGIFCONF" not in fates["ioctl"]
+    assert "F_SETOWN," not in fates["fcntl"] and "SO_ATTACH_FILTER" not in fates["setsockopt"]
+    assert "SOCK_STREAM" in fates["socketpair"] and "AF_UNIX" in fates["socketpair"]
+    assert "NULL" in fates["sendto"]
+    assert fates["sendmsg"] == fates["sendmmsg"] == "EPERM"
+    assert "CLONE_PARENT" in fates["clone"] and "CLONE_PARENT" in seccomp_denied_syscalls(deny_fork=False)["clone"]

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import resource
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import snapcell
+from snapcell.sandbox import reclaim_scratch_dirs
+from tests.sandbox.sandbox_helpers import HANG_GUARD_S, received, wait_gone
 
 # ------------------------------------------------- attacks from a real worker
 #
@@ -99,11 +106,21 @@ def test_worker_cannot_signal_the_host(attack_pool):
 
 
 def test_worker_runs_unprivileged_with_no_capabilities(attack_pool):
+    # Landlock keeps the worker out of /proc, so its status is read from here; securebits only it can read.
+    inside = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None)\n"
+        "os.getpid(), os.getuid(), os.getgid(), os.getgroups(), libc.prctl(27, 0, 0, 0, 0),"
+        " [cap for cap in range(64) if libc.prctl(23, cap, 0, 0, 0) == 1]"
+    )
     with attack_pool.checkout() as session:
-        pid, uid, gid, groups = session.feed_run("import os\nos.getpid(), os.getuid(), os.getgid(), os.getgroups()")
+        pid, uid, gid, groups, securebits, bounding = session.feed_run(inside)
         status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
+    assert bounding == []
+    own = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    if int(own["CapEff"], 16) & (1 << 8):  # a host with CAP_SETPCAP hands it to the worker, which locks securebits
+        assert securebits == 0b1110_1011, bin(securebits)
     assert status["NoNewPrivs"].strip() == "1"
     assert status["Seccomp"].strip() == "2"
     if os.geteuid() == 0:  # a non-root host's workers keep its uid (and it has no capabilities to lose)
@@ -142,6 +159,123 @@ def test_syscalls_outside_the_allowlist_fail_with_eperm(attack_pool):
     denied = {name: err for name, err in result.value.items() if name != "getpid_ok"}
     assert denied == dict.fromkeys(denied, errno.EPERM), denied
     assert result.value["getpid_ok"] == 0
+
+
+_PRCTL = """
+import ctypes, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def prctl(*args):
+    args = [ctypes.c_ulong(a) for a in args] + [ctypes.c_ulong(0)] * (5 - len(args))
+    return ctypes.get_errno() if libc.prctl(*args) == -1 else 0
+"""
+
+
+def test_worker_cannot_change_its_process_settings_through_prctl(attack_pool):
+    code = _PRCTL + textwrap.dedent(
+        """
+        out = {
+            "pdeathsig_off": prctl(1, 0),  # PR_SET_PDEATHSIG: would outlive the host
+            "dumpable": prctl(4, 1),  # PR_SET_DUMPABLE: /proc/PID and core dumps open to its uid
+            "subreaper": prctl(36, 1),  # PR_SET_CHILD_SUBREAPER
+            "timerslack": prctl(29, 1),  # PR_SET_TIMERSLACK
+        }
+        sig = ctypes.c_int(-1)
+        libc.prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG: reads still work
+        out, sig.value, prctl(15, ctypes.addressof(ctypes.create_string_buffer(b"renamed")))  # PR_SET_NAME works
+        """
+    )
+    result = attack(attack_pool, code)
+    assert result.error is None, result.error
+    refused, pdeathsig, renamed = result.value
+    assert refused == dict.fromkeys(refused, errno.EPERM), refused
+    assert pdeathsig == signal.SIGKILL
+    assert renamed == 0
+
+
+def test_worker_cannot_outlive_its_host_by_disarming_pdeathsig(tmp_path):
+    """A worker that clears its parent-death signal and ignores every interrupt still dies with its host."""
+    code = textwrap.dedent(
+        """
+        import json, snapcell
+        attack = (
+            "import ctypes, os\\n"
+            "os.getpid(), os.getcwd(), ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)"
+        )
+        hold = (
+            "import time\\nopen('holding', 'w').close()\\n"
+            "while True:\\n    try:\\n        time.sleep(3600)\\n    except BaseException:\\n        pass"
+        )
+        policy = snapcell.Policy.unrestricted()
+        with snapcell.Pool("memory://", isolation="process", policy=policy, min_warm_workers=0) as pool:
+            with pool.checkout() as session:
+                print(json.dumps(session.feed_run(attack)), flush=True)
+                session.feed_run(hold)  # does not return: the worker never reads its channel again
+        """
+    )
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        assert host.stdout is not None
+        pid, workspace, disarmed = json.loads(host.stdout.readline())
+        # Once the worker holds on in its loop, EOF on its channel cannot end it: only pdeathsig can.
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not os.path.exists(os.path.join(workspace, "holding")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        host.kill()
+        host.wait(HANG_GUARD_S)
+        gone = wait_gone(pid, HANG_GUARD_S)
+    finally:
+        host.kill()
+        host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
+        if pid is not None and not wait_gone(pid, 0):
+            os.kill(pid, signal.SIGKILL)
+            wait_gone(pid, HANG_GUARD_S)
+        reclaim_scratch_dirs()  # the killed host's scratch directory and tmpfs
+    assert gone, f"the worker outlived its host (prctl(PR_SET_PDEATHSIG, 0) returned {disarmed})"
+    assert disarmed == -1
+
+
+def test_worker_cannot_send_a_datagram_to_a_host_socket(attack_pool, datagram_target):
+    """A pathname socket is outside Landlock (ABI 7 and below): only seccomp keeps forged lines from it."""
+    target, path = datagram_target
+    code = textwrap.dedent(
+        f"""
+        import socket
+        out = {{}}
+        for name, kind in (("plain", socket.SOCK_DGRAM), ("cloexec", socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)):
+            try:
+                one, two = socket.socketpair(socket.AF_UNIX, kind)
+                one.sendto(b"<13>forged by sendto", {path!r})
+                one.sendmsg([b"<13>forged by sendmsg"], [], 0, {path!r})
+                out[name] = 0
+            except OSError as exc:
+                out[name] = exc.errno
+        out
+        """
+    )
+    result = attack(attack_pool, code)
+    assert result.error is None, result.error
+    assert received(target) == []
+    assert result.value == {"plain": errno.EPERM, "cloexec": errno.EPERM}
+
+
+def test_worker_cannot_list_the_hosts_network_interfaces(attack_pool):
+    code = textwrap.dedent(
+        """
+        import array, fcntl, socket, struct
+        one, two = socket.socketpair()
+        buf = array.array("B", bytes(40 * 64))
+        ifconf = struct.pack("iiQ", len(buf), 0, buf.buffer_info()[0])
+        size = struct.unpack("iiQ", fcntl.ioctl(one.fileno(), 0x8912, ifconf))[0]  # SIOCGIFCONF
+        names = [bytes(buf[at : at + 16]).split(b"\\0")[0] for at in range(0, size, 40)]
+        mac = fcntl.ioctl(one.fileno(), 0x8927, struct.pack("16s24s", names[-1], b""))[18:24]  # SIOCGIFHWADDR
+        names, mac.hex()
+        """
+    )
+    result = attack(attack_pool, code)
+    assert result.error is not None and result.error.exc_type == "PermissionError", (result.error, result.value)
 
 
 def test_writing_a_gib_to_scratch_fails_cleanly(attack_pool):
