@@ -184,8 +184,9 @@ class PostgresDatabase:
         ``what`` says what was being done (``"read head 'c'"``), for the message.
 
         Raises:
-            StorageUnavailable: No connection within ``connect_timeout_s`` (the message says why), the connection
-                broke, the server refused access, or a statement timed out.
+            StorageUnavailable: No connection within ``connect_timeout_s`` (the message says why: one more
+                connection is tried, outside the pool, to find out), the connection broke, the server refused
+                access, or a statement timed out.
             StorageError: Any other database error.
         """
         from psycopg_pool import PoolTimeout
