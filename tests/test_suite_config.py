@@ -71,3 +71,44 @@ def test_an_s3_server_does_not_outlive_a_run_that_ends_without_cleaning_up() -> 
     while servers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert servers() == []
+
+
+def test_a_postgres_server_does_not_outlive_a_run_that_ends_without_cleaning_up() -> None:
+    import os
+    import time
+
+    import pytest
+
+    from tests.pgserver import find_postgres_binaries, remove_stale_clusters
+
+    if find_postgres_binaries() is None:
+        pytest.skip("no PostgreSQL server binaries on this machine")
+    script = (
+        "import os, sys\n"
+        "from tests.pgserver import start_postgres_server\n"
+        "url, stop = start_postgres_server()\n"
+        "print(url, flush=True)\n"
+        "os._exit(1)  # as a run that is killed: no fixture's clean-up runs\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    port = done.stdout.strip().rsplit(":", 1)[-1].partition("/")[0]
+    assert port.isdigit(), done.stdout + done.stderr
+
+    def servers() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
+                continue
+            if b"-p" in argv and port.encode() in argv and state != "Z":
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 30  # a hang guard for a loaded machine, not a measurement
+    while servers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert servers() == []
+    # Its directory is left behind; the next run's server removes it before it starts.
+    assert any(root.name.startswith("snapcell-pg-") for root in remove_stale_clusters())

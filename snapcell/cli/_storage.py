@@ -150,7 +150,8 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "--heads",
         default=None,
         metavar="URL",
-        help="head store whose conversations are kept (sqlite:///path, s3://bucket/prefix); needs the signing key",
+        help="head store whose conversations are kept (sqlite:///path, s3://bucket/prefix, "
+        "postgresql://user@host/dbname); needs the signing key",
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_run_cleanup)

@@ -1,8 +1,8 @@
 """Conversations: the transcript and the Python state of an agent conversation, kept and moved together.
 
 `Conversation` is the record (messages in the application's own format, the checkpoint of each code turn, usage);
-a `ConversationStore` keeps it (`MemoryConversationStore`, `FileConversationStore`, `S3ConversationStore`), and
-`CodeTool.run_code` accepts one in place of a conversation ID.
+a `ConversationStore` keeps it (`MemoryConversationStore`, `FileConversationStore`, `S3ConversationStore`,
+`PostgresConversationStore`), and `CodeTool.run_code` accepts one in place of a conversation ID.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         validate_conversation_key,
     )
     from snapcell.conversation._object import S3ConversationStore
+    from snapcell.conversation._postgres import PostgresConversationStore
     from snapcell.conversation._stores import (
         ConversationStore,
         FileConversationStore,
@@ -38,6 +39,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "validate_conversation_key",
     ),
     "snapcell.conversation._object": ("S3ConversationStore",),
+    "snapcell.conversation._postgres": ("PostgresConversationStore",),
     "snapcell.conversation._stores": (
         "ConversationStore",
         "FileConversationStore",
@@ -53,6 +55,7 @@ __all__ = [
     "FileConversationStore",
     "LogConversationStore",
     "MemoryConversationStore",
+    "PostgresConversationStore",
     "S3ConversationStore",
     "Usage",
     "tool_call_ids",

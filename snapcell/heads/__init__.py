@@ -1,4 +1,7 @@
-"""Conversation heads: each conversation's current checkpoint ID, its history, turn records and the turn lease."""
+"""Conversation heads: each conversation's current checkpoint ID, its history, turn records and the turn lease.
+
+Backends: `MemoryHeads`, `SQLiteHeads` (one machine), `S3Heads` and `PostgresHeads` (many servers).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
         validate_turn_id,
     )
     from snapcell.heads._open import default_heads, open_heads
+    from snapcell.heads._pgdb import PostgresDatabase
+    from snapcell.heads._postgres import PostgresHeads
     from snapcell.heads._s3 import S3Heads
     from snapcell.heads._sqlite import SQLiteHeads
 
@@ -41,6 +46,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "default_heads",
         "open_heads",
     ),
+    "snapcell.heads._pgdb": ("PostgresDatabase",),
+    "snapcell.heads._postgres": ("PostgresHeads",),
     "snapcell.heads._s3": ("S3Heads",),
     "snapcell.heads._sqlite": ("SQLiteHeads",),
 }
@@ -50,6 +57,8 @@ __all__ = [
     "Head",
     "HeadStore",
     "MemoryHeads",
+    "PostgresDatabase",
+    "PostgresHeads",
     "RecordHeads",
     "S3Heads",
     "SQLiteHeads",

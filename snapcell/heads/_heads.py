@@ -2,7 +2,7 @@
 
 A `HeadStore` is sync at its core, like a `Store`; `AsyncHeads` wraps one for async callers. Every backend is the
 same small state machine over one record per conversation, applied atomically by the backend (a lock in memory, a
-``BEGIN IMMEDIATE`` transaction in SQLite, a conditional write on S3). The transitions live here, once.
+``BEGIN IMMEDIATE`` transaction in SQLite, a conditional write on S3 or in PostgreSQL). The transitions live here, once.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class Head:
 class HeadStore(Protocol):
     """One head per conversation, moved only by compare-and-swap, plus a lease marking a turn in progress.
 
-    Implemented by `MemoryHeads`, `SQLiteHeads` and `S3Heads`.
+    Implemented by `MemoryHeads`, `SQLiteHeads`, `S3Heads` and `PostgresHeads`.
     """
 
     def get(self, conversation_id: str) -> Head | None:

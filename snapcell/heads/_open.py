@@ -33,14 +33,18 @@ def default_heads(store: object) -> HeadStore:
 
 def open_heads(url: str, *, must_exist: bool = False, **options: object) -> HeadStore:
     """Open the head store a URL names: ``sqlite:///abs/path``, ``sqlite://rel/path``, ``s3://bucket/prefix``
-    (heads under ``prefix/heads/``; ``options`` go to `open_store`) or ``memory://``.
+    (heads under ``prefix/heads/``; ``options`` go to `open_store`), ``postgresql://user@host:port/dbname`` or
+    ``postgres://...`` (`PostgresHeads`; ``options`` go to it, ``table=`` say) or ``memory://``.
 
     With ``must_exist`` (cleanup's mode, where a head store that is wrongly empty would let heads be deleted), a
-    SQLite file is never created and ``memory://``, always empty, is refused.
+    SQLite file or a PostgreSQL table is never created and ``memory://``, always empty, is refused.
 
     Raises:
-        ConfigError: Unknown scheme or malformed URL; with ``must_exist``, no such SQLite file, or ``memory://``.
+        ConfigError: Unknown scheme or malformed URL; with ``must_exist``, no such SQLite file or PostgreSQL table,
+            or ``memory://``; psycopg is not installed for a PostgreSQL URL.
+        StorageUnavailable: The PostgreSQL server cannot be reached or refuses the connection.
     """
+    from ._postgres import PostgresHeads
     from ._s3 import S3Heads
     from ._sqlite import SQLiteHeads
 
@@ -51,10 +55,15 @@ def open_heads(url: str, *, must_exist: bool = False, **options: object) -> Head
         if must_exist:
             raise ConfigError("a memory:// head store is always empty here; give the head store the sessions use")
         return MemoryHeads()
+    if scheme in ("postgresql", "postgres") and rest:
+        return PostgresHeads(url, create=not must_exist, **options)  # type: ignore[arg-type]
     if scheme == "s3":
         store = open_store(url, **options)  # type: ignore[arg-type]
         if isinstance(store, S3Store):
             heads = S3Heads(store)
             heads._owns_store = True
             return heads
-    raise ConfigError(f"invalid head store URL {url!r}; use sqlite:///path, s3://bucket/prefix or memory://")
+    raise ConfigError(
+        f"invalid head store URL {url!r}; use sqlite:///path, s3://bucket/prefix, "
+        "postgresql://user@host:port/dbname or memory://"
+    )

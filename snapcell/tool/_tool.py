@@ -137,7 +137,9 @@ class CodeTool:
         if not isinstance(pool, AsyncPool):
             raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
         if heads is not None and not isinstance(heads, HeadStore):
-            raise ConfigError(f"heads must be a head store (SQLiteHeads, S3Heads, MemoryHeads), not {heads!r}")
+            raise ConfigError(
+                f"heads must be a head store (SQLiteHeads, S3Heads, PostgresHeads, MemoryHeads), not {heads!r}"
+            )
         if stubs is not None and not isinstance(stubs, str):
             raise ConfigError(f"stubs must be Python source text (a str) or None, not {type(stubs).__name__}")
         if limits is not None and not isinstance(limits, Limits):

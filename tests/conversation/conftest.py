@@ -1,4 +1,5 @@
-"""Fixtures for the conversation tests: a `conversation_store` per backend (S3 on the moto server)."""
+"""Fixtures for the conversation tests: a `conversation_store` per backend (S3 on the moto server, PostgreSQL on a
+real server)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from snapcell.conversation import (
     FileConversationStore,
     LogConversationStore,
     MemoryConversationStore,
+    PostgresConversationStore,
     S3ConversationStore,
 )
 from snapcell.storage import S3Config, S3Store
+from tests.pgserver import postgres_server, postgres_url
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION, s3_server
 
-__all__ = ["s3_server"]
+__all__ = ["postgres_server", "postgres_url", "s3_server"]
 
 
 @pytest.fixture
@@ -39,11 +42,25 @@ def s3_conversations(s3_server: str) -> Iterator[S3ConversationStore]:
     store.close()
 
 
-@pytest.fixture(params=["memory", "file", pytest.param("s3", marks=pytest.mark.integration)])
+@pytest.fixture
+def postgres_conversations(postgres_url: str) -> Iterator[PostgresConversationStore]:
+    store = PostgresConversationStore(postgres_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "file",
+        pytest.param("s3", marks=pytest.mark.integration),
+        pytest.param("postgres", marks=pytest.mark.integration),
+    ]
+)
 def conversation_store(request: pytest.FixtureRequest, tmp_path: Path) -> LogConversationStore:
     if request.param == "memory":
         return MemoryConversationStore()
     if request.param == "file":
         return FileConversationStore(tmp_path / "conversations")
-    store: S3ConversationStore = request.getfixturevalue("s3_conversations")
+    store: LogConversationStore = request.getfixturevalue(f"{request.param}_conversations")
     return store

@@ -1,4 +1,4 @@
-"""Head store conformance over memory, SQLite and S3 (moto), plus cleanup with heads."""
+"""Head store conformance over memory, SQLite, S3 (moto) and PostgreSQL (a real server), plus cleanup with heads."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from snapcell.errors import InvalidKey
 from snapcell.heads import (
     HeadStore,
     MemoryHeads,
+    PostgresHeads,
     S3Heads,
     SQLiteHeads,
     default_heads,
@@ -22,18 +23,28 @@ from snapcell.heads import (
 from snapcell.heads._heads import new_lease_owner
 from snapcell.ops import cleanup
 from snapcell.storage import MemoryStore, S3Store
+from tests.pgserver import postgres_server, postgres_url  # noqa: F401 (fixtures)
 
 A, B, C = b"a" * 40, b"b" * 40, b"c" * 40
 NOW = 1_700_000_000.0
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("s3", marks=pytest.mark.integration)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("s3", marks=pytest.mark.integration),
+        pytest.param("postgres", marks=pytest.mark.integration),
+    ]
+)
 def heads(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HeadStore]:
     made: HeadStore
     if request.param == "memory":
         made = MemoryHeads(max_history=3)
     elif request.param == "sqlite":
         made = SQLiteHeads(tmp_path / "heads.sqlite3", max_history=3)
+    elif request.param == "postgres":
+        made = PostgresHeads(request.getfixturevalue("postgres_url"), max_history=3)
     else:
         made = S3Heads(request.getfixturevalue("s3_store"), max_history=3)
     yield made
