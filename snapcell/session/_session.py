@@ -340,12 +340,12 @@ class AsyncSession:
                     dumped = await self._backend.dumped()
                 else:
                     dumped = await self._backend.dump(self._dump_request(now, on_unpicklable))
-                await self._verifier.check_dump(dumped)
+                await self._verifier.check_dump(dumped, known_blobs=self._blobs)
                 if not await self._blob_io.store(dumped, now + config.ttl_s):
                     # A blob this session relied on is gone from the store: write everything again.
                     self._blobs = {}
                     dumped = await self._backend.dump(self._dump_request(now, on_unpicklable))
-                    await self._verifier.check_dump(dumped)
+                    await self._verifier.check_dump(dumped, known_blobs=self._blobs)
                     await self._blob_io.store(dumped, now + config.ttl_s)
             except (ForgedBlob, ForgedFiles) as exc:
                 # Only a compromised worker sends a blob that is not what it claims: it goes, nothing is stored.

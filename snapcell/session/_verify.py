@@ -36,6 +36,10 @@ A dump's reply, before anything is stored or signed (`Verifier.check_dump`, in t
   path, sizes that match their chunks, every chunk a blob the manifest lists with that size (and no blob listed
   twice), at most `MAX_FILES` files, a total within the quota. Stops forged lists, and a workspace over its quota
   (`WorkspaceQuotaExceeded`: the session is unchanged).
+- `check_blob_refs`: every blob the manifest lists is one this session loaded or wrote (its last load's or signed
+  dump's), or one the dump sends now. Blob names are capabilities, not guesses: stops a worker that knows or
+  guesses another conversation's content from listing that blob and reading it back at its next load (and from
+  learning whether the store holds it).
 - `check_new_blobs`: every new blob is listed in the manifest, holds the raw size the manifest says (read from the
   bytes received, before anything is allocated), and decodes to the content hash it is named by. Stops a worker
   storing garbage under the name of data other sessions store.
@@ -207,6 +211,17 @@ async def open_checkpoint(store: AsyncStore, keyring: Keyring, cid: CheckpointId
 # ---------------------------------------------------------------- a dump's new blobs and workspace files
 
 
+def check_blob_refs(manifest: Manifest, known: Collection[str], new: Collection[str]) -> None:
+    """Check that a dump lists only blobs the session may refer to: ``known`` (loaded or written) or ``new``.
+
+    Raises:
+        ForgedBlob: A listed blob is neither (a compromised worker naming another session's data).
+    """
+    for ref in manifest.blobs:
+        if ref.hash not in known and ref.hash not in new:
+            raise ForgedBlob(f"the worker's dump refers to blob {ref.hash}, which this session never loaded or wrote")
+
+
 def check_new_blobs(dumped: Dumped) -> None:
     """Decode every new blob of a dump and compare its hash with its name, before anything is stored.
 
@@ -353,10 +368,14 @@ class Verifier:
         """The namespace was reset: a dump may refer to no frame unsent."""
         self.frames = set()
 
-    async def check_dump(self, dumped: Dumped) -> None:
-        """Check a dump before anything is stored or signed: its pickles, files and new blobs.
+    async def check_dump(self, dumped: Dumped, *, known_blobs: Collection[str] = ()) -> None:
+        """Check a dump before anything is stored or signed: its pickles, files, blob references and new blobs.
 
         The body is parsed once, with its declared sizes capped, and every check reads that parse.
+
+        Args:
+            dumped: What the worker sent.
+            known_blobs: The blobs (hash hex) the session loaded or wrote: the dump may refer to these unsent.
 
         Raises:
             CheckpointRefused: A pickle names a global the loader would refuse.
@@ -372,10 +391,10 @@ class Verifier:
             container = self._parse(dumped)
             inline = declared_raw_bytes(container, dumped.new_blobs) <= _SCAN_THREAD_BYTES
             if inline:
-                found = self._check(container, dumped)
+                found = self._check(container, dumped, known_blobs)
             del container  # its views of the body must be gone before signing appends to it
         if not inline:
-            found = await asyncio.to_thread(self._scan, dumped)
+            found = await asyncio.to_thread(self._scan, dumped, known_blobs)
         if found is not None:
             refusal, variable = found
             where = f"variable {variable!r}" if variable else "the checkpoint"
@@ -397,12 +416,12 @@ class Verifier:
         self.passed.add(self.policy, self.frames)
         self.passed.add_streams(self.policy, self.streams)  # the next turn's session skips them too
 
-    def _scan(self, dumped: Dumped) -> tuple[Refusal, str | None] | None:
+    def _scan(self, dumped: Dumped, known_blobs: Collection[str]) -> tuple[Refusal, str | None] | None:
         """Parse the body once, then scan its pickles and new frame blobs and check its files (CPU work: a thread).
 
         The parse holds views of the body; it is not returned, so none is left when signing appends to the body.
         """
-        return self._check(self._parse(dumped), dumped)
+        return self._check(self._parse(dumped), dumped, known_blobs)
 
     def _parse(self, dumped: Dumped) -> Container:
         """Parse a dump's body, its declared sizes capped.
@@ -418,8 +437,11 @@ class Verifier:
             # Only a compromised worker sends a body the host cannot read: it is treated like a forged blob.
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot read: {exc}") from exc
 
-    def _check(self, container: Container, dumped: Dumped) -> tuple[Refusal, str | None] | None:
-        """Scan a parsed dump's pickles and new frame blobs against the loader's rule, and check its files."""
+    def _check(
+        self, container: Container, dumped: Dumped, known_blobs: Collection[str]
+    ) -> tuple[Refusal, str | None] | None:
+        """Scan a parsed dump's pickles and new frame blobs against the loader's rule; check its blobs and files."""
+        check_blob_refs(container.manifest, known_blobs, dumped.new_blobs)
         try:
             passing: set[bytes] = set()
             passed = AnyOf(self.streams, self.passed.streams(self.policy))
