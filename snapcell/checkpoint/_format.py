@@ -12,7 +12,7 @@ import dill
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from snapcell.checkpoint._blobs import CHUNK_BYTES
+from snapcell.checkpoint._blobs import CHUNK_BYTES, DIGEST_BYTES, LEGACY_DIGEST_BYTES
 from snapcell.checkpoint._signing import MAC_BYTES as _MAC_BYTES
 from snapcell.errors import CheckpointCorrupt, CheckpointVersionError
 
@@ -41,9 +41,8 @@ FORMAT_VERSION = 3
 # Versions this release reads: 1 had no blob references; 1 and 2 hold one pickle stream for every variable, 3 one
 # frame per group of variables that share objects (`Manifest.frames`).
 READABLE_VERSIONS = frozenset({1, 2, 3})
-DIGEST_BYTES = 16
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-BLOB_REF_MIN_BYTES = 4 + 16
+BLOB_REF_MIN_BYTES = 4 + LEGACY_DIGEST_BYTES
 MAX_SECTIONS = 1_000_000
 
 _FIXED = struct.Struct(">8sHBBbB")
@@ -174,7 +173,10 @@ class BlobRef(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
-    hash: str = Field(pattern="^[0-9a-f]{32}$", description="Content hash of the raw bytes, hex.")
+    hash: str = Field(
+        pattern="^(?:[0-9a-f]{64}|[0-9a-f]{32})$",
+        description="Content hash of the raw bytes, hex: SHA-256 (xxh3-128 in checkpoints written before).",
+    )
     # A blob is one chunk of a buffer: a manifest claiming more is refused before anything is fetched or allocated.
     raw_bytes: int = Field(ge=0, le=CHUNK_BYTES)
     stored_bytes: int = Field(ge=1, le=CHUNK_BYTES + 1, description="Size in the store (compressed, or raw + 1 byte).")
@@ -348,7 +350,11 @@ def parse_container(
 def _check_reference(section: Section, version: int) -> None:
     """A reference section's own shape (the blob reference's chunks are checked where it is read)."""
     if section.kind is SectionKind.FRAME_BLOB:
-        if len(section.data) != DIGEST_BYTES or version < 3 or section.codec is not Codec.RAW:
+        if (
+            len(section.data) not in (DIGEST_BYTES, LEGACY_DIGEST_BYTES)
+            or version < 3
+            or section.codec is not Codec.RAW
+        ):
             raise CheckpointCorrupt("the checkpoint has a malformed frame reference")
     elif len(section.data) < BLOB_REF_MIN_BYTES or version < 2:
         raise CheckpointCorrupt("the checkpoint has a malformed blob reference")

@@ -27,6 +27,7 @@ from snapcell.checkpoint._blobs import (
     HASH_ALGORITHM,
     REFRESH_AFTER_S,
     encode_blob,
+    fast_digest,
     hash_buffer,
     pack_blob_ref,
 )
@@ -360,7 +361,7 @@ class _Builder:
     def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> tuple[Refusal | None, bool]:
         """`scan_pickle_data`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per
         bytes); then whether they are plain data is not known (False)."""
-        digest = hash_buffer(data) if self.scanned is not None else None
+        digest = fast_digest(data) if self.scanned is not None else None
         if digest is not None and self.scanned is not None and digest in self.scanned:
             return None, False
         refusal, plain = scan_pickle_data(data, rule)
@@ -385,7 +386,7 @@ class _Builder:
         for part in frame.parts:
             if part.plain and not part.buffers:
                 continue  # plain data, as this process's pickler just wrote it: it restores (`_DATA_OPS`)
-            digest = hash_buffer(part.data) if not part.buffers else None
+            digest = fast_digest(part.data) if not part.buffers else None
             if digest is not None and self.restored is not None and digest in self.restored:
                 continue  # the same bytes restored before in this worker
             try:

@@ -25,7 +25,7 @@ from snapcell.checkpoint._blobs import (
     CHUNK_BYTES,
     blob_raw_size,
     decode_blob,
-    hash_buffer,
+    fast_digest,
     unpack_blob_ref,
 )
 from snapcell.checkpoint._classes import (
@@ -446,7 +446,7 @@ def _load_frames(
                 for data, buffers in loaded_parts
             ]
             result.variables.update(_assemble_frame(frame.names, frame.layout, values))
-            result.restored.update(hash_buffer(data) for data, buffers in loaded_parts if not buffers)
+            result.restored.update(fast_digest(data) for data, buffers in loaded_parts if not buffers)
         except Exception as exc:  # restoring runs reducers from the checkpoint
             reason = _describe(exc)
             for name in frame.names:

@@ -32,17 +32,18 @@ A dump's reply, before anything is stored or signed (`Verifier.check_dump`, in t
 - `check_frame_blobs`: new frame blobs are decoded against their hash and scanned the same way; a frame only referred
   to must be one the host scanned at this session's last load or dump. Stops a dump passing off data (an array's
   bytes) as a pickle the host never saw.
-- `check_files`: the workspace file list: normalized, unique paths outside the mounts, no file inside another file's
-  path, sizes that match their chunks, every chunk a blob the manifest lists with that size (and no blob listed
-  twice), at most `MAX_FILES` files, a total within the quota. Stops forged lists, and a workspace over its quota
-  (`WorkspaceQuotaExceeded`: the session is unchanged).
 - `check_blob_refs`: every blob the manifest lists is one this session loaded or wrote (its last load's or signed
   dump's), or one the dump sends now. Blob names are capabilities, not guesses: stops a worker that knows or
   guesses another conversation's content from listing that blob and reading it back at its next load (and from
   learning whether the store holds it).
-- `check_new_blobs`: every new blob is listed in the manifest, holds the raw size the manifest says (read from the
-  bytes received, before anything is allocated), and decodes to the content hash it is named by. Stops a worker
-  storing garbage under the name of data other sessions store.
+- `check_files`: the workspace file list: normalized, unique paths outside the mounts, no file inside another file's
+  path, sizes that match their chunks, every chunk a blob the manifest lists with that size (and no blob listed
+  twice), at most `MAX_FILES` files, a total within the quota. Stops forged lists, and a workspace over its quota
+  (`WorkspaceQuotaExceeded`: the session is unchanged).
+- `check_new_blobs`: every new blob is named by its SHA-256 digest (older checkpoints' xxh3 names load, but nothing
+  new is stored under a name one can collide), is listed in the manifest, holds the raw size the manifest says
+  (read from the bytes received, before anything is allocated), and decodes to the content hash it is named by.
+  Stops a worker storing garbage, or a planted collision, under the name of data other sessions store.
 
 Not here: the bounds of every message (`snapcell.wire`) and the process backend's reply framing
 (`backends/_procbackend.py`: part sizes that add up, blob names, a dumped body's manifest read within
@@ -59,6 +60,7 @@ from dataclasses import dataclass
 from snapcell._support import ago, duration
 from snapcell.checkpoint import (
     CHUNK_BYTES,
+    DIGEST_BYTES,
     MAX_MANIFEST_BYTES,
     AnyOf,
     CheckpointId,
@@ -233,6 +235,9 @@ def check_new_blobs(dumped: Dumped) -> None:
     sizes = {ref.hash: ref.raw_bytes for ref in dumped.manifest.blobs}
     scratch = bytearray()
     for name, data in dumped.new_blobs.items():
+        if len(name) != 2 * DIGEST_BYTES:
+            # Older checkpoints' xxh3 names still load, but nothing new is stored under a name one can collide.
+            raise ForgedBlob(f"the worker sent blob {name[:80]}, which is not named by its SHA-256 digest")
         size = sizes.get(name)
         if size is None:
             raise ForgedBlob(f"the worker sent blob {name}, which its manifest does not list")
@@ -441,7 +446,6 @@ class Verifier:
         self, container: Container, dumped: Dumped, known_blobs: Collection[str]
     ) -> tuple[Refusal, str | None] | None:
         """Scan a parsed dump's pickles and new frame blobs against the loader's rule; check its blobs and files."""
-        check_blob_refs(container.manifest, known_blobs, dumped.new_blobs)
         try:
             passing: set[bytes] = set()
             passed = AnyOf(self.streams, self.passed.streams(self.policy))
@@ -457,5 +461,6 @@ class Verifier:
             raise ForgedBlob(f"the worker sent a checkpoint the host cannot verify: {exc}") from exc
         if frame_found is not None:
             return frame_found[0], None
+        check_blob_refs(container.manifest, known_blobs, dumped.new_blobs)
         check_files(container.manifest, quota_bytes=self.quota_bytes, mounts=self.mounts)
         return None

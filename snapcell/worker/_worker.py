@@ -539,10 +539,11 @@ _HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def _frame_hashes(value: Any) -> list[str]:
-    """The frame hashes of a dump request's ``passed_frames``: 32 hex digits each, at most 4096 (others ignored)."""
+    """The frame hashes of a dump request's ``passed_frames``: 64 hex digits each (32 in older checkpoints), at most
+    4096 (others ignored)."""
     if type(value) is not list:
         return []
-    return [h for h in value[:4096] if type(h) is str and len(h) == 32 and set(h) <= _HEX_DIGITS]
+    return [h for h in value[:4096] if type(h) is str and len(h) in (32, 64) and set(h) <= _HEX_DIGITS]
 
 
 if __name__ == "__main__":

@@ -67,3 +67,37 @@ def test_a_session_may_refer_to_the_blobs_it_loaded() -> None:
         with pool.checkout() as session:
             session.load_session(second)
             assert session.feed_run("int(data[-1]) + n") == 200_000
+
+
+def test_new_blobs_are_named_by_sha256_and_an_xxh3_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A content address crosses sessions, so it must be collision-resistant: xxh3-128 names are for old data."""
+    import hashlib
+
+    import xxhash
+
+    from snapcell.checkpoint import encode_blob
+
+    store = MemoryStore("sha256-names")
+    policy = Policy().with_modules(["numpy"])
+    with Pool(store, isolation="inline", signing_keys=[KEY], policy=policy) as pool, pool.checkout() as session:
+        session.feed_run("import numpy as np\ndata = np.arange(100_000)")
+        session.dump()
+        assert session.manifest is not None and session.manifest.blobs
+        assert all(len(ref.hash) == 64 for ref in session.manifest.blobs)
+        raw = session.feed_run("data.tobytes()")
+        assert any(ref.hash == hashlib.sha256(raw[: 4 * 1024 * 1024]).hexdigest() for ref in session.manifest.blobs)
+        real_dump = InlineBackend.dump
+
+        async def an_xxh3_name(self: InlineBackend, request: Any) -> Dumped:
+            dumped = await real_dump(self, request)
+            payload = b"planted under a name one can collide"
+            name = xxhash.xxh3_128_hexdigest(payload)
+            ref = dumped.manifest.blobs[0].model_copy(update={"hash": name, "raw_bytes": len(payload)})
+            forged = _with_extra_refs(dumped, [ref])
+            forged.new_blobs[name] = encode_blob(payload, 1)
+            return forged
+
+        monkeypatch.setattr(InlineBackend, "dump", an_xxh3_name)
+        session.feed_run("more = 1")
+        with pytest.raises(WorkerLost, match="SHA-256"):
+            session.dump()
