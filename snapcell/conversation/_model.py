@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from snapcell.errors import ConfigError, ConversationFormatError, InvalidKey
+from snapcell.heads import validate_conversation_id
 
 __all__ = [
     "CONVERSATION_VERSION",
@@ -24,28 +25,38 @@ __all__ = [
     "Usage",
     "tool_call_ids",
     "tool_result_ids",
+    "storage_name",
     "validate_conversation_key",
 ]
 
 CONVERSATION_VERSION = 1
-_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
 # A message is at most this large as JSON, and a conversation holds at most this many (a bound on what a load
 # reads and validates, not a quota: 100,000 messages of a few KiB is a long conversation indeed).
 MAX_MESSAGES = 100_000
 
 
 def validate_conversation_key(conversation_id: str) -> str:
-    """Check a stored conversation's ID (1 to 128 letters, digits, ``_`` or ``-``) and return it.
+    """Check a stored conversation's ID and return it: the one rule of conversation IDs (`validate_conversation_id`).
 
-    The ID names a file and a storage key, and the conversation's head, so nothing else is allowed.
+    A conversation's ID is its head's ID, so a conversation store takes every ID a `CodeTool` takes
+    (``"user:42"``); where it names a file or a storage key it goes through `storage_name`.
 
     Raises:
         InvalidKey: The ID is malformed; nothing was read or written.
     """
-    if not isinstance(conversation_id, str) or not _ID.match(conversation_id):
-        shown = conversation_id if not isinstance(conversation_id, str) else conversation_id[:40]
-        raise InvalidKey(f"invalid conversation ID {shown!r}: use 1 to 128 letters, digits, '_' or '-'")
-    return conversation_id
+    return validate_conversation_id(conversation_id)
+
+
+def storage_name(conversation_id: str) -> str:
+    """The name a (valid) conversation ID has as a file name or storage-key segment: letters, digits, ``_ . -``.
+
+    An ID of letters, digits, ``_`` and ``-`` (every ID conversation stores took before) is its own name; any other
+    (with ``.`` or ``:``) is ``h.`` and its UTF-8 bytes in hex, a name no such ID can have (it holds a ``.``).
+    """
+    if _PLAIN_ID.match(conversation_id):
+        return conversation_id
+    return "h." + conversation_id.encode().hex()
 
 
 class Usage(BaseModel):

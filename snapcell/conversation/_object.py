@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+from snapcell.conversation._model import storage_name
 from snapcell.conversation._stores import LogConversationStore, _conflict
 from snapcell.errors import CheckpointNotFound, ConfigError, ObjectExists
 from snapcell.storage import Store, open_store, validate_key
@@ -40,7 +41,7 @@ class S3ConversationStore(LogConversationStore):
         self.prefix = prefix
 
     def _key(self, conversation_id: str, name: str) -> str:
-        return f"{self.prefix}{conversation_id}/{name}"
+        return f"{self.prefix}{storage_name(conversation_id)}/{name}"
 
     def _revisions(self, conversation_id: str) -> list[int]:
         found = []
@@ -92,7 +93,7 @@ class S3ConversationStore(LogConversationStore):
             self.store.put(self._key(conversation_id, "base"), record, overwrite=True)
 
     def _remove(self, conversation_id: str) -> None:
-        keys = [info.key for info in self.store.scan(f"{self.prefix}{conversation_id}/")]
+        keys = [info.key for info in self.store.scan(f"{self.prefix}{storage_name(conversation_id)}/")]
         for key in keys:
             self.store.delete(key)
 

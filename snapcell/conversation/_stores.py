@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from snapcell.conversation._model import Conversation, validate_conversation_key
+from snapcell.conversation._model import Conversation, storage_name, validate_conversation_key
 from snapcell.errors import ConfigError, Conflict, ConversationFormatError, StorageError, map_exceptions
 
 __all__ = [
@@ -295,7 +295,7 @@ class FileConversationStore(LogConversationStore):
 
     def path(self, conversation_id: str) -> Path:
         """The file of a conversation."""
-        return self.directory / f"{validate_conversation_key(conversation_id)}.jsonl"
+        return self.directory / f"{storage_name(validate_conversation_key(conversation_id))}.jsonl"
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -328,7 +328,9 @@ class FileConversationStore(LogConversationStore):
             if found != expected:
                 raise _conflict(conversation_id, expected, found)
             if full:
-                fd, temp = tempfile.mkstemp(dir=self.directory, prefix=f".{conversation_id}.", suffix=".tmp")
+                fd, temp = tempfile.mkstemp(
+                    dir=self.directory, prefix=f".{storage_name(conversation_id)}.", suffix=".tmp"
+                )
                 try:
                     with os.fdopen(fd, "wb") as file:
                         file.write(record + b"\n")

@@ -145,7 +145,7 @@ async def test_delete(conversation_store: LogConversationStore) -> None:
     await conversation_store.save(Conversation(id="gone"))  # the ID is free again
 
 
-@pytest.mark.parametrize("bad", ["../x", "a/b", "", "x" * 129, "a.b", "é"])
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", "x" * 129, ".a", "a b", "é"])
 @synced
 async def test_malformed_ids_are_refused(conversation_store: LogConversationStore, bad: str) -> None:
     with pytest.raises(InvalidKey):
@@ -220,3 +220,17 @@ def test_file_store_failed_save_leaves_nothing_half_written(tmp_path: Path) -> N
         store.save_sync(stale)
     assert (tmp_path / "keep.jsonl").read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == [".lock", "keep.jsonl"]
+
+
+@pytest.mark.parametrize("conversation_id", ["user:42", "user:42:chat-7", "A.b_c-d", "h.757365723a3432"])
+@synced
+async def test_a_store_takes_every_conversation_id_a_tool_takes(
+    conversation_store: LogConversationStore, conversation_id: str
+) -> None:
+    """One rule for conversation IDs: the head's (a CodeTool takes ``"user:42"``), kept apart from one another."""
+    await conversation_store.save(Conversation(id=conversation_id, messages=[msg(0)]))
+    await conversation_store.save(Conversation(id="user_42", messages=[msg(1)]))
+    loaded = await conversation_store.load(conversation_id)
+    assert loaded is not None and loaded.id == conversation_id and loaded.messages == [msg(0)]
+    other = await conversation_store.load("user_42")
+    assert other is not None and other.messages == [msg(1)]
