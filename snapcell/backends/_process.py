@@ -5,6 +5,11 @@ environment, no inherited descriptors but its socket, and its own scratch direct
 unpickles what a worker sends (see `_wire`), and it kills a worker that overruns its wall time plus
 grace, or that the pool no longer needs.
 
+The process the host spawns is the worker's launcher (see `snapcell.sandbox.launch_worker`): the worker is its
+child, in a pid namespace that ends with it, and it exits as the worker does. The host waits for and kills the
+launcher, whose exit status and peak memory are the worker's; it signals and reads ``/proc`` of the worker itself,
+by the pid the worker names when it starts, once that is checked to be the launcher's child.
+
 Every worker is assumed hostile. Each frame it sends is checked against the budget of the request in
 flight (`_budget.reply_budget`) before anything is allocated, and read as it arrives, so a claimed size
 costs nothing until it is sent; host-function calls are counted here against ``max_host_calls``; every
@@ -32,7 +37,7 @@ from typing import Any
 
 from snapcell.backends._hostcalls import PendingCall, call_host, finish_call
 from snapcell.backends._hostchannel import ChannelIO, Died, send_now
-from snapcell.backends._procstat import ProcStat
+from snapcell.backends._procstat import ProcStat, parent_of
 from snapcell.backends._stderrtail import StderrTail
 from snapcell.backends._zygotehost import ForkedChild, Zygote
 from snapcell.errors import OutputLimitExceeded, SessionError
@@ -177,7 +182,7 @@ class WorkerProcess(ChannelIO):
         finally:
             child.close()
             stderr.close_write_end()
-        self.pid = self.process.pid
+        self.pid = self.process.pid  # the launcher's, until the worker names its own (`_wait_started`)
         # A child's peak RSS (from wait4) starts at the host's own, inherited across fork and exec: only a peak
         # above this is the worker's own doing.
         self._inherited_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -188,11 +193,28 @@ class WorkerProcess(ChannelIO):
         self._sock = sock
         async with _deadline(_STARTUP_TIMEOUT_S, self):
             message, _, _ = await self._receive(reply_budget("start", self.limits))
-        if message.get("op") != "started" or (self.forked is not None and message.get("pid") != self.pid):
+        pid = message.get("pid")
+        if message.get("op") != "started" or not self._is_the_worker(pid):
             await self.kill()
             raise SessionError(f"a worker process sent {str(message)[:80]!r} instead of starting")
+        self.pid = pid
         if self.pid is not None:
             self.stat = ProcStat(self.pid)
+
+    def _is_the_worker(self, pid: Any) -> bool:
+        """Whether ``pid`` (from a ``started`` message) names this worker, as the host sees it.
+
+        A forked worker is the process the zygote reported; a spawned one is the process the host started, or (with a
+        launcher, the usual case) that process's child: the only other child a launcher has is its namespace's init,
+        which sends nothing.
+        """
+        if type(pid) is not int or pid <= 0:
+            return False
+        if self.forked is not None:
+            return pid == self.forked.pid
+        if self.process is None:
+            return False
+        return pid == self.process.pid or parent_of(pid) == self.process.pid
 
     async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers.

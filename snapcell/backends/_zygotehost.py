@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from snapcell.backends._procstat import parent_of
 from snapcell.backends._stderrtail import StderrTail
 from snapcell.wire import THREAD_ENV
 
@@ -265,7 +266,7 @@ class Zygote:
         self.forks += 1
         try:
             child.pidfd = os.pidfd_open(pid)
-            if _parent_of(pid) != self.pid:
+            if parent_of(pid) != self.pid:
                 raise ZygoteError(f"process {pid} is not a child of the zygote (pid {self.pid})")
             signal.pidfd_send_signal(child.pidfd, 0)  # still the process the pidfd was opened on
         except (OSError, ZygoteError) as exc:
@@ -299,20 +300,3 @@ class Zygote:
                 await self._reader
         if self._stderr is not None:
             self._stderr.close()
-
-
-def _parent_of(pid: int) -> int:
-    """The parent pid of ``pid`` from /proc (0 if unknown).
-
-    Read from ``stat`` (one short line) rather than ``status`` (some fifty the kernel formats): once per worker start.
-    """
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            text = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        # The command name (field 2) may hold spaces and parentheses: the state and the parent follow its last ")".
-        return int(text.rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
