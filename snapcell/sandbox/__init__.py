@@ -1,4 +1,4 @@
-"""Kernel confinement a worker applies to itself: resource limits, privileges, Landlock, seccomp, scratch."""
+"""Kernel confinement of a worker: resource limits, privileges, Landlock, seccomp, scratch, and its pid namespace."""
 
 from __future__ import annotations
 
