@@ -77,7 +77,7 @@ def test_a_killed_hosts_directory_is_reclaimed_and_a_live_hosts_is_not(temp_dir:
         dead.send_signal(signal.SIGKILL)
         dead.wait(timeout=60)
         assert dead_root.exists()  # a killed host cannot clean up after itself
-        _wait_for_workers_to_exit(dead_root)  # pdeathsig kills them, but not at once; a live one keeps its mount
+        _wait_for_workers_to_exit(dead_root)  # their pid namespace ends them, not at once; a live one keeps its mount
         with Pool("memory://", min_warm_workers=0, max_workers=1) as pool, pool.checkout() as session:
             assert session.feed_run("1 + 1") == 2
             own_root = Path(pool.aio._workers.scratch_root)  # type: ignore[union-attr]

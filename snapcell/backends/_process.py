@@ -5,11 +5,17 @@ environment, no inherited descriptors but its socket, and its own scratch direct
 unpickles what a worker sends (see `_wire`), and it kills a worker that overruns its wall time plus
 grace, or that the pool no longer needs.
 
+The process the host spawns is the worker's launcher (see `snapcell.sandbox.launch_worker`): the worker is its
+child, in a pid namespace that ends with it, and it exits as the worker does. The host waits for and kills the
+launcher, whose exit status and peak memory are the worker's; it signals and reads ``/proc`` of the worker itself,
+by the pid the worker names when it starts, once that is checked to be the launcher's child.
+
 Every worker is assumed hostile. Each frame it sends is checked against the budget of the request in
 flight (`_budget.reply_budget`) before anything is allocated, and read as it arrives, so a claimed size
 costs nothing until it is sent; host-function calls are counted here against ``max_host_calls``; every
 request has a deadline; and why a worker died is decided from what the host sees (its exit status,
-its peak memory from ``wait4``), never from what it wrote to stderr, of which only the tail is read.
+its peak memory from ``wait4``), never from what it wrote to stderr, of which only the tail is kept: stderr is a
+pipe the host drains (`StderrTail`), never a file on the host's disk.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from typing import Any
 
 from snapcell.backends._hostcalls import PendingCall, call_host, finish_call
 from snapcell.backends._hostchannel import ChannelIO, Died, send_now
-from snapcell.backends._procstat import ProcStat
+from snapcell.backends._procstat import ProcStat, parent_of
+from snapcell.backends._stderrtail import StderrTail
 from snapcell.backends._zygotehost import ForkedChild, Zygote
 from snapcell.errors import OutputLimitExceeded, SessionError
 from snapcell.interpreter import CallBudget, HostCall
@@ -57,8 +64,6 @@ _MAX_BLOB_BYTES_UNLIMITED = 64 * 1024**3
 _REFILL_DELAY_S = 0.05
 # Host-function calls of one run being served at once; beyond it the host stops reading until one is done.
 _MAX_PENDING_CALLS = 1024
-# Only the end of a dead worker's stderr is read (for the log), never all of it.
-_STDERR_TAIL_BYTES = 64 * 1024
 # A worker that dies (other than by the host's own kill) with a peak RSS at least this share of its memory
 # limit is reported as out of memory.
 _MEMORY_DEATH_SHARE = 0.75
@@ -115,7 +120,7 @@ class WorkerProcess(ChannelIO):
         # The (policy, limits) this worker was set up for ahead of a checkout (see `WorkerPool`), if any.
         self.settled: tuple[Policy, Limits] | None = None
         super().__init__()
-        self._stderr: Any = None
+        self._stderr: StderrTail | None = None
         self.dead = False
         # Largest blob accepted in a frame; none until `init` says how much memory the worker may use.
         self.max_blob_bytes = 0
@@ -144,15 +149,17 @@ class WorkerProcess(ChannelIO):
             SessionError: A spawned worker could not start.
         """
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = stderr = StderrTail()
+        stderr.watch()
         if self.zygote is not None:
             try:
-                self.forked = await self.zygote.fork(child, self._stderr)
+                self.forked = await self.zygote.fork(child, stderr.write_fd)
             except BaseException:
                 parent.close()
                 raise
             finally:
                 child.close()
+                stderr.close_write_end()
             self.pid = self.forked.pid
             self._inherited_rss = self.forked.inherited_rss
             await self._wait_started(parent)
@@ -162,7 +169,7 @@ class WorkerProcess(ChannelIO):
                 [*self._command, str(child.fileno()), str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=self._stderr,
+                stderr=stderr.write_fd,
                 pass_fds=(child.fileno(),),
                 close_fds=True,
                 env=_ENV,
@@ -174,7 +181,8 @@ class WorkerProcess(ChannelIO):
             raise SessionError(f"could not start a worker process: {exc}") from exc
         finally:
             child.close()
-        self.pid = self.process.pid
+            stderr.close_write_end()
+        self.pid = self.process.pid  # the launcher's, until the worker names its own (`_wait_started`)
         # A child's peak RSS (from wait4) starts at the host's own, inherited across fork and exec: only a peak
         # above this is the worker's own doing.
         self._inherited_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -185,11 +193,28 @@ class WorkerProcess(ChannelIO):
         self._sock = sock
         async with _deadline(_STARTUP_TIMEOUT_S, self):
             message, _, _ = await self._receive(reply_budget("start", self.limits))
-        if message.get("op") != "started" or (self.forked is not None and message.get("pid") != self.pid):
+        pid = message.get("pid")
+        if message.get("op") != "started" or not self._is_the_worker(pid):
             await self.kill()
             raise SessionError(f"a worker process sent {str(message)[:80]!r} instead of starting")
+        self.pid = pid
         if self.pid is not None:
             self.stat = ProcStat(self.pid)
+
+    def _is_the_worker(self, pid: Any) -> bool:
+        """Whether ``pid`` (from a ``started`` message) names this worker, as the host sees it.
+
+        A forked worker is the process the zygote reported; a spawned one is the process the host started, or (with a
+        launcher, the usual case) that process's child: the only other child a launcher has is its namespace's init,
+        which sends nothing.
+        """
+        if type(pid) is not int or pid <= 0:
+            return False
+        if self.forked is not None:
+            return pid == self.forked.pid
+        if self.process is None:
+            return False
+        return pid == self.process.pid or parent_of(pid) == self.process.pid
 
     async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers.
@@ -451,16 +476,8 @@ class WorkerProcess(ChannelIO):
         return process.returncode, None
 
     def _stderr_tail(self, limit: int = 4096) -> str:
-        """The last ``limit`` bytes (at most 64 KiB) the worker wrote to stderr; nothing before them is read."""
-        if self._stderr is None:
-            return ""
-        try:
-            end = self._stderr.seek(0, os.SEEK_END)
-            size = min(limit, _STDERR_TAIL_BYTES, end)
-            self._stderr.seek(end - size)
-            return str(self._stderr.read(size).decode(errors="replace"))
-        except (OSError, ValueError):
-            return ""
+        """The last ``limit`` bytes (at most 64 KiB) the worker wrote to stderr; nothing before them is kept."""
+        return "" if self._stderr is None else self._stderr.tail(limit)
 
     async def kill(self, *, reap_later: bool = False) -> None:
         """Kill the worker and remove its scratch directory; safe to call twice.
@@ -500,8 +517,7 @@ class WorkerProcess(ChannelIO):
         if self.stat is not None:
             self.stat.close()
         if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+            self._stderr.close()  # what it kept stays readable (`_stderr_tail`)
         if self.scratch_dir:
             scratch, self.scratch_dir = self.scratch_dir, ""
             LIVE_WORKER_PIDS.discard(self.pid or 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["ProcStat"]
+__all__ = ["ProcStat", "parent_of"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _STAT_BYTES = 4096
@@ -59,3 +59,21 @@ def _open(path: str) -> int | None:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` from /proc (0 if unknown).
+
+    Read from ``stat`` (one short line) rather than ``status`` (some fifty the kernel formats): once per worker start,
+    to check that a process the host did not start itself (a forked or launched worker) is the one it was told of.
+    """
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        # The command name (field 2) may hold spaces and parentheses: the state and the parent follow its last ")".
+        return int(text.rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0

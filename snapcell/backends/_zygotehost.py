@@ -17,11 +17,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections import deque
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
+from snapcell.backends._procstat import parent_of
+from snapcell.backends._stderrtail import StderrTail
 from snapcell.wire import THREAD_ENV
 
 __all__ = ["ForkedChild", "Zygote", "ZygoteError"]
@@ -94,7 +95,7 @@ class Zygote:
         self._preload_requested = False
         self._preload_timer: asyncio.TimerHandle | None = None
         self._ctrl: socket.socket | None = None
-        self._stderr: IO[bytes] | None = None
+        self._stderr: StderrTail | None = None
         self._forks: deque[asyncio.Future[dict[str, Any]]] = deque()
         self._exits: dict[int, asyncio.Future[tuple[int, int | None]]] = {}
         self._reader: asyncio.Task[None] | None = None
@@ -128,14 +129,15 @@ class Zygote:
             ZygoteError: It could not start, or did not come up clean (single-threaded).
         """
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = stderr = StderrTail()
+        stderr.watch()
         command = [sys.executable, "-I", "-m", "snapcell.worker._zygote", str(child.fileno()), str(os.getpid())]
         try:
             self.process = subprocess.Popen(
                 [*command, ",".join(self.preload)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=self._stderr,
+                stderr=stderr.write_fd,
                 pass_fds=(child.fileno(),),
                 close_fds=True,
                 env=self._env,
@@ -147,6 +149,7 @@ class Zygote:
             raise ZygoteError(f"could not start a zygote: {exc}") from exc
         finally:
             child.close()
+            stderr.close_write_end()
         self.pid = self.process.pid
         host.setblocking(False)
         self._ctrl = host
@@ -174,14 +177,8 @@ class Zygote:
         self._reader = asyncio.ensure_future(self._read())
 
     def _stderr_tail(self) -> str:
-        if self._stderr is None:
-            return ""
-        with contextlib.suppress(OSError, ValueError):
-            end = self._stderr.seek(0, os.SEEK_END)
-            self._stderr.seek(max(0, end - 1500))
-            tail = self._stderr.read().decode(errors="replace").strip()
-            return f":\n{tail}" if tail else ""
-        return ""
+        tail = "" if self._stderr is None else self._stderr.tail(1500).strip()
+        return f":\n{tail}" if tail else ""
 
     async def _read(self) -> None:
         """Dispatch the zygote's reports until its channel closes; then fail whatever still waits."""
@@ -229,8 +226,8 @@ class Zygote:
             if exited is not None and not exited.done() and type(status) is int:
                 exited.set_result((status, maxrss if type(maxrss) is int else None))
 
-    async def fork(self, channel: socket.socket, stderr: IO[bytes]) -> ForkedChild:
-        """Fork a worker that serves ``channel`` (the worker's end) and writes its stderr to ``stderr``.
+    async def fork(self, channel: socket.socket, stderr_fd: int) -> ForkedChild:
+        """Fork a worker that serves ``channel`` (the worker's end) and writes its stderr to ``stderr_fd``.
 
         Raises:
             ZygoteError: The zygote is gone, could not fork, or named a process that is not its child.
@@ -242,7 +239,7 @@ class Zygote:
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         async with self._lock:  # the request and its place in the queue of replies go together
             try:
-                socket.send_fds(ctrl, [b"F"], [channel.fileno(), stderr.fileno()])
+                socket.send_fds(ctrl, [b"F"], [channel.fileno(), stderr_fd])
             except OSError as exc:
                 raise ZygoteError(f"could not reach the zygote: {exc}") from exc
             self._forks.append(future)
@@ -269,7 +266,7 @@ class Zygote:
         self.forks += 1
         try:
             child.pidfd = os.pidfd_open(pid)
-            if _parent_of(pid) != self.pid:
+            if parent_of(pid) != self.pid:
                 raise ZygoteError(f"process {pid} is not a child of the zygote (pid {self.pid})")
             signal.pidfd_send_signal(child.pidfd, 0)  # still the process the pidfd was opened on
         except (OSError, ZygoteError) as exc:
@@ -303,21 +300,3 @@ class Zygote:
                 await self._reader
         if self._stderr is not None:
             self._stderr.close()
-            self._stderr = None
-
-
-def _parent_of(pid: int) -> int:
-    """The parent pid of ``pid`` from /proc (0 if unknown).
-
-    Read from ``stat`` (one short line) rather than ``status`` (some fifty the kernel formats): once per worker start.
-    """
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            text = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        # The command name (field 2) may hold spaces and parentheses: the state and the parent follow its last ")".
-        return int(text.rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0

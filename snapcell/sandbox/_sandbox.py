@@ -4,7 +4,11 @@ Called once, inside the process that will serve one session, after its imports a
 script (a spawned worker today; a child forked from a zygote later: every layer is applied by the
 process to itself, and the seccomp filter names that process's own pid). Layers:
 
-- ``pdeathsig``: the worker gets SIGKILL when the host dies.
+- ``lifetime``: the worker is a member of a pid namespace whose init is snapcell's and dies with the host, so
+  the worker and every process it starts end with the host whatever they do (see `_lifetime`); made by the zygote
+  or launcher before the worker exists, and only reported here.
+- ``pdeathsig``: the worker gets SIGKILL when its parent dies: a second line (the seccomp filter keeps the worker
+  from clearing it, but a process it forks has none; ``lifetime`` is the guarantee).
 - ``rlimits``: address space, CPU seconds, file size, open files, threads (RLIMIT_NPROC, when the
   worker has a uid of its own); no core dumps.
 - ``no_new_privs``: no privilege gain through set-uid programs; needed by Landlock and seccomp.
@@ -44,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import snapcell.sandbox._seccomp as _seccomp
 from snapcell.errors import ConfigError, SandboxError
 from snapcell.limits import Limits
+from snapcell.sandbox._lifetime import layer_state
 from snapcell.sandbox._privileges import (
     drop_privileges,
     layer_error,
@@ -70,7 +75,7 @@ __all__ = [
     "worker_sandbox_settings",
 ]
 
-LAYERS = ("pdeathsig", "rlimits", "no_new_privs", "landlock", "privileges", "scratch_quota", "seccomp")
+LAYERS = ("lifetime", "pdeathsig", "rlimits", "no_new_privs", "landlock", "privileges", "scratch_quota", "seccomp")
 # errno values that mean "this kernel does not have the feature"; anything else is a broken set-up.
 _MISSING_FEATURE = (errno.ENOSYS, errno.EOPNOTSUPP)
 
@@ -148,8 +153,10 @@ def apply_sandbox(
 
     Every descriptor above 2 that is not in ``allow_fds`` is closed first. Then the scratch tmpfs,
     rlimits, no_new_privs, Landlock, privileges, pdeathsig and seccomp are applied in that order
-    (pdeathsig after the uid switch, which clears it). None of this can be undone by the process or
-    its children.
+    (pdeathsig after the uid switch, which clears it). None of this can be undone by the process or its children
+    (pdeathsig only as long as the seccomp filter refuses to clear it). The ``lifetime`` layer was made before this
+    process existed, by the zygote or launcher that forked it (`_lifetime.start_pid_namespace`); it is only reported
+    (and required) here, "off" in a process no snapcell zygote or launcher made.
 
     Args:
         limits: The session's limits; ``memory_bytes``, ``cpu_time_s``, ``max_file_bytes``,
@@ -159,11 +166,13 @@ def apply_sandbox(
         read_paths: Absolute paths readable (not writable) afterwards, beside `SYSTEM_READ_PATHS`;
             missing ones are skipped. A sibling of a path here stays unreadable.
         allow_fds: Descriptors to keep open (the channel to the host); 0, 1 and 2 are always kept.
-        parent_pid: The host's pid; if the worker's parent is already another process when
-            pdeathsig is set (the host died during start-up), the worker kills itself. Defaults
-            to the parent seen when this module was imported.
-        host_pid: The host's pid when ``parent_pid`` is a zygote between the host and this process (a forked
-            worker): pdeathsig then fires when the zygote dies, and the zygote itself dies with the host.
+        parent_pid: The pid of the parent pdeathsig follows (the host, or a zygote or launcher between the host
+            and this process); if the worker's parent is already another process when pdeathsig is set (it died
+            during start-up), the worker kills itself. Defaults to the parent seen when this module was imported.
+            A parent outside this process's pid namespace (``getppid()`` is 0) is not checked: the namespace's init
+            dies with it (the ``lifetime`` layer).
+        host_pid: The host's pid when ``parent_pid`` is a zygote or launcher between the host and this process:
+            pdeathsig then fires when that parent dies, and the parent itself dies with the host.
         uid: When this process is root, the uid to switch to (with ``gid``); None keeps uid 0 and
             reports ``privileges`` as ``"off"``. Ignored for a process that is not root.
         gid: The gid to switch to, with ``uid``.
@@ -194,7 +203,7 @@ def apply_sandbox(
     arch = _seccomp.machine()
     ids = (uid, gid) if os.geteuid() == 0 and uid is not None and gid is not None else None
     switch = ids is not None
-    layers: dict[str, str] = {}
+    layers: dict[str, str] = {"lifetime": layer_state()}
     if not quota_scratch or limits.max_scratch_bytes is None:
         layers["scratch_quota"] = "off"
     else:
@@ -365,13 +374,19 @@ def _apply_pdeathsig(parent_pid: int | None, host_pid: int | None = None) -> str
     except OSError as exc:
         return _unavailable_or_raise("pdeathsig", "prctl(PR_SET_PDEATHSIG)", exc)
     expected = parent_pid if parent_pid is not None else _PPID_AT_IMPORT
-    if (parent_pid is not None or os.getpid() == _PID_AT_IMPORT) and os.getppid() != expected:
-        # The host died before the signal was armed: die as if it had died a moment later.
+    parent = os.getppid()
+    if parent == 0:
+        # The parent is outside this process's pid namespace (a zygote's or launcher's child), and it is never seen
+        # from here, alive or not; its death ends the namespace's init, and so this process, armed or not.
+        parent = expected
+    elif (parent_pid is not None or os.getpid() == _PID_AT_IMPORT) and parent != expected:
+        # The parent died before the signal was armed: die as if it had died a moment later.
         os.kill(os.getpid(), signal.SIGKILL)
-    if host_pid is not None and host_pid != os.getppid():
-        # A zygote's child: the zygote has its own pdeathsig on the host, so the host's death reaches it in two steps.
-        return f"active: SIGKILL when the zygote (pid {os.getppid()}) dies, which dies with the host (pid {host_pid})"
-    return f"active: SIGKILL when the host (pid {os.getppid()}) dies"
+    if host_pid is not None and host_pid != parent:
+        # A zygote's or launcher's child: that parent has its own pdeathsig on the host, so the host's death reaches
+        # this process in two steps.
+        return f"active: SIGKILL when its parent (pid {parent}) dies, which dies with the host (pid {host_pid})"
+    return f"active: SIGKILL when the host (pid {parent}) dies"
 
 
 def _apply_no_new_privs() -> str:

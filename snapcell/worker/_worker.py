@@ -27,6 +27,7 @@ from snapcell.errors import (
 from snapcell.interpreter import Runner, RunResult, Watchdog, start_watchdog
 from snapcell.limits import Limits
 from snapcell.policy import Policy, ScriptInterrupt
+from snapcell.sandbox import host_view_pid, launch_worker
 from snapcell.wire import (
     MAX_CHECKPOINT_REPLY_BYTES,
     MAX_DECLARATIONS_CHARS,
@@ -464,15 +465,21 @@ def _warm_up_data(preloaded: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of a spawned worker process: ``FD [HOST_PID]``."""
+    """Entry point of a spawned worker process: ``FD [HOST_PID]``.
+
+    The process the host started becomes the worker's launcher: the worker is its child, in a pid namespace that
+    ends with it (`snapcell.sandbox.launch_worker`), and it exits as the worker does.
+    """
     argv = sys.argv[1:] if argv is None else argv
+    host_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
+    # Before anything reads the channel or starts a thread: only the worker returns from here.
+    parent_pid = launch_worker(host_pid)
     import socket  # a spawned worker's (a zygote's child gets its socket from `_zygote`)
 
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
     _warm_up()
-    parent_pid = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else None
-    return serve_session(sock, parent_pid=parent_pid)
+    return serve_session(sock, parent_pid=parent_pid, host_pid=host_pid)
 
 
 def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int | None = None) -> int:
@@ -486,7 +493,8 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
         The process's exit code.
     """
     channel = Channel(sock)
-    channel.send({"op": "started", "pid": os.getpid()})
+    # The pid the host knows it by (in a pid namespace of its own, ``os.getpid()`` is another number).
+    channel.send({"op": "started", "pid": host_view_pid()})
     try:
         settings, _ = channel.receive()
     except (EOFError, OSError, ValueError):

@@ -11,7 +11,7 @@ spawned worker does; the zygote forks only while it runs a single thread. Then i
 socket:
 
 - host -> zygote: a one-byte ``F`` datagram carrying two descriptors (SCM_RIGHTS): the new worker's end
-  of a fresh socketpair and the file its stderr goes to. The zygote forks; the child starts a session of
+  of a fresh socketpair and the pipe its stderr goes to. The zygote forks; the child starts a session of
   its own (`_worker.serve_session`), which applies every sandbox layer to the child itself after the
   fork: its own uid (derived by the host from the child's pid), Landlock, a seccomp filter naming the
   child's pid, rlimits, pdeathsig on the zygote. The zygote closes both descriptors.
@@ -23,11 +23,15 @@ socket:
   it can wait for its children; in its loop, or from its SIGCHLD handler during a preload step);
   ``{"op": "fork_failed", "error": ...}``.
 
-The zygote carries pdeathsig on the host; each child carries pdeathsig on the zygote. The host's death
-kills the zygote and with it every child; a zygote's death (only an outside kill or the OOM killer could
-do it) kills its children too, whose sessions are then restored like any lost worker's, and the host
-starts a new zygote. Nothing a child does reaches the zygote but its exit status: after its sandbox it
-cannot signal, trace or open anything outside itself.
+The zygote carries pdeathsig on the host. Before anything else it makes a pid namespace and its init, which carries
+pdeathsig on the zygote (`snapcell.sandbox.start_pid_namespace`): every child it forks is a member of that
+namespace, and so is every process a child starts. The host's death kills the zygote, the zygote's death kills the
+init, and the init's death kills everything in the namespace, whatever a child did to its own pdeathsig; a zygote's
+death (only an outside kill or the OOM killer could do it) ends its children so too, whose sessions are then
+restored like any lost worker's, and the host starts a new zygote. The zygote itself stays in the host's pid
+namespace: the pids it reports are the host's. An init that dies alone takes the namespace with it, and the zygote
+(which can fork no more) exits. Each child also carries pdeathsig on the zygote, a second line. Nothing a child does
+reaches the zygote but its exit status: after its sandbox it cannot signal, trace or open anything outside itself.
 
 Hash randomization is fixed when an interpreter starts, so every child of one zygote shares its
 ``PYTHONHASHSEED``; `random` and `numpy.random`'s global state are reseeded from the OS in each child,
@@ -51,6 +55,7 @@ import signal
 import sys
 from typing import Any
 
+from snapcell.sandbox import namespace_init_pid, start_pid_namespace
 from snapcell.wire import HEAVY_MODULES
 
 __all__ = ["import_worker", "main", "reseed"]
@@ -226,6 +231,11 @@ def _reap(ctrl: _socket.socket) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             _, status, usage = os.wait4(pid, 0)
+            if pid == namespace_init_pid():
+                # Its namespace is gone, and every child with it (the host hears of them as the channel closes): no
+                # fork can succeed any more.
+                print("snapcell zygote: the init of its pid namespace died; the zygote exits", file=sys.stderr)
+                os._exit(1)
             _send_exited(ctrl, pid, status, usage.ru_maxrss * 1024)
     finally:
         _reaping = False
@@ -371,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     ctrl.setblocking(True)
     host_pid = int(argv[1])
     _arm_pdeathsig(host_pid)
+    # First, while this process is small (the init is a copy of it) and has one thread.
+    start_pid_namespace("zygote", host_pid)
     modules = [name for name in (argv[2].split(",") if len(argv) > 2 else ()) if name in HEAVY_MODULES]
     preloader = _Preloader(modules)
     gc.disable()  # the imports make only objects that live on: collecting them now would only delay "ready"

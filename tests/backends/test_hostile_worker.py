@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import resource
 import sys
@@ -23,6 +24,7 @@ import pytest
 from snapcell import Limits, Policy, Pool, ScriptError, SessionError, WorkerLost
 from snapcell.backends._backend import DumpRequest, LoadRequest, RunRequest
 from snapcell.backends._procbackend import ProcessBackend
+from snapcell.backends._stderrtail import KEEP_BYTES, StderrTail
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.checkpoint import DroppedVariable, Manifest
 
@@ -384,6 +386,66 @@ def test_memoryerror_written_to_stderr_does_not_make_an_out_of_memory_death(hija
     attack = "import os\nfor _ in range(512):\n    os.write(2, b'MemoryError\\n' * 5000)\nos._exit(1)"
     lost = _lost_and_restored(hijack_pool, attack, "crashed")
     assert lost.reason == "crash"
+
+
+# Reserve 250 MiB behind fd 2 (on a file, that is the host's disk, at once), write 16 MiB through it, then die.
+_STDERR_FLOOD = """
+import os
+try:
+    os.posix_fallocate(2, 0, 250 * 2**20)
+    reserved = "250 MiB reserved"
+except OSError as exc:
+    reserved = exc.errno
+for _ in range(256):
+    os.write(2, b"x" * 65536)
+os.write(2, b"the worker's last words")
+reserved
+"""
+
+
+def test_a_workers_stderr_costs_the_host_no_disk_and_its_tail_is_kept(
+    hijack_pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="snapcell")
+    with hijack_pool.checkout() as session:
+        worker = session._inner._backend.worker
+        assert worker is not None and worker.pid is not None and worker._stderr is not None
+        # What the worker's fd 2 is, as the host sees it: a pipe, not a file on any disk of the host.
+        assert os.readlink(f"/proc/{worker.pid}/fd/2").startswith("pipe:")
+        reserved = session.feed_run(_STDERR_FLOOD)
+        assert reserved != "250 MiB reserved" and isinstance(reserved, int), reserved
+        assert worker._stderr.kept_bytes <= 2 * KEEP_BYTES + 64 * 1024  # 16 MiB went through; the tail stays
+        assert worker._stderr.tail().endswith("the worker's last words")
+        with pytest.raises(WorkerLost, match="crashed"):
+            session.feed_run("import os\nos.write(2, b'x' * 10**6 + b'and its dying ones')\nos._exit(3)")
+    # The host still says how a dead worker's stderr ended (in its log).
+    ends = [r.getMessage() for r in caplog.records if "its stderr ends with" in r.getMessage()]
+    assert ends and ends[-1].endswith("and its dying ones"), ends[-1:]
+
+
+def test_a_stderr_tail_keeps_the_end_of_what_was_written() -> None:
+    async def main() -> tuple[str, int]:
+        tail = StderrTail()
+        tail.watch()
+        writer = os.fdopen(tail.write_fd, "wb", buffering=0)
+        tail.write_fd = -1  # the writer owns it now
+        try:
+            for n in range(200):  # 200 chunks of 32 KiB, read as they come
+                writer.write(b"%05d" % n + b"." * (32 * 1024 - 5))
+                await asyncio.sleep(0)
+            writer.write(b"the end")
+        finally:
+            writer.close()
+        text = tail.tail(KEEP_BYTES)  # reads what is still in the pipe, to its end
+        kept = tail.kept_bytes
+        tail.close()
+        assert tail.tail(10) == text[-10:]  # what was kept stays readable after close
+        return text, kept
+
+    text, kept = asyncio.run(main())
+    assert len(text) == KEEP_BYTES and text.endswith("the end")
+    assert "00199" in text and "00100" not in text
+    assert kept <= 2 * KEEP_BYTES + 64 * 1024
 
 
 _LOOPS_AT_DUMP = """

@@ -52,7 +52,7 @@ def test_environment_of_the_host_is_invisible(open_pool: Pool) -> None:
 
 def test_no_descriptors_inherited_beyond_the_channel(open_pool: Pool) -> None:
     with open_pool.checkout() as session:
-        pid = session.feed_run("import os\nos.getpid()")
+        pid = session.feed_run("import os\nint(os.readlink('/proc/self'))")  # as the host sees it
         fds = os.listdir(f"/proc/{pid}/fd")
         kinds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
         # O_PATH handles on import roots (the worker's uid imports through them; they cannot be read or written).
@@ -368,12 +368,12 @@ def test_a_malformed_dump_reply_loses_the_worker_and_the_session_is_restored(
     with open_pool.checkout() as session:
         session.feed_run("kept = 'from the checkpoint'")
         session.dump()
-        pid = session.feed_run("import os\nos.getpid()")
+        pid = session.feed_run("import os\nint(os.readlink('/proc/self'))")  # as the host sees it
         session.run(_PATCH_DUMP_REPLY.replace("{change}", change), then_dump=then_dump)
         with pytest.raises(WorkerLost, match="malformed") as lost:
             session.dump()
         assert lost.value.reason == "crash"
-        result = session.run("import os\nkept, os.getpid()")
+        result = session.run("import os\nkept, int(os.readlink('/proc/self'))")
         assert result.error is None and result.value[0] == "from the checkpoint"
         assert result.value[1] != pid and not _alive(pid)
         assert any("restarted" in note for note in result.notes)
@@ -405,7 +405,7 @@ def test_a_frame_claiming_a_huge_blob_costs_the_host_nothing(
     with open_pool.checkout() as session:
         session.feed_run("kept = 1")
         session.dump()
-        pid = session.feed_run("import os\nos.getpid()")
+        pid = session.feed_run("import os\nint(os.readlink('/proc/self'))")  # as the host sees it
         with pytest.raises(WorkerLost) as lost:
             session.feed_run(_SEND_FRAME.format(blob_size=blob_size, sent=sent, exit=exit))
         if not exit:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from snapcell import Limits, Policy, Pool
-from snapcell.backends import _process, _zygotehost
+from snapcell.backends import _process, _procstat
 from snapcell.sandbox import _privileges, _sandbox
 
 
@@ -57,11 +57,11 @@ def test_the_parent_of_a_process_whose_name_holds_parentheses_and_numbers(tmp_pa
     try:
         with open(f"/proc/{child.pid}/stat", "rb") as stat:
             assert b"(w) S 1 (x)" in stat.read()
-        assert _zygotehost._parent_of(child.pid) == os.getpid()
+        assert _procstat.parent_of(child.pid) == os.getpid()
     finally:
         child.kill()
         child.wait()
-    assert _zygotehost._parent_of(child.pid) == 0  # gone: unknown
+    assert _procstat.parent_of(child.pid) == 0  # gone: unknown
 
 
 def test_stale_mounts_are_swept_every_few_worker_starts_not_on_each(

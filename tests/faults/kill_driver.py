@@ -17,7 +17,7 @@ With ``pause`` set, the driver stops for good (until killed) the first time it r
 - ``leased``: the lease was taken, nothing else happened (the killed turn's lease stays behind).
 - ``running``: inside the script's host call (its worker is alive, mid-run, waiting for the host's reply).
 - ``spinning``: the host call returns and tells the script to spin (its worker is busy in a loop and does not
-  notice that its host is gone; only pdeathsig stops it, as the run's wall-time limit is two minutes).
+  notice that its host is gone; only its pid namespace stops it, as the run's wall-time limit is two minutes).
 - ``dumped``: the checkpoint was stored, the head not moved yet.
 - ``committed``: the head moved, the answer not returned yet.
 - ``answered``: ``run_code`` returned, the ack is not written yet.

@@ -10,8 +10,8 @@ printed, and ``SNAPCELL_FAULT_SEED`` replays it). Then:
   checkpoint in its history loads and holds the turns before it;
 - no committed turn ran again (its run is the last one the host function saw), and every turn was acknowledged
   with the answer of the run that committed it;
-- no worker of a killed driver outlives it (pdeathsig), no scratch directory of a killed driver survives the next
-  pool start, and no scratch tmpfs of a dead worker stays mounted.
+- no worker of a killed driver outlives it (its pid namespace), no scratch directory of a killed driver survives the
+  next pool start, and no scratch tmpfs of a dead worker stays mounted.
 
 The CI run is ``KILLS`` kills per backend; ``-m soak`` runs ``SOAK_KILLS``. Time bounds are hang guards only.
 """
@@ -45,7 +45,7 @@ CONVERSATIONS = ("c0", "c1", "c2")
 KILLS = 10
 SOAK_KILLS = 120
 HANG_GUARD_S = 90.0
-# A killed host's workers die with it (pdeathsig); allow a loaded machine this long to deliver and reap.
+# A killed host's workers die with it (their pid namespace); allow a loaded machine this long to deliver and reap.
 WORKER_EXIT_GUARD_S = 20.0
 
 

@@ -63,7 +63,10 @@ def test_a_plain_scratch_directory_is_left_until_its_worker_is_gone(tmp_path: Pa
 def test_a_checked_in_workers_scratch_is_unreachable_for_the_next_session() -> None:
     with Pool("memory://", isolation="process", policy=Policy.unrestricted(), min_warm_workers=0) as pool:
         with pool.checkout() as first:
-            cwd, pid = first.feed_run("import os\nopen('secret.txt', 'w').write('x')\nos.getcwd(), os.getpid()")
+            # The worker's pid as the host sees it (in its pid namespace, os.getpid() is another number).
+            cwd, pid = first.feed_run(
+                "import os\nopen('secret.txt', 'w').write('x')\nos.getcwd(), int(os.readlink('/proc/self'))"
+            )
             scratch = Path(cwd).parent
         assert not os.path.exists(cwd) and not scratch.exists()
         assert not any(point == str(scratch) or point.startswith(f"{scratch}/") for point in _mount_points())

@@ -106,10 +106,11 @@ def test_worker_cannot_signal_the_host(attack_pool):
 
 
 def test_worker_runs_unprivileged_with_no_capabilities(attack_pool):
-    # Landlock keeps the worker out of /proc, so its status is read from here; securebits only it can read.
+    # Landlock keeps the worker out of /proc, so its status is read from here (by its pid as the host sees it: in its
+    # pid namespace, os.getpid() is another number); securebits only it can read.
     inside = (
         "import ctypes, os\nlibc = ctypes.CDLL(None)\n"
-        "os.getpid(), os.getuid(), os.getgid(), os.getgroups(), libc.prctl(27, 0, 0, 0, 0),"
+        "int(os.readlink('/proc/self')), os.getuid(), os.getgid(), os.getgroups(), libc.prctl(27, 0, 0, 0, 0),"
         " [cap for cap in range(64) if libc.prctl(23, cap, 0, 0, 0) == 1]"
     )
     with attack_pool.checkout() as session:
@@ -197,9 +198,10 @@ def test_worker_cannot_outlive_its_host_by_disarming_pdeathsig(tmp_path):
     code = textwrap.dedent(
         """
         import json, snapcell
+        # Its pid as the host sees it (in its pid namespace, os.getpid() is another number).
         attack = (
             "import ctypes, os\\n"
-            "os.getpid(), os.getcwd(), ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)"
+            "int(os.readlink('/proc/self')), os.getcwd(), ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)"
         )
         hold = (
             "import time\\nopen('holding', 'w').close()\\n"
@@ -337,7 +339,7 @@ def test_default_limits_reach_the_worker(attack_pool):
     """CPU seconds and threads are bounded by default, and scratch is a tmpfs of the default size."""
     defaults = snapcell.Limits()
     with attack_pool.checkout() as session:
-        pid, cwd = session.feed_run("import os\nos.getpid(), os.getcwd()")
+        pid, cwd = session.feed_run("import os\nint(os.readlink('/proc/self')), os.getcwd()")  # pid: the host's view
         limits = Path(f"/proc/{pid}/limits").read_text()
         mounts = Path(f"/proc/{pid}/mounts").read_text().splitlines()
     cpu = next(line for line in limits.splitlines() if line.startswith("Max cpu time"))

@@ -153,7 +153,9 @@ def test_a_scratch_tmpfs_left_by_a_killed_host_is_swept_by_the_next_pool():
         policy = snapcell.Policy.unrestricted()
         with snapcell.Pool("memory://", isolation="process", policy=policy, min_warm_workers=0) as pool:
             with pool.checkout() as session:
-                print(json.dumps(session.feed_run("import os\\nos.getpid(), os.getcwd()")), flush=True)
+                # The worker's pid as the host sees it (in its pid namespace, os.getpid() is another number).
+                found = session.feed_run("import os\\nint(os.readlink('/proc/self')), os.getcwd()")
+                print(json.dumps(found), flush=True)
                 time.sleep(60)
         """
     )

@@ -18,6 +18,7 @@ import pytest
 from snapcell import Limits, Policy, Pool, WorkerLost
 from snapcell.backends import RunRequest
 from snapcell.backends._procbackend import ProcessBackend
+from snapcell.backends._procstat import parent_of
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.wire import preload_modules
 
@@ -55,16 +56,21 @@ def _zygote_pid(pool: Pool) -> int:
     return int(start.split()[2].rstrip(","))
 
 
-_DRAW = (
-    "import os, random, numpy\n"
-    "(os.getpid(), os.getppid(), [random.random() for _ in range(4)], numpy.random.rand(4).tolist())"
-)
+# A worker's pid as the host sees it: in the pid namespace a worker lives in, os.getpid() is another number, and its
+# parent (the zygote, outside) is not seen at all.
+HOST_PID = "int(os.readlink('/proc/self'))"
+_DRAW = f"import os, random, numpy\n({HOST_PID}, [random.random() for _ in range(4)], numpy.random.rand(4).tolist())"
+
+
+def _with_parent(drawn: tuple[int, list[float], list[float]]) -> tuple[int, int, list[float], list[float]]:
+    pid, *streams = drawn
+    return (pid, parent_of(pid), *streams)  # type: ignore[return-value]
 
 
 def test_two_children_of_one_zygote_get_different_random_streams(numpy_pool: Pool) -> None:
     zygote = _zygote_pid(numpy_pool)
     with numpy_pool.checkout() as one, numpy_pool.checkout() as two:
-        first, second = one.feed_run(_DRAW), two.feed_run(_DRAW)
+        first, second = _with_parent(one.feed_run(_DRAW)), _with_parent(two.feed_run(_DRAW))
     assert first[0] != second[0] and first[1] == second[1] == zygote  # two children of the same zygote
     assert first[2] != second[2]  # random's global generator was reseeded in each child
     assert first[3] != second[3]  # so was numpy.random's legacy global state
@@ -74,14 +80,18 @@ def test_every_layer_names_the_child_itself(numpy_pool: Pool) -> None:
     report = numpy_pool.isolation_report()
     assert "numpy" in report["start"]
     with numpy_pool.checkout() as session:
-        pid, ppid = session.feed_run("import os\nos.getpid(), os.getppid()")
+        pid, host_pid = session.feed_run(f"import os\nos.getpid(), {HOST_PID}")
+        ppid = parent_of(host_pid)
         uid = session.feed_run("import os\nos.getuid()")
         layers = session._inner._backend.sandbox
-    # The uid, the seccomp filter and pdeathsig are the child's own, derived after the fork.
-    assert uid == 1_000_000_000 + pid, (uid, pid)
+    # The uid, the seccomp filter and pdeathsig are the child's own, derived after the fork: the uid from its pid as
+    # the host sees it (unique on the machine), the filter from its pid as the kernel reads its own system calls.
+    assert uid == 1_000_000_000 + host_pid, (uid, host_pid)
     assert f"uid {uid} " in layers["privileges"]
     assert f"only for pid {pid}," in layers["seccomp"]
-    assert f"zygote (pid {ppid}) dies, which dies with the host (pid {os.getpid()})" in layers["pdeathsig"]
+    assert f"(pid {ppid}) dies, which dies with the host (pid {os.getpid()})" in layers["pdeathsig"]
+    if os.geteuid() == 0:  # a pid namespace needs root
+        assert f"dies with the zygote (pid {ppid}), which dies with the host" in layers["lifetime"], layers["lifetime"]
     assert layers["landlock"].startswith("active")
 
 
@@ -89,14 +99,15 @@ def test_a_killed_zygote_is_restarted_and_its_sessions_restored(numpy_pool: Pool
     with numpy_pool.checkout() as session:
         session.feed_run("kept = 'from the checkpoint'")
         session.dump()
-        zygote, child = session.feed_run("import os\nos.getppid(), os.getpid()")
+        child = session.feed_run(f"import os\n{HOST_PID}")
+        zygote = parent_of(child)
         os.kill(zygote, signal.SIGKILL)
-        assert _wait_gone([zygote, child]) == []  # its children die with it (pdeathsig)
+        assert _wait_gone([zygote, child]) == []  # its children die with it (its pid namespace, and pdeathsig)
         with pytest.raises(WorkerLost):
             session.feed_run("1 + 1")
-        again = session.run("import os\nkept, os.getppid()")
+        again = session.run(f"import os\nkept, {HOST_PID}")
         assert again.error is None and again.value[0] == "from the checkpoint"
-        assert again.value[1] not in (zygote, os.getpid())  # a new zygote
+        assert parent_of(again.value[1]) not in (zygote, os.getpid())  # a new zygote
     assert _zygote_pid(numpy_pool) not in (zygote, os.getpid())
     with numpy_pool.checkout() as session:
         assert session.feed_run("import numpy\nint(numpy.arange(4).sum())") == 6
@@ -134,7 +145,9 @@ _HOST = textwrap.dedent(
     import snapcell
     pool = snapcell.Pool("memory://", isolation="process", policy=snapcell.Policy.unrestricted())
     with pool.checkout() as session:
-        print(*session.feed_run("import os\\nos.getppid(), os.getpid()"), flush=True)
+        pid = session.feed_run("import os\\nint(os.readlink('/proc/self'))")  # as the host sees it
+        with open(f"/proc/{pid}/stat") as stat:
+            print(stat.read().rpartition(")")[2].split()[1], pid, flush=True)  # its parent, the zygote, and itself
         os.kill(os.getpid(), 9)
     """
 )
