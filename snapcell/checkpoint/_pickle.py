@@ -361,7 +361,8 @@ class _Builder:
     def scan(self, data: bytes, rule: GlobalRule | Callable[[str], bool]) -> tuple[Refusal | None, bool]:
         """`scan_pickle_data`, skipped for bytes that passed it before (``scanned``: one rule, so one verdict per
         bytes); then whether they are plain data is not known (False)."""
-        digest = fast_digest(data) if self.scanned is not None else None
+        # The content address: the host's passed frames (blob names) join this set.
+        digest = hash_buffer(data) if self.scanned is not None else None
         if digest is not None and self.scanned is not None and digest in self.scanned:
             return None, False
         refusal, plain = scan_pickle_data(data, rule)
