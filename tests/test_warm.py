@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -217,6 +218,63 @@ def test_warm_sessions_give_their_worker_to_a_new_conversation() -> None:
     pids, other = asyncio.run(main())
     assert pids[0] == pids[1]  # the same worker served both turns of "a"
     assert "b ran" in other
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process has exited with all its threads (reaped, or a zombie alone in its thread group): its
+    descriptors are closed then. A zombie leader whose other threads are still exiting may hold them a moment."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            zombie = stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+        return zombie and os.listdir(f"/proc/{pid}/task") == [str(pid)]
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("recycle_after", [1, 3], ids=["started-ahead", "recycled"])
+def test_a_spare_worker_that_died_while_it_waited_is_not_handed_to_a_turn(recycle_after: int) -> None:
+    """The pool's spare workers (started ahead of a checkout, or kept after one) may die while they wait; one handed
+    out anyway made a fresh conversation's first turn answer "this code's changes are lost" for code never sent."""
+    marks: list[int] = []
+
+    def mark(value: int) -> int:
+        marks.append(value)
+        return value
+
+    async def main() -> str:
+        pool = AsyncPool(
+            store=MemoryStore(),
+            signing_keys=[KEY],
+            isolation="process",
+            policy=Policy.unrestricted(),
+            max_workers=2,
+            recycle_after=recycle_after,
+            checkout_timeout_s=HANG_GUARD_S,
+        )
+        async with pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), tools={"mark": mark})
+            try:
+                await tool.run_code("a", "x = 1")
+                workers = pool._workers
+
+                def spares() -> list[Any]:
+                    return [*workers._warm, *(w for idle in workers._idle.values() for w in idle)]
+
+                def ready() -> bool:  # "a"'s worker is kept (checked in after the answer), or one started ahead
+                    kept = any(workers._idle.values()) if recycle_after > 1 else bool(workers._warm)
+                    return kept and all(w.pid for w in spares())
+
+                assert await _until(ready)
+                killed = [w.pid for w in spares()]
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+                assert await _until(lambda: all(_exited(pid) for pid in killed))
+                return await tool.run_code("b", "mark(1)\n'b ran'")
+            finally:
+                await tool.aclose()
+
+    answer = asyncio.run(main())
+    assert answer == "'b ran'" and marks == [1], answer
 
 
 @pytest.mark.parametrize(
