@@ -48,6 +48,7 @@ __all__ = [
     "StorageTimeout",
     "StorageUnavailable",
     "TimeLimitExceeded",
+    "TurnOnOtherBranch",
     "TurnOutcomeUnknown",
     "TypingError",
     "UnpicklableValue",
@@ -368,10 +369,13 @@ class CheckpointExpired(StorageError):
 
 
 class TurnOutcomeUnknown(StorageError):
-    """Raised when a turn's head write failed and reading the head back could not tell whether it landed.
+    """Raised when a head write (a turn, a rewind, a fork, a file put) failed and reading the head back could not
+    tell whether it landed.
 
-    The turn may or may not be committed; run it again with the same ``turn_id`` to get its committed answer (it
-    does not run twice) or, if it never landed, to run it.
+    It may or may not have landed; call again with the same ``turn_id``. If it landed, a turn returns its committed
+    answer without running its code again (a rewind, fork or file put is not done again). If it did not, the code
+    runs again, and so do the host functions it calls: their first calls happened either way. The conversation's
+    state holds the turn once.
 
     Attributes:
         conversation_id: The conversation.
@@ -434,6 +438,36 @@ class ConversationBusy(Conflict):
         self.holder = holder
         self.stale = stale
         self.lease_expires_at = lease_expires_at
+
+
+class TurnOnOtherBranch(Conflict):
+    """Raised when a turn ID given with a `Conversation` was committed from another state than the conversation
+    stands on (it was truncated or forked since, or another copy of it ran the turn); nothing ran, nothing changed.
+
+    The committed turn's state is not adopted: it holds another branch's variables. Call again with a new turn ID
+    to run the code on the conversation's own state.
+
+    Attributes:
+        conversation_id: The conversation.
+        turn_id: The turn ID.
+        started_from: The checkpoint the committed turn started from (None: an empty session).
+        expected: The checkpoint the conversation stands on (None: an empty session).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        conversation_id: str,
+        turn_id: str,
+        started_from: bytes | None,
+        expected: bytes | None,
+    ) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+        self.started_from = started_from
+        self.expected = expected
 
 
 class SandboxError(SessionError):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from snapcell import Conflict, Pool, StorageError, SyncCodeTool, TurnOutcomeUnknown
-from snapcell.errors import ConversationBusy, InvalidKey, StorageUnavailable
+from snapcell import CodeTool, Conflict, Pool, StorageError, SyncCodeTool, TurnOutcomeUnknown
+from snapcell.errors import ConversationBusy, InvalidKey, StorageTimeout, StorageUnavailable
 from snapcell.heads import Head, MemoryHeads
 from snapcell.storage import MemoryStore
 
@@ -110,6 +113,143 @@ def test_a_committed_turn_id_returns_its_answer_without_running(pool: Pool) -> N
         tool.run_code("c", "1", turn_id="no spaces")
 
 
+# ------------------------------------------------ every head move checks its outcome
+
+
+class LandsThenFails(MemoryHeads):
+    """Head writes land; with ``failure`` set, the next one then reports it: its answer was lost on the way back (a
+    reset, a timeout), or the client's retry of it was refused (S3's 412 once the first attempt had landed). With
+    ``unreadable`` set, reads fail after that write too."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failure: BaseException | None = None
+        self.unreadable = False
+        self.read_error: Exception = StorageUnavailable("connection refused")
+        self._down = False
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
+        version = super().compare_and_set(*args, **kwargs)
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            self._down = self.unreadable
+            raise failure
+        return version
+
+    def get(self, conversation_id: str) -> Head | None:
+        if self._down and self.unreadable:
+            raise self.read_error
+        return super().get(conversation_id)
+
+
+@pytest.fixture(scope="module")
+def process_pool() -> Iterator[Pool]:
+    with Pool(MemoryStore("moves"), isolation="process", min_warm_workers=0, signing_keys=[KEY]) as pool:
+        yield pool
+
+
+MOVES = {
+    "rewind": lambda tool: tool.rewind("c", turn_id="move-1"),
+    "fork": lambda tool: tool.fork("c", "c-fork", turn_id="move-1"),
+    "put_file": lambda tool: tool.put_file("c", "f.txt", b"data", turn_id="move-1"),
+}
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        StorageUnavailable("connection reset by peer"),
+        Conflict("another turn moved this conversation's head since it was read; nothing was overwritten"),
+        TimeoutError(),
+    ],
+    ids=["reset", "retry-refused", "timeout"],
+)
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_a_head_move_whose_write_landed_reports_success_whatever_its_answer_said(
+    move: str, failure: BaseException, request: pytest.FixtureRequest
+) -> None:
+    """rewind, fork and put_file used to report the failure ("nothing was overwritten"), so a caller retried
+    them and rewound twice: a failed write is read back first, as a turn's is."""
+    pool: Pool = request.getfixturevalue("process_pool" if move == "put_file" else "pool")
+    heads = LandsThenFails()
+    tool = SyncCodeTool(pool, heads=heads, storage_timeout_s=5)
+    try:
+        for n in range(3):
+            tool.run_code("c", f"n = {n}")
+        before = heads.get("c")
+        assert before is not None
+        heads.failure = failure
+        result = MOVES[move](tool)
+        assert heads.failure is None  # the failure was reported, after the write landed
+        head = heads.get("c")
+        assert head is not None and head.turn("move-1") is not None or move == "fork"
+        assert head.lease_owner is None  # the lease went with the write
+        assert MOVES[move](tool) == result  # called again with its turn ID: nothing moves again
+        assert heads.get("c") == head
+        if move == "rewind":
+            assert result == before.history[0] == head.checkpoint_id and head.history == before.history[1:]
+            assert tool.run_code("c", "n") == "1"  # one turn back, not two
+        elif move == "fork":
+            forked = heads.get("c-fork")
+            assert forked is not None and forked.turn("move-1") is not None
+            assert result == before.checkpoint_id == forked.checkpoint_id
+        else:
+            assert result == head.checkpoint_id and head.history == (before.checkpoint_id, *before.history)
+    finally:
+        tool.close()
+
+
+def test_a_rewind_retried_after_an_unknown_outcome_rewinds_once(pool: Pool) -> None:
+    heads = LandsThenFails()
+    tool = SyncCodeTool(pool, heads=heads, storage_timeout_s=0.3)
+    try:
+        for n in range(3):
+            tool.run_code("c", f"n = {n}")
+        # The rewind lands, its answer is lost and the head cannot be read back: the caller cannot be told.
+        heads.failure, heads.unreadable = StorageUnavailable("connection reset by peer"), True
+        with pytest.raises(TurnOutcomeUnknown, match="turn_id='undo-1'") as info:
+            tool.rewind("c", turn_id="undo-1")
+        assert info.value.turn_id == "undo-1" and "rewinding conversation 'c'" in str(info.value)
+        heads.unreadable = False
+        tool.rewind("c", turn_id="undo-1")  # the retry the error asks for
+        assert tool.run_code("c", "n") == "1"  # rewound once
+    finally:
+        tool.close()
+
+
+class AnotherWriterFirst(MemoryHeads):
+    """With ``other`` set, another writer moves the head to that checkpoint just before the next head write."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.other: bytes | None = None
+
+    def compare_and_set(self, conversation_id: str, *args: Any, **kwargs: Any) -> str:
+        other, self.other = self.other, None
+        if other is not None:
+            with self._lock:
+                record = self._records[conversation_id]
+                self._records[conversation_id] = replace(record, checkpoint_id=other, version="theirs")
+        return super().compare_and_set(conversation_id, *args, **kwargs)
+
+
+def test_a_head_move_that_lost_to_another_writer_is_a_conflict(pool: Pool) -> None:
+    heads = AnotherWriterFirst()
+    tool = SyncCodeTool(pool, heads=heads)
+    try:
+        for n in range(3):
+            tool.run_code("c", f"n = {n}")
+        before = heads.get("c")
+        assert before is not None
+        heads.other = before.history[1]
+        with pytest.raises(Conflict, match="moved"):
+            tool.rewind("c")
+        head = heads.get("c")
+        assert head is not None and head.version == "theirs" and head.checkpoint_id == before.history[1]
+    finally:
+        tool.close()
+
+
 # ------------------------------------------------------------ deadlines
 
 
@@ -200,6 +340,103 @@ def test_a_hanging_head_store_fails_the_turn_naming_the_call(pool: Pool) -> None
         tool.close()
 
 
+def test_an_unknown_outcome_says_what_a_retry_guarantees_and_never_an_empty_cause(pool: Pool) -> None:
+    """The retry keeps the state's promise (the turn once), not the host functions' (they run again when the first
+    run was not saved); a cause without text (a bare TimeoutError) is named by its type, not shown as "()"."""
+    heads, ran = LandsThenFails(), Ran()
+    tool = SyncCodeTool(pool, heads=heads, tools={"mark": ran}, storage_timeout_s=0.3)
+    try:
+        tool.run_code("c", APPEND.format(tag="t1"), turn_id="call-1")
+        heads.failure, heads.unreadable, heads.read_error = TimeoutError(), True, TimeoutError()
+        with pytest.raises(TurnOutcomeUnknown) as info:
+            tool.run_code("c", APPEND.format(tag="t2"), turn_id="call-2")
+        message = str(info.value)
+        assert "()" not in message and message.count("(TimeoutError)") == 2, message  # the write's, the read's
+        assert "run twice" not in message and "will not run" not in message
+        assert "its code runs again (and so do the host functions it calls)" in message
+        assert "state holds the turn once" in message
+        assert "host functions" in (TurnOutcomeUnknown.__doc__ or "") and "run twice" not in str(
+            TurnOutcomeUnknown.__doc__
+        )
+    finally:
+        tool.close()
+
+
+class OwnDeadline(MemoryHeads):
+    """A head store that gives up by itself, at its own deadline (an S3 client's), shorter than the tool's."""
+
+    def acquire_lease(self, conversation_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool:
+        raise StorageTimeout(
+            "storage get of 'heads/c.json' on s3://bucket did not finish within 7 s; retry later",
+            operation="get",
+            timeout_s=7.0,
+        )
+
+
+def test_a_timeout_names_the_deadline_that_passed(pool: Pool) -> None:
+    """A lease take the store gave up after 7 s used to say "timed out after 10 s (storage_timeout_s)"."""
+    tool = SyncCodeTool(pool, heads=OwnDeadline(), storage_timeout_s=10)
+    with pytest.raises(StorageTimeout, match="taking the lease of conversation 'c' timed out") as info:
+        tool.run_code("c", "1")
+    assert "within 7 s" in str(info.value) and "10 s" not in str(info.value) and info.value.timeout_s == 7.0
+    heads = Hanging()
+    tool = SyncCodeTool(pool, heads=heads, storage_timeout_s=0.2)
+    try:
+        heads.hang = {"get"}
+        with pytest.raises(StorageTimeout, match=r"did not answer within 0\.2 s \(storage_timeout_s\)") as info:
+            tool.head("c")
+        assert info.value.timeout_s == 0.2
+    finally:
+        heads.release.set()
+        tool.close()
+
+
+class StopsAtItsWrite(Hanging):
+    """With ``stopping`` set, the store stops answering at the next head write: that write and every read after."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stopping = False
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
+        if self.stopping:
+            self.hang = {"compare_and_set", "get"}
+        return super().compare_and_set(*args, **kwargs)
+
+
+def test_a_turn_whose_head_store_stops_answering_fails_within_the_documented_bound(pool: Pool) -> None:
+    """Counted in deadlines, not timed: the write, its read-back, the wait for the lease's release."""
+    timeout_s = 0.2
+    heads = StopsAtItsWrite()
+    tool = SyncCodeTool(pool, heads=heads, storage_timeout_s=timeout_s)
+    leases = tool.inner._leases
+    expired: list[float] = []
+    bounded = leases.bounded
+
+    async def counted(call: Any, limit: float | None = None) -> Any:
+        try:
+            return await bounded(call, limit)
+        except StorageTimeout as exc:
+            expired.append(exc.timeout_s)
+            raise
+
+    leases.bounded = counted  # type: ignore[method-assign]
+    try:
+        tool.run_code("c", "x = 1")
+        heads.stopping = True  # the store stops answering as the turn writes its head
+        with pytest.raises(TurnOutcomeUnknown):
+            tool.run_code("c", "x = 2")
+        assert len(expired) == 2  # the write, then the read-back (its retries share one deadline)
+        waited_at_most = sum(expired) + leases.release_wait_s
+        assert waited_at_most <= 2 * timeout_s + min(2.0, timeout_s)
+        documented = "2 x ``storage_timeout_s`` + 2 s"
+        assert documented in " ".join((CodeTool.__doc__ or "").split())
+        assert "2 × `storage_timeout_s` + 2 s" in (Path(__file__).parents[1] / "docs" / "tool.md").read_text()
+    finally:
+        heads.release.set()
+        tool.close()
+
+
 def test_a_late_lease_take_of_a_timed_out_turn_does_not_fail_the_next_turn(pool: Pool) -> None:
     """The timed-out take lands while the tool's next turn runs: it must not take that turn's lease over (same
     holder), or the turn's save is refused with Conflict although no other turn ran."""
@@ -257,6 +494,48 @@ def test_a_storage_fault_does_not_lock_the_conversation(pool: Pool, clock: Clock
     assert tool.run_code("c", "v") == "1"
     heads.failing = False
     tool.close()
+
+
+class RenewalWatch(MemoryHeads):
+    """Counts lease renewals, and notes each one that came after the lease had expired (on the store's clock)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.renewals = 0
+        self.late: list[float] = []
+
+    def renew_lease(self, conversation_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool:
+        at = self.clock() if now is None else now
+        record = self.record(conversation_id)
+        if record is not None and record.lease_owner == owner and record.lease_expires_at <= at:
+            self.late.append(at - record.lease_expires_at)
+        renewed = super().renew_lease(conversation_id, owner, ttl_s, now=now)
+        self.renewals += 1
+        return renewed
+
+
+def test_a_turn_longer_than_its_lease_ttl_keeps_its_lease(pool: Pool) -> None:
+    """Renewals come every third of the ttl: a turn that runs for several ttls never lets its lease lapse, and no
+    other server takes the conversation meanwhile. Renewing more slowly than the ttl fails this test."""
+    ttl_s = 3.0
+    heads = RenewalWatch()
+
+    async def until_renewed(times: int) -> bool:
+        deadline = time.monotonic() + 60  # a hang guard
+        while heads.renewals < times and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        # Another server tries to take the conversation: True would mean the lease had lapsed.
+        return heads.acquire_lease("c", "server-2/turn", ttl_s)
+
+    tool = SyncCodeTool(pool, heads=heads, tools={"until_renewed": until_renewed}, lease_ttl_s=ttl_s)
+    try:
+        code = "taken = [await until_renewed(1), await until_renewed(2)]\ntaken"
+        assert tool.run_code("c", code) == "[False, False]"
+        assert heads.renewals >= 2 and heads.late == []
+        head = heads.get("c")
+        assert head is not None and head.lease_owner is None  # the turn saved, and gave the lease back
+    finally:
+        tool.close()
 
 
 def test_a_dead_holders_lease_is_stale_then_free_after_one_ttl(pool: Pool, clock: Clock) -> None:

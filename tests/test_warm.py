@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
+import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -96,18 +99,85 @@ def test_warm_sessions_are_bounded_and_evicted_ones_checked_in(loads: list[bytes
     assert len(loads) == 1
 
 
-def test_warm_sessions_expire_and_are_checked_in() -> None:
-    async def main() -> int:
-        async with _pool(MemoryStore()) as pool:
-            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=0.01)
-            await tool.run_code("a", "x = 1")
-            deadline = time.monotonic() + HANG_GUARD_S
-            while pool._sessions and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            await tool.aclose()
-            return len(pool._sessions)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
 
-    assert asyncio.run(main()) == 0
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _until(done: Callable[[], bool]) -> bool:
+    """Wait (a hang guard, not a bound) until ``done()``: work under way in the background has finished."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return done()
+
+
+def test_warm_sessions_past_their_keep_time_are_checked_in_while_the_tool_runs() -> None:
+    """Checked before the tool closes (`aclose` checks every session in anyway), on an injected clock."""
+
+    async def main() -> None:
+        clock = Clock()
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=0.05)
+            tool._warm.clock = clock
+            try:
+                await tool.run_code("a", "x = 1")
+                # The timer has fired (and looked again) a few times: the clock says the keep time has not passed.
+                await asyncio.sleep(0.2)
+                assert "a" in tool._warm._kept and len(pool._sessions) == 1
+                clock.now += 0.05  # now it has: the next timer checks the session in, with no turn to prompt it
+                assert await _until(lambda: not pool._sessions), "a warm session outlived its keep time"
+                assert "a" not in tool._warm._kept
+                # A turn checks in whatever is due too (a timer may be late): "b" is due when "c" starts.
+                tool._warm.keep_warm_s = 60
+                await tool.run_code("b", "x = 1")
+                clock.now += 61
+                await tool.run_code("c", "x = 1")
+                assert await _until(lambda: len(pool._sessions) == 1) and list(tool._warm._kept) == ["c"]
+            finally:
+                await tool.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_warm_conversation_whose_idle_worker_died_runs_its_next_turn(loads: list[bytes]) -> None:
+    """The worker of a kept session is SIGKILLed between turns: the next turn used to say "this code's changes are
+    lost ... do not rerun it unchanged" though the code never ran. Now it loads the checkpoint and runs."""
+    marks: list[int] = []
+
+    def mark(value: int) -> int:
+        marks.append(value)
+        return value
+
+    async def main() -> tuple[str, int, int, int]:
+        pool = AsyncPool(
+            store=MemoryStore(),
+            signing_keys=[KEY],
+            isolation="process",
+            policy=Policy.unrestricted(),
+            max_workers=2,
+            checkout_timeout_s=HANG_GUARD_S,
+        )
+        async with pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60, tools={"mark": mark})
+            await tool.run_code("a", "x = 1")
+            worker = tool._warm._kept["a"].session._backend.worker  # type: ignore[attr-defined]
+            os.kill(worker.pid, signal.SIGKILL)
+            answer = await tool.run_code("a", "mark(x)\nx += 1\nimport os\nx, os.getpid()")
+            assert await tool.run_code("a", "x") == "2"  # kept again, and reused
+            dead, reused = tool._warm.dead, tool._warm.reused
+            await tool.aclose()
+        value, pid = answer.rsplit("\n", 1)[-1].strip("()").split(", ")
+        assert pid != str(worker.pid)
+        return answer, int(value), dead, reused
+
+    answer, value, dead, reused = asyncio.run(main())
+    assert "[note]" not in answer and "lost" not in answer and "restarted" not in answer, answer
+    assert value == 2 and marks == [1]  # the code ran, once
+    assert len(loads) == 1 and (dead, reused) == (1, 1)  # loaded as a cold turn; then warm again
 
 
 def test_a_session_that_dropped_a_variable_is_not_kept_warm(loads: list[bytes]) -> None:
@@ -148,6 +218,63 @@ def test_warm_sessions_give_their_worker_to_a_new_conversation() -> None:
     pids, other = asyncio.run(main())
     assert pids[0] == pids[1]  # the same worker served both turns of "a"
     assert "b ran" in other
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process has exited with all its threads (reaped, or a zombie alone in its thread group): its
+    descriptors are closed then. A zombie leader whose other threads are still exiting may hold them a moment."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            zombie = stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+        return zombie and os.listdir(f"/proc/{pid}/task") == [str(pid)]
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("recycle_after", [1, 3], ids=["started-ahead", "recycled"])
+def test_a_spare_worker_that_died_while_it_waited_is_not_handed_to_a_turn(recycle_after: int) -> None:
+    """The pool's spare workers (started ahead of a checkout, or kept after one) may die while they wait; one handed
+    out anyway made a fresh conversation's first turn answer "this code's changes are lost" for code never sent."""
+    marks: list[int] = []
+
+    def mark(value: int) -> int:
+        marks.append(value)
+        return value
+
+    async def main() -> str:
+        pool = AsyncPool(
+            store=MemoryStore(),
+            signing_keys=[KEY],
+            isolation="process",
+            policy=Policy.unrestricted(),
+            max_workers=2,
+            recycle_after=recycle_after,
+            checkout_timeout_s=HANG_GUARD_S,
+        )
+        async with pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), tools={"mark": mark})
+            try:
+                await tool.run_code("a", "x = 1")
+                workers = pool._workers
+
+                def spares() -> list[Any]:
+                    return [*workers._warm, *(w for idle in workers._idle.values() for w in idle)]
+
+                def ready() -> bool:  # "a"'s worker is kept (checked in after the answer), or one started ahead
+                    kept = any(workers._idle.values()) if recycle_after > 1 else bool(workers._warm)
+                    return kept and all(w.pid for w in spares())
+
+                assert await _until(ready)
+                killed = [w.pid for w in spares()]
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+                assert await _until(lambda: all(_exited(pid) for pid in killed))
+                return await tool.run_code("b", "mark(1)\n'b ran'")
+            finally:
+                await tool.aclose()
+
+    answer = asyncio.run(main())
+    assert answer == "'b ran'" and marks == [1], answer
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,14 @@ class Backend(Protocol):
         """Throw the runner away (it misbehaved); the next request starts a new one."""
         ...
 
+    async def ping(self) -> bool:
+        """Whether the runner is alive and answers a request that changes nothing.
+
+        False for a runner that is gone (a worker that died, or did not answer in time and was killed); the next
+        request then finds it so, as after any loss.
+        """
+        ...
+
     async def declarations(self) -> str:
         """Type declarations for the namespace's variables (for the type checker)."""
         ...
@@ -192,6 +200,9 @@ class InlineBackend:
 
     async def discard(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    async def ping(self) -> bool:
+        return True  # the runner is this process
 
     async def declarations(self) -> str:
         return declarations_from_namespace(self.runner.variables())

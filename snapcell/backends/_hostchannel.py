@@ -103,6 +103,20 @@ class ChannelIO:
                 if not self.absorb_cancel():
                     raise
 
+    def gone(self) -> bool:
+        """Whether an idle worker is no worker to hand out: its end of the channel is closed (it exited: killed
+        for memory, by a signal) or bytes wait that no request asked for. No round trip and no wait: one peek."""
+        sock = self._sock
+        if sock is None or self.dead or self._ended is not None or self._rend != self._rstart:
+            return True
+        try:
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False  # open, and quiet: an idle worker
+        except OSError:
+            return True
+        return True  # the end of the channel, or bytes nobody asked for
+
     # ------------------------------------------------------------------ writing
 
     async def _sendall(self, sock: socket.socket, data: bytes | bytearray | memoryview) -> None:

@@ -55,6 +55,9 @@ __all__ = ["ProcessBackend"]
 
 # Frame hashes a dump request names as passed by the host (see `Backend.dump`); past this the worker scans the rest.
 MAX_PASSED_FRAMES = 4096
+# `ProcessBackend.ping`: a request that changes nothing, and how long an idle worker may take to answer it.
+_PING: dict[str, Any] = {"op": "queue", "notes": [], "setup_cells": []}
+_PING_TIMEOUT_S = 5.0
 
 
 class ProcessBackend:
@@ -335,6 +338,26 @@ class ProcessBackend:
 
     async def reset(self) -> None:
         await self._request({"op": "reset"}, expect="reset", timeout_s=_CONTROL_TIMEOUT_S)
+
+    async def ping(self) -> bool:
+        """One round trip to the worker: an empty ``queue`` request, which changes nothing.
+
+        A worker that died, answers out of step or not within `_PING_TIMEOUT_S` is killed, but stays this session's
+        worker: the next request finds it dead and is `WorkerLost`, as after any loss, so the session never runs
+        on with a fresh worker as if it held its namespace.
+        """
+        worker = self.worker
+        if worker is None or worker.dead or self.pending_dump is not None:
+            return False
+        try:
+            reply, _ = await worker.request(_PING, timeout_s=_PING_TIMEOUT_S)
+        except _Died:
+            reply = {}
+        if reply.get("op") == "queued":
+            return True
+        if not worker.dead:
+            await worker.kill()
+        return False
 
     async def declarations(self) -> str:
         reply, _ = await self._request({"op": "declarations"}, expect="declarations", timeout_s=_CONTROL_TIMEOUT_S)

@@ -136,6 +136,10 @@ class WorkerProcess(ChannelIO):
         # What is left of a `kill` with ``reap_later``: waiting for the worker's exit.
         self.reaping: asyncio.Future[None] | None = None
 
+    def gone(self) -> bool:
+        """See `ChannelIO.gone`; also true once the zygote has reported the worker's exit."""
+        return (self.forked is not None and self.forked.exited.done()) or super().gone()
+
     @property
     def start_path(self) -> str:
         """How this worker was started: ``"zygote"`` (forked from a clean zygote) or ``"spawn"``."""

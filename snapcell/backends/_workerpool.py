@@ -372,8 +372,14 @@ class WorkerPool:
             raise SessionError("the pool is closed")
         preload = self.preload_for(policy)
         reused = None if mounts else self._idle.get((policy, limits))
-        if reused:
+        while reused:
             again = reused.pop(0)
+            if again.gone():  # it died while idle: its checkout's first request would be lost, code or not
+                await again.kill()
+                async with self._changed:
+                    self._changed.notify_all()  # its slot is free
+                self.fill()
+                continue
             self._busy.add(again)
             again.checkouts += 1
             return again
@@ -418,9 +424,9 @@ class WorkerPool:
                 if fit:
                     warm = fit[0]
                     self._warm.remove(warm)
-                    if not warm.dead and (warm.zygote is None or warm.zygote.alive):
+                    if not warm.gone() and (warm.zygote is None or warm.zygote.alive):
                         return warm
-                    await warm.kill()  # its zygote died, and it with it
+                    await warm.kill()  # it died while warm, or its zygote did, and it with it
                     continue
                 if self._live() < self.max_workers:
                     self._starting += 1  # reserve the slot while we start one

@@ -121,15 +121,26 @@ def _outranks(owner: str, held_by: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TurnRecord:
-    """A committed turn as its conversation's head remembers it.
+    """A committed turn (or another head move: a rewind, a fork, a file put) as its conversation's head remembers it.
 
     Attributes:
         turn_id: The turn's ID (generated, or the caller's idempotency key).
         answer: The answer the turn returned; kept only for the `MAX_TURN_ANSWERS` most recent turns, else None.
+        checkpoint_id: The checkpoint the turn moved the head to; None when not recorded (a record written by an
+            earlier snapcell, or by a move to an empty session).
+        started_from: The checkpoint the turn started from (None: an empty session); meaningful only when
+            ``checkpoint_id`` is recorded.
     """
 
     turn_id: str
     answer: str | None = None
+    checkpoint_id: bytes | None = None
+    started_from: bytes | None = None
+
+    @property
+    def states_known(self) -> bool:
+        """Whether the record says where the turn started and what it produced (``checkpoint_id`` is set)."""
+        return self.checkpoint_id is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,22 +343,42 @@ def _cas(
 def _record_turn(turn: TurnRecord, turns: tuple[TurnRecord, ...]) -> tuple[TurnRecord, ...]:
     """Put ``turn`` first; keep `MAX_TURN_IDS` IDs and the answers of the `MAX_TURN_ANSWERS` newest turns."""
     kept = (turn, *turns)[:MAX_TURN_IDS]
-    return tuple(t if i < MAX_TURN_ANSWERS or t.answer is None else TurnRecord(t.turn_id) for i, t in enumerate(kept))
+    return tuple(t if i < MAX_TURN_ANSWERS or t.answer is None else replace(t, answer=None) for i, t in enumerate(kept))
 
 
 def turns_to_json(turns: Sequence[TurnRecord]) -> list[list[str | None]]:
-    """The JSON form of a head's turns, as backends store it: ``[[turn_id, answer or null], ...]``."""
+    """The JSON form of a head's turns, as backends store it: ``[[turn_id, answer or null], ...]``.
+
+    Where each turn started and what it produced go apart, in `turn_states_to_json`'s form: an earlier snapcell
+    reading the same head (servers upgraded one by one) accepts only these pairs, and drops the rest when it writes.
+    """
     return [[t.turn_id, t.answer] for t in turns]
 
 
-def turns_from_json(value: object) -> tuple[TurnRecord, ...]:
-    """Decode `turns_to_json`'s form.
+def turn_states_to_json(turns: Sequence[TurnRecord]) -> dict[str, list[str | None]]:
+    """Where the recorded turns started and what they produced: ``{turn_id: [started_from, checkpoint_id]}`` (hex).
+
+    Keyed by turn ID, so a head rewritten by an earlier snapcell (which keeps the turns, not this) can never pair a
+    turn with another turn's checkpoints: it only loses them.
+    """
+    return {
+        t.turn_id: [None if t.started_from is None else t.started_from.hex(), t.checkpoint_id.hex()]
+        for t in turns
+        if t.checkpoint_id is not None
+    }
+
+
+def turns_from_json(value: object, states: object = None) -> tuple[TurnRecord, ...]:
+    """Decode `turns_to_json`'s form, with `turn_states_to_json`'s when the head has it (None: it has not).
 
     Raises:
         TypeError: The value is not that form (the backend turns this into a `StorageError`).
+        ValueError: A checkpoint ID is not hex.
     """
     if not isinstance(value, list):
         raise TypeError(f"turns is a {type(value).__name__}, not a list")
+    if states is not None and not isinstance(states, dict):
+        raise TypeError(f"turn states is a {type(states).__name__}, not an object")
     turns = []
     for item in value:
         if not (
@@ -357,7 +388,19 @@ def turns_from_json(value: object) -> tuple[TurnRecord, ...]:
             and (item[1] is None or isinstance(item[1], str))
         ):
             raise TypeError("a recorded turn is not [turn_id, answer]")
-        turns.append(TurnRecord(item[0], item[1]))
+        state = states.get(item[0]) if states is not None else None
+        if state is None:
+            turns.append(TurnRecord(item[0], item[1]))
+            continue
+        if not (
+            isinstance(state, list)
+            and len(state) == 2
+            and (state[0] is None or isinstance(state[0], str))
+            and isinstance(state[1], str)
+        ):
+            raise TypeError("a recorded turn's states are not [started_from, checkpoint_id]")
+        started = None if state[0] is None else bytes.fromhex(state[0])
+        turns.append(TurnRecord(item[0], item[1], checkpoint_id=bytes.fromhex(state[1]), started_from=started))
     return tuple(turns)
 
 

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import Conflict, HeadCorrupt
 
-from ._heads import DEFAULT_MAX_HISTORY, Head, RecordHeads, Transition, _Delete, turns_from_json, turns_to_json
+from ._heads import (
+    DEFAULT_MAX_HISTORY,
+    Head,
+    RecordHeads,
+    Transition,
+    _Delete,
+    turn_states_to_json,
+    turns_from_json,
+    turns_to_json,
+)
 from ._pgdb import PostgresDatabase
 
 if TYPE_CHECKING:
@@ -33,10 +42,15 @@ _DDL = (
     lease_expires_at DOUBLE PRECISION NOT NULL DEFAULT 0,
     turns JSON NOT NULL DEFAULT '[]',
     lease_renewed_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    turn_states JSON NOT NULL DEFAULT '{{}}',
     write_token TEXT NOT NULL DEFAULT md5(random()::text)
 )""",
 )
-_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at"
+# Columns added after the table was first made, with their definitions: a table without one gains it on first use.
+_ADDED_COLUMNS = {"turn_states": "JSON NOT NULL DEFAULT '{}'"}
+_COLUMNS = (
+    "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at, turn_states"
+)
 # Conditional writes that lost a race read again and decide again, up to this many times.
 _MAX_ATTEMPTS = 20
 # Heads listed per query by `scan` (each its own short statement: no transaction held open across a long scan).
@@ -49,7 +63,7 @@ def _head(conversation_id: str, row: tuple[Any, ...], where: str) -> Head:
     Raises:
         HeadCorrupt: The row was not written by snapcell (a null in ``history``, ``turns`` of another shape).
     """
-    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at = row
+    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at, states = row
     try:
         if not isinstance(history, list):
             raise TypeError(f"history is a {type(history).__name__}, not an array")
@@ -60,7 +74,7 @@ def _head(conversation_id: str, row: tuple[Any, ...], where: str) -> Head:
             updated_at=float(updated_at),
             lease_owner=None if lease_owner is None else str(lease_owner),
             lease_expires_at=float(lease_expires_at),
-            turns=turns_from_json(turns),
+            turns=turns_from_json(turns, states),
             lease_renewed_at=float(lease_renewed_at),
         )
     except (ValueError, TypeError) as exc:
@@ -117,13 +131,14 @@ class PostgresHeads(RecordHeads):
         self.db = PostgresDatabase(target, max_connections=max_connections, connect_timeout_s=connect_timeout_s)
         try:
             self.db.ensure_table(self.table, "heads", SCHEMA_VERSION, _DDL, create=create)
+            self._add_columns()
         except BaseException:
             self.db.close()
             raise
         from psycopg import sql
 
         name = self.db.identifier(self.table)
-        marks = sql.SQL(", ").join(sql.Placeholder() * 10)
+        marks = sql.SQL(", ").join(sql.Placeholder() * (len(_COLUMNS.split(", ")) + 2))
         self._select = sql.SQL(f"SELECT {_COLUMNS}, write_token FROM {{}} WHERE conversation_id = %s").format(name)
         self._insert = sql.SQL(
             f"INSERT INTO {{}} (conversation_id, {_COLUMNS}, write_token) VALUES ({{}}) "
@@ -138,6 +153,25 @@ class PostgresHeads(RecordHeads):
             f"SELECT conversation_id, {_COLUMNS} FROM {{}} WHERE version != '' AND conversation_id > %s "
             "ORDER BY conversation_id LIMIT %s"
         ).format(name)
+
+    def _add_columns(self) -> None:
+        """Add the columns of `_ADDED_COLUMNS` that the table lacks (another server may at once)."""
+        from psycopg import sql
+        from psycopg.rows import tuple_row
+
+        with self.db.connection(f"prepare table {self.table}") as connection, connection.transaction():
+            cursor = connection.cursor(row_factory=tuple_row)
+            cursor.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+                (self.table,),
+            )
+            present = {row[0] for row in cursor.fetchall()}
+            for column, definition in _ADDED_COLUMNS.items():
+                if column not in present:
+                    alter = sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} ").format(
+                        self.db.identifier(self.table), sql.Identifier(column)
+                    )
+                    cursor.execute(alter + sql.SQL(definition))
 
     @property
     def pool(self) -> ConnectionPool[Any]:
@@ -204,6 +238,7 @@ class PostgresHeads(RecordHeads):
             result.lease_expires_at,
             Json(turns_to_json(result.turns)),
             result.lease_renewed_at,
+            Json(turn_states_to_json(result.turns)),
             secrets.token_hex(8),
         )
         if token is None:

@@ -22,6 +22,7 @@ from ._heads import (
     RecordHeads,
     Transition,
     _Delete,
+    turn_states_to_json,
     turns_from_json,
     turns_to_json,
 )
@@ -45,12 +46,19 @@ CREATE TABLE IF NOT EXISTS heads (
     lease_owner TEXT,
     lease_expires_at REAL NOT NULL,
     turns TEXT NOT NULL DEFAULT '[]',
-    lease_renewed_at REAL NOT NULL DEFAULT 0
+    lease_renewed_at REAL NOT NULL DEFAULT 0,
+    turn_states TEXT NOT NULL DEFAULT '{}'
 )
 """
 # Columns added after the first release, with their definitions, for tables an earlier snapcell made.
-_ADDED_COLUMNS = {"turns": "TEXT NOT NULL DEFAULT '[]'", "lease_renewed_at": "REAL NOT NULL DEFAULT 0"}
-_COLUMNS = "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at"
+_ADDED_COLUMNS = {
+    "turns": "TEXT NOT NULL DEFAULT '[]'",
+    "lease_renewed_at": "REAL NOT NULL DEFAULT 0",
+    "turn_states": "TEXT NOT NULL DEFAULT '{}'",
+}
+_COLUMNS = (
+    "checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at, turn_states"
+)
 _MARKS = ", ".join("?" * (1 + len(_COLUMNS.split(","))))
 _ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[StorageError]]] = [
     ((sqlite3.OperationalError, PermissionError), StorageUnavailable),
@@ -58,7 +66,7 @@ _ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[
 ]
 
 
-_Row = tuple[bytes | None, str, str, float, str | None, float, str, float]
+_Row = tuple[bytes | None, str, str, float, str | None, float, str, float, str]
 
 
 def _head(conversation_id: str, row: _Row, path: Path) -> Head:
@@ -67,7 +75,7 @@ def _head(conversation_id: str, row: _Row, path: Path) -> Head:
     Raises:
         HeadCorrupt: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
     """
-    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at = row
+    checkpoint_id, history, version, updated_at, lease_owner, lease_expires_at, turns, lease_renewed_at, states = row
     try:
         ids = json.loads(history)
         if not isinstance(ids, list):
@@ -79,7 +87,7 @@ def _head(conversation_id: str, row: _Row, path: Path) -> Head:
             updated_at=float(updated_at),
             lease_owner=None if lease_owner is None else str(lease_owner),
             lease_expires_at=float(lease_expires_at),
-            turns=turns_from_json(json.loads(turns)),
+            turns=turns_from_json(json.loads(turns), json.loads(states)),
             lease_renewed_at=float(lease_renewed_at),
         )
     except (ValueError, TypeError) as exc:
@@ -417,6 +425,7 @@ class SQLiteHeads(RecordHeads):
                             result.lease_expires_at,
                             json.dumps(turns_to_json(result.turns)),
                             result.lease_renewed_at,
+                            json.dumps(turn_states_to_json(result.turns)),
                         ),
                     )
                 db.execute("COMMIT")

@@ -439,6 +439,26 @@ class AsyncSession:
         finally:
             self._busy = False
 
+    async def ping(self) -> bool:
+        """Whether the session's worker is alive and answers: one round trip that changes nothing (inline: True).
+
+        Worth a call before reusing a session that sat idle: a worker can die between requests (killed for memory,
+        by a signal), and a run sent to it would fail as `WorkerLost`, as if the run had killed it.
+
+        Returns:
+            True when the worker answered. False when it is gone (it died, or did not answer within a few seconds
+            and was killed): the session's next request then restores its last checkpoint (`WorkerLost`, as after
+            any loss), so check it in instead if what it held matters.
+
+        Raises:
+            SessionError: The session was checked in or is busy.
+        """
+        self._start()
+        try:
+            return await self._backend.ping()
+        finally:
+            self._busy = False
+
     async def reset(self) -> None:
         """Forget every variable and every workspace file, and start from an empty namespace."""
         self._start()

@@ -96,6 +96,11 @@ class Session:
         """See `AsyncSession.reset`."""
         self._call(self._inner.reset())
 
+    def ping(self) -> bool:
+        """See `AsyncSession.ping`."""
+        alive: bool = self._call(self._inner.ping())
+        return alive
+
     def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
         """See `AsyncSession.write_file`."""
         self._call(self._inner.write_file(path, data))

@@ -6,12 +6,14 @@ the tool's settings and services from it, so they never import the tool, and the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from snapcell.errors import StorageUnavailable
+from snapcell.errors import Conflict, StorageError, TurnOutcomeUnknown
+from snapcell.tool._lease import describe
 
 if TYPE_CHECKING:
     from snapcell.heads import AsyncHeads, Head
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from snapcell.tool._lease import TurnLeases
     from snapcell.tool._warm import WarmSessions
 
-__all__ = ["TurnContext"]
+__all__ = ["HeadMove", "TurnContext"]
 
 _T = TypeVar("_T")
 
@@ -61,30 +63,97 @@ class TurnContext:
         return self.pool.isolation == "process" and taken >= self.pool.max_workers
 
     async def bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
-        """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``); TimeoutError after."""
+        """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``); see `TurnLeases.bounded`.
+
+        Raises:
+            TimeoutError: The deadline passed (a `StorageTimeout`), or the store's own did.
+        """
         return await self.leases.bounded(call, timeout_s)
 
     async def read_head(self, conversation_id: str) -> Head | None:
         """Read the conversation's head under the storage deadline.
 
         Raises:
-            StorageUnavailable: No answer within ``storage_timeout_s``.
+            StorageTimeout: No answer within ``storage_timeout_s`` (or the store's own, shorter deadline).
         """
         try:
             return await self.bounded(self.heads.get(conversation_id))
         except TimeoutError as exc:
-            raise self.leases.timed_out(f"reading the head of conversation {conversation_id!r}") from exc
+            raise self.leases.timed_out(f"reading the head of conversation {conversation_id!r}", exc) from exc
 
-    async def write_head(self, what: str, call: Awaitable[str]) -> str:
-        """Await a head write under the storage deadline; ``what`` names it.
+    async def move_head(self, move: HeadMove) -> Head | None:
+        """Await a head write under the storage deadline, and check the outcome it reports.
+
+        A write may land although it reported a failure: its answer was lost (a timeout, a reset connection), or a
+        client's retry of it was refused because the first attempt had landed. So after any failure the head is
+        read back: the write succeeded if the head shows it (``move.landed``), another writer won if it does not.
+
+        Returns:
+            None when the write answered; else the head read back, which shows the write.
 
         Raises:
-            StorageUnavailable: No answer within ``storage_timeout_s``; the write may still land.
+            Conflict: Another writer moved the head (read back: this write is not in it); nothing was overwritten.
+            StorageError: The write failed and the head read back does not show it: it did not land.
+            TurnOutcomeUnknown: The write did not answer in time and the head does not show it yet (it may still
+                land), or the head could not be read back.
         """
         try:
-            return await self.bounded(call)
-        except TimeoutError as exc:
-            raise StorageUnavailable(
-                f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not "
-                "answer and the write may still land; read the head to see"
-            ) from exc
+            await self.bounded(move.write)
+            return None
+        except (TimeoutError, Conflict, StorageError) as exc:
+            current = await self.read_back(move, exc)
+            if current is not None and move.landed(current):
+                return current
+            if isinstance(exc, TimeoutError):
+                raise TurnOutcomeUnknown(
+                    f"{move.what} did not finish ({describe(exc)}) and the head does not show it yet; it may still "
+                    f"land: {move.again}",
+                    conversation_id=move.conversation_id,
+                    turn_id=move.turn_id,
+                ) from exc
+            raise
+
+    async def read_back(self, move: HeadMove, error: BaseException) -> Head | None:
+        """Read the head after a failed write, retrying within one storage deadline (10 s without one).
+
+        Raises:
+            TurnOutcomeUnknown: The head could not be read.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.storage_timeout_s or 10.0)
+        delay = 0.05
+        while True:
+            try:
+                return await self.bounded(self.heads.get(move.conversation_id), max(deadline - loop.time(), 0.01))
+            except (TimeoutError, StorageError) as exc:
+                if loop.time() + delay >= deadline:
+                    raise TurnOutcomeUnknown(
+                        f"{move.what} failed ({describe(error)}) and reading the head back failed too "
+                        f"({describe(exc)}): it may or may not have landed; {move.again}",
+                        conversation_id=move.conversation_id,
+                        turn_id=move.turn_id,
+                    ) from error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeadMove:
+    """One head write and how to tell, from the head read back, whether it landed (`TurnContext.move_head`).
+
+    Attributes:
+        conversation_id: The conversation whose head moves.
+        write: The write (``heads.compare_and_set(...)``), not yet awaited.
+        turn_id: The ID recorded with the write (a turn's, a rewind's ...), for `TurnOutcomeUnknown`.
+        landed: Whether a head read back shows this write (its turn record, its new checkpoint).
+        what: What the write does, for messages ("saving turn 't1' of conversation 'c'").
+        again: What a caller does when the outcome is unknown (call again with the same ``turn_id``, and what
+            that does).
+    """
+
+    conversation_id: str
+    write: Awaitable[str]
+    turn_id: str
+    landed: Callable[[Head], bool]
+    what: str
+    again: str

@@ -17,10 +17,10 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
-from snapcell.errors import ConversationBusy, SnapcellError, StorageUnavailable
+from snapcell.errors import ConversationBusy, SnapcellError, StorageTimeout
 from snapcell.heads import AsyncHeads, Head, HeadStore, RecordHeads, call_head_store, new_lease_owner
 
-__all__ = ["Lease", "TurnLeases"]
+__all__ = ["Lease", "TurnLeases", "describe"]
 
 log = logging.getLogger("snapcell")
 _POLL_MIN_S = 0.01
@@ -28,6 +28,11 @@ _POLL_MAX_S = 0.25
 # A failed turn waits this long for its lease to be given back before it reports; retries go on in the background.
 RELEASE_WAIT_S = 2.0
 _T = TypeVar("_T")
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as a message shows it: its text, or its type when it has none (a bare ``TimeoutError()``)."""
+    return str(exc) or type(exc).__name__
 
 
 class Lease:
@@ -48,9 +53,15 @@ class Lease:
         self._read = False
         self._head: Head | None = None
 
-    def released_with_head(self) -> None:
-        """Note that a head update (``release_lease=True``) gave the lease back."""
-        self.held = False
+    def released_with_head(self, read_back: Head | None = None) -> None:
+        """Note that a head update (``release_lease=True``) gave the lease back.
+
+        Args:
+            read_back: After a write whose answer was lost: the head read back that shows the write; the lease is
+                noted as given back only if that head no longer names it.
+        """
+        if read_back is None or read_back.lease_owner != self.owner:
+            self.held = False
 
     def keep_head(self, head: Head | None) -> None:
         """Keep the head that the store returned with the lease, in the same call."""
@@ -95,18 +106,49 @@ class TurnLeases:
             getattr(cls, name) is getattr(RecordHeads, name) for name in ("get", "acquire_lease")
         )
 
+    @property
+    def release_wait_s(self) -> float:
+        """How long a failed turn waits for its lease to be given back before it reports: 2 s, at most
+        ``storage_timeout_s`` (the release goes on in the background after that)."""
+        return min(RELEASE_WAIT_S, self.storage_timeout_s or RELEASE_WAIT_S)
+
     async def bounded(self, call: Awaitable[_T], timeout_s: float | None = None) -> _T:
-        """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``); TimeoutError after."""
+        """Await a head-store call for at most ``timeout_s`` (default ``storage_timeout_s``).
+
+        Raises:
+            StorageTimeout: This deadline passed (its message and ``timeout_s`` name the limit that applied), or the
+                store gave up by itself first: its own `StorageTimeout` (a store's deadline, shorter than this one),
+                raised unchanged, or another `TimeoutError`, raised as a `StorageTimeout` with the time waited.
+        """
         limit = self.storage_timeout_s if timeout_s is None else timeout_s
         if limit is None:
             return await call
-        return await asyncio.wait_for(call, limit)
+        deadline = asyncio.timeout(limit)
+        started = time.monotonic()
+        try:
+            async with deadline:
+                return await call
+        except StorageTimeout:
+            raise  # the store's own deadline: its error names it
+        except TimeoutError as exc:
+            if deadline.expired():
+                which = "storage_timeout_s" if timeout_s is None else "what was left of storage_timeout_s"
+                message, waited = f"the head store did not answer within {limit:.3g} s ({which})", limit
+            else:
+                waited = time.monotonic() - started
+                message = f"the head store gave up after {max(waited, 0.001):.3g} s ({describe(exc)})"
+            raise StorageTimeout(message, operation="head store call", timeout_s=waited) from exc
 
-    def timed_out(self, what: str) -> StorageUnavailable:
-        """The error for a head-store read or lease call that did not answer in time; ``what`` names the call."""
-        return StorageUnavailable(
-            f"{what} timed out after {self.storage_timeout_s:g} s (storage_timeout_s): the head store did not answer; "
-            "nothing was changed, the turn may be retried"
+    def timed_out(self, what: str, exc: TimeoutError) -> StorageTimeout:
+        """The error for a head-store read or lease call that did not answer in time; ``what`` names the call.
+
+        Its message and ``timeout_s`` say which deadline passed (this tool's ``storage_timeout_s``, or the store's
+        own, shorter one) and how long it was.
+        """
+        return StorageTimeout(
+            f"{what} timed out: {describe(exc)}; nothing was changed, the turn may be retried",
+            operation=what,
+            timeout_s=exc.timeout_s if isinstance(exc, StorageTimeout) else self.storage_timeout_s or 0.0,
         )
 
     @contextlib.asynccontextmanager
@@ -140,7 +182,7 @@ class TurnLeases:
                     # waiting a little for it; if the store stays down, this holder's next turn takes it over at
                     # once and everyone else's when it expires.
                     release = self.in_background(self.release(conversation_id, lease.owner))
-                    await asyncio.wait({release}, timeout=min(RELEASE_WAIT_S, self.storage_timeout_s or RELEASE_WAIT_S))
+                    await asyncio.wait({release}, timeout=self.release_wait_s)
 
     async def _acquire(self, lease: Lease) -> None:
         deadline = time.monotonic() + self.wait_s
@@ -163,7 +205,7 @@ class TurnLeases:
             return await self.bounded(asyncio.shield(attempt))
         except TimeoutError as exc:
             self.in_background(self.release(conversation_id, owner, after=attempt))
-            raise self.timed_out(f"taking the lease of conversation {conversation_id!r}") from exc
+            raise self.timed_out(f"taking the lease of conversation {conversation_id!r}", exc) from exc
         except asyncio.CancelledError:
             self.in_background(self.release(conversation_id, owner, after=attempt))
             raise
@@ -228,7 +270,7 @@ class TurnLeases:
                 # A failed renewal is not the turn's failure: try again next time; if the lease really lapses,
                 # the head update is refused with Conflict and nothing is overwritten.
                 log.warning(
-                    "snapcell: renewing the lease of conversation %r failed: %s", conversation_id, exc or "timeout"
+                    "snapcell: renewing the lease of conversation %r failed: %s", conversation_id, describe(exc)
                 )
 
     async def release(self, conversation_id: str, owner: str, *, after: asyncio.Future[bool] | None = None) -> None:
@@ -247,7 +289,7 @@ class TurnLeases:
                     log.warning(
                         "snapcell: giving back the lease of conversation %r failed: %s; it expires by itself",
                         conversation_id,
-                        exc or "timeout",
+                        describe(exc),
                     )
                     return
                 await asyncio.sleep(delay)

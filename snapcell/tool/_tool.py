@@ -18,7 +18,15 @@ from typing import Any
 
 from snapcell.conversation import Conversation
 from snapcell.errors import ConfigError
-from snapcell.heads import AsyncHeads, Head, HeadStore, default_heads, validate_conversation_id, validate_turn_id
+from snapcell.heads import (
+    AsyncHeads,
+    Head,
+    HeadStore,
+    TurnRecord,
+    default_heads,
+    validate_conversation_id,
+    validate_turn_id,
+)
 from snapcell.interpreter import validate_lookup
 from snapcell.limits import Limits
 from snapcell.pool import AsyncPool, Pool
@@ -32,7 +40,7 @@ from snapcell.tool._answer import (
     tool_call_arguments,
     tool_signatures,
 )
-from snapcell.tool._context import TurnContext
+from snapcell.tool._context import HeadMove, TurnContext
 from snapcell.tool._files import files_at_head, put_file
 from snapcell.tool._lease import TurnLeases
 from snapcell.tool._records import CANCELLED_NOTE
@@ -83,8 +91,11 @@ class CodeTool:
             dead process's lease ever expires. Servers sharing a head store should use the same value.
         lease_wait_s: Seconds a turn waits for another turn of the same conversation before `ConversationBusy`.
         storage_timeout_s: Deadline of every head-store call of a turn (read, lease, write, read-back), default
-            10 s; a head store that does not answer fails the turn with `StorageUnavailable` naming the call.
-            None waits for ever. Store calls inside load and dump are bounded by the store's own settings.
+            10 s; a head store that does not answer fails the turn with `StorageTimeout` (a `StorageUnavailable`)
+            naming the call, or `TurnOutcomeUnknown` for a write. A store that stops answering fails a turn at
+            most 2 x ``storage_timeout_s`` + 2 s after it stopped: the write, its read-back, then up to 2 s (never
+            more than ``storage_timeout_s``) waiting to give the lease back. None waits for ever (a read-back still
+            gives up after 10 s). Store calls inside load and dump are bounded by the store's own settings.
         mounts: Host directories readable at ``name/`` in every session's workspace (``{"data": "/srv/datasets"}``);
             never writable, never saved (process mode).
         holder_id: This tool's name in the leases it takes (letters, digits, ``_ : . -``, at most 96). A later turn
@@ -220,11 +231,13 @@ class CodeTool:
         head to the new checkpoint, keeping the previous one in its history. The head moves after every turn whose
         code ran, also when the script failed or timed out: those are in the answer, for the model to fix.
 
-        Each turn has an ID, recorded in the head with the turn's answer when the head moves. Pass your own
-        ``turn_id`` (the model's tool-call ID, say) to make the call safe to retry: a turn whose ID is already
-        committed returns the committed answer and does not run again. A failed head write is read back before it
-        is reported, so `StorageError` and `Conflict` mean the head did not move; `TurnOutcomeUnknown` means that
-        could not be told, and a retry with the same ``turn_id`` settles it.
+        Each turn has an ID, recorded in the head with the turn's answer (and where the turn started and the
+        checkpoint it made) when the head moves. Pass your own ``turn_id`` (the model's tool-call ID, say) to make
+        the call safe to retry: a turn whose ID is already committed returns the committed answer and does not run
+        again. A failed head write is read back before it is reported, so `StorageError` and `Conflict` mean the head
+        did not move; `TurnOutcomeUnknown` means that could not be told, and a retry with the same ``turn_id``
+        settles it: the state then holds the turn once, but if the first run was not saved the code runs again, and
+        so do the host functions it calls.
 
         If the head's checkpoint expired or was deleted, the code runs on the newest checkpoint in the history that
         still loads (or in an empty session if none does), the history is kept, and the answer says in one line
@@ -238,7 +251,9 @@ class CodeTool:
         (in memory: the application's next `ConversationStore.add_messages` stores them with the turn's messages).
         A crash between the head's move and that save leaves the stored conversation as it was before the turn,
         messages and state alike; retrying the turn with the same ``turn_id`` returns the committed answer and
-        records its checkpoint, without running the code again. Every run's usage is added to
+        records its checkpoint, without running the code again, if the turn started from the state the
+        conversation stands on; one that started elsewhere (the conversation was truncated or forked since) raises
+        `TurnOnOtherBranch` and nothing is adopted. Every run's usage is added to
         ``Conversation.usage``, also of runs that failed, timed out, were cancelled or lost their worker.
 
         Cancelling the task that awaits this interrupts the script where it is (in process mode and for async code
@@ -262,8 +277,11 @@ class CodeTool:
                 ran, the message says whether that turn is running or its lease went stale.
             Conflict: Another turn moved the conversation's head while this turn ran; this turn's changes were not
                 saved and the conversation's head is the other turn's.
-            TurnOutcomeUnknown: The head write failed and the head could not be read back (a `StorageError`): the
-                turn may be saved or not; retry with the same ``turn_id``.
+            TurnOnOtherBranch: With a `Conversation`: ``turn_id`` was committed from another state than the
+                conversation's (a `Conflict`); nothing ran and nothing changed: call again with a new ``turn_id``.
+            TurnOutcomeUnknown: The head write failed and the head could not be read back, or did not answer in time
+                and does not show the turn yet (a `StorageError`): the turn may be saved or not; call again with the
+                same ``turn_id`` (the code and its host functions run again if it was not saved).
             StorageError: The checkpoint or head store failed or did not answer within ``storage_timeout_s``; the
                 head did not move, the turn may be retried.
             CheckpointCorrupt: The head's checkpoint was altered or signed with another key (check the keys after a
@@ -309,6 +327,8 @@ class CodeTool:
             WorkspacePathError: The path is absolute, climbs out, or lies in a mount; nothing changed.
             WorkspaceQuotaExceeded: The workspace would exceed its quota; nothing changed.
             Conflict: Another turn moved the head meanwhile; this write was not saved.
+            TurnOutcomeUnknown: The head write failed and the head could not be read back, or does not show it yet;
+                call again with the same ``turn_id``.
             StorageError: The stores failed; the head did not move.
         """
         return await put_file(self._context, conversation_id, path, data, turn_id=turn_id)
@@ -330,21 +350,35 @@ class CodeTool:
 
     # ------------------------------------------------------------ history ops
 
-    async def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:
+    async def rewind(self, conversation_id: str, turns: int = 1, *, turn_id: str | None = None) -> bytes | None:
         """Move the conversation's head back ``turns`` turns in its history; return the new current checkpoint ID.
 
         The IDs rewound over leave the history (their checkpoints stay in storage until they expire). Waits for a
-        turn in progress, like `run_code`.
+        turn in progress, like `run_code`. The rewind is recorded in the head under ``turn_id``, like a turn: called
+        again with a turn ID already committed, nothing moves and the head's current checkpoint ID is returned. A
+        failed head write is read back before it is reported, as a turn's is.
+
+        Args:
+            conversation_id: The conversation.
+            turns: How many turns to go back.
+            turn_id: The rewind's idempotency key (rules of a conversation ID); default: a new random one.
 
         Raises:
             ConfigError: The conversation has no head, or fewer than ``turns`` earlier checkpoints in its history.
-            Conflict: A turn held the conversation for ``lease_wait_s``; nothing changed.
+            ConversationBusy: A turn held the conversation for ``lease_wait_s``; nothing changed.
+            Conflict: Another turn moved the head meanwhile (read back: this rewind did not land); nothing changed.
+            TurnOutcomeUnknown: The head write failed and the head could not be read back, or does not show it yet;
+                call again with the same ``turn_id``.
+            StorageError: The head store failed; the head did not move.
         """
         validate_conversation_id(conversation_id)
         if not isinstance(turns, int) or turns < 1:
             raise ConfigError(f"turns must be a positive integer, not {turns!r}")
+        turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
         async with self._leases.hold(conversation_id) as lease:
             head = self._known(conversation_id, await self._context.read_head(conversation_id))
+            if head.turn(turn_id) is not None:
+                return head.checkpoint_id
             if len(head.history) < turns:
                 raise ConfigError(
                     f"conversation {conversation_id!r} has {len(head.history)} earlier checkpoints in its history; "
@@ -358,27 +392,72 @@ class CodeTool:
                 history=head.history[turns:],
                 owner=lease.owner,
                 release_lease=True,
+                turn=TurnRecord(
+                    turn_id, f"rewind {turns} turn{'s' if turns > 1 else ''} to checkpoint ...{target.hex()[-16:]}"
+                ),
             )
-            await self._context.write_head(f"rewinding conversation {conversation_id!r}", rewind)
-            lease.released_with_head()
+            current = await self._context.move_head(
+                HeadMove(
+                    conversation_id=conversation_id,
+                    write=rewind,
+                    turn_id=turn_id,
+                    landed=lambda moved: moved.turn(turn_id) is not None,
+                    what=f"rewinding conversation {conversation_id!r}",
+                    again=f"call rewind again with turn_id={turn_id!r}: if it landed, the head does not move again",
+                )
+            )
+            lease.released_with_head(current)
             return target
 
-    async def fork(self, conversation_id: str, new_conversation_id: str) -> bytes | None:
+    async def fork(self, conversation_id: str, new_conversation_id: str, *, turn_id: str | None = None) -> bytes | None:
         """Start ``new_conversation_id`` at the same checkpoint (and history) as ``conversation_id``.
 
-        Both conversations then go their own ways; checkpoints are immutable, so nothing is copied.
+        Both conversations then go their own ways; checkpoints are immutable, so nothing is copied. The fork is
+        recorded in the new conversation's head under ``turn_id``: called again with it, once the fork landed, it
+        returns the new conversation's checkpoint ID and changes nothing. A failed head write is read back before it
+        is reported, as a turn's is.
+
+        Args:
+            conversation_id: The conversation to fork.
+            new_conversation_id: The new conversation.
+            turn_id: The fork's idempotency key (rules of a conversation ID); default: a new random one.
 
         Returns:
             The checkpoint ID both conversations now stand on.
 
         Raises:
             ConfigError: ``conversation_id`` has no head.
-            Conflict: ``new_conversation_id`` already exists; nothing changed.
+            Conflict: ``new_conversation_id`` already exists (read back: not made by this fork); nothing changed.
+            TurnOutcomeUnknown: The head write failed and the head could not be read back, or does not show it yet;
+                call again with the same ``turn_id``.
+            StorageError: The head store failed; nothing was created.
         """
         validate_conversation_id(new_conversation_id)
+        if turn_id is None:
+            turn_id = secrets.token_hex(16)  # a new one: no earlier call to look for
+        else:
+            validate_turn_id(turn_id)
+            forked = await self._context.read_head(new_conversation_id)
+            if forked is not None and forked.turn(turn_id) is not None:
+                return forked.checkpoint_id
         head = self._known(conversation_id, await self._context.read_head(validate_conversation_id(conversation_id)))
-        fork = self._context.heads.compare_and_set(new_conversation_id, None, head.checkpoint_id, history=head.history)
-        await self._context.write_head(f"creating conversation {new_conversation_id!r}", fork)
+        fork = self._context.heads.compare_and_set(
+            new_conversation_id,
+            None,
+            head.checkpoint_id,
+            history=head.history,
+            turn=TurnRecord(turn_id, f"fork of conversation {conversation_id!r}"),
+        )
+        await self._context.move_head(
+            HeadMove(
+                conversation_id=new_conversation_id,
+                write=fork,
+                turn_id=turn_id,
+                landed=lambda moved: moved.turn(turn_id) is not None,
+                what=f"creating conversation {new_conversation_id!r} (a fork of {conversation_id!r})",
+                again=f"call fork again with turn_id={turn_id!r}: if it landed, nothing is created again",
+            )
+        )
         return head.checkpoint_id
 
     async def head(self, conversation_id: str) -> Head | None:
@@ -473,14 +552,14 @@ class SyncCodeTool:
         answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup, turn_id=turn_id))
         return answer
 
-    def rewind(self, conversation_id: str, turns: int = 1) -> bytes | None:
+    def rewind(self, conversation_id: str, turns: int = 1, *, turn_id: str | None = None) -> bytes | None:
         """See `CodeTool.rewind`."""
-        target: bytes | None = self._pool.call(self._inner.rewind(conversation_id, turns))
+        target: bytes | None = self._pool.call(self._inner.rewind(conversation_id, turns, turn_id=turn_id))
         return target
 
-    def fork(self, conversation_id: str, new_conversation_id: str) -> bytes | None:
+    def fork(self, conversation_id: str, new_conversation_id: str, *, turn_id: str | None = None) -> bytes | None:
         """See `CodeTool.fork`."""
-        target: bytes | None = self._pool.call(self._inner.fork(conversation_id, new_conversation_id))
+        target: bytes | None = self._pool.call(self._inner.fork(conversation_id, new_conversation_id, turn_id=turn_id))
         return target
 
     def head(self, conversation_id: str) -> Head | None:

@@ -14,11 +14,9 @@ from snapcell.conversation import Conversation
 from snapcell.errors import (
     CheckpointExpired,
     CheckpointNotFound,
-    Conflict,
     RunCancelled,
     SnapcellError,
-    StorageError,
-    TurnOutcomeUnknown,
+    TurnOnOtherBranch,
     WorkerLost,
     WorkspaceQuotaExceeded,
 )
@@ -26,6 +24,7 @@ from snapcell.heads import Head, TurnRecord
 from snapcell.interpreter import RunResult
 from snapcell.session import AsyncSession
 from snapcell.tool._answer import cut_answer, dropped_in_turn, lost_note, render_answer, replayed, without_dropped_notes
+from snapcell.tool._context import HeadMove
 from snapcell.tool._records import CANCELLED_NOTE, cancelled_notes, conversation_head, count_run
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from snapcell.tool._lease import Lease
     from snapcell.tool._warm import WarmTurn
 
-__all__ = ["KEPT_ANSWER_CHARS", "STATE_GONE_NOTE", "Turn", "load_head"]
+__all__ = ["KEPT_ANSWER_CHARS", "STATE_GONE_NOTE", "Turn", "load_head", "retry_advice", "shows_write"]
 
 STATE_GONE_NOTE = (
     "the earlier state of this conversation is gone (its checkpoint expired or was deleted); this code ran in a "
@@ -134,12 +133,37 @@ class Turn:
             self.history = await load_head(self.context, warm.session, start, self.notes)
 
     def _replayed(self, done: TurnRecord) -> str:
-        """The answer of a turn ID the head has committed, recording its state in the conversation if it missed it."""
+        """The answer of a turn ID the head has committed, recording its state in the conversation if it missed it.
+
+        Raises:
+            TurnOnOtherBranch: The turn started from another state than the conversation stands on; nothing was
+                adopted.
+        """
         conversation, head = self.conversation, self.head
-        if conversation is not None and head is not None and conversation.last_turn_id != self.turn_id:
-            # Committed by a writer that died before saving the conversation: adopt the turn's state, once.
-            if head.turns and head.turns[0].turn_id == self.turn_id and head.checkpoint_id is not None:
-                conversation.record_turn(head.checkpoint_id, self.turn_id)
+        if conversation is None or head is None:
+            return replayed(done)
+        states = _turn_states(done, head)
+        if states is None:
+            return replayed(done)  # an earlier snapcell's record, no longer the head's latest: nothing to check
+        started_from, produced = states
+        if produced.hex() in conversation.checkpoints.values() or _descends(head, conversation.checkpoint_id, produced):
+            return replayed(done)  # the conversation holds the turn's state already
+        if started_from != conversation.checkpoint_id:
+            # Its state is that of another branch (the conversation was truncated or forked since the turn ran, or
+            # another copy of it ran the turn): adopting it would put that branch's variables under this transcript.
+            raise TurnOnOtherBranch(
+                f"turn {self.turn_id!r} of conversation {self.conversation_id!r} was committed on another branch: "
+                f"it started from {_short(started_from)}, and this conversation stands on "
+                f"{_short(conversation.checkpoint_id)} (it was truncated or forked since, or another copy of it ran "
+                "the turn); its answer and state were not adopted, nothing ran and nothing changed. To run the code "
+                "on this conversation's state, call again with a new turn_id",
+                conversation_id=self.conversation_id,
+                turn_id=self.turn_id,
+                started_from=started_from,
+                expected=conversation.checkpoint_id,
+            )
+        # Committed by a writer that died before saving the conversation: adopt the turn's state, once.
+        conversation.record_turn(produced, self.turn_id)
         return replayed(done)
 
     def _count(self, result: RunResult, *, bytes_stored: int = 0) -> None:
@@ -185,7 +209,10 @@ class Turn:
         context, lease, turn_id = self.context, self.lease, self.turn_id
         answer = render_answer(result, self.notes, max_chars=context.max_answer_chars)
         record = TurnRecord(
-            turn_id, answer if len(answer) <= KEPT_ANSWER_CHARS else cut_answer(answer, KEPT_ANSWER_CHARS)
+            turn_id,
+            answer if len(answer) <= KEPT_ANSWER_CHARS else cut_answer(answer, KEPT_ANSWER_CHARS),
+            checkpoint_id=new_id,
+            started_from=self.start.checkpoint_id if self.start is not None else None,
         )
         write = context.heads.compare_and_set(
             self.conversation_id,
@@ -196,54 +223,71 @@ class Turn:
             release_lease=True,
             turn=record,
         )
-        try:
-            await context.bounded(write)
-        except (TimeoutError, Conflict, StorageError) as exc:
-            # The write may have landed although it reported a failure (a reply lost on the way back, a retried
-            # request on S3): read the head back before saying anything about it.
-            current = await self._read_back(exc)
-            if current is None or (current.turn(turn_id) is None and current.checkpoint_id != new_id):
-                if isinstance(exc, TimeoutError):
-                    raise TurnOutcomeUnknown(
-                        f"saving turn {turn_id!r} of conversation {self.conversation_id!r} did not finish within "
-                        f"{context.storage_timeout_s:g} s (storage_timeout_s) and the head does not show it yet; it "
-                        f"may still land: run the turn again with turn_id={turn_id!r} (it will not run twice)",
-                        conversation_id=self.conversation_id,
-                        turn_id=turn_id,
-                    ) from exc
-                raise
-            if current.lease_owner != lease.owner:
-                lease.released_with_head()
-            committed = current.turn(turn_id)
-            return committed.answer if committed is not None and committed.answer is not None else answer
-        lease.released_with_head()
-        return answer
+        current = await context.move_head(
+            HeadMove(
+                conversation_id=self.conversation_id,
+                write=write,
+                turn_id=turn_id,
+                landed=lambda head: shows_write(head, turn_id, new_id) or head.checkpoint_id == new_id,
+                what=f"saving turn {turn_id!r} of conversation {self.conversation_id!r}",
+                again=retry_advice(turn_id),
+            )
+        )
+        lease.released_with_head(current)
+        committed = current.turn(turn_id) if current is not None else None
+        return committed.answer if committed is not None and committed.answer is not None else answer
 
-    async def _read_back(self, error: BaseException) -> Head | None:
-        """Read the head after a failed write, retrying within one storage deadline.
 
-        Raises:
-            TurnOutcomeUnknown: The head could not be read.
-        """
-        context, conversation_id, turn_id = self.context, self.conversation_id, self.turn_id
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (context.storage_timeout_s or 10.0)
-        delay = 0.05
-        while True:
-            try:
-                return await context.bounded(context.heads.get(conversation_id), max(deadline - loop.time(), 0.01))
-            except (TimeoutError, StorageError) as exc:
-                if loop.time() + delay >= deadline:
-                    why = str(error) or f"no answer within {context.storage_timeout_s:g} s"
-                    raise TurnOutcomeUnknown(
-                        f"saving turn {turn_id!r} of conversation {conversation_id!r} failed ({why}) and reading "
-                        f"the head back failed too ({exc or 'no answer'}): the turn may or may not be saved; run it "
-                        f"again with turn_id={turn_id!r}: if it was saved you get its answer and it does not run twice",
-                        conversation_id=conversation_id,
-                        turn_id=turn_id,
-                    ) from error
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+def shows_write(head: Head, turn_id: str, checkpoint_id: bytes | None) -> bool:
+    """Whether ``head`` records the write of ``turn_id`` that moved it to ``checkpoint_id``.
+
+    The turn ID is enough for a record of an earlier snapcell (it keeps no checkpoint), and for one that names
+    none (a move to an empty session).
+    """
+    record = head.turn(turn_id)
+    return record is not None and (not record.states_known or record.checkpoint_id == checkpoint_id)
+
+
+def retry_advice(turn_id: str) -> str:
+    """What a caller does after `TurnOutcomeUnknown` of a turn, and what is guaranteed then."""
+    return (
+        f"run the turn again with turn_id={turn_id!r}: if it was saved, you get its answer and its code does not run "
+        "again; if it was not, its code runs again (and so do the host functions it calls); either way the "
+        "conversation's state holds the turn once"
+    )
+
+
+def _turn_states(record: TurnRecord, head: Head) -> tuple[bytes | None, bytes] | None:
+    """Where a committed turn started and the checkpoint it produced; None when that cannot be told.
+
+    A record of an earlier snapcell keeps neither; while its turn is the head's latest, the head tells both: the
+    turn produced the head's checkpoint and started from the one before it.
+    """
+    if record.checkpoint_id is not None:
+        return record.started_from, record.checkpoint_id
+    if head.turns and head.turns[0].turn_id == record.turn_id and head.checkpoint_id is not None:
+        return (head.history[0] if head.history else None), head.checkpoint_id
+    return None
+
+
+def _descends(head: Head, state: bytes | None, ancestor: bytes) -> bool:
+    """Whether ``state`` is ``ancestor`` or was made from it by later turns, as the head's turn records tell it."""
+    for _ in range(len(head.turns) + 1):
+        if state is None:
+            return False
+        if state == ancestor:
+            return True
+        # Each turn's checkpoint is new (a dump), so at most one record produced it.
+        made = next((t for t in head.turns if t.checkpoint_id == state), None)
+        if made is None:
+            return False
+        state = made.started_from
+    return False
+
+
+def _short(checkpoint_id: bytes | None) -> str:
+    # The end of an ID: its start is a format byte and a timestamp, the same for checkpoints made close together.
+    return "an empty session" if checkpoint_id is None else f"checkpoint ...{checkpoint_id.hex()[-16:]}"
 
 
 async def load_head(

@@ -2,9 +2,11 @@
 
 A kept session is reused only when the conversation's head still names the checkpoint that session dumped at
 the end of its turn (and dropped nothing from it), so the namespace it holds is exactly what a load would
-restore. Any other head (another server's turn, a rewind, a failed head write) checks the warm session in and
-the turn loads as usual. Sessions are kept for ``keep_warm_s``, at most ``max_sessions`` of them and at most
-``max_bytes`` of worker memory in all; the oldest go first. Evicted sessions are checked in.
+restore, and when its worker still answers (it may have died while it was kept: a run sent to it would fail as if
+the code had killed it). Any other head (another server's turn, a rewind, a failed head write), or a worker that
+does not answer, checks the warm session in and the turn loads as usual. Sessions are kept for ``keep_warm_s``,
+at most ``max_sessions`` of them and at most ``max_bytes`` of worker memory in all; the oldest go first. Evicted
+and expired sessions are checked in.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -33,6 +36,7 @@ class _Kept:
     checkpoint_id: bytes
     memory_bytes: int
     timer: asyncio.TimerHandle | None = None
+    until: float = 0.0  # when it is due to be checked in, on `WarmSessions.clock`
 
 
 @dataclass(slots=True)
@@ -60,18 +64,33 @@ class WarmSessions:
         keep_warm_s: Seconds a session is kept after its turn; 0 keeps none.
         max_sessions: Sessions kept at once.
         max_bytes: Worker memory (as last reported by each run) the kept sessions may hold in all; None: no bound.
+        clock: Monotonic seconds, which the keep time is counted on; injectable for tests (a timer wakes at the
+            keep time and checks in what the clock says is due; every turn also checks in what is due).
+
+    Attributes:
+        reused: Turns that ran in a kept session.
+        dead: Kept sessions found with a worker that no longer answered, and checked in instead of reused.
     """
 
-    def __init__(self, *, keep_warm_s: float, max_sessions: int, max_bytes: int | None) -> None:
+    def __init__(
+        self,
+        *,
+        keep_warm_s: float,
+        max_sessions: int,
+        max_bytes: int | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.keep_warm_s = keep_warm_s
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
+        self.clock = clock
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
         # Check-ins of finished turns, started by `start_checkins` once the turn's answer is returned.
         self._checkins: list[Coroutine[Any, Any, None]] = []
         self._waiting = 0  # turns waiting for a new checkout
         self.reused = 0
+        self.dead = 0
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -109,15 +128,21 @@ class WarmSessions:
             room_needed: True while a new checkout would wait for a slot that a warm session holds; the
                 oldest warm sessions are checked in until it is False.
         """
+        self._check_in_due()
         kept = self._kept.pop(conversation_id, None)
         if kept is not None and kept.timer is not None:
             kept.timer.cancel()
-        if kept is not None and head_checkpoint is not None and kept.checkpoint_id == head_checkpoint:
+        if (
+            kept is not None
+            and head_checkpoint is not None
+            and kept.checkpoint_id == head_checkpoint
+            and await self._answers(kept)
+        ):
             self.reused += 1
             turn = WarmTurn(kept.session, True, kept.stack)
         else:
             if kept is not None:
-                await kept.stack.aclose()
+                await self._checkin(kept.stack)
             while self._kept and room_needed():
                 await self._evict(next(iter(self._kept)))
             stack = AsyncExitStack()
@@ -141,8 +166,21 @@ class WarmSessions:
             return
         await self._keep(conversation_id, _Kept(turn._stack, turn.session, turn._dumped, turn._memory_bytes))
 
+    async def _answers(self, kept: _Kept) -> bool:
+        """Whether a kept session's worker is alive and answers (a round trip); one that does not is not reused."""
+        try:
+            alive = await kept.session.ping()
+        except SnapcellError as exc:
+            log.debug("snapcell: a warm session did not answer: %s", exc)
+            alive = False
+        if not alive:
+            self.dead += 1
+            log.debug("snapcell: a warm session's worker is gone; the turn loads its checkpoint instead")
+        return alive
+
     async def _keep(self, conversation_id: str, kept: _Kept) -> None:
         self._kept[conversation_id] = kept
+        kept.until = self.clock() + self.keep_warm_s
         kept.timer = asyncio.get_running_loop().call_later(self.keep_warm_s, self._expire, conversation_id, kept)
         while len(self._kept) > self.max_sessions or (
             self.max_bytes is not None and len(self._kept) > 1 and self._bytes() > self.max_bytes
@@ -155,8 +193,24 @@ class WarmSessions:
         return sum(kept.memory_bytes for kept in self._kept.values())
 
     def _expire(self, conversation_id: str, kept: _Kept) -> None:
-        if self._kept.get(conversation_id) is kept:
-            self._in_background(self._evict(conversation_id))
+        """The timer of a kept session: check it in if it is due (on the clock), else look again when it will be."""
+        if self._kept.get(conversation_id) is not kept:
+            return
+        left = kept.until - self.clock()
+        if left > 0:
+            kept.timer = asyncio.get_running_loop().call_later(left, self._expire, conversation_id, kept)
+            return
+        self._check_in_due()
+
+    def _check_in_due(self) -> None:
+        """Check in (in the background) every kept session past its keep time: a timer may fire late."""
+        now = self.clock()
+        for conversation_id, kept in list(self._kept.items()):
+            if kept.until <= now:
+                del self._kept[conversation_id]  # at once: a turn of its conversation must not take it now
+                if kept.timer is not None:
+                    kept.timer.cancel()
+                self._in_background(self._checkin(kept.stack))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)

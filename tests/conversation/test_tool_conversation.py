@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from snapcell import CodeTool, Conversation, Limits, Policy, Pool, WorkerLost
+from snapcell import CodeTool, Conflict, Conversation, Limits, Policy, Pool, WorkerLost
 from snapcell.conversation import FileConversationStore, MemoryConversationStore
-from snapcell.errors import RunCancelled
+from snapcell.errors import RunCancelled, TurnOnOtherBranch
 from snapcell.heads import MemoryHeads
 
 
@@ -107,6 +107,67 @@ def test_fork_forks_messages_and_state_both_continue(inline_pool: Pool) -> None:
         assert [m["tool_call_id"] for m in a.messages if m["role"] == "tool"] == ["c1", "c2", "c4"]
         assert [m["tool_call_id"] for m in b.messages if m["role"] == "tool"] == ["c1", "c3", "c5"]
         assert a.checkpoint_id != b.checkpoint_id
+
+    in_pool(inline_pool, scenario)
+
+
+LOG = "try:\n    log\nexcept NameError:\n    log = []\nlog.append({tag!r})\nlog"
+
+
+def test_a_turn_replayed_after_a_truncate_raced_it_adopts_no_state_of_another_branch(inline_pool: Pool) -> None:
+    """Turn r3 commits on r0 r1 r2 while the conversation is truncated to r0 r1; the call is then answered again
+    with its turn ID. Adopting the committed state would put r2's variables under a transcript without r2."""
+    store = MemoryConversationStore()
+
+    async def scenario(tool: CodeTool) -> None:
+        conversation = Conversation(id="raced")
+        for tag in ("r0", "r1"):
+            await turn(tool, store, conversation, tag, LOG.format(tag=tag))
+        after_r1 = len(conversation.messages)
+        await turn(tool, store, conversation, "r2", LOG.format(tag="r2"))
+        await store.add_messages(conversation, [call("r3", LOG.format(tag="r3"))])
+        editor = await store.load("raced")
+        assert editor is not None
+        # r3 runs and moves the head; its writer dies before saving the conversation. Meanwhile r2 is cut off.
+        assert "'r2', 'r3'" in await tool.run_code(conversation, LOG.format(tag="r3"), turn_id="r3")
+        editor.truncate(after_r1)
+        await store.save(editor)
+        loaded = await store.load("raced")
+        assert loaded is not None
+        at_r1 = loaded.checkpoint_id
+        await store.add_messages(loaded, [call("r3", LOG.format(tag="r3"))])  # the call, answered again
+        with pytest.raises(TurnOnOtherBranch, match="turn 'r3' .* another branch") as info:
+            await tool.run_code(loaded, LOG.format(tag="r3"), turn_id="r3")
+        assert isinstance(info.value, Conflict) and info.value.expected == at_r1
+        assert info.value.started_from is not None and info.value.started_from != at_r1
+        assert loaded.checkpoint_id == at_r1 and loaded.last_turn_id != "r3"  # nothing adopted
+        # What the error says to do: a new turn ID runs the code on this branch's state.
+        answer = await tool.run_code(loaded, LOG.format(tag="r3"), turn_id="r3-again")
+        await store.add_messages(loaded, [result("r3", answer)])
+        assert answer == "['r0', 'r1', 'r3']"
+        assert await tool.run_code(loaded, "log") == "['r0', 'r1', 'r3']"
+
+    in_pool(inline_pool, scenario)
+
+
+def test_a_turn_replayed_on_the_state_it_started_from_adopts_it_and_an_older_one_replays(inline_pool: Pool) -> None:
+    store = MemoryConversationStore()
+
+    async def scenario(tool: CodeTool) -> None:
+        conversation = Conversation(id="crashed")
+        await turn(tool, store, conversation, "r0", LOG.format(tag="r0"))
+        await store.add_messages(conversation, [call("r1", LOG.format(tag="r1"))])
+        stored = await store.load("crashed")  # as stored: r1's writer dies before saving the conversation
+        assert stored is not None
+        await tool.run_code(conversation, LOG.format(tag="r1"), turn_id="r1")
+        assert await tool.run_code(stored, LOG.format(tag="r1"), turn_id="r1") == "['r0', 'r1']"
+        assert stored.last_turn_id == "r1" and stored.checkpoint_id == conversation.checkpoint_id  # adopted
+        await store.add_messages(stored, [result("r1", "['r0', 'r1']")])
+        await turn(tool, store, stored, "r2", LOG.format(tag="r2"))
+        # A late duplicate of r0 (long since in this conversation's past) is answered, and changes nothing.
+        before = stored.checkpoint_id
+        assert await tool.run_code(stored, LOG.format(tag="r0"), turn_id="r0") == "['r0']"
+        assert stored.checkpoint_id == before
 
     in_pool(inline_pool, scenario)
 

@@ -126,3 +126,30 @@ def test_a_head_write_fault_then_a_retry_commits_the_turn_exactly_once(
                 assert session.feed_run("log") == log
     assert code_tool.run_code("conv", CODE.format(turn=2), turn_id="t2") == "[1, 2]"  # and again: still once
     assert marks.turns == ([1, 2] if saved else [1, 2, 2])
+
+
+@pytest.mark.parametrize("move", ["rewind", "fork"])
+def test_a_head_move_whose_answer_is_cut_once_moves_the_head_once_and_says_so(
+    tool: tuple[SyncCodeTool, FaultAtHeadWrite, Marks], proxy: FaultProxy, move: str
+) -> None:
+    """S3 applies the write and the answer is cut; the client retries, and the retry is refused (412) because the
+    first attempt landed. That is the move's success: it used to be reported as `Conflict`, "nothing was
+    overwritten", and a caller that retried the rewind rewound twice."""
+    code_tool, heads, _ = tool
+    for turn in (1, 2, 3):
+        code_tool.run_code("conv", CODE.format(turn=turn), turn_id=f"t{turn}")
+    before = code_tool.head("conv")
+    assert before is not None
+    heads.fault = ("cut", {"cut_after_bytes": 10, "times": 1})  # the write's first attempt only
+    if move == "rewind":
+        result = guarded(lambda: code_tool.rewind("conv", turn_id="undo"))
+        assert result == before.history[0]
+        head = code_tool.head("conv")
+        assert head is not None and head.checkpoint_id == before.history[0] and head.history == before.history[1:]
+        assert code_tool.run_code("conv", "log") == "[1, 2]"  # one turn back, not two
+    else:
+        result = guarded(lambda: code_tool.fork("conv", "conv-fork", turn_id="branch"))
+        forked = code_tool.head("conv-fork")
+        assert result == before.checkpoint_id and forked is not None and forked.checkpoint_id == result
+        assert code_tool.run_code("conv-fork", "log") == "[1, 2, 3]"
+    assert heads.fault is None  # the fault hit this move's head write

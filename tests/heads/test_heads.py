@@ -368,7 +368,41 @@ def test_sqlite_heads_of_an_earlier_schema_gain_turns(tmp_path: Path) -> None:
     assert head is not None and head.checkpoint_id == A and head.turns == ()
     heads.compare_and_set("c", "v1", B, history=[A], turn=TurnRecord("t1", "ok"))
     assert heads.get("c").turns == (TurnRecord("t1", "ok"),)  # type: ignore[union-attr]
+    version = heads.get("c").version  # type: ignore[union-attr]
+    heads.compare_and_set("c", version, C, history=[B], turn=TurnRecord("t2", "ok", checkpoint_id=C, started_from=B))
+    assert heads.get("c").turn("t2") == TurnRecord("t2", "ok", checkpoint_id=C, started_from=B)  # type: ignore[union-attr]
     heads.close()
+
+
+def test_a_turn_record_keeps_where_its_turn_started_and_what_it_made(heads: HeadStore) -> None:
+    from snapcell.heads import TurnRecord
+    from snapcell.heads._heads import MAX_TURN_ANSWERS
+
+    first = TurnRecord("t0", "answer 0", checkpoint_id=A, started_from=None)
+    version = heads.compare_and_set("c", None, A, turn=first)
+    for i in range(1, MAX_TURN_ANSWERS + 2):
+        turn = TurnRecord(f"t{i}", f"answer {i}", checkpoint_id=B, started_from=A)
+        version = heads.compare_and_set("c", version, B, history=[A], turn=turn)
+    heads.compare_and_set("c", version, C, history=[B], turn=TurnRecord("old", "an earlier snapcell's record"))
+    head = heads.get("c")
+    assert head is not None
+    assert head.turn("t0") == TurnRecord("t0", None, checkpoint_id=A, started_from=None)  # its answer went, not this
+    assert head.turn("t1") == TurnRecord("t1", None, checkpoint_id=B, started_from=A)
+    assert head.turn("t5") == TurnRecord("t5", "answer 5", checkpoint_id=B, started_from=A)
+    assert head.turn("old") == TurnRecord("old", "an earlier snapcell's record") and not head.turns[0].states_known
+
+
+def test_turn_states_are_stored_apart_where_an_earlier_snapcell_ignores_them() -> None:
+    from snapcell.heads import TurnRecord
+    from snapcell.heads._heads import turn_states_to_json, turns_from_json, turns_to_json
+
+    turns = (TurnRecord("t2", "two", checkpoint_id=B, started_from=A), TurnRecord("t1", None))
+    pairs, states = turns_to_json(turns), turn_states_to_json(turns)
+    assert pairs == [["t2", "two"], ["t1", None]]  # what an earlier snapcell reads, and all it reads
+    assert turns_from_json(pairs, states) == turns
+    assert turns_from_json(pairs) == (TurnRecord("t2", "two"), TurnRecord("t1"))  # a head an earlier one rewrote
+    with pytest.raises(TypeError):
+        turns_from_json(pairs, {"t2": [A.hex()]})
 
 
 def test_acquire_lease_and_get_reads_the_head_with_the_lease(heads: HeadStore) -> None:

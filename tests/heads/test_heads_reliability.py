@@ -206,6 +206,66 @@ def test_s3_cas_race_between_read_and_write(s3_store: object) -> None:
     assert head is not None and head.checkpoint_id == C and head.version == raced[0]
 
 
+class LandsThenRefused:
+    """A client whose next conditional write lands, then answers 412 PreconditionFailed: what the client's retry of
+    a write whose first answer was lost gets. ``kinds`` are the write methods that do so, once each."""
+
+    def __init__(self, client: object, kinds: set[str]) -> None:
+        self._client = client
+        self.kinds = kinds
+        self.refused: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    def _lands_then_refused(self, name: str, **kwargs: object) -> object:
+        from botocore.exceptions import ClientError
+
+        answer = getattr(self._client, name)(**kwargs)
+        if name not in self.kinds:
+            return answer
+        self.kinds.discard(name)
+        self.refused.append(name)
+        error = {
+            "Code": "PreconditionFailed",
+            "Message": "At least one of the pre-conditions you specified did not hold",
+        }
+        raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 412}}, name)
+
+    def put_object(self, **kwargs: object) -> object:
+        return self._lands_then_refused("put_object", **kwargs)
+
+    def delete_object(self, **kwargs: object) -> object:
+        return self._lands_then_refused("delete_object", **kwargs)
+
+
+@pytest.mark.integration
+def test_s3_a_write_whose_retry_is_refused_because_it_landed_is_a_success(s3_store: object) -> None:
+    """The client retried a write whose answer was lost, and the retry got 412: the first attempt had landed. That
+    is this write's success, not another writer's win (a rewind told Conflict would be retried: rewound twice)."""
+    from snapcell.heads import S3Heads, TurnRecord
+    from snapcell.storage import S3Store
+
+    assert isinstance(s3_store, S3Store)
+    lossy = LandsThenRefused(s3_store.client, {"put_object"})
+    heads = S3Heads(bucket=s3_store.bucket, prefix=s3_store.prefix, client=lossy)
+    created = heads.compare_and_set("c", None, A)  # a create: If-None-Match
+    assert lossy.refused == ["put_object"]
+    head = heads.get("c")
+    assert head is not None and head.checkpoint_id == A and head.version == created
+    lossy.kinds = {"put_object"}
+    moved = heads.compare_and_set("c", created, B, history=[A], turn=TurnRecord("rewind-1", "rewound"))  # If-Match
+    head = heads.get("c")
+    assert head is not None and head.version == moved and head.checkpoint_id == B and head.history == (A,)
+    assert [t.turn_id for t in head.turns] == ["rewind-1"]
+    # Another writer's 412 is still a lost race: the head it wrote stays.
+    with pytest.raises(Conflict, match="moved"):
+        heads.compare_and_set("c", created, C, history=[A])
+    lossy.kinds = {"delete_object"}
+    assert heads.delete("c", expected_version=moved)  # a delete that landed, its retry refused: deleted
+    assert heads.get("c") is None
+
+
 _HAMMER = """
 import sys
 from snapcell import Conflict

@@ -190,6 +190,21 @@ def test_the_heads_table_is_versioned_and_readable_by_a_person(heads: PostgresHe
     assert (checkpoint, history, turns) == (B.decode(), 1, "the answer")
 
 
+def test_a_heads_table_made_before_turn_states_gains_the_column(postgres_url: str) -> None:
+    heads = PostgresHeads(postgres_url)
+    heads.compare_and_set("c", None, A, turn=TurnRecord("t1", "one"))
+    heads.close()
+    _sql(postgres_url, "ALTER TABLE snapcell_heads DROP COLUMN turn_states")  # as the first schema 1 made it
+    heads = PostgresHeads(postgres_url)
+    try:
+        head = heads.get("c")
+        assert head is not None and head.turns == (TurnRecord("t1", "one"),)
+        heads.compare_and_set("c", head.version, B, history=[A], turn=TurnRecord("t2", "two", B, A))
+        assert heads.get("c").turn("t2") == TurnRecord("t2", "two", checkpoint_id=B, started_from=A)  # type: ignore[union-attr]
+    finally:
+        heads.close()
+
+
 def test_a_schema_qualified_table(postgres_url: str) -> None:
     _sql(postgres_url, "CREATE SCHEMA agents")
     heads = PostgresHeads(postgres_url, table="agents.heads")
