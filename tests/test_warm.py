@@ -40,6 +40,19 @@ def _pool(store: MemoryStore, **options: object) -> AsyncPool:
     return AsyncPool(store=store, signing_keys=[KEY], isolation="inline", **options)  # type: ignore[arg-type]
 
 
+def _process_pool(max_workers: int, **options: object) -> AsyncPool:
+    """A process-mode pool whose scripts may reach their worker (to kill or inspect it), on its own store."""
+    return AsyncPool(  # type: ignore[arg-type]
+        store=MemoryStore(),
+        signing_keys=[KEY],
+        isolation="process",
+        policy=Policy.unrestricted(),
+        max_workers=max_workers,
+        checkout_timeout_s=HANG_GUARD_S,
+        **options,
+    )
+
+
 def test_a_warm_conversation_skips_the_load(loads: list[bytes]) -> None:
     async def main() -> tuple[list[str], list[str]]:
         store, heads = MemoryStore(), MemoryHeads()
@@ -153,14 +166,7 @@ def test_a_warm_conversation_whose_idle_worker_died_runs_its_next_turn(loads: li
         return value
 
     async def main() -> tuple[str, int, int, int]:
-        pool = AsyncPool(
-            store=MemoryStore(),
-            signing_keys=[KEY],
-            isolation="process",
-            policy=Policy.unrestricted(),
-            max_workers=2,
-            checkout_timeout_s=HANG_GUARD_S,
-        )
+        pool = _process_pool(2)
         async with pool:
             tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60, tools={"mark": mark})
             await tool.run_code("a", "x = 1")
@@ -197,14 +203,7 @@ def test_a_session_that_dropped_a_variable_is_not_kept_warm(loads: list[bytes]) 
 
 def test_warm_sessions_give_their_worker_to_a_new_conversation() -> None:
     async def main() -> tuple[list[int], str]:
-        pool = AsyncPool(
-            store=MemoryStore(),
-            signing_keys=[KEY],
-            isolation="process",
-            policy=Policy.unrestricted(),
-            max_workers=1,
-            checkout_timeout_s=HANG_GUARD_S,
-        )
+        pool = _process_pool(1)
         async with pool:
             tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60)
             pids = []
@@ -242,15 +241,7 @@ def test_a_spare_worker_that_died_while_it_waited_is_not_handed_to_a_turn(recycl
         return value
 
     async def main() -> str:
-        pool = AsyncPool(
-            store=MemoryStore(),
-            signing_keys=[KEY],
-            isolation="process",
-            policy=Policy.unrestricted(),
-            max_workers=2,
-            recycle_after=recycle_after,
-            checkout_timeout_s=HANG_GUARD_S,
-        )
+        pool = _process_pool(2, recycle_after=recycle_after)
         async with pool:
             tool = CodeTool(pool, heads=MemoryHeads(), tools={"mark": mark})
             try:
@@ -359,14 +350,7 @@ def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_sessi
 
     async def main() -> tuple[int, str, str]:
         release = asyncio.Event()
-        pool = AsyncPool(
-            store=MemoryStore(),
-            signing_keys=[KEY],
-            isolation="process",
-            policy=Policy.unrestricted(),
-            max_workers=2,
-            checkout_timeout_s=HANG_GUARD_S,
-        )
+        pool = _process_pool(2)
         async with pool:
             tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60)
 
