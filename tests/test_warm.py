@@ -17,6 +17,7 @@ from snapcell import AsyncPool, CodeTool, ConfigError, Policy
 from snapcell.heads import MemoryHeads
 from snapcell.session import AsyncSession
 from snapcell.storage import MemoryStore
+from tests import procs
 
 KEY = "warm-test-signing-key-0123456789"
 HANG_GUARD_S = 30.0
@@ -219,17 +220,6 @@ def test_warm_sessions_give_their_worker_to_a_new_conversation() -> None:
     assert "b ran" in other
 
 
-def _exited(pid: int) -> bool:
-    """Whether the process has exited with all its threads (reaped, or a zombie alone in its thread group): its
-    descriptors are closed then. A zombie leader whose other threads are still exiting may hold them a moment."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            zombie = stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
-        return zombie and os.listdir(f"/proc/{pid}/task") == [str(pid)]
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.parametrize("recycle_after", [1, 3], ids=["started-ahead", "recycled"])
 def test_a_spare_worker_that_died_while_it_waited_is_not_handed_to_a_turn(recycle_after: int) -> None:
     """The pool's spare workers (started ahead of a checkout, or kept after one) may die while they wait; one handed
@@ -259,7 +249,7 @@ def test_a_spare_worker_that_died_while_it_waited_is_not_handed_to_a_turn(recycl
                 killed = [w.pid for w in spares()]
                 for pid in killed:
                     os.kill(pid, signal.SIGKILL)
-                assert await _until(lambda: all(_exited(pid) for pid in killed))
+                assert await _until(lambda: all(procs.exited(pid) for pid in killed))
                 return await tool.run_code("b", "mark(1)\n'b ran'")
             finally:
                 await tool.aclose()

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from snapcell import ConfigError, Limits, MemoryLimitExceeded, Policy, Pool, ScriptError, ScriptSyntaxError, WorkerLost
 from snapcell.errors import OutputLimitExceeded
 from snapcell.wire import ScriptValue
+from tests import procs
 
 UNRESTRICTED = Policy.unrestricted()
 # A hang guard for processes to exit, not a timing bound.
@@ -236,21 +236,12 @@ def test_script_errors_cross_as_script_errors(open_pool: Pool) -> None:
     assert "snapcell" not in error.value.traceback_text
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+_alive = procs.alive
 
 
 def _wait_gone(pids: list[int]) -> list[int]:
-    """The pids still alive once they are all gone, or after the hang guard (a killed process exits when the kernel
-    gets to it, not when kill() returns)."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [pid for pid in pids if _alive(pid)]
+    """The pids still alive once they are all gone, or after the hang guard."""
+    return procs.wait_gone(pids, HANG_GUARD_S)
 
 
 def _rss() -> int:

@@ -13,6 +13,7 @@ import pytest
 from snapcell import Policy, Pool
 from snapcell.sandbox._scratch import detach_scratch
 from snapcell.worker import _workersetup
+from tests import procs
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -77,7 +78,7 @@ def test_a_checked_in_workers_scratch_is_unreachable_for_the_next_session() -> N
             )
         assert seen == (False, False)
     # The pool waited for the workers it did not wait for at check-in.
-    assert not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    assert not procs.alive(pid)
 
 
 def test_read_only_paths_are_computed_once_per_import_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._procstat import parent_of
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.sandbox import _lifetime, _sandbox
+from tests import procs
 from tests.sandbox.sandbox_helpers import HANG_GUARD_S, REQUIRED, worker_read_paths
 
 # Forking allowed (RLIMIT_NPROC still bounds it), and a run long enough to outlast every test here.
@@ -69,20 +69,12 @@ HOSTILE = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+_alive = procs.alive
 
 
 def _wait_gone(pids: list[int]) -> list[int]:
     """The pids of ``pids`` still alive after a generous deadline (a hang guard; gone at once when it works)."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-        time.sleep(0.05)
-    return [pid for pid in pids if _alive(pid)]
+    return procs.wait_gone(pids, HANG_GUARD_S)
 
 
 def _kill_left(pids: list[int]) -> None:

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +20,7 @@ from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._procstat import parent_of
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.wire import preload_modules
+from tests import procs
 
 NUMPY = Policy.unrestricted()  # os, to see pids; numpy and pandas preloaded
 HANG_GUARD_S = 60.0
@@ -34,20 +34,11 @@ def numpy_pool() -> Iterator[Pool]:
         yield pool
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is not alive
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+_alive = procs.alive
 
 
 def _wait_gone(pids: list[int]) -> list[int]:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-        time.sleep(0.05)
-    return [pid for pid in pids if _alive(pid)]
+    return procs.wait_gone(pids, HANG_GUARD_S)
 
 
 def _zygote_pid(pool: Pool) -> int:

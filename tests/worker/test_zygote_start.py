@@ -20,6 +20,7 @@ from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._procstat import parent_of
 from snapcell.backends._workerpool import WorkerPool
 from snapcell.wire import preload_modules
+from tests import procs
 
 NUMPY = Policy.unrestricted()  # os and sys, to see pids and modules; numpy (and pandas) preloaded
 HANG_GUARD_S = 60.0
@@ -154,16 +155,7 @@ def test_a_dead_shared_zygote_is_restarted_once_for_every_pool(monkeypatch: pyte
 
 
 def _wait_gone(pid: int) -> bool:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.02)
-    return False
+    return procs.wait_gone([pid], HANG_GUARD_S) == []
 
 
 def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
