@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import math
 import os
 import secrets
@@ -13,7 +14,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, TypeVar
 
 from snapcell._support import SyncLoop
-from snapcell.backends import Backend, InlineBackend, ProcessBackend, WorkerPool
+from snapcell.backends import Backend, InlineBackend, ProcessBackend, WorkerOptions, WorkerPool
 from snapcell.checkpoint import Keyring, PassedFrames
 from snapcell.errors import ConfigError, SessionError
 from snapcell.limits import Limits
@@ -128,21 +129,14 @@ class AsyncPool:
     ) -> None:
         if isolation not in ("process", "inline"):
             raise ConfigError(f"isolation must be 'process' or 'inline', not {isolation!r}")
-        max_workers = max_workers if max_workers is not None else max(os.cpu_count() or 1, 1)
-        if not isinstance(max_workers, int) or max_workers < 1:
-            raise ConfigError(f"max_workers must be a positive integer, not {max_workers!r}")
-        if not isinstance(min_warm_workers, int) or not 0 <= min_warm_workers <= max_workers:
-            raise ConfigError(f"min_warm_workers must be an integer from 0 to max_workers, not {min_warm_workers!r}")
-        if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
-            raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
-        if max_queued_checkouts is not None and (
-            not isinstance(max_queued_checkouts, int)
-            or isinstance(max_queued_checkouts, bool)
-            or max_queued_checkouts < 0
-        ):
-            raise ConfigError(f"max_queued_checkouts must be a whole number >= 0 or None, not {max_queued_checkouts!r}")
-        if not _positive_number(checkout_timeout_s):
-            raise ConfigError(f"checkout_timeout_s must be a positive, finite number, not {checkout_timeout_s!r}")
+        # Counts and times of the worker processes, checked here even in inline mode (which starts none).
+        self._worker_options = WorkerOptions(
+            max_workers=max_workers if max_workers is not None else max(os.cpu_count() or 1, 1),
+            min_warm=min_warm_workers,
+            checkout_timeout_s=checkout_timeout_s,
+            recycle_after=recycle_after,
+            max_queued=max_queued_checkouts,
+        )
         if not _positive_number(ttl_s):
             raise ConfigError(f"ttl_s must be a positive, finite number of seconds, not {ttl_s!r}")
         if not isinstance(compression_level, int) or not -7 <= compression_level <= 22:
@@ -171,7 +165,7 @@ class AsyncPool:
         self.clock = clock
         self.max_clock_skew_s = float(max_clock_skew_s)
         self.min_warm_workers = min_warm_workers
-        self.max_workers = max_workers
+        self.max_workers = self._worker_options.max_workers
         self.max_queued_checkouts = max_queued_checkouts
         self.checkout_timeout_s = float(checkout_timeout_s)
         self.recycle_after = recycle_after
@@ -197,13 +191,11 @@ class AsyncPool:
     def _worker_pool(self) -> WorkerPool:
         if self._workers is None:
             self._workers = WorkerPool(
-                min_warm=self.min_warm_workers,
-                max_workers=self.max_workers,
-                checkout_timeout_s=self.checkout_timeout_s,
-                recycle_after=self.recycle_after,
-                max_queued=self.max_queued_checkouts,
-                preload=WorkerPool.preload_for(self.policy),
-                settle=(self.policy, self.limits),
+                dataclasses.replace(
+                    self._worker_options,
+                    preload=WorkerPool.preload_for(self.policy),
+                    settle=(self.policy, self.limits),
+                )
             )
         return self._workers
 

@@ -116,6 +116,27 @@ def test_pool_refuses_a_non_finite_checkout_timeout(timeout: float) -> None:
         Pool("memory://", isolation="inline", checkout_timeout_s=timeout)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_workers", 0),
+        ("max_workers", True),
+        ("min_warm_workers", -1),
+        ("min_warm_workers", 3),  # more than max_workers
+        ("recycle_after", 0),
+        ("recycle_after", 1.5),
+        ("max_queued_checkouts", -1),
+        ("max_queued_checkouts", False),
+        ("checkout_timeout_s", 0),
+        ("checkout_timeout_s", "30"),
+    ],
+)
+def test_pool_refuses_worker_counts_and_times_out_of_range_by_their_own_name(option: str, value: object) -> None:
+    # Checked when the pool is made, inline mode included (it starts no worker, but the settings are wrong).
+    with pytest.raises(ConfigError, match=f"^{option} must be"):
+        Pool("memory://", isolation="inline", **{"max_workers": 2, option: value})
+
+
 def test_pool_refuses_limits_and_policy_of_the_wrong_type() -> None:
     with pytest.raises(ConfigError, match="limits must be a snapcell Limits"):
         Pool("memory://", isolation="inline", limits={"wall_time_s": 1})

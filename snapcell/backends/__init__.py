@@ -13,7 +13,7 @@ from snapcell._support import lazy_exports
 if TYPE_CHECKING:
     from snapcell.backends._backend import Backend, DumpRequest, InlineBackend, LoadRequest, RunRequest
     from snapcell.backends._procbackend import ProcessBackend
-    from snapcell.backends._workerpool import WorkerPool
+    from snapcell.backends._workerpool import WorkerOptions, WorkerPool
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.backends._backend": (
@@ -24,7 +24,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "RunRequest",
     ),
     "snapcell.backends._procbackend": ("ProcessBackend",),
-    "snapcell.backends._workerpool": ("WorkerPool",),
+    "snapcell.backends._workerpool": (
+        "WorkerOptions",
+        "WorkerPool",
+    ),
 }
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "LoadRequest",
     "ProcessBackend",
     "RunRequest",
+    "WorkerOptions",
     "WorkerPool",
 ]
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from snapcell.backends._process import _ENV, _KILL_WAIT_S, _REFILL_DELAY_S, WorkerProcess, _Died, log
 from snapcell.backends._zygotehost import Zygote, ZygoteError
@@ -27,7 +29,7 @@ from snapcell.policy import Policy
 from snapcell.sandbox import make_scratch_root, reclaim_scratch_dirs, remove_scratch_root
 from snapcell.wire import HEAVY_MODULES, preload_modules
 
-__all__ = ["CheckoutQueue", "WorkerPool"]
+__all__ = ["CheckoutQueue", "WorkerOptions", "WorkerPool"]
 
 # Checkouts that may wait per worker when the pool is not told otherwise. A waiting checkout costs the host a
 # future, and a server would rather serve a burst a little late than refuse it: the wait is bounded by
@@ -128,22 +130,26 @@ class CheckoutQueue:
                 waiter.set_exception(SessionError("the pool was closed while this checkout waited for a worker"))
 
 
-class WorkerPool:
-    """Keeps warm worker processes so a checkout does not pay for an interpreter start-up.
+def _whole(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
-    Args:
-        min_warm: Workers kept started ahead of time.
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerOptions:
+    """How a `WorkerPool` starts, keeps and hands out workers; checked when made.
+
+    The names in error messages are `AsyncPool`'s, which builds these from its own keywords.
+
+    Attributes:
         max_workers: Workers alive at once (checked out plus warm).
-        checkout_timeout_s: Seconds `admit` waits in the queue before `Overloaded`, and `acquire` waits for a
-            free slot before `SessionError`.
+        min_warm: Workers kept started ahead of time.
+        checkout_timeout_s: Seconds `WorkerPool.admit` waits in the queue before `Overloaded`, and
+            `WorkerPool.acquire` waits for a free slot before `SessionError`.
         recycle_after: Checkouts a worker serves before it is replaced. 1 (the default) gives every session a
             fresh interpreter. More reuses a worker for later sessions with the same policy and limits: its
             namespace, scratch directory and decimal context are reset, but it is the same interpreter, so
             use it only where the sessions trust each other (one tenant).
-        worker_command: The interpreter and module a worker is started as (tests start stand-ins); the default
-            is ``python -I -m snapcell.worker._worker``.
-        max_queued: Checkouts that may wait in `admit` for a free worker (default: 4 per worker).
-            is ``python -I -m snapcell.worker._worker``. Given, every worker is spawned with it (no zygote).
+        max_queued: Checkouts that may wait in `WorkerPool.admit` for a free worker (None: 64 per worker).
         zygote: Fork workers from a clean zygote interpreter per set of preloaded modules (see `_zygote`), the
             default, shared with the other pools of this event loop; False spawns a fresh interpreter per worker.
             A zygote that cannot start or fork falls back to spawning, and a dead one is restarted on the next
@@ -152,41 +158,62 @@ class WorkerPool:
             others gets a worker from a zygote of its own.
         settle: The (policy, limits) most checkouts use (the pool's own): warm workers get them, and so apply
             their sandbox, ahead of time; a checkout with other settings gets a worker of its own.
+        worker_command: The interpreter and module a worker is started as (tests start stand-ins); given, every
+            worker is spawned with it (no zygote). The default is ``python -I -m snapcell.worker._worker``.
+
+    Raises:
+        ConfigError: A count or a time out of range.
     """
 
-    def __init__(
-        self,
-        *,
-        min_warm: int,
-        max_workers: int,
-        checkout_timeout_s: float,
-        recycle_after: int = 1,
-        worker_command: Sequence[str] | None = None,
-        max_queued: int | None = None,
-        zygote: bool = True,
-        preload: Sequence[str] = (),
-        settle: tuple[Policy, Limits] | None = None,
-    ) -> None:
-        if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
-            raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
-        if not isinstance(recycle_after, int) or isinstance(recycle_after, bool) or recycle_after < 1:
-            raise ConfigError(f"recycle_after must be a whole number >= 1, not {recycle_after!r}")
-        max_queued = QUEUED_PER_WORKER * max_workers if max_queued is None else max_queued
-        if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 0:
-            raise ConfigError(f"max_queued_checkouts must be a whole number >= 0, not {max_queued!r}")
+    max_workers: int
+    min_warm: int = 1
+    checkout_timeout_s: float = 30.0
+    recycle_after: int = 1
+    max_queued: int | None = None
+    zygote: bool = True
+    preload: tuple[str, ...] = ()
+    settle: tuple[Policy, Limits] | None = None
+    worker_command: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not _whole(self.max_workers, 1):
+            raise ConfigError(f"max_workers must be a positive integer, not {self.max_workers!r}")
+        if not _whole(self.min_warm, 0) or self.min_warm > self.max_workers:
+            raise ConfigError(f"min_warm_workers must be an integer from 0 to max_workers, not {self.min_warm!r}")
+        if not _whole(self.recycle_after, 1):
+            raise ConfigError(f"recycle_after must be a whole number >= 1, not {self.recycle_after!r}")
+        if self.max_queued is not None and not _whole(self.max_queued, 0):
+            raise ConfigError(f"max_queued_checkouts must be a whole number >= 0 or None, not {self.max_queued!r}")
+        timeout = self.checkout_timeout_s
+        if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and math.isfinite(timeout)) or (
+            timeout <= 0
+        ):
+            raise ConfigError(f"checkout_timeout_s must be a positive, finite number, not {timeout!r}")
+
+
+class WorkerPool:
+    """Keeps warm worker processes so a checkout does not pay for an interpreter start-up.
+
+    Args:
+        options: How many workers, how long a checkout waits, and how workers start (see `WorkerOptions`).
+    """
+
+    def __init__(self, options: WorkerOptions) -> None:
+        max_workers = options.max_workers
+        max_queued = QUEUED_PER_WORKER * max_workers if options.max_queued is None else options.max_queued
         self.queue = CheckoutQueue(slots=max_workers, max_queued=max_queued)
-        self.recycle_after = recycle_after
-        self._worker_command = worker_command
-        self.use_zygote = zygote and worker_command is None
-        self.preload = tuple(name for name in HEAVY_MODULES if name in preload)
+        self.recycle_after = options.recycle_after
+        self._worker_command = options.worker_command
+        self.use_zygote = options.zygote and options.worker_command is None
+        self.preload = tuple(name for name in HEAVY_MODULES if name in options.preload)
         # The shared zygotes this pool holds a reference to, by preloaded modules.
         self._zygotes: dict[tuple[str, ...], _SharedZygote] = {}
-        self.settle = settle
+        self.settle = options.settle
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
-        self.min_warm = min_warm
+        self.min_warm = options.min_warm
         self.max_workers = max_workers
-        self.checkout_timeout_s = checkout_timeout_s
+        self.checkout_timeout_s = float(options.checkout_timeout_s)
         self._reclaimed = False
         self.scratch_root, lock_fd = make_scratch_root()
         # A pool that is never closed still removes its directory when it is collected or the interpreter exits.

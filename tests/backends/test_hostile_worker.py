@@ -25,7 +25,7 @@ from snapcell import Limits, Policy, Pool, ScriptError, SessionError, WorkerLost
 from snapcell.backends._backend import DumpRequest, LoadRequest, RunRequest
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._stderrtail import KEEP_BYTES, StderrTail
-from snapcell.backends._workerpool import WorkerPool
+from snapcell.backends._workerpool import WorkerOptions, WorkerPool
 from snapcell.checkpoint import DroppedVariable, Manifest
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
@@ -150,7 +150,12 @@ async def _attack(attack: str, recorded: list[Any]) -> tuple[Any, int | None]:
 
     limits, words = _setting(attack)
     pool = WorkerPool(
-        min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, worker_command=[sys.executable, "-I", FAKE, *words]
+        WorkerOptions(
+            min_warm=0,
+            max_workers=1,
+            checkout_timeout_s=HANG_GUARD_S,
+            worker_command=(sys.executable, "-I", FAKE, *words),
+        )
     )
     backend = ProcessBackend(pool, policy=Policy(), limits=limits)
     try:

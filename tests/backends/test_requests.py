@@ -105,10 +105,10 @@ def test_a_request_waiting_for_its_reply_ends_when_its_worker_is_killed() -> Non
     from snapcell import Limits
     from snapcell.backends._procbackend import ProcessBackend
     from snapcell.backends._process import _Died
-    from snapcell.backends._workerpool import WorkerPool
+    from snapcell.backends._workerpool import WorkerOptions, WorkerPool
 
     async def scenario() -> BaseException | None:
-        workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1, checkout_timeout_s=60))
         backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
         try:
             await backend.start()

@@ -307,10 +307,10 @@ def test_the_worker_refuses_a_script_that_is_not_text() -> None:
     import dataclasses
 
     from snapcell.backends._procbackend import ProcessBackend
-    from snapcell.backends._workerpool import WorkerPool
+    from snapcell.backends._workerpool import WorkerOptions, WorkerPool
 
     async def main() -> object:
-        workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=60)
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1, checkout_timeout_s=60))
         backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
         try:
             await backend.start()

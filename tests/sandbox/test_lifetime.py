@@ -27,7 +27,7 @@ from snapcell import AsyncPool, Limits, Policy, WorkerLost
 from snapcell.backends import RunRequest, _process, _zygotehost
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._procstat import parent_of
-from snapcell.backends._workerpool import WorkerPool
+from snapcell.backends._workerpool import WorkerOptions, WorkerPool
 from snapcell.sandbox import _lifetime, _sandbox
 from tests import procs
 from tests.sandbox.sandbox_helpers import HANG_GUARD_S, REQUIRED, worker_read_paths
@@ -153,10 +153,12 @@ def test_a_worker_that_clears_its_pdeathsig_and_forks_dies_with_its_killed_host(
 async def _hostile_run(start: str, found: asyncio.Future[list[int]]) -> tuple[list[int], BaseException | None]:
     """Run the compromised worker in a pool of this process; kill its zygote (or launcher) once it reports."""
     workers = WorkerPool(
-        min_warm=0,
-        max_workers=1,
-        checkout_timeout_s=HANG_GUARD_S,
-        zygote=start == "zygote",
+        WorkerOptions(
+            min_warm=0,
+            max_workers=1,
+            checkout_timeout_s=HANG_GUARD_S,
+            zygote=start == "zygote",
+        )
     )
     backend = ProcessBackend(workers, policy=Policy.unrestricted(), limits=LIMITS)
 
@@ -323,7 +325,7 @@ def test_the_isolation_report_names_the_lifetime_layer_of_each_start_path(monkey
 
 async def _spawned_death(code: str, limits: Limits) -> tuple[WorkerLost, int, int, int]:
     """Run ``code`` in a spawned worker that it kills: the loss, the launcher's exit code, and both pids."""
-    workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, zygote=False)
+    workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, zygote=False))
     backend = ProcessBackend(workers, policy=Policy.unrestricted(), limits=limits)
     try:
         await backend.start()

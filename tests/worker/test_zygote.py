@@ -18,7 +18,7 @@ from snapcell import Limits, Policy, Pool, WorkerLost
 from snapcell.backends import RunRequest
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._procstat import parent_of
-from snapcell.backends._workerpool import WorkerPool
+from snapcell.backends._workerpool import WorkerOptions, WorkerPool
 from snapcell.wire import preload_modules
 from tests import procs
 
@@ -106,7 +106,7 @@ def test_a_killed_zygote_is_restarted_and_its_sessions_restored(numpy_pool: Pool
 
 def test_the_zygote_reports_a_childs_exit_status_and_peak_memory() -> None:
     async def main() -> tuple[int, int, int]:
-        workers = WorkerPool(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S)
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S))
         backend = ProcessBackend(workers, policy=Policy.unrestricted(), limits=Limits())
         try:
             await backend.start()
@@ -156,10 +156,12 @@ def test_the_host_dying_takes_the_zygote_and_its_children_with_it() -> None:
 def test_worker_command_bypasses_the_zygote() -> None:
     async def main() -> tuple[str, int]:
         workers = WorkerPool(
-            min_warm=0,
-            max_workers=1,
-            checkout_timeout_s=HANG_GUARD_S,
-            worker_command=[sys.executable, "-I", "-m", "snapcell.worker._worker"],
+            WorkerOptions(
+                min_warm=0,
+                max_workers=1,
+                checkout_timeout_s=HANG_GUARD_S,
+                worker_command=(sys.executable, "-I", "-m", "snapcell.worker._worker"),
+            )
         )
         backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
         try:

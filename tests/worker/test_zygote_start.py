@@ -18,7 +18,7 @@ from snapcell import AsyncPool, Limits, Policy
 from snapcell.backends import RunRequest, _zygotehost
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._procstat import parent_of
-from snapcell.backends._workerpool import WorkerPool
+from snapcell.backends._workerpool import WorkerOptions, WorkerPool
 from snapcell.wire import preload_modules
 from tests import procs
 
@@ -62,7 +62,7 @@ def test_a_child_forked_before_the_heavy_imports_imports_numpy_itself_in_a_full_
         pytest.skip("numpy is not installed")
 
     async def main() -> None:
-        workers = WorkerPool(min_warm=0, max_workers=2, checkout_timeout_s=HANG_GUARD_S)
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=2, checkout_timeout_s=HANG_GUARD_S))
         try:
             early = ProcessBackend(workers, policy=NUMPY, limits=Limits())
             await early.start()  # the zygote's first fork: it is asked to preload only after this one
