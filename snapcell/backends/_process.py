@@ -41,7 +41,7 @@ from snapcell.backends._procstat import ProcStat, parent_of
 from snapcell.backends._stderrtail import StderrTail
 from snapcell.backends._zygotehost import ForkedChild, Zygote
 from snapcell.errors import OutputLimitExceeded, SessionError
-from snapcell.interpreter import CallBudget, HostCall
+from snapcell.interpreter import CallCounter, HostCall
 from snapcell.limits import Limits
 from snapcell.policy import Policy
 from snapcell.sandbox import LIVE_WORKER_PIDS, detach_scratch, remove_scratch, sandbox_failure, worker_sandbox_settings
@@ -352,7 +352,7 @@ class WorkerProcess(ChannelIO):
         op = message.get("op")
         self.requests += 1
         limits = self.limits if limits is None else limits
-        counter = CallBudget(limits.max_host_calls) if op == "run" else None
+        counter = CallCounter(limits.max_host_calls) if op == "run" else None
         calls_budget: Budget | None = None
         if counter is not None:
             budget, calls_budget = self._run_budgets(limits)
@@ -530,7 +530,7 @@ class WorkerProcess(ChannelIO):
             await asyncio.shield(asyncio.to_thread(remove_scratch, scratch))
 
 
-def _refused_call(message: dict[str, Any], size: int, budget: Budget | None, counter: CallBudget | None) -> str | None:
+def _refused_call(message: dict[str, Any], size: int, budget: Budget | None, counter: CallCounter | None) -> str | None:
     """Check a host-function call frame and count it against ``max_host_calls``: why it is refused, if it is.
 
     A plain function, not a coroutine: it runs for every call, and refusing (killing the worker) is the caller's.

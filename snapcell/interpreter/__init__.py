@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.interpreter._host import CallBudget, HostCall, HostFunction, LocalBridge, validate_lookup
+    from snapcell.interpreter._host import CallCounter, HostCall, HostFunction, LocalBridge, validate_lookup
     from snapcell.interpreter._interrupt import Watchdog, start_watchdog
     from snapcell.interpreter._result import Artifact, RunResult
     from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.interpreter._host": (
-        "CallBudget",
+        "CallCounter",
         "HostCall",
         "HostFunction",
         "LocalBridge",
@@ -43,7 +43,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 __all__ = [
     "DROPPED_PREFIX",
     "Artifact",
-    "CallBudget",
+    "CallCounter",
     "HostCall",
     "HostFunction",
     "LocalBridge",

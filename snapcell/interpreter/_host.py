@@ -104,7 +104,7 @@ def validate_lookup(
     return result
 
 
-class CallBudget:
+class CallCounter:
     """Counts a run's host-function calls against ``Limits.max_host_calls``; shared by every bridge."""
 
     def __init__(self, max_calls: int | None) -> None:
@@ -135,12 +135,12 @@ class LocalBridge:
 
     def __init__(self, lookup: Mapping[str, Callable[..., Any]], *, max_calls: int | None) -> None:
         self._lookup = lookup
-        self._budget = CallBudget(max_calls)
+        self._counter = CallCounter(max_calls)
         self.calls: list[HostCall] = []
 
     def _admit(self, name: str) -> Callable[..., Any]:
         func = self._lookup.get(name)
-        self._budget.admit(name, available=func is not None)
+        self._counter.admit(name, available=func is not None)
         if func is None:  # admit has raised already; this narrows the type
             raise NameError(name)
         from snapcell.telemetry import trace_host_function  # host side only: a worker imports this module too

@@ -2,6 +2,9 @@
 
 A worker keeps within these (it cuts what is longer), and the host checks every frame against the budget of the
 request in flight before it allocates anything, so a worker that sends more is not following the protocol.
+
+In snapcell a *budget* is this: the most one frame may hold. Counts against a limit (a run's host calls, see
+`snapcell.interpreter.CallCounter`) are counters, not budgets.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class Tagged(tuple[str, Any]):
     __slots__ = ()
 
 
-class _Budget(Exception):
+class _TooManyItems(Exception):
     """The value holds more items than the run's budget allows."""
 
 
@@ -129,7 +129,7 @@ def to_value(value: Any, *, max_items: int, max_bytes: int | None = None, top_re
     converter = _Converter(max_items, sys.maxsize if max_bytes is None else max_bytes, top_repr)
     try:
         return converter.convert(value, 0)
-    except _Budget:
+    except _TooManyItems:
         raise OverflowError(f"more than {max_items} items or {max_bytes} bytes") from None
 
 
@@ -179,7 +179,7 @@ class _Converter:
         self.items -= items
         self.nbytes -= nbytes
         if self.items < 0 or self.nbytes < 0:
-            raise _Budget
+            raise _TooManyItems
 
     def convert(self, item: Any, depth: int) -> Any:
         self.spend()

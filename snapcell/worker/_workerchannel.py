@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import OutputLimitExceeded, WorkspaceError
-from snapcell.interpreter import CallBudget, RunResult
+from snapcell.interpreter import CallCounter, RunResult
 from snapcell.limits import Limits
 from snapcell.wire import (
     FRAME,
@@ -134,7 +134,7 @@ class WorkerBridge:
         self._channel = channel
         self._host = host
         self._loop = loop
-        self._budget = CallBudget(limits.max_host_calls)
+        self._counter = CallCounter(limits.max_host_calls)
         self._limits = limits
         # The run's limits do not change while it runs: what they allow a call is worked out once.
         self._items = value_items(limits)
@@ -144,7 +144,7 @@ class WorkerBridge:
         self._waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self._budget.admit(name, available=name in self._host)
+        self._counter.admit(name, available=name in self._host)
         items = self._items
         try:
             plain_args, plain_kwargs = to_plain(list(args), max_items=items), to_plain(kwargs, max_items=items)

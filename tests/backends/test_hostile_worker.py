@@ -371,9 +371,9 @@ def test_host_calls_beyond_max_host_calls_are_refused_by_the_host(hijack_pool: P
     # The script switches off the worker's own count, as a compromised worker would.
     attack = (
         "import gc\n"
-        "from snapcell.interpreter._host import CallBudget\n"
+        "from snapcell.interpreter._host import CallCounter\n"
         "bridge = next(o for o in gc.get_objects() if type(o).__name__ == 'WorkerBridge')\n"
-        "bridge._budget = CallBudget(None)\n"
+        "bridge._counter = CallCounter(None)\n"
         "for n in range(20):\n"
         "    record(n)\n"
     )
