@@ -19,6 +19,7 @@ except ModuleNotFoundError:  # neither installed nor on pythonpath: run from the
 
 from snapcell import Pool, RunResult, Session
 from snapcell.storage import S3Config, S3Store
+from tests import otherpythons
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION, s3_server
 
 __all__ = ["s3_server"]
@@ -90,3 +91,20 @@ def s3_store(s3_bucket: str, s3_config: S3Config) -> Iterator[S3Store]:
     store = S3Store(s3_bucket, "proj", config=s3_config)
     yield store
     store.close()
+
+
+_CROSS_VERSION = "tests/checkpoint/test_cross_version.py"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The cross-version tests wait for a venv per other Python, built in the background: run them last.
+    items.sort(key=lambda item: item.nodeid.startswith(_CROSS_VERSION))  # stable: the rest keep their order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.nodeid.startswith(_CROSS_VERSION) for item in session.items):
+        otherpythons.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    otherpythons.stop()

@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from snapcell import Pool
+from tests import otherpythons
 
 KEY = "cross-version-signing-key-0123456789"
-REPO = Path(__file__).resolve().parents[2]
-INTERPRETERS = {
-    "3.12": Path("/root/.pyenv/versions/3.12.1/bin/python3.12"),
-    "3.13": Path("/root/.pyenv/versions/3.13.0/bin/python3.13"),
-}
+INTERPRETERS = otherpythons.INTERPRETERS
 
 WRITE = """
 import math
@@ -44,6 +39,7 @@ READ = (
 _CHILD = """
 import json, sys
 from snapcell import Pool
+from tests import otherpythons
 args = json.loads(sys.argv[1])
 with Pool(args["store"], signing_keys=[args["key"]], isolation="inline") as pool, pool.checkout() as session:
     session.load_session(args["id"])
@@ -57,41 +53,13 @@ print(json.dumps({
 """
 
 
-def _make_venv(python: Path, where: Path) -> subprocess.Popen[bytes]:
-    """A venv with snapcell's base dependencies (no extras) and this repository's snapcell on its path.
-
-    The repository goes in by a .pth file, as an editable install would: building a wheel in an isolated build
-    environment for each interpreter would double the time this takes.
-    """
-    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    quoted = " ".join(f"'{d}'" for d in dependencies)
-    pth = f"$('{where}/bin/python' -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/snapcell-repo.pth"
-    command = (
-        f"'{python}' -m venv '{where}' && '{where}/bin/pip' install -q --disable-pip-version-check {quoted} "
-        f"&& echo '{REPO}' > \"{pth}\""
-    )
-    return subprocess.Popen(["sh", "-c", command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 @pytest.fixture(scope="session")
-def other_pythons(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | str]:
-    """A venv with snapcell (base dependencies only) for each other interpreter present; else why not."""
-    root = tmp_path_factory.mktemp("venvs")
-    started: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
-    found: dict[str, Path | str] = {}
-    for version, python in INTERPRETERS.items():
-        if not python.exists():
-            found[version] = f"Python {version} is not installed at {python}"
-        elif sys.version_info[:2] == tuple(int(p) for p in version.split(".")):
-            found[version] = f"this is Python {version} already"
-        else:
-            started[version] = (_make_venv(python, root / version), root / version)
-    for version, (process, where) in started.items():  # built in parallel: pip's cache makes each fast
-        _, stderr = process.communicate(timeout=600)
-        if process.returncode != 0:
-            raise AssertionError(f"could not make a venv for Python {version}:\n{stderr.decode()[-3000:]}")
-        found[version] = where / "bin" / "python"
-    return found
+def other_pythons() -> dict[str, Path | str]:
+    """A venv with snapcell (base dependencies only) for each other interpreter present; else why not.
+
+    Their builds started when collection finished (see `tests.otherpythons`); this waits for them.
+    """
+    return otherpythons.wait()
 
 
 @pytest.mark.parametrize("version", sorted(INTERPRETERS))
