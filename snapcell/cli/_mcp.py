@@ -8,8 +8,8 @@ continue the same session one after the other.
 The SDK is imported only when a server is built, so the command line works without the extra.
 """
 
-# No `from __future__ import annotations` here: the SDK reads the tool function's annotations at runtime to find
-# its Context parameter and build the input schema.
+# No `from __future__ import annotations` here: the SDK reads the tool functions' annotations at runtime to find
+# their Context parameter.
 
 import argparse
 import asyncio
