@@ -79,6 +79,7 @@ def test_stdio_turns_share_state_per_conversation_and_across_server_processes(tm
             async with Client(first) as client:
                 tools = {t.name: t for t in (await client.list_tools()).tools}
                 assert sorted(tools) == ["list_files", "read_file", "run_code", "write_file"]  # worker: a workspace
+                assert tools["list_files"].annotations.read_only_hint is True  # type: ignore[union-attr]
                 tool = tools["run_code"]
                 assert tool.input_schema["required"] == ["code"]
                 answers = []
@@ -86,6 +87,17 @@ def test_stdio_turns_share_state_per_conversation_and_across_server_processes(tm
                     result = await client.call_tool("run_code", {"code": code})
                     assert result.is_error is failed, result
                     answers.append(result.content[0].text)
+                # A chart a run saves under out/ crosses the wire as an image, and so does reading it back.
+                chart = (  # pathlib does not stay: the next server, inline, refuses it
+                    "import pathlib\npathlib.Path('out').mkdir()\ndel pathlib\n"
+                    f"open('out/chart.png', 'wb').write(bytes.fromhex({PNG.hex()!r}))"
+                )
+                for result in (
+                    await client.call_tool("run_code", {"code": chart}),
+                    await client.call_tool("read_file", {"path": "out/chart.png"}),
+                ):
+                    image = result.content[-1]
+                    assert isinstance(image, ImageContent) and base64.b64decode(image.data) == PNG, result
                 return tool.description or "", answers
 
     description, answers = anyio.run(first_turns)
