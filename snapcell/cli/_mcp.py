@@ -286,7 +286,7 @@ def _checked(arguments: type[_A], data: dict[str, Any], tool_error: type[Excepti
     try:
         return arguments.from_call(data)
     except ConfigError as exc:
-        raise tool_error(str(exc)) from None
+        raise tool_error(str(exc)) from exc
 
 
 def _attached(files: Sequence[Artifact]) -> list[Any]:

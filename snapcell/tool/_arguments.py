@@ -80,15 +80,13 @@ class ToolArguments(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(cls._plain(exc)) from None  # pydantic's report says nothing more a model can use
+            raise ConfigError(cls._plain(exc)) from exc
 
     @classmethod
     def _plain(cls, error: ValidationError) -> str:
-        """What is wrong with the arguments, one clause per problem."""
+        """What is wrong with the arguments, one clause per problem (pydantic's report is for programmers)."""
         properties = cls.model_json_schema().get("properties", {})
-        problems = []
-        for detail in error.errors(include_url=False):
-            problems.append(cls._problem(detail, properties))
+        problems = [cls._problem(detail, properties) for detail in error.errors(include_url=False)]
         return "; ".join(dict.fromkeys(problems))
 
     @classmethod
