@@ -38,19 +38,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 app = FastAPI(lifespan=lifespan)
 
 
-class Turn(BaseModel):
-    code: str
-    setup: bool = False
-
-
 class Answer(BaseModel):
     conversation_id: str
     answer: str
 
 
 @app.post("/conversations/{conversation_id}/turns")
-async def run_turn(conversation_id: str, turn: Turn, request: Request) -> Answer:
-    """Run one turn of a conversation; the answer is the text for the model."""
+async def run_turn(conversation_id: str, turn: snapcell.tool.RunCodeArguments, request: Request) -> Answer:
+    """Run one turn of a conversation; the answer is the text for the model.
+
+    The request body is the run_code tool's own arguments model: the schema a model is given is the one checked here.
+    """
     tool: snapcell.CodeTool = request.app.state.tool
     try:
         text = await tool.run_code(conversation_id, turn.code, turn.setup)

@@ -14,7 +14,8 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agents import Agent, Model, ModelResponse, RunContextWrapper, Runner, Usage, function_tool, set_tracing_disabled
+from agents import Agent, FunctionTool, Model, ModelResponse, Runner, Usage, set_tracing_disabled
+from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
 import snapcell
@@ -28,20 +29,23 @@ async def order_total(order_id: str) -> float:
     return ORDERS[order_id]
 
 
-def make_run_code(tool: snapcell.CodeTool) -> Any:
-    """run_code as a function tool; the conversation ID comes from the run's context."""
+def make_run_code(tool: snapcell.CodeTool) -> FunctionTool:
+    """run_code as a function tool; the conversation ID comes from the run's context.
 
-    @function_tool(name_override=tool.name, description_override=tool.description)
-    async def run_code(ctx: RunContextWrapper[str], code: str, setup: bool) -> str:
-        """Run Python code in the conversation's persistent session.
+    The tool's schema is snapcell's (the SDK makes it strict), and so is the check of what the model sends: a call
+    that does not fit is answered in plain words, for the model to fix.
+    """
 
-        Args:
-            code: Python code to run; the value of its last expression is shown.
-            setup: True for setup code that should run again if the session ever restarts.
-        """
+    async def run_code(ctx: ToolContext[str], arguments: str) -> str:
+        try:
+            code, setup = snapcell.tool.tool_call_arguments(arguments)
+        except snapcell.errors.ConfigError as exc:
+            return str(exc)
         return await tool.run_code(ctx.context, code, setup)
 
-    return run_code
+    return FunctionTool(
+        name=tool.name, description=tool.description, params_json_schema=tool.json_schema, on_invoke_tool=run_code
+    )
 
 
 class ScriptedModel(Model):

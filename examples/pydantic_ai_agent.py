@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
-from pydantic_ai import Agent, RunContext, Tool
+from pydantic_ai import Agent, ModelRetry, RunContext, Tool
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -31,16 +32,24 @@ def list_customers() -> list[dict[str, str | None]]:
 
 
 def build_agent(tool: snapcell.CodeTool, model: Model | str) -> Agent[str, str]:
-    """An agent whose one tool is run_code; the conversation ID travels as the run's dependency."""
+    """An agent whose one tool is run_code; the conversation ID travels as the run's dependency.
 
-    async def run_code(ctx: RunContext[str], code: str, setup: bool = False) -> str:
-        return await tool.run_code(ctx.deps, code, setup)
+    The tool's schema is snapcell's (`RunCodeArguments`), and so is the check of what the model sends: a call that
+    does not fit goes back to the model in plain words, for it to retry.
+    """
+
+    async def run_code(ctx: RunContext[str], **arguments: Any) -> str:
+        try:
+            call = snapcell.tool.RunCodeArguments.from_call(arguments)
+        except snapcell.errors.ConfigError as exc:
+            raise ModelRetry(str(exc)) from exc
+        return await tool.run_code(ctx.deps, call.code, call.setup)
 
     return Agent(
         model,
         deps_type=str,
         output_type=str,
-        tools=[Tool(run_code, takes_ctx=True, name=tool.name, description=tool.description)],
+        tools=[Tool.from_schema(run_code, tool.name, tool.description, tool.json_schema, takes_ctx=True)],
     )
 
 

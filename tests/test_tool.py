@@ -31,7 +31,7 @@ from snapcell.errors import InvalidKey, StorageUnavailable
 from snapcell.heads import MemoryHeads, S3Heads, SQLiteHeads
 from snapcell.ops import cleanup
 from snapcell.storage import MemoryStore, S3Config, S3Store
-from snapcell.tool import STATE_GONE_NOTE, cut_answer, render_answer, tool_call_arguments
+from snapcell.tool import STATE_GONE_NOTE, RunCodeArguments, cut_answer, render_answer, tool_call_arguments
 from tests.s3server import TEST_CREDENTIALS, TEST_REGION, s3_server
 
 __all__ = ["s3_server"]
@@ -446,6 +446,41 @@ def test_tool_call_setup_accepts_booleans_and_their_text(arguments: str | dict[s
 def test_tool_call_setup_refuses_anything_else(setup: str) -> None:
     with pytest.raises(ConfigError, match="'setup' must be true or false"):
         tool_call_arguments(f'{{"code": "x", "setup": {setup}}}')
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ("{}", "run_code needs the argument 'code' (Python code to run"),
+        ('{"code": 7}', "run_code argument 'code' must be a string, not 7"),
+        ("[1]", 'run_code arguments must be a JSON object like {"code": ...}, not [1]'),
+        ('{"code": "x", "setup": 1}', "run_code argument 'setup' must be true or false, not 1"),
+    ],
+)
+def test_tool_call_errors_are_plain_words(arguments: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        tool_call_arguments(arguments)
+    text = str(caught.value)
+    assert text.startswith(message) and "validation error" not in text and "http" not in text
+
+
+def test_one_model_is_the_schema_and_the_check(pool: Pool) -> None:
+    tool = SyncCodeTool(pool, heads=MemoryHeads())
+    assert tool.json_schema == RunCodeArguments.input_schema() == RunCodeArguments.model_json_schema()
+    assert tool.json_schema["additionalProperties"] is False and "title" not in str(tool.json_schema)
+    assert RunCodeArguments.from_call({"code": "x", "setup": "TRUE", "other": 1}) == RunCodeArguments(
+        code="x", setup=True
+    )
+
+
+def test_run_turn_says_whether_the_run_failed(pool: Pool) -> None:
+    tool = SyncCodeTool(pool, heads=MemoryHeads())
+    ok, failed = tool.run_turn("c", "x = 1"), tool.run_turn("c", "x / 0", turn_id="t-1")
+    assert ok.text == "(no output)" and not ok.failed and ok.saved and ok.result is not None
+    assert failed.failed and failed.saved and "ZeroDivisionError" in failed.text
+    assert failed.text == tool.run_code("c", "x / 0", turn_id="t-1")  # the same text as run_code's
+    replayed = tool.run_turn("c", "x / 0", turn_id="t-1")
+    assert replayed.result is None and replayed.saved and replayed.text == failed.text  # it did not run again
 
 
 class FailingRenewals(MemoryHeads):

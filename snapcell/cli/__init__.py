@@ -56,12 +56,9 @@ def _run_repl(args: argparse.Namespace) -> int:
 
 
 def _run_mcp(args: argparse.Namespace) -> int:
-    import asyncio
+    from snapcell.cli._mcp import run_command
 
-    from snapcell.cli._mcp import serve, settings_from_args
-
-    asyncio.run(serve(settings_from_args(args)))
-    return 0
+    return run_command(args)
 
 
 def _head(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
+    from snapcell.tool._arguments import RunCodeArguments, ToolArguments, ToolBool, ToolText
     from snapcell.tool._tool import (
         CANCELLED_NOTE,
         KEPT_ANSWER_CHARS,
@@ -14,12 +15,14 @@ if TYPE_CHECKING:
         STATE_GONE_NOTE,
         CodeTool,
         SyncCodeTool,
+        TurnAnswer,
         cut_answer,
         render_answer,
         tool_call_arguments,
     )
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.tool._arguments": ("RunCodeArguments", "ToolArguments", "ToolBool", "ToolText"),
     "snapcell.tool._tool": (
         "CANCELLED_NOTE",
         "KEPT_ANSWER_CHARS",
@@ -27,6 +30,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "STATE_GONE_NOTE",
         "CodeTool",
         "SyncCodeTool",
+        "TurnAnswer",
         "cut_answer",
         "render_answer",
         "tool_call_arguments",
@@ -39,7 +43,12 @@ __all__ = [
     "MIN_ANSWER_CHARS",
     "STATE_GONE_NOTE",
     "CodeTool",
+    "RunCodeArguments",
     "SyncCodeTool",
+    "ToolArguments",
+    "ToolBool",
+    "ToolText",
+    "TurnAnswer",
     "cut_answer",
     "render_answer",
     "tool_call_arguments",

@@ -1,11 +1,10 @@
-"""The text a model reads from the `run_code` tool: answers cut to a length, host signatures, tool-call arguments."""
+"""The text a model reads from the `run_code` tool: answers cut to a length, host signatures."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
-import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
@@ -14,7 +13,7 @@ from snapcell._support import is_async_callable
 from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.heads import TurnRecord
-from snapcell.interpreter import DROPPED_PREFIX, HostCall, RunResult, dropped_note
+from snapcell.interpreter import DROPPED_PREFIX, Artifact, HostCall, RunResult, dropped_note
 from snapcell.policy import DEFAULT_MODULES, Policy
 from snapcell.wire import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
 
@@ -29,10 +28,37 @@ __all__ = [
     "replayed",
     "stub_signatures",
     "tool_signatures",
-    "tool_call_arguments",
+    "TurnAnswer",
 ]
 
 MIN_ANSWER_CHARS = 200
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TurnAnswer:
+    """A turn's answer with what a client shows beside the text: whether it failed, and the files it wrote.
+
+    Attributes:
+        text: The answer the model reads, as `CodeTool.run_code` returns it.
+        result: The run, or None when the turn ID was committed already and the code did not run again (``text``
+            is the committed answer).
+        saved: Whether the turn's state was saved (the head moved to it, or moved earlier for a committed turn ID);
+            False when the worker was lost or the workspace went over its quota.
+    """
+
+    text: str
+    result: RunResult | None = None
+    saved: bool = True
+
+    @property
+    def failed(self) -> bool:
+        """Whether the turn went wrong: the script failed, was refused or stopped, or its state was not saved."""
+        return not self.saved or (self.result is not None and self.result.status != "ok")
+
+    @property
+    def files(self) -> tuple[Artifact, ...]:
+        """The files the run wrote under ``out/`` (process mode), with their bytes up to ``max_artifact_bytes``."""
+        return self.result.files if self.result is not None else ()
 
 
 def cut_answer(text: str, max_chars: int) -> str:
@@ -213,29 +239,6 @@ def tool_signatures(tools: Mapping[str, Callable[..., Any]]) -> list[str]:
         doc = (inspect.getdoc(func) or "").strip().splitlines()
         lines.append(f"{prefix} {name}{signature}" + (f"\n    {doc[0]}" if doc else ""))
     return lines
-
-
-def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
-    """Parse a model's tool-call arguments (JSON text or a dict) into ``(code, setup)``.
-
-    ``setup`` may be a JSON boolean or the text ``"true"``/``"false"`` (some models quote booleans); it defaults
-    to false.
-
-    Raises:
-        ConfigError: The arguments are not an object with a string ``code``, or ``setup`` is not a boolean.
-    """
-    try:
-        data = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"run_code arguments are not valid JSON: {exc}") from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("code"), str):
-        raise ConfigError("run_code arguments must be a JSON object with a string 'code'")
-    setup = data.get("setup", False)
-    if isinstance(setup, str) and setup.strip().lower() in ("true", "false"):
-        setup = setup.strip().lower() == "true"
-    if not isinstance(setup, bool):
-        raise ConfigError(f"run_code argument 'setup' must be true or false, not {setup!r}")
-    return data["code"], setup
 
 
 def modules_text(policy: Policy) -> str:

@@ -33,13 +33,14 @@ from snapcell.pool import AsyncPool, Pool
 from snapcell.telemetry import conversation_context
 from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
+    TurnAnswer,
     cut_answer,
     modules_text,
     render_answer,
     stub_signatures,
-    tool_call_arguments,
     tool_signatures,
 )
+from snapcell.tool._arguments import RunCodeArguments, tool_call_arguments
 from snapcell.tool._context import HeadMove, TurnContext
 from snapcell.tool._files import files_at_head, put_file
 from snapcell.tool._lease import TurnLeases
@@ -55,6 +56,7 @@ __all__ = [
     "STATE_GONE_NOTE",
     "CodeTool",
     "SyncCodeTool",
+    "TurnAnswer",
     "cut_answer",
     "render_answer",
     "tool_call_arguments",
@@ -200,24 +202,11 @@ class CodeTool:
 
     @property
     def json_schema(self) -> dict[str, Any]:
-        """JSON schema of the tool's parameters (``code``, optional ``setup``); the description goes beside it."""
-        return {
-            "type": "object",
-            "properties": {
-                "code": {
-                    "type": "string",
-                    "description": "Python code to run; the value of its last expression is shown.",
-                },
-                "setup": {
-                    "type": "boolean",
-                    "description": "True for setup code (imports, loading data) that should run again if the "
-                    "session ever restarts.",
-                    "default": False,
-                },
-            },
-            "required": ["code"],
-            "additionalProperties": False,
-        }
+        """JSON schema of the tool's parameters (``code``, optional ``setup``); the description goes beside it.
+
+        It is `RunCodeArguments`'s, the model `tool_call_arguments` checks a call with.
+        """
+        return RunCodeArguments.input_schema()
 
     # ------------------------------------------------------------------ turns
 
@@ -290,6 +279,17 @@ class CodeTool:
                 not move: run it on that version, or `rewind` / start a new conversation.
             SessionError: No worker could be checked out; nothing ran.
         """
+        answer = await self.run_turn(conversation_id, code, setup, turn_id=turn_id)
+        return answer.text
+
+    async def run_turn(
+        self, conversation_id: str | Conversation, code: str, setup: bool = False, *, turn_id: str | None = None
+    ) -> TurnAnswer:
+        """Run one turn as `run_code` does; return its answer with whether it failed and the files it wrote.
+
+        For a client that shows more than text: an MCP server marks a failed run as an error and attaches the
+        charts a run wrote under ``out/``. Raises what `run_code` raises.
+        """
         if isinstance(conversation_id, Conversation):
             conversation, key = conversation_id, conversation_id.id
         else:
@@ -299,7 +299,9 @@ class CodeTool:
         try:
             async with self._leases.hold(key) as lease:
                 with conversation_context(key):
-                    return await Turn(self._context, lease, turn_id, conversation).run(code, setup)
+                    turn = Turn(self._context, lease, turn_id, conversation)
+                    text = await turn.run(code, setup)
+                    return TurnAnswer(text=text, result=turn.result, saved=turn.saved)
         finally:
             self._warm.start_checkins()  # the turn's session is checked in once its answer is returned
 
@@ -550,6 +552,13 @@ class SyncCodeTool:
     ) -> str:
         """See `CodeTool.run_code`."""
         answer: str = self._pool.call(self._inner.run_code(conversation_id, code, setup, turn_id=turn_id))
+        return answer
+
+    def run_turn(
+        self, conversation_id: str | Conversation, code: str, setup: bool = False, *, turn_id: str | None = None
+    ) -> TurnAnswer:
+        """See `CodeTool.run_turn`."""
+        answer: TurnAnswer = self._pool.call(self._inner.run_turn(conversation_id, code, setup, turn_id=turn_id))
         return answer
 
     def rewind(self, conversation_id: str, turns: int = 1, *, turn_id: str | None = None) -> bytes | None:

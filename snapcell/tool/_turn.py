@@ -61,6 +61,8 @@ class Turn:
         start: The state the turn starts from: the head, or the conversation's own checkpoints.
         history: The checkpoints the next head keeps, newest first (known once the session is loaded).
         notes: Notes for the model, at the end of the answer.
+        result: The turn's run once it ended (None before, and for a committed turn ID: nothing ran).
+        saved: Whether the head moved to this turn's state (or had, for a committed turn ID).
     """
 
     def __init__(
@@ -75,6 +77,8 @@ class Turn:
         self.start: Head | None = None
         self.history: tuple[bytes, ...] = ()
         self.notes: list[str] = []
+        self.result: RunResult | None = None
+        self.saved = False
 
     async def run(self, code: str, setup: bool) -> str:
         """Run ``code`` as this turn and return the answer; see `CodeTool.run_code`.
@@ -86,6 +90,7 @@ class Turn:
             self.head = await self.context.read_head(self.conversation_id)
         done = self.head.turn(self.turn_id) if self.head is not None else None
         if done is not None:
+            self.saved = True
             return self._replayed(done)
         self.notes = cancelled_notes(self.head)
         self.start = self.head if self.conversation is None else conversation_head(self.conversation)
@@ -102,9 +107,10 @@ class Turn:
                 # The answer of the turn whose dump dropped a variable named it; the run would name it again.
                 # The dump always follows a run that ends: asked for with it, it costs no round trip of its own.
                 run = await session.run(code, external_lookup=context.tools, setup=setup, then_dump=True)
-                result = without_dropped_notes(run)
+                result = self.result = without_dropped_notes(run)
             except RunCancelled as exc:
                 result, cancelled = without_dropped_notes(exc.result), exc
+                self.result = result
                 if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
                     self._count(result)
                     raise
@@ -174,7 +180,8 @@ class Turn:
     def _lost(self, exc: WorkerLost) -> str:
         """The answer of a turn whose worker was lost: the head does not move."""
         self.notes.append(lost_note(exc))
-        return render_answer(RunResult(status="lost"), self.notes, max_chars=self.context.max_answer_chars)
+        self.result = RunResult(status="lost")
+        return render_answer(self.result, self.notes, max_chars=self.context.max_answer_chars)
 
     async def _save(self, warm: WarmTurn, result: RunResult, dropped_before: frozenset[str]) -> str:
         """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
@@ -234,6 +241,7 @@ class Turn:
             )
         )
         lease.released_with_head(current)
+        self.saved = True
         committed = current.turn(turn_id) if current is not None else None
         return committed.answer if committed is not None and committed.answer is not None else answer
 
