@@ -49,7 +49,7 @@ from snapcell.wire import (
     split_parts,
     to_plain,
 )
-from snapcell.workspace import check_path
+from snapcell.workspace import check_path, media_type
 
 __all__ = ["ProcessBackend"]
 
@@ -484,8 +484,12 @@ def _artifacts(reply: dict[str, Any], limits: Limits, blob: bytearray) -> tuple[
         path, size, media, data_bytes = (item.get(k) for k in ("path", "size", "media_type", "data_bytes"))
         if type(path) is not str or type(media) is not str or type(size) is not int or type(data_bytes) is not int:
             raise MalformedMessage("an artifact needs a path, size, media type and data size")
-        if not path.startswith("out/") or check_path(path) != path or not 0 <= data_bytes <= size or len(media) > 100:
+        if not path.startswith("out/") or check_path(path) != path or not 0 <= data_bytes <= size:
             raise MalformedMessage(f"artifact {path[:100]!r} is malformed")
+        # The host knows the media type from the path: one the worker made up (another type for a client to
+        # render, a line break to forge a line of the answer) is not following the protocol.
+        if media != media_type(path):
+            raise MalformedMessage(f"artifact {path[:100]!r} has the wrong media type")
         data = bytes(blob[offset : offset + data_bytes]) if data_bytes or size == 0 else None
         offset += data_bytes
         found.append(Artifact(path=path, size_bytes=size, media_type=media, data=data))
