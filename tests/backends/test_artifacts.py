@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from snapcell.backends._procbackend import _artifacts
-from snapcell.wire import MalformedMessage
 from snapcell.limits import Limits
+from snapcell.wire import MalformedMessage
 
 
 def _reply(media: str) -> dict[str, object]:
