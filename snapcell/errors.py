@@ -39,6 +39,7 @@ __all__ = [
     "Overloaded",
     "PolicyError",
     "QuotaExceeded",
+    "ResumeDiverged",
     "SandboxError",
     "ScriptError",
     "ScriptSyntaxError",
@@ -530,6 +531,24 @@ class WorkerLost(SessionError):
         super().__init__(message)
         self.reason = reason
         self.result: Any = None
+
+
+class ResumeDiverged(SessionError):
+    """Raised when a resumed run does not replay its log; nothing of the replay is kept, the session stays paused.
+
+    The replay made a host call the log does not have (another name or other arguments), or the cell ended before
+    the paused call. The session is still at the paused checkpoint and may be resumed again (with the cell's host
+    functions as they were) or abandoned.
+
+    Attributes:
+        difference: The first difference, in words.
+        call_index: The position (from 0) of the host call where the replay left the log, when it was a call.
+    """
+
+    def __init__(self, message: str, *, difference: str, call_index: int | None = None) -> None:
+        super().__init__(message)
+        self.difference = difference
+        self.call_index = call_index
 
 
 class WorkspaceError(SessionError):

@@ -50,6 +50,8 @@ class RunRequest:
         report: False when the caller reads only the result's value and error (`feed_run`): ``cpu_time_s``,
             ``peak_memory_bytes``, ``memory_bytes``, ``namespace_summary`` and ``files`` may then be left unset
             rather than measured.
+        inputs: The run may pause: its clocks and random sources are recorded, replaying this earlier record
+            (``{}`` for none; see `Runner.run`). None for a run that cannot pause.
     """
 
     code: str
@@ -58,6 +60,7 @@ class RunRequest:
     limits: Limits
     then_dump: DumpRequest | None = None
     report: bool = True
+    inputs: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +171,7 @@ class InlineBackend:
             setup=request.setup,
             limits=limits,
             report=request.report,
+            inputs=request.inputs,
         )
 
     async def dump(self, request: DumpRequest) -> Dumped:

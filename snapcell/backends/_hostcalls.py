@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from snapcell._support import is_async_callable
-from snapcell.interpreter import HostCall
+from snapcell.interpreter import PAUSE_ERROR, HostCall, PauseRequested
 from snapcell.telemetry import trace_host_function
 from snapcell.wire import JSON_SCALARS, NotPlainData, to_plain
 
@@ -134,6 +134,9 @@ def _settle(reply: dict[str, Any], name: str, start: float, calls: list[HostCall
 def _failed(
     reply: dict[str, Any], name: str, start: float, calls: list[HostCall] | None, exc: Exception, *, logged: bool
 ) -> None:
+    if isinstance(exc, PauseRequested):  # not a failure: the worker stops its script here
+        reply["error"] = {"type": PAUSE_ERROR, "message": name}
+        return
     if logged:  # no function of that name is the script's mistake, not the application's
         log.warning("snapcell: the host function %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc)
     reply["error"] = {"type": type(exc).__name__, "message": str(exc)[:10_000]}

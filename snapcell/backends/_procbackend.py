@@ -203,6 +203,8 @@ class ProcessBackend:
             "host": host,
             "setup": request.setup,
         }
+        if request.inputs is not None:
+            message["inputs"] = dict(request.inputs)
         if not request.report:
             message["report"] = False  # nor does the worker summarize, read its clock or memory, or walk out/
         try:
@@ -537,9 +539,23 @@ def _run_result(
         namespace_summary=str(reply.get("namespace_summary") or "")[:MAX_SUMMARY_CHARS],
         assigned=tuple(str(name)[:MAX_ASSIGNED_CHARS] for name in assigned),
         files=_artifacts(reply, limits, blob),
+        inputs=_inputs(reply.get("inputs")),
         cpu_time_s=cpu_time_s,
         peak_memory_bytes=peak_memory_bytes,
     )
+
+
+def _inputs(given: Any) -> dict[str, Any] | None:
+    """A pausable run's record of its clocks and random sources (only replayed to the same cell's script).
+
+    Raises:
+        MalformedMessage: It is not such a record.
+    """
+    if given is None:
+        return None
+    if type(given) is not dict or not set(given) <= {"seed", "time", "time_ns", "urandom", "hash"}:
+        raise MalformedMessage("inputs must be a record of clocks and random sources")
+    return given
 
 
 def _dumped(reply: dict[str, Any], payload: bytearray) -> Dumped:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         DroppedVariable,
         Header,
         Manifest,
+        PausedRun,
         SectionKind,
         VariableInfo,
         WorkspaceFile,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         pack_container,
         parse_container,
         parse_manifest,
+        with_manifest,
     )
     from snapcell.checkpoint._hostscan import (
         AnyOf,
@@ -85,6 +87,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "DroppedVariable",
         "Header",
         "Manifest",
+        "PausedRun",
         "SectionKind",
         "VariableInfo",
         "WorkspaceFile",
@@ -93,6 +96,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "pack_container",
         "parse_container",
         "parse_manifest",
+        "with_manifest",
     ),
     "snapcell.checkpoint._hostscan": (
         "AnyOf",
@@ -160,6 +164,7 @@ __all__ = [
     "LoadedNamespace",
     "Manifest",
     "PassedFrames",
+    "PausedRun",
     "Refusal",
     "SectionKind",
     "UnscannedFrame",
@@ -186,6 +191,7 @@ __all__ = [
     "parse_manifest",
     "scan_body",
     "scanned_frames",
+    "with_manifest",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -27,6 +27,7 @@ __all__ = [
     "BlobRef",
     "Header",
     "Manifest",
+    "PausedRun",
     "Section",
     "SectionKind",
     "VariableInfo",
@@ -34,6 +35,7 @@ __all__ = [
     "manifest_bytes",
     "parse_container",
     "parse_manifest",
+    "with_manifest",
 ]
 
 MAGIC = b"SNAPCELL"
@@ -193,6 +195,20 @@ class WorkspaceFile(BaseModel):
     chunks: list[str] = Field(default=[], description="Content hashes (hex) of its chunks, in order.")
 
 
+class PausedRun(BaseModel):
+    """A run stopped at a pausing host call: the cell and the log of its outside inputs, to resume it by replay.
+
+    The checkpoint's namespace is the one the cell started with.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cell: str
+    setup: bool = False
+    pausing: list[str] = []
+    log: str = Field(description="The run's host calls, the paused call and its clocks and random sources (wire JSON).")
+
+
 class Manifest(BaseModel):
     """What a checkpoint holds; readable without unpickling anything."""
 
@@ -217,10 +233,12 @@ class Manifest(BaseModel):
         description="Top-level def/class/import statements of the cells, latest per name: re-run when a function "
         "or class cannot be restored (another Python, a narrower policy).",
     )
+    paused: PausedRun | None = Field(default=None, description="Set when the checkpoint holds a paused run.")
 
     def to_json(self) -> bytes:
-        """Encode as stable JSON (field order fixed by the model)."""
-        return self.model_dump_json().encode()
+        """Encode as stable JSON (field order fixed by the model); a checkpoint that holds no paused run has no
+        ``paused`` field, as before there was one."""
+        return self.model_dump_json(exclude=None if self.paused is not None else {"paused"}).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +286,24 @@ def manifest_bytes(body: bytes | bytearray | memoryview, *, check_python: bool =
     if manifest_len > MAX_MANIFEST_BYTES or offset + manifest_len > len(view):
         raise CheckpointCorrupt("the checkpoint is truncated or its manifest is too large")
     return header, bytes(view[offset : offset + manifest_len]), offset + manifest_len
+
+
+def with_manifest(body: bytes | bytearray | memoryview, manifest: Manifest) -> bytearray:
+    """The same unsigned body with another manifest: the sections are not touched (nothing is unpickled).
+
+    Raises:
+        CheckpointCorrupt: The body is malformed or truncated.
+        CheckpointVersionError: A container format this release cannot read.
+    """
+    view = memoryview(body)
+    _, _, end = manifest_bytes(view, check_python=False)
+    _, start = Header.unpack(view, check_python=False)
+    encoded = manifest.to_json()
+    out = bytearray(view[:start])
+    out += _U32.pack(len(encoded))
+    out += encoded
+    out += view[end:]
+    return out
 
 
 def parse_manifest(raw: bytes) -> Manifest:

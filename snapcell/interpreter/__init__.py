@@ -13,7 +13,8 @@ from snapcell._support import lazy_exports
 if TYPE_CHECKING:
     from snapcell.interpreter._host import CallCounter, HostCall, HostFunction, LocalBridge, validate_lookup
     from snapcell.interpreter._interrupt import Watchdog, start_watchdog
-    from snapcell.interpreter._result import Artifact, RunResult
+    from snapcell.interpreter._replay import PAUSE_ERROR, PauseRequested, ScriptPaused, inputs_off
+    from snapcell.interpreter._result import Artifact, PausedCall, RunResult
     from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
@@ -28,8 +29,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Watchdog",
         "start_watchdog",
     ),
+    "snapcell.interpreter._replay": (
+        "PAUSE_ERROR",
+        "PauseRequested",
+        "ScriptPaused",
+        "inputs_off",
+    ),
     "snapcell.interpreter._result": (
         "Artifact",
+        "PausedCall",
         "RunResult",
     ),
     "snapcell.interpreter._runner": (
@@ -42,16 +50,21 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 
 __all__ = [
     "DROPPED_PREFIX",
+    "PAUSE_ERROR",
     "Artifact",
     "CallCounter",
     "HostCall",
     "HostFunction",
     "LocalBridge",
+    "PauseRequested",
+    "PausedCall",
     "RunResult",
     "Runner",
+    "ScriptPaused",
     "Watchdog",
     "checkpoint_rule",
     "dropped_note",
+    "inputs_off",
     "start_watchdog",
     "validate_lookup",
 ]

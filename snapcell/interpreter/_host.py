@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from snapcell._support import is_async_callable, pickled_helper
 from snapcell.errors import ConfigError, OutputLimitExceeded
+from snapcell.interpreter._replay import PauseRequested, ScriptPaused
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
@@ -154,6 +155,8 @@ class LocalBridge:
         start = time.perf_counter()
         try:
             result = func(*args, **kwargs)
+        except PauseRequested:
+            raise ScriptPaused(name) from None
         except Exception as exc:
             self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
             _log_failure(name, exc)
@@ -169,6 +172,8 @@ class LocalBridge:
         start = time.perf_counter() if start is None else start
         try:
             result = await awaitable
+        except PauseRequested:
+            raise ScriptPaused(name) from None
         except Exception as exc:
             self.calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
             _log_failure(name, exc)

@@ -12,9 +12,9 @@ if TYPE_CHECKING:
 else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass, field
 
-__all__ = ["Artifact", "RunResult", "RunStatus"]
+__all__ = ["Artifact", "PausedCall", "RunResult", "RunStatus"]
 
-RunStatus = Literal["ok", "error", "timeout", "cancelled", "lost"]
+RunStatus = Literal["ok", "error", "timeout", "cancelled", "lost", "paused"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,6 +33,21 @@ class Artifact:
     size_bytes: int
     media_type: str
     data: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PausedCall:
+    """The pausing host call a run stopped at: what it waits for.
+
+    Attributes:
+        name: The host function's name.
+        args: Its positional arguments, as plain data (a value that is not plain data is given as its repr).
+        kwargs: Its keyword arguments, likewise.
+    """
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,7 +76,8 @@ class RunResult:
             are none. Sizes are cheap estimates (sampled for containers); see ``Manifest`` for exact pickled sizes.
         status: How the run ended: ``"ok"``; ``"error"`` (the script failed or was refused); ``"timeout"`` (the
             wall-time limit stopped it); ``"cancelled"`` (its caller cancelled it, see `RunCancelled`); ``"lost"``
-            (its worker died; nothing of the run is kept). Derived from ``error`` unless given.
+            (its worker died; nothing of the run is kept); ``"paused"`` (the script called a pausing host function:
+            ``paused`` says which; `AsyncSession.resume` goes on from there). Derived from ``error`` unless given.
         restarted: The session had to start a new interpreter (its worker was lost before) for this run: variables
             are those of the last checkpoint, and the setup cells were run again.
         cpu_time_s: CPU seconds the run used: the worker's user + system time in process mode (measured by the
@@ -69,6 +85,9 @@ class RunResult:
         peak_memory_bytes: The worker's peak resident set size after the run (measured by the host); None in
             inline mode.
         assigned: Variables the run bound or rebound to a new object (at most 100 names; 64 in process mode).
+        paused: The pausing host call the run stopped at (status ``"paused"``), else None.
+        inputs: What the run's clocks and random sources returned, when it could pause (see
+            `snapcell.interpreter._replay`); None otherwise.
     """
 
     value: Any = None
@@ -88,6 +107,8 @@ class RunResult:
     cpu_time_s: float | None = None
     peak_memory_bytes: int | None = None
     assigned: tuple[str, ...] = ()
+    paused: PausedCall | None = None
+    inputs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status is None:

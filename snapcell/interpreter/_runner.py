@@ -28,6 +28,7 @@ from snapcell.interpreter._cellcache import CellCache
 from snapcell.interpreter._compile import RESULT_NAME, register_source
 from snapcell.interpreter._definitions import Definitions, setup_cells_assigning
 from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
+from snapcell.interpreter._replay import ScriptPaused
 from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
 from snapcell.interpreter._result import RunResult
 from snapcell.interpreter._stack import script_recursion_limit
@@ -169,6 +170,7 @@ class Runner:
         setup: bool = False,
         limits: Limits | None = None,
         report: bool = True,
+        inputs: Mapping[str, Any] | None = None,
     ) -> RunResult:
         """Compile, execute and report one cell; never raises for script problems.
 
@@ -180,6 +182,8 @@ class Runner:
             limits: Limits for this run; the runner's defaults otherwise.
             report: Summarize the namespace and measure the CPU time of the run (``namespace_summary``,
                 ``cpu_time_s``); False when nobody reads them.
+            inputs: The run may pause: record its clocks and random sources (``result.inputs``), replaying what an
+                earlier run of the cell recorded (``{}`` for a first run; see `snapcell.interpreter._replay`).
 
         Returns:
             The result; ``error`` is set when the script failed, was blocked or timed out.
@@ -205,7 +209,16 @@ class Runner:
                 + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
-        return await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+        if inputs is None:
+            return await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+        from snapcell.interpreter._replay import Inputs, recording
+
+        record = Inputs(inputs)
+        with recording(record):
+            result = await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+        from dataclasses import replace
+
+        return replace(result, inputs=record.export())
 
     async def _run_one(
         self,
@@ -319,6 +332,8 @@ class Runner:
             return None, None
         except ScriptInterrupt:
             return None, None
+        except ScriptPaused:
+            return None, None  # the host knows where and why: it asked for the pause
         except SnapcellError as exc:
             if isinstance(exc, ScriptError | LimitExceeded):
                 return None, _locate(exc)

@@ -6,13 +6,14 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 from snapcell.backends import Backend, DumpRequest, LoadRequest, RunRequest
-from snapcell.checkpoint import BlobRef, CheckpointId, Keyring, Manifest
+from snapcell.checkpoint import BlobRef, CheckpointId, Dumped, Keyring, Manifest, with_manifest
 from snapcell.errors import (
     ConfigError,
+    ResumeDiverged,
     RunCancelled,
     SessionError,
     SnapcellError,
@@ -21,9 +22,10 @@ from snapcell.errors import (
     WorkspaceError,
     WorkspaceQuotaExceeded,
 )
-from snapcell.interpreter import RunResult, validate_lookup
+from snapcell.interpreter import PausedCall, RunResult, validate_lookup
 from snapcell.limits import Limits
 from snapcell.session._blobio import BlobIO
+from snapcell.session._pause import Answer, Pause, Replayer, check_pausing, pause_from_record, pause_record
 from snapcell.session._verify import HMAC_THREAD_BYTES, ForgedBlob, ForgedFiles, Verifier, check_id, open_checkpoint
 from snapcell.storage import AsyncStore
 from snapcell.telemetry import note_checkpoint, trace_checkpoint, trace_run
@@ -103,6 +105,10 @@ class AsyncSession:
         # A worker was lost and replaced since the last run: the next run's result says so.
         self._restarted = False
         self.manifest: Manifest | None = None
+        # A run stopped at a pausing host call; the namespace it started with is `checkpoint_id`'s.
+        self._paused: Pause | None = None
+        # The namespace is `checkpoint_id`'s (an empty one without): nothing ran since the last load or dump.
+        self._clean = True
 
     def _start(self) -> None:
         if self._closed:
@@ -142,6 +148,8 @@ class AsyncSession:
         try:
             await self._load(checkpoint_id)
             self._setup_since_checkpoint = []
+            paused = self.manifest.paused if self.manifest is not None else None
+            self._paused = pause_from_record(paused) if paused is not None else None
         except WorkerLost:
             await self._restore("load")
             raise
@@ -163,6 +171,7 @@ class AsyncSession:
         await self._verifier.loaded(opened.container, blobs, opened.key_index)
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = opened.stored_bytes
+        self._clean = True
         # Only blobs in the signing key's namespace can be referred to by the next dump.
         self._blobs = {ref.hash: ref for ref in refs} if opened.key_index == 0 else {}
 
@@ -175,6 +184,7 @@ class AsyncSession:
                 await self._load(self.checkpoint_id)
             else:
                 await self._backend.reset()
+                self._clean = True
             await self._backend.queue(notes=[note], setup_cells=list(self._setup_since_checkpoint))
             self._restarted = True
         except SnapcellError as exc:
@@ -189,6 +199,7 @@ class AsyncSession:
         skip_type_check: bool = False,
         limits: Limits | None = None,
         then_dump: bool = False,
+        pausing: Collection[str] | None = None,
     ) -> RunResult:
         """Run a script and report everything it did; script problems do not raise.
 
@@ -200,14 +211,21 @@ class AsyncSession:
             limits: Limits for this run instead of the session's.
             then_dump: A `dump` (with ``on_unpicklable="skip"``) follows: a worker starts it as soon as the run
                 ends, in the same request, and that `dump` takes its result, dated when this run started (process
-                mode; a round trip fewer). Any other call first waits for that dump and drops it.
+                mode; a round trip fewer). Any other call first waits for that dump and drops it. Not with
+                ``pausing``.
+            pausing: Names of host functions that pause the run (they need no entry in ``external_lookup``; one
+                there is never called). A call of one stops the script there: the result's status is ``"paused"``
+                and ``result.paused`` names the call; `dump` then writes a paused checkpoint and `resume` goes on
+                from the call. Such a run records its host calls, clocks and random sources (see the docs' "Pause
+                and resume"); it starts from a checkpoint, so a session that ran cells since its last `dump` or
+                `load_session` (or never had one) dumps first.
 
         Returns:
             The run's result; ``result.error`` holds a `ScriptError` when the script failed.
 
         Raises:
-            ConfigError: ``external_lookup`` is malformed; nothing ran.
-            SessionError: The session was checked in or is busy.
+            ConfigError: ``external_lookup`` or ``pausing`` is malformed; nothing ran.
+            SessionError: The session was checked in or is busy, or is paused (`resume` it, or load a checkpoint).
             WorkerLost: The worker died during the run; the session was restored from its last checkpoint (usable,
                 without this run's changes) and ``exc.result`` is a `RunResult` with status ``"lost"``; the next
                 run's result has ``restarted`` set.
@@ -216,7 +234,129 @@ class AsyncSession:
                 that did not stop within ``grace_s`` was killed: then the status is ``"lost"`` and the session was
                 restored from its last checkpoint, as after `WorkerLost`.
         """
-        return await self._run(code, external_lookup, setup, skip_type_check, limits, then_dump, True)
+        names = check_pausing(pausing)
+        if not names:
+            return await self._run(code, external_lookup, setup, skip_type_check, limits, then_dump, True)
+        self._check_not_paused()
+        if not self._clean or self.checkpoint_id is None:
+            await self.dump()  # the namespace the cell starts with must be a checkpoint's, to resume from
+        replayer = Replayer(validate_lookup(external_lookup), names)
+        result = await self._run(code, replayer.functions(), setup, skip_type_check, limits, False, True, replayer)
+        if replayer.paused is not None:
+            self._paused = Pause(
+                cell=code,
+                setup=setup,
+                pausing=names,
+                calls=tuple(replayer.calls),
+                call=replayer.paused,
+                inputs=result.inputs,
+            )
+            return _paused_result(result, replayer)
+        return result
+
+    async def resume(
+        self,
+        value: Any = None,
+        *,
+        error: BaseException | None = None,
+        external_lookup: HostFunctions | None = None,
+        skip_type_check: bool = False,
+        limits: Limits | None = None,
+    ) -> RunResult:
+        """Go on with a paused run: the paused host call returns ``value`` (or raises ``error``) in the script.
+
+        The cell runs again from the namespace it started with. Each host call it made before the pause is answered
+        from the log (its name and arguments checked against it; the function is not called again), its clocks and
+        random sources return what they returned, the paused call returns the answer, and from there the cell goes
+        on live. It may pause again (status ``"paused"``; each resume adds to the log). The result is the whole
+        cell's: what it printed before the pause appears once.
+
+        Args:
+            value: What the paused call returns (plain data).
+            error: An exception the paused call raises instead (the script sees the builtin exception of that
+                name, else a ``RuntimeError`` naming it, as for any host function's failure).
+            external_lookup: The host functions, as for `run` (the pausing ones need not be there).
+            skip_type_check: Skip type checking for this run.
+            limits: Limits for this run instead of the session's.
+
+        Returns:
+            The result of the rest of the run.
+
+        Raises:
+            SessionError: The session is not paused, was checked in or is busy.
+            ConfigError: The answer is not plain data, or ``external_lookup`` is malformed; nothing ran.
+            ResumeDiverged: The replay left the log (a host call the log does not have, other arguments, or the cell
+                ended before the paused call); the session is still paused at the same call, as before.
+            WorkerLost: As for `run`; the session is still paused.
+        """
+        pause = self._paused
+        if pause is None:
+            raise SessionError("nothing to resume: this session holds no paused run (load a paused checkpoint)")
+        answer = Answer.checked(value, error)
+        replayer = Replayer(validate_lookup(external_lookup), pause.pausing, pause, answer)
+        if not self._clean:  # the paused run, or a diverged replay, changed the namespace: back to the cell's start
+            self._start()
+            try:
+                checkpoint_id = self.checkpoint_id
+                if checkpoint_id is None:
+                    raise SessionError("the paused run's checkpoint is gone")
+                manifest = self.manifest
+                await self._load(checkpoint_id)
+                self.manifest = manifest  # a paused checkpoint's own manifest, not its base's
+            except WorkerLost:
+                await self._restore("load")
+                raise
+            finally:
+                self._busy = False
+        result = await self._run(
+            pause.cell, replayer.functions(), pause.setup, skip_type_check, limits, False, True, replayer, pause
+        )
+        if not replayer.replayed_all:
+            self._paused = pause
+            difference = replayer.difference
+            if difference is None:
+                ended = f" ({result.error.exc_type}: {result.error.exc_message})" if result.error else ""
+                difference = f"the cell ended{ended} before the paused call {pause.call.name}()"
+            raise ResumeDiverged(
+                f"resuming the paused run diverged from its log: {difference}; the session is still paused",
+                difference=difference,
+                call_index=replayer.difference_at,
+            )
+        if pause.inputs is not None and result.inputs is not None and pause.inputs.get("hash") != result.inputs.get(
+            "hash"
+        ):
+            result = dataclasses.replace(
+                result,
+                notes=(
+                    *result.notes,
+                    "resumed in an interpreter that hashes strings with another seed: set orders before the pause "
+                    "may differ from the first run's",
+                ),
+            )
+        if replayer.paused is not None:
+            self._paused = Pause(
+                cell=pause.cell,
+                setup=pause.setup,
+                pausing=pause.pausing,
+                calls=tuple(replayer.calls),
+                call=replayer.paused,
+                inputs=result.inputs,
+            )
+            return _paused_result(result, replayer)
+        self._paused = None
+        return result
+
+    @property
+    def paused(self) -> PausedCall | None:
+        """The pausing host call the session's run waits at (a `PausedCall`), or None."""
+        return self._paused.call if self._paused is not None else None
+
+    def _check_not_paused(self) -> None:
+        if self._paused is not None:
+            call = self._paused.call
+            raise SessionError(
+                f"the session is paused at {call.name}(): resume() it, dump() it, or load another checkpoint first"
+            )
 
     @trace_run
     async def _run(
@@ -228,9 +368,16 @@ class AsyncSession:
         limits: Limits | None,
         then_dump: bool,
         report: bool,
+        replayer: Replayer | None = None,
+        resumed: Pause | None = None,
     ) -> RunResult:
-        """`run`; ``report`` False (`feed_run`): only the value and error are read (see `Backend.run`)."""
+        """`run`; ``report`` False (`feed_run`): only the value and error are read (see `Backend.run`).
+
+        With ``replayer`` the run may pause (its host functions are the replayer's), replaying ``resumed``.
+        """
         lookup = validate_lookup(external_lookup)
+        if resumed is None:
+            self._check_not_paused()
         self._start()
         try:
             if limits is not None and not isinstance(limits, Limits):
@@ -249,8 +396,15 @@ class AsyncSession:
             try:
                 dump = self._dump_request(self._config.clock(), "skip") if then_dump else None
                 request = RunRequest(
-                    code=code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, report=report
+                    code=code,
+                    lookup=lookup,
+                    setup=setup,
+                    limits=limits or self._limits,
+                    then_dump=dump,
+                    report=report,
+                    inputs=None if replayer is None else (resumed.inputs if resumed is not None else None) or {},
                 )
+                self._clean = False
                 result = await self._backend.run(request)
             except WorkerLost as exc:
                 exc.result = RunResult(
@@ -266,7 +420,8 @@ class AsyncSession:
                 raise
             if restarted:
                 result = dataclasses.replace(result, restarted=True)
-            if setup and result.error is None and code not in self._setup_since_checkpoint:
+            paused = replayer is not None and (replayer.paused is not None or not replayer.replayed_all)
+            if setup and result.error is None and not paused and code not in self._setup_since_checkpoint:
                 self._setup_since_checkpoint.append(code)
             return result
         finally:
@@ -328,6 +483,8 @@ class AsyncSession:
                 the session and its files are unchanged (delete files, then dump again).
             StorageError: The store failed; nothing was stored, the session is unchanged.
         """
+        if self._paused is not None:
+            return await self._dump_paused(self._paused)
         self._start()
         try:
             config = self._config
@@ -370,6 +527,46 @@ class AsyncSession:
             self._setup_since_checkpoint = []
             self._blobs = {ref.hash: ref for ref in manifest.blobs}
             self._verifier.dump_signed()
+            self._clean = True
+            return cid.raw
+        finally:
+            self._busy = False
+
+    async def _dump_paused(self, pause: Pause) -> bytes:
+        """`dump` of a paused session: the namespace the cell started with (its checkpoint's), the cell and the log.
+
+        The new checkpoint is the one the run started from with the paused run added to its manifest: its sections
+        and blobs are taken as they are (nothing is pickled or unpickled again), and its blobs are refreshed to
+        live as long as it does.
+        """
+        self._start()
+        try:
+            config = self._config
+            base = self.checkpoint_id
+            if base is None:
+                raise SessionError("the paused run's checkpoint is gone")
+            now = config.clock()
+            opened = await open_checkpoint(
+                config.store, config.keyring, self.parse_id(base), max_bytes=self._verifier.max_checkpoint_bytes
+            )
+            manifest = opened.container.manifest.model_copy(update={"paused": pause_record(pause), "created_at": now})
+            body = with_manifest(opened.body, manifest)
+            refs = manifest.blobs
+            if opened.key_index == 0:
+                dumped = Dumped(body=body, manifest=manifest, refresh=[ref.hash for ref in refs])
+            else:  # its blobs live in an older key's namespace: copy them into the signing key's
+                blobs = await BlobIO(config.store, config.keyring.blob_namespace(opened.key_index)).fetch(refs)
+                dumped = Dumped(body=body, manifest=manifest, new_blobs=blobs)
+            if not await self._blob_io.store(dumped, now + config.ttl_s):
+                raise SessionError("a blob of the paused run's checkpoint is gone from the store; it cannot be saved")
+            cid = config.keyring.new_id(now)
+            blob = config.keyring.sign(body, cid)
+            await config.store.put(cid.storage_key, blob, expires_at=now + config.ttl_s)
+            self.bytes_stored = len(blob) + sum(len(data) for data in dumped.new_blobs.values())
+            self.checkpoint_id = cid.raw
+            self.checkpoint_bytes = len(blob)
+            self.manifest = manifest
+            self._blobs = {ref.hash: ref for ref in refs}
             return cid.raw
         finally:
             self._busy = False
@@ -466,6 +663,8 @@ class AsyncSession:
             await self._backend.reset()
             self.checkpoint_id = None
             self.manifest = None
+            self._paused = None
+            self._clean = True
             self._setup_since_checkpoint = []
             self._blobs = {}
             self._verifier.forget()
@@ -474,3 +673,8 @@ class AsyncSession:
 
     def _close(self) -> None:
         self._closed = True
+
+
+def _paused_result(result: RunResult, replayer: Replayer) -> RunResult:
+    """A run that stopped at a pausing call: no value, no error (what the script did after the pause is dropped)."""
+    return dataclasses.replace(result, status="paused", paused=replayer.paused, value=None, value_repr=None, error=None)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from snapcell.checkpoint import Manifest
-from snapcell.interpreter import RunResult
+from snapcell.interpreter import PausedCall, RunResult
 from snapcell.limits import Limits
 from snapcell.workspace import FileInfo
 
@@ -57,6 +57,7 @@ class Session:
         skip_type_check: bool = False,
         limits: Limits | None = None,
         then_dump: bool = False,
+        pausing: Collection[str] | None = None,
     ) -> RunResult:
         """See `AsyncSession.run`."""
         result: RunResult = self._call(
@@ -67,9 +68,32 @@ class Session:
                 skip_type_check=skip_type_check,
                 limits=limits,
                 then_dump=then_dump,
+                pausing=pausing,
             )
         )
         return result
+
+    def resume(
+        self,
+        value: Any = None,
+        *,
+        error: BaseException | None = None,
+        external_lookup: HostFunctions | None = None,
+        skip_type_check: bool = False,
+        limits: Limits | None = None,
+    ) -> RunResult:
+        """See `AsyncSession.resume`."""
+        result: RunResult = self._call(
+            self._inner.resume(
+                value, error=error, external_lookup=external_lookup, skip_type_check=skip_type_check, limits=limits
+            )
+        )
+        return result
+
+    @property
+    def paused(self) -> PausedCall | None:
+        """See `AsyncSession.paused`."""
+        return self._inner.paused
 
     def feed_run(
         self,

@@ -379,6 +379,7 @@ class Worker:
                     setup=bool(message.get("setup")),
                     limits=limits,
                     report=report,
+                    inputs=message.get("inputs"),
                 ),
                 bridge,
                 loop_free=loop_free,

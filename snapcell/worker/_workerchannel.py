@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from snapcell.errors import OutputLimitExceeded, WorkspaceError
-from snapcell.interpreter import CallCounter, RunResult
+from snapcell.interpreter import PAUSE_ERROR, CallCounter, RunResult, ScriptPaused
 from snapcell.limits import Limits
 from snapcell.wire import (
     FRAME,
@@ -255,6 +255,8 @@ _HOST_ERRORS: dict[str, type[Exception]] = {
 def _unpack_result(message: dict[str, Any]) -> Any:
     if "error" in message:
         error = message["error"]
+        if error.get("type") == PAUSE_ERROR:
+            raise ScriptPaused(str(error.get("message", "")))  # the host pauses the run at this call
         cls = _HOST_ERRORS.get(str(error.get("type")), RuntimeError)
         text = str(error.get("message", ""))
         raise cls(text if cls is not RuntimeError else f"{error.get('type')}: {text}")
@@ -296,6 +298,7 @@ def ran_reply(
         ("error", error_to_plain(result.error) if result.error is not None else None),
         ("namespace_summary", cut_text(result.namespace_summary, MAX_SUMMARY_CHARS)),
         ("assigned", [name[:MAX_ASSIGNED_CHARS] for name in result.assigned[:MAX_ASSIGNED]]),
+        ("inputs", result.inputs),
     ):
         if item:
             reply[key] = item

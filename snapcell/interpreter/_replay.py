@@ -1,0 +1,153 @@
+"""A pausable run's outside inputs on the script's side: its clocks and random sources, recorded or replayed.
+
+A run that may pause (its host marks some host functions as pausing) is resumed by running its cell again from the
+namespace it started with. For that second run to take the same path, what the script read from its environment
+must read the same: `Inputs` holds it, and `recording` installs it for the run.
+
+- ``random``'s module-level functions are seeded with a recorded seed at the start of the cell (and
+  ``numpy.random``'s legacy global state, when numpy is already imported): the draws are the same, and cost no log.
+- ``time.time`` / ``time.time_ns`` and ``os.urandom`` (which ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom``
+  read) are recorded as they return and replayed in order; past the end of the record they are live again.
+- String hashing is fixed when an interpreter starts: the hash of a probe string is recorded, so a resumed run can
+  say when its set and dict orders may differ.
+
+Only the run's own context reads the record (a ``ContextVar``): other runs and threads of the process (inline mode)
+see the live clocks. What is not covered: ``datetime.now()`` and ``time.monotonic()`` / ``perf_counter()`` (C
+clocks with no Python hook), ``random.Random()`` instances seeded by the OS, numpy imported during the cell.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+__all__ = ["PAUSE_ERROR", "Inputs", "PauseRequested", "ScriptPaused", "inputs_off", "recording"]
+
+# The error type a host reports for a call that pauses the run (a worker raises `ScriptPaused` for it).
+PAUSE_ERROR = "SnapcellPause"
+_HASH_PROBE = "snapcell:hash-probe"
+# Most values of one kind a record holds: a script reading the clock in a loop stops being replayed past this.
+_MAX_VALUES = 10_000
+_MAX_URANDOM_BYTES = 1 << 20
+
+
+class ScriptPaused(BaseException):  # noqa: N818 - a signal, not an error
+    """Stops a script at a pausing host call.
+
+    A BaseException, so a script's ``except Exception`` does not catch it; it goes through ``asyncio.gather``
+    and tasks as any exception does.
+    """
+
+
+class PauseRequested(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by a host-side function to pause the run at this call (the bridge turns it into `ScriptPaused`)."""
+
+
+class Inputs:
+    """A run's clocks and random sources: what a replayed run reads again, and what the run reads past that.
+
+    Args:
+        given: What an earlier run of the same cell recorded (`export`), or None for a first run.
+    """
+
+    def __init__(self, given: Mapping[str, Any] | None = None) -> None:
+        given = given or {}
+        seed = given.get("seed")
+        self.seed: int = seed if type(seed) is int else int.from_bytes(_live_urandom(8), "big")
+        self.streams: dict[str, list[Any]] = {}
+        for kind, types in (("time", (float,)), ("time_ns", (int,)), ("urandom", (bytes,))):
+            values = given.get(kind)
+            ok = type(values) is list and all(type(v) in types for v in values)
+            self.streams[kind] = list(values) if ok else []  # type: ignore[arg-type]
+        self._at = dict.fromkeys(self.streams, 0)
+        self.recorded_hash = given.get("hash")
+
+    def take(self, kind: str, live: Callable[[], Any], check: Callable[[Any], bool] | None = None) -> Any:
+        """The next value of ``kind``: the recorded one while there is one, else a live one, recorded."""
+        stream, at = self.streams[kind], self._at[kind]
+        self._at[kind] = at + 1
+        if at < len(stream) and (check is None or check(stream[at])):
+            return stream[at]
+        value = live()
+        if at == len(stream) and len(stream) < _MAX_VALUES:
+            stream.append(value)
+        return value
+
+    def start(self) -> None:
+        """Seed the module-level random sources; called as the cell starts."""
+        import random
+
+        random.seed(self.seed)
+        numpy = sys.modules.get("numpy.random")
+        if numpy is not None:
+            numpy.seed(self.seed % 2**32)  # type: ignore[attr-defined]
+
+    def export(self) -> dict[str, Any]:
+        """The record as plain data, for the log (the values read, replayed or live, in order)."""
+        return {"seed": self.seed, **{k: v[: self._at[k]] for k, v in self.streams.items()}, "hash": hash(_HASH_PROBE)}
+
+
+_current: ContextVar[Inputs | None] = ContextVar("snapcell_inputs", default=None)
+_live_time = time.time
+_live_time_ns = time.time_ns
+_live_urandom = os.urandom
+_installed = False
+
+
+def _time() -> float:
+    inputs = _current.get()
+    return _live_time() if inputs is None else float(inputs.take("time", _live_time))
+
+
+def _time_ns() -> int:
+    inputs = _current.get()
+    return _live_time_ns() if inputs is None else int(inputs.take("time_ns", _live_time_ns))
+
+
+def _urandom(size: int, /) -> bytes:
+    inputs = _current.get()
+    if inputs is None or size > _MAX_URANDOM_BYTES:
+        return _live_urandom(size)
+    data: bytes = inputs.take("urandom", lambda: _live_urandom(size), lambda v: len(v) == size)
+    return data
+
+
+def _install() -> None:
+    """Route the clocks and ``os.urandom`` through the current run's record (live outside a pausable run)."""
+    global _installed
+    if _installed:
+        return
+    import random  # only a pausable run needs it: a worker says ready without it
+
+    time.time = _time
+    time.time_ns = _time_ns
+    os.urandom = _urandom
+    random._urandom = _urandom  # type: ignore[attr-defined]  # SystemRandom (and so secrets) reads this name
+    _installed = True
+
+
+@contextmanager
+def recording(inputs: Inputs) -> Iterator[None]:
+    """Give the code run in this context ``inputs`` as its clocks and random sources."""
+    _install()
+    token = _current.set(inputs)
+    try:
+        inputs.start()
+        yield
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def inputs_off() -> Iterator[None]:
+    """Live clocks in this context: a host function called from a script (inline mode) is no part of the record."""
+    token = _current.set(None)
+    try:
+        yield
+    finally:
+        _current.reset(token)
