@@ -6,7 +6,7 @@ must read the same: `Inputs` holds it, and `recording` installs it for the run.
 
 - ``random``'s module-level functions are seeded with a recorded seed at the start of the cell (and
   ``numpy.random``'s legacy global state, when numpy is already imported): the draws are the same, and cost no log.
-- ``time.time`` / ``time.time_ns`` and ``os.urandom`` (which ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom``
+- ``time.time`` / ``time.time_ns`` (as the policy's module views give them to scripts) and ``os.urandom`` (which ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom``
   read) are recorded as they return and replayed in order; past the end of the record they are live again.
 - String hashing is fixed when an interpreter starts: the hash of a probe string is recorded, so a resumed run can
   say when its set and dict orders may differ.
@@ -25,6 +25,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
+
+from snapcell._support import pickled_helper
+from snapcell.policy import register_stand_in
 
 __all__ = ["PAUSE_ERROR", "Inputs", "PauseRequested", "ScriptPaused", "inputs_off", "recording"]
 
@@ -99,14 +102,22 @@ _live_urandom = os.urandom
 _installed = False
 
 
-def _time() -> float:
+def recorded_time() -> float:
+    """``time.time`` as scripts see it: the run's record in a pausable run, else the clock."""
     inputs = _current.get()
     return _live_time() if inputs is None else float(inputs.take("time", _live_time))
 
 
-def _time_ns() -> int:
+def recorded_time_ns() -> int:
+    """``time.time_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
     inputs = _current.get()
     return _live_time_ns() if inputs is None else int(inputs.take("time_ns", _live_time_ns))
+
+
+# Scripts read the wall clock through the module views the policy gives them; the process's own ``time`` is left
+# alone (an unrestricted policy's scripts get the real module, and so the live clock).
+register_stand_in("time", "time", pickled_helper(recorded_time))
+register_stand_in("time", "time_ns", pickled_helper(recorded_time_ns))
 
 
 def _urandom(size: int, /) -> bytes:
@@ -117,17 +128,22 @@ def _urandom(size: int, /) -> bytes:
     return data
 
 
+_urandom.__module__, _urandom.__qualname__, _urandom.__name__ = "posix", "urandom", "urandom"
+
+
 def _install() -> None:
-    """Route the clocks and ``os.urandom`` through the current run's record (live outside a pausable run)."""
+    """Route ``os.urandom`` through the current run's record (live outside a pausable run).
+
+    ``uuid.uuid4`` reads ``os.urandom``, and ``random.SystemRandom`` (so ``secrets``) the ``random`` module's own
+    name for it: both are looked up at each call, so one swap serves every module that already imported them.
+    """
     global _installed
     if _installed:
         return
     import random  # only a pausable run needs it: a worker says ready without it
 
-    time.time = _time
-    time.time_ns = _time_ns
     os.urandom = _urandom
-    random._urandom = _urandom  # type: ignore[attr-defined]  # SystemRandom (and so secrets) reads this name
+    random._urandom = _urandom  # type: ignore[attr-defined]
     _installed = True
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         attribute_problem,
         is_dunder,
         name_denied,
+        register_stand_in,
         warm_guarded_builtins,
     )
     from snapcell.policy._policy import DEFAULT_MODULES, Policy, with_file_access
@@ -31,6 +32,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "attribute_problem",
         "is_dunder",
         "name_denied",
+        "register_stand_in",
+        "register_stand_in",
         "warm_guarded_builtins",
     ),
     "snapcell.policy._policy": (

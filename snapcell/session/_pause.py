@@ -216,7 +216,9 @@ class Replayer:
         if not self.answered and self._waiting is not None:
             want = self._waiting
             if (want.name, list(want.args), want.kwargs) != (call.name, call.args, call.kwargs):
-                return self._diverge(index, f"the run paused at {_describe(want.name, list(want.args), want.kwargs)}", call)
+                return self._diverge(
+                    index, f"the run paused at {_describe(want.name, list(want.args), want.kwargs)}", call
+                )
             self.answered = True
             answer = self._answer or Answer()
             if answer.error is not None:
@@ -233,7 +235,9 @@ class Replayer:
         return call, False
 
     def _diverge(self, index: int, logged: str, call: LoggedCall) -> tuple[LoggedCall, bool]:
-        self.difference = f"host call {index + 1}: {logged}, the replay called {_describe(call.name, call.args, call.kwargs)}"
+        self.difference = (
+            f"host call {index + 1}: {logged}, the replay called {_describe(call.name, call.args, call.kwargs)}"
+        )
         self.difference_at = index
         raise PauseRequested(call.name)
 

@@ -322,8 +322,10 @@ class AsyncSession:
                 difference=difference,
                 call_index=replayer.difference_at,
             )
-        if pause.inputs is not None and result.inputs is not None and pause.inputs.get("hash") != result.inputs.get(
-            "hash"
+        if (
+            pause.inputs is not None
+            and result.inputs is not None
+            and pause.inputs.get("hash") != result.inputs.get("hash")
         ):
             result = dataclasses.replace(
                 result,
