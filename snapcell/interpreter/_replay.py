@@ -6,8 +6,9 @@ must read the same: `Inputs` holds it, and `recording` installs it for the run.
 
 - ``random``'s module-level functions are seeded with a recorded seed at the start of the cell (and
   ``numpy.random``'s legacy global state, when numpy is already imported): the draws are the same, and cost no log.
-- ``time.time`` / ``time.time_ns`` (as the policy's module views give them to scripts) and ``os.urandom`` (which ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom``
-  read) are recorded as they return and replayed in order; past the end of the record they are live again.
+- ``time.time`` / ``time.time_ns`` (as the policy's module views give them to scripts) and ``os.urandom`` (which
+  ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom`` read) are recorded as they return and replayed in order;
+  past the end of the record they are live again.
 - String hashing is fixed when an interpreter starts: the hash of a probe string is recorded, so a resumed run can
   say when its set and dict orders may differ.
 
@@ -39,7 +40,7 @@ _MAX_VALUES = 10_000
 _MAX_URANDOM_BYTES = 1 << 20
 
 
-class ScriptPaused(BaseException):  # noqa: N818 - a signal, not an error
+class ScriptPaused(BaseException):
     """Stops a script at a pausing host call.
 
     A BaseException, so a script's ``except Exception`` does not catch it; it goes through ``asyncio.gather``
@@ -47,7 +48,7 @@ class ScriptPaused(BaseException):  # noqa: N818 - a signal, not an error
     """
 
 
-class PauseRequested(Exception):  # noqa: N818 - a signal, not an error
+class PauseRequested(Exception):
     """Raised by a host-side function to pause the run at this call (the bridge turns it into `ScriptPaused`)."""
 
 
@@ -88,7 +89,7 @@ class Inputs:
         random.seed(self.seed)
         numpy = sys.modules.get("numpy.random")
         if numpy is not None:
-            numpy.seed(self.seed % 2**32)  # type: ignore[attr-defined]
+            numpy.seed(self.seed % 2**32)
 
     def export(self) -> dict[str, Any]:
         """The record as plain data, for the log (the values read, replayed or live, in order)."""

@@ -33,7 +33,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "is_dunder",
         "name_denied",
         "register_stand_in",
-        "register_stand_in",
         "warm_guarded_builtins",
     ),
     "snapcell.policy._policy": (
@@ -65,6 +64,7 @@ __all__ = [
     "instrument",
     "is_dunder",
     "name_denied",
+    "register_stand_in",
     "tick",
     "warm_guarded_builtins",
     "with_file_access",

@@ -214,10 +214,10 @@ class Replayer:
             self.calls.append(dataclasses.replace(want))
             return self.calls[-1], want.done
         if not self.answered and self._waiting is not None:
-            want = self._waiting
-            if (want.name, list(want.args), want.kwargs) != (call.name, call.args, call.kwargs):
+            waiting = self._waiting
+            if (waiting.name, list(waiting.args), waiting.kwargs) != (call.name, call.args, call.kwargs):
                 return self._diverge(
-                    index, f"the run paused at {_describe(want.name, list(want.args), want.kwargs)}", call
+                    index, f"the run paused at {_describe(waiting.name, list(waiting.args), waiting.kwargs)}", call
                 )
             self.answered = True
             answer = self._answer or Answer()
