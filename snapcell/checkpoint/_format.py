@@ -201,7 +201,7 @@ class PausedRun(BaseModel):
     The checkpoint's namespace is the one the cell started with.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     cell: str
     setup: bool = False
