@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -154,3 +156,50 @@ def test_a_dropped_variable_is_named_once_unless_assigned_again(pool: Pool, keep
         assert "not saved" not in tool.run_code("c", "kept")
     finally:
         tool.close()
+
+
+async def list_customers() -> list[dict[str, str]]:
+    """List the customers."""
+    return [{"id": "c-1", "name": "Acme"}]
+
+
+def test_a_coroutine_left_without_await_is_named_and_closed_quietly(pool: Pool) -> None:
+    tools = {**TOOLS, "list_customers": list_customers}
+    tool = SyncCodeTool(pool, heads=MemoryHeads(), tools=tools, keep_warm_s=60.0)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = tool.run_code("c-await", "list_customers()")
+            assert "did you forget `await`?" in value and "await list_customers(...)" in value, value
+            assert "WorkerBridge" not in value and "_call_async" not in value
+            # A host function left unawaited did not run: its failure is not reported.
+            kept = tool.run_code("c-await", "pending = refund(3)\nprint('ran')")
+            assert "ran" in kept and "await refund(...)" in kept and "timed out" not in kept, kept
+            own = tool.run_code("c-await", "async def f():\n    return 1\nf()")
+            assert "did you forget `await`?" in own and "f()" in own, own
+            later = tool.run_code("c-await", "pending = 1\nawait list_customers()")
+            assert "RuntimeWarning" not in later and "never awaited" not in later, later
+            assert "Acme" in later and "forget" not in later
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
+    finally:
+        tool.close()
+
+
+def test_the_description_shows_the_fields_of_stub_classes() -> None:
+    stubs = (
+        "from typing import NotRequired, TypedDict\n"
+        "class Customer(TypedDict):\n"
+        '    """A customer record."""\n'
+        "    id: str\n"
+        "    churned_at: NotRequired[str | None]\n"
+        "    def helper(self) -> None: ...\n"
+        "def list_customers() -> list[Customer]:\n"
+        '    """List the customers."""\n'
+    )
+    with Pool("memory://", isolation="inline") as pool:
+        text = SyncCodeTool(pool, heads=MemoryHeads(), stubs=stubs).description
+    functions, types = text.split("Host functions")[1].split("not defined in the session)")
+    assert "def list_customers() -> list[Customer]\n    List the customers." in functions
+    assert "class Customer(TypedDict)\n    A customer record.\n    id: str\n    churned_at: NotRequired[str | None]\n" in types
+    assert "def helper(self) -> None" in types and "Customer" not in functions.replace("list[Customer]", "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Literal
 
 from snapcell._support import HELPERS_MODULE
@@ -27,7 +28,7 @@ from snapcell.interpreter._capture import capture_output
 from snapcell.interpreter._cellcache import CellCache
 from snapcell.interpreter._compile import RESULT_NAME, register_source
 from snapcell.interpreter._definitions import Definitions, setup_cells_assigning
-from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
+from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, close_unstarted, unbind_bridge
 from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
 from snapcell.interpreter._result import RunResult
 from snapcell.interpreter._stack import script_recursion_limit
@@ -250,7 +251,7 @@ class Runner:
             finally:
                 self._watch = None
                 watchdog.stop()
-                unbind_bridge(bridge_token)
+                unawaited = unbind_bridge(bridge_token)
         assigned = assigned_names(before, self.namespace, skip=_NOT_VARIABLES)
         if caller_cancelled or watchdog.cancelled:
             value, error = (
@@ -274,6 +275,11 @@ class Runner:
         if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
+        if type(value) is CoroutineType:  # the script's own coroutine (a host function's is closed already)
+            own = close_unstarted(value)
+            unawaited += [own] if own is not None else []
+        if unawaited:
+            notes.append(_unawaited_note(unawaited))
         result = RunResult(
             value=value,
             value_repr=_render(value, limits.max_value_repr_bytes) if cell.has_value and error is None else None,
@@ -538,6 +544,20 @@ def _locate(error: ScriptError) -> ScriptError:
                 + [f"{error.exc_type}: {error.exc_message}"]
             )
     return error
+
+
+def _unawaited_note(names: list[str]) -> str:
+    """The note on coroutines a run made and never awaited: they did not run."""
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        counts[name] += 1
+    shown = [f"{name}()" + (f" ({count} calls)" if count > 1 else "") for name, count in list(counts.items())[:5]]
+    first = next(iter(counts))
+    return (
+        f"{', '.join(shown)} {'was' if len(names) == 1 else 'were'} called without `await`, so "
+        f"{'it' if len(names) == 1 else 'they'} did not run and gave a coroutine: did you forget `await`? Write "
+        f"`await {first}(...)`, or `await asyncio.gather(...)` for several calls at once"
+    )
 
 
 def _render(value: Any, limit: int | None) -> str:
