@@ -24,6 +24,7 @@ __all__ = [
     "modules_text",
     "cut_answer",
     "dropped_in_turn",
+    "host_text",
     "render_answer",
     "without_dropped_notes",
     "replayed",
@@ -173,7 +174,11 @@ def without_dropped_notes(result: RunResult) -> RunResult:
 
 
 def stub_signatures(stubs: str) -> list[str]:
-    """``def name(args) -> ret`` (and the docstring's first line) of every top-level function or class in stubs."""
+    """``def name(args) -> ret`` (and the docstring's first line) of every top-level function or class in stubs.
+
+    A class also shows its fields (``name: type``, the keys of a TypedDict) and its public methods' signatures, so
+    the model learns the shape of what the host functions take and return.
+    """
     try:
         tree = ast.parse(stubs)
     except SyntaxError as exc:
@@ -182,11 +187,36 @@ def stub_signatures(stubs: str) -> list[str]:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             doc = (ast.get_docstring(node) or "").strip().splitlines()
-            node.decorator_list = []
-            node.body = [ast.Expr(ast.Constant(...))]
-            signature = ast.unparse(node).splitlines()[0].removesuffix(":")
-            lines.append(signature + (f"\n    {doc[0]}" if doc else ""))
+            members = _class_members(node) if isinstance(node, ast.ClassDef) else []
+            lines.append(_signature_line(node) + (f"\n    {doc[0]}" if doc else "") + "".join(members))
     return lines
+
+
+def host_text(signatures: list[str]) -> str:
+    """The description's part on the host functions, then the types their signatures use (stub classes)."""
+    functions = [line for line in signatures if not line.startswith("class ")]
+    types = [line for line in signatures if line.startswith("class ")]
+    text = "\n\nHost functions (already defined; call them directly):\n" + "\n".join(functions) if functions else ""
+    if types:
+        text += "\n\nTypes in their signatures (for reference, not defined in the session):\n" + "\n".join(types)
+    return text
+
+
+def _signature_line(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:
+    node.decorator_list = []
+    node.body = [ast.Expr(ast.Constant(...))]
+    return ast.unparse(node).splitlines()[0].removesuffix(":")
+
+
+def _class_members(node: ast.ClassDef) -> list[str]:
+    """A stub class's fields and public methods, one indented line each (a class body is never unparsed whole)."""
+    members = []
+    for item in node.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            members.append(f"\n    {ast.unparse(item)}")
+        elif isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_"):
+            members.append(f"\n    {_signature_line(item)}")
+    return members
 
 
 def replayed(turn: TurnRecord) -> str:

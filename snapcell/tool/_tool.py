@@ -34,6 +34,7 @@ from snapcell.telemetry import conversation_context
 from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
     cut_answer,
+    host_text,
     modules_text,
     render_answer,
     stub_signatures,
@@ -176,7 +177,7 @@ class CodeTool:
         self.description = (
             f"{_DESCRIPTION} {modules_text(pool.policy)}"
             + (_FILES if pool.isolation == "process" else " There is no file access (open() is not available).")
-            + ("\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else "")
+            + host_text(host)
         )
         self._warm = WarmSessions(
             keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
