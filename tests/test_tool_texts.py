@@ -201,5 +201,34 @@ def test_the_description_shows_the_fields_of_stub_classes() -> None:
         text = SyncCodeTool(pool, heads=MemoryHeads(), stubs=stubs).description
     functions, types = text.split("Host functions")[1].split("not defined in the session)")
     assert "def list_customers() -> list[Customer]\n    List the customers." in functions
-    assert "class Customer(TypedDict)\n    A customer record.\n    id: str\n    churned_at: NotRequired[str | None]\n" in types
+    assert (
+        "class Customer(TypedDict)\n    A customer record.\n    id: str\n    churned_at: NotRequired[str | None]\n"
+        in types
+    )
     assert "def helper(self) -> None" in types and "Customer" not in functions.replace("list[Customer]", "")
+
+
+def test_the_module_list_names_what_imports(tool: SyncCodeTool, pool: Pool) -> None:
+    listed = re.search(r"can be imported \(with their submodules\): (.*?)\. Other imports fail", tool.description)
+    assert listed is not None, tool.description
+    names = re.findall(r"[\w.]+", listed.group(1).replace("from the standard library", ""))
+    names = [name for name in names if name != "and"]
+    assert ("pathlib" in names) == (pool._inner.isolation == "process")
+    answer = tool.run_code("c-modules", "".join(f"import {name}\n" for name in names) + "'imported'")
+    assert answer == "'imported'", answer
+    with Pool("memory://", isolation="inline", policy=Policy().with_modules(["snapcell_no_such_module"])) as other:
+        assert "snapcell_no_such_module" not in SyncCodeTool(other, heads=MemoryHeads()).description
+
+
+def test_an_absolute_workspace_path_gets_a_hint() -> None:
+    with Pool("memory://", isolation="process") as pool:
+        tool = SyncCodeTool(pool, heads=MemoryHeads())
+        for code in (
+            "open('/workspace/notes.txt').read()",
+            "import pathlib\npathlib.Path('/workspace/a.txt').write_text('x')",
+        ):
+            answer = tool.run_code("c-path", code)
+            assert "Error" in answer and "working directory is the workspace" in answer, answer
+            assert "'notes.txt'" in answer or "'a.txt'" in answer
+        relative = tool.run_code("c-path", "open('notes.txt').read()")
+        assert "FileNotFoundError" in relative and "working directory is the workspace" not in relative

@@ -270,6 +270,8 @@ class Runner:
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
             )
+        if error is not None and self.file_access and not error.hint:
+            error.hint = _path_hint(error.__cause__)
         if prepared.defines:  # else recording finds nothing to keep (and would parse the cell again to see so)
             self.definitions.record(code, self.namespace)
         if error is None and setup and code not in self.setup_cells:
@@ -544,6 +546,25 @@ def _locate(error: ScriptError) -> ScriptError:
                 + [f"{error.exc_type}: {error.exc_message}"]
             )
     return error
+
+
+def _path_hint(exc: BaseException | None) -> str:
+    """The hint for a file error on an absolute path outside the working directory (the workspace), else ``""``."""
+    import os  # an error's path only
+
+    if not isinstance(exc, OSError) or not isinstance(exc.filename, str) or not os.path.isabs(exc.filename):
+        return ""
+    try:
+        inside = os.path.commonpath([os.getcwd(), os.path.abspath(exc.filename)]) == os.getcwd()
+    except (OSError, ValueError):
+        return ""
+    if inside:
+        return ""
+    name = os.path.basename(exc.filename.rstrip("/")) or "data.csv"
+    return (
+        f"The working directory is the workspace: use a path relative to it ({name!r}, not {exc.filename!r}); "
+        "nothing outside the workspace and its mounted folders can be reached."
+    )
 
 
 def _unawaited_note(names: list[str]) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import json
 import re
+import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
@@ -15,7 +17,7 @@ from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.heads import TurnRecord
 from snapcell.interpreter import DROPPED_PREFIX, HostCall, RunResult, dropped_note
-from snapcell.policy import DEFAULT_MODULES, Policy
+from snapcell.policy import DEFAULT_MODULES, Policy, with_file_access
 from snapcell.wire import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
 
 __all__ = [
@@ -268,18 +270,35 @@ def tool_call_arguments(arguments: str | Mapping[str, Any]) -> tuple[str, bool]:
     return data["code"], setup
 
 
-def modules_text(policy: Policy) -> str:
-    """What the policy lets scripts import, in a sentence for the model."""
+def modules_text(policy: Policy, *, file_access: bool = False) -> str:
+    """What scripts can import, in a sentence for the model: the modules the policy allows that are installed.
+
+    Args:
+        policy: The pool's policy.
+        file_access: The sessions have a workspace (process mode): their runner's policy adds the file modules.
+    """
     if not policy.restricted:
         return "Any installed module can be imported."
-    standard = policy.allowed_modules & DEFAULT_MODULES - {"__future__"}
-    others = sorted(policy.modules - standard - {"__future__"})
-    listed = ", ".join(others)
+    offline = DEFAULT_MODULES  # the standard-library modules known to hold no way onto the network
+    if file_access:
+        effective = with_file_access(policy)
+        offline = offline | (effective.modules - policy.modules)
+        policy = effective
+    importable = {name for name in policy.modules - {"__future__"} if _installed(name)}
+    standard = importable & sys.stdlib_module_names
+    listed = ", ".join(sorted(importable - standard))
     if standard:
-        listed += ("; and " if others else "") + "from the standard library: " + ", ".join(sorted(standard))
-    # Only the standard-library modules of the default list are known to hold no way onto the network.
-    offline = "" if policy.modules - DEFAULT_MODULES else " and there is no network access"
-    return f"Modules that can be imported (with their submodules): {listed}. Other imports fail{offline}."
+        listed += ("; and " if listed else "") + "from the standard library: " + ", ".join(sorted(standard))
+    network = "" if policy.modules - offline else " and there is no network access"
+    return f"Modules that can be imported (with their submodules): {listed}. Other imports fail{network}."
+
+
+def _installed(name: str) -> bool:
+    """Whether the module ``name`` can be found (a top-level name: nothing is imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 _LOST_REASONS = {

@@ -174,9 +174,10 @@ class CodeTool:
         if stubs is not None:
             checkout.update(type_check=True, type_check_stubs=stubs)
         host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
+        process = pool.isolation == "process"
         self.description = (
-            f"{_DESCRIPTION} {modules_text(pool.policy)}"
-            + (_FILES if pool.isolation == "process" else " There is no file access (open() is not available).")
+            f"{_DESCRIPTION} {modules_text(pool.policy, file_access=process)}"
+            + (_FILES if process else " There is no file access (open() is not available).")
             + host_text(host)
         )
         self._warm = WarmSessions(
