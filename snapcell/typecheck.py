@@ -373,14 +373,19 @@ def _stub_definitions(stubs: str) -> dict[str, int]:
     }
 
 
+# Builtins a session adds for its scripts (`snapcell.interpreter`'s runner), declared before the namespace's names.
+_SESSION_BUILTINS_STUB = "def memory() -> dict[str, int | None]: ...\n"
+_SESSION_BUILTINS = frozenset({"memory"})
+
+
 def _declarations_module(declarations: str) -> str:
     try:
         tree = ast.parse(declarations)
     except SyntaxError as exc:
         raise ConfigError(f"declarations do not parse: {exc}") from exc
     names = _bound_names(tree.body)
-    exports = f"__all__ = {sorted(names)!r}\n" if names is not None else ""
-    return f"from typing import Any\n{exports}{declarations}\n"
+    exports = f"__all__ = {sorted(names | _SESSION_BUILTINS)!r}\n" if names is not None else ""
+    return f"from typing import Any\n{exports}{_SESSION_BUILTINS_STUB}{declarations}\n"
 
 
 def _prior_module(prior_cells: Sequence[str]) -> str:

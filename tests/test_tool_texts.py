@@ -232,3 +232,20 @@ def test_an_absolute_workspace_path_gets_a_hint() -> None:
             assert "'notes.txt'" in answer or "'a.txt'" in answer
         relative = tool.run_code("c-path", "open('notes.txt').read()")
         assert "FileNotFoundError" in relative and "working directory is the workspace" not in relative
+
+
+def test_the_model_can_ask_for_its_sessions_memory(tool: SyncCodeTool, pool: Pool) -> None:
+    process = pool._inner.isolation == "process"
+    assert ("memory()" in tool.description) == process
+    used = tool.run_code("c-mem", "m = memory()\nm['resident_bytes'], m['peak_resident_bytes'], m['limit_bytes']")
+    if not process:  # the session shares the application's process: its memory is unknown
+        assert used == "(None, None, None)", used
+        return
+    resident, peak, limit = (int(n) for n in re.findall(r"\d+", used))
+    assert 10 * 2**20 < resident <= peak and limit == Limits().memory_bytes, used
+    classic = 'int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])'
+    assert 10_000 < int(tool.run_code("c-mem", classic)) < 10 * 2**20
+    # Only the worker's own memory lines are served, read-only; the rest of /proc stays closed.
+    assert tool.run_code("c-mem", "'Uid:' in open('/proc/self/status').read()") == "False"
+    assert "Error" in tool.run_code("c-mem", "open('/proc/self/status', 'w')")
+    assert "PermissionError" in tool.run_code("c-mem", "open('/proc/self/environ').read()")

@@ -158,6 +158,13 @@ def test_declarations_from_namespace_make_names_known(checker: TypeChecker) -> N
     ]
 
 
+def test_the_sessions_own_builtins_are_known(checker: TypeChecker) -> None:
+    code = "m = memory()\nm['resident_bytes'] or 0\n"
+    assert errors(checker.check(code)) == []
+    assert errors(checker.check(code, declarations="count: int")) == []
+    assert [d.code for d in errors(checker.check("memory().upper()"))] == ["missing-attribute"]
+
+
 def test_hand_written_declarations(checker: TypeChecker) -> None:
     assert errors(checker.check("churned[0]['x'].foo", declarations="churned: list[dict[str, Any]]")) == []
     with pytest.raises(ConfigError):

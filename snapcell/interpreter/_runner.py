@@ -30,6 +30,7 @@ from snapcell.interpreter._compile import RESULT_NAME, register_source
 from snapcell.interpreter._definitions import Definitions, setup_cells_assigning
 from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, close_unstarted, unbind_bridge
 from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
+from snapcell.interpreter._memory import make_memory, serving_status
 from snapcell.interpreter._result import RunResult
 from snapcell.interpreter._stack import script_recursion_limit
 from snapcell.interpreter._summary import summarize_namespace
@@ -98,9 +99,19 @@ class Runner:
         policy: What scripts may import and touch.
         limits: Default limits for each run.
         file_access: Give scripts ``open`` and ``pathlib`` (a worker, confined to its workspace by Landlock).
+        read_status: Reads the process's own ``/proc/self/status`` (a worker, whose sandbox hides ``/proc``); scripts
+            see its memory lines through ``memory()`` and ``open("/proc/self/status")``. None: the session has no
+            process of its own (inline), and ``memory()`` reports None.
     """
 
-    def __init__(self, *, policy: Policy, limits: Limits, file_access: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        limits: Limits,
+        file_access: bool = False,
+        read_status: Callable[[], str | None] | None = None,
+    ) -> None:
         if file_access:
             policy = with_file_access(policy)
         self.policy = policy
@@ -108,6 +119,9 @@ class Runner:
         self.file_access = file_access
         self.builtins = policy.make_builtins(file_access=file_access)
         self.builtins[TICK_NAME] = tick
+        self.builtins["memory"] = make_memory(read_status, lambda: self.limits.memory_bytes)
+        if read_status is not None and file_access:
+            self.builtins["open"] = serving_status(self.builtins["open"], read_status)
         self.namespace: dict[str, Any] = self._fresh_namespace()
         self.cells: list[str] = []
         self.setup_cells: list[str] = []

@@ -72,7 +72,8 @@ expression (as in a notebook cell), then any error with its traceback, then note
 start, so print only what you need to see."""
 _FILES = (
     "\n\nThe working directory is this conversation's workspace: files written there with open() or pathlib are "
-    "still there in later calls. Files written under out/ (charts, reports) are shown to the user."
+    "still there in later calls. Files written under out/ (charts, reports) are shown to the user. memory() gives the "
+    "session's memory in bytes (resident_bytes, peak_resident_bytes, limit_bytes)."
 )
 
 

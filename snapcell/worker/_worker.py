@@ -390,6 +390,17 @@ class Worker:
 
 # Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.
 _statm_fd: int | None = None
+_status_fd: int | None = None
+
+
+def _read_status() -> str | None:
+    """The worker's own ``/proc/self/status`` (scripts see its memory lines: `Runner` ``read_status``)."""
+    if _status_fd is None:
+        return None
+    try:
+        return os.pread(_status_fd, 16384, 0).decode("ascii", "replace")
+    except OSError:
+        return None
 
 
 def _rss_bytes() -> int | None:
@@ -504,12 +515,16 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
     policy = policy_from_plain(settings["policy"])
     limits = Limits(**settings["limits"])
     os.chdir(str(settings["scratch_dir"]))
-    global _statm_fd
+    global _statm_fd, _status_fd
     try:
         _statm_fd = os.open("/proc/self/statm", os.O_RDONLY)
     except OSError:
         _statm_fd = None
-    keep = (sock.fileno(),) if _statm_fd is None else (sock.fileno(), _statm_fd)
+    try:
+        _status_fd = os.open("/proc/self/status", os.O_RDONLY)
+    except OSError:
+        _status_fd = None
+    keep = (sock.fileno(), *(fd for fd in (_statm_fd, _status_fd) if fd is not None))
     try:
         report = apply_session_sandbox(settings, limits, policy, keep, parent_pid, host_pid)
     except (SandboxError, ConfigError) as exc:
@@ -534,7 +549,7 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
         mounts=[str(name) for name in (settings.get("mounts") or {})],
         quota_bytes=effective_quota(limits.workspace_bytes, limits.max_scratch_bytes),
     )
-    runner = Runner(policy=policy, limits=limits, file_access=True)
+    runner = Runner(policy=policy, limits=limits, file_access=True, read_status=_read_status)
     worker = Worker(channel, runner, workspace)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
     channel.send({"op": "ready", "sandbox": report})
