@@ -6,10 +6,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
-from snapcell import ConfigError, Pool, TypingError
+from snapcell import ConfigError, Pool, SyncCodeTool, TypingError
+from snapcell.heads import MemoryHeads
 
 STUBS = textwrap.dedent(
     """
@@ -100,3 +102,31 @@ def test_missing_checker_is_a_clear_error(pool: Pool, monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError, match="snapcell\\[typecheck\\]"):
         with pool.checkout(type_check=True, type_check_stubs=STUBS):
             pass
+
+
+class Customer(TypedDict):
+    id: str
+    name: str
+    churned_at: str | None
+
+
+def typed_customers() -> list[Customer]:
+    """List the customers."""
+    return [{"id": "c-1", "name": "Acme", "churned_at": None}]
+
+
+def test_a_tool_checks_against_stubs_made_from_its_host_functions(pool: Pool) -> None:
+    tool = SyncCodeTool(pool, heads=MemoryHeads(), tools={"list_customers": typed_customers}, type_check=True)
+    try:
+        assert "class Customer(TypedDict)\n    id: str\n    name: str\n    churned_at: str | None" in tool.description
+        assert "def list_customers() -> list[Customer]\n    List the customers." in tool.description
+        refused = tool.run_code("c-auto", "c = list_customers()\nc[0]['nmae']")
+        assert "did not run" in refused and "nmae" in refused, refused
+        assert tool.run_code("c-auto", "c = list_customers()\nc[0]['name']") == "'Acme'"
+    finally:
+        tool.close()
+    plain = SyncCodeTool(pool, heads=MemoryHeads(), tools={"list_customers": typed_customers})
+    try:
+        assert plain.run_code("c-plain", "list_customers()[0]['nmae']").count("KeyError") == 1
+    finally:
+        plain.close()

@@ -231,4 +231,4 @@ def close_unstarted(coro: Coroutine[Any, Any, Any]) -> str | None:
     if inspect.getcoroutinestate(coro) != inspect.CORO_CREATED:
         return None
     coro.close()
-    return str(coro.__qualname__)
+    return str(getattr(coro, "__qualname__", "a coroutine"))

@@ -47,6 +47,7 @@ from snapcell.tool._lease import TurnLeases
 from snapcell.tool._records import CANCELLED_NOTE
 from snapcell.tool._turn import KEPT_ANSWER_CHARS, STATE_GONE_NOTE, Turn
 from snapcell.tool._warm import WarmSessions
+from snapcell.typecheck import stubs_from_functions
 from snapcell.workspace import FileInfo, check_mounts
 
 __all__ = [
@@ -77,6 +78,19 @@ _FILES = (
 )
 
 
+def _checked_stubs(stubs: str | None, type_check: bool | None, tools: Mapping[str, Callable[..., Any]]) -> str | None:
+    """The stubs every turn is type-checked against (made from ``tools`` if none are given), or None: no checks.
+
+    Raises:
+        ConfigError: ``type_check`` is not a bool or None.
+    """
+    if type_check is not None and not isinstance(type_check, bool):
+        raise ConfigError(f"type_check must be True, False or None, not {type_check!r}")
+    if not (stubs is not None if type_check is None else type_check):
+        return None
+    return stubs if stubs is not None else stubs_from_functions(tools)
+
+
 class CodeTool:
     """The ``run_code`` tool for an agent: one persistent Python session per conversation.
 
@@ -87,6 +101,9 @@ class CodeTool:
         tools: Host functions by name (sync or async) the code may call.
         stubs: Python stubs of the host functions; when given, every script is type-checked against them before it
             runs (needs ty), and the tool's description lists them.
+        type_check: Type-check every script before it runs (needs ty): against ``stubs``, or without them against
+            stubs made from the host functions' signatures (`snapcell.typecheck.stubs_from_functions`), which the
+            description then lists. Default: only when ``stubs`` are given.
         limits: Limits of every run instead of the pool's.
         max_answer_chars: Longest answer; longer ones keep their end and say what was cut (default 8,000).
         lease_ttl_s: Seconds a turn's lease lasts; it is renewed every third of that while the turn runs, so only a
@@ -124,6 +141,7 @@ class CodeTool:
         heads: HeadStore | None = None,
         tools: Mapping[str, Callable[..., Any]] | None = None,
         stubs: str | None = None,
+        type_check: bool | None = None,
         limits: Limits | None = None,
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
@@ -172,9 +190,11 @@ class CodeTool:
         if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
             self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
         checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
-        if stubs is not None:
-            checkout.update(type_check=True, type_check_stubs=stubs)
-        host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
+        checked = _checked_stubs(stubs, type_check, self.tools)
+        if checked is not None:
+            checkout.update(type_check=True, type_check_stubs=checked)
+        shown = checked if checked is not None else stubs
+        host = stub_signatures(shown) if shown is not None else tool_signatures(self.tools)
         process = pool.isolation == "process"
         self.description = (
             f"{_DESCRIPTION} {modules_text(pool.policy, file_access=process)}"
@@ -496,6 +516,7 @@ class SyncCodeTool:
         heads: HeadStore | None = None,
         tools: Mapping[str, Callable[..., Any]] | None = None,
         stubs: str | None = None,
+        type_check: bool | None = None,
         limits: Limits | None = None,
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
@@ -516,6 +537,7 @@ class SyncCodeTool:
             heads=heads,
             tools=tools,
             stubs=stubs,
+            type_check=type_check,
             limits=limits,
             max_answer_chars=max_answer_chars,
             lease_ttl_s=lease_ttl_s,
