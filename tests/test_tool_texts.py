@@ -245,7 +245,8 @@ def test_the_model_can_ask_for_its_sessions_memory(tool: SyncCodeTool, pool: Poo
     assert 10 * 2**20 < resident <= peak and limit == Limits().memory_bytes, used
     classic = 'int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])'
     assert 10_000 < int(tool.run_code("c-mem", classic)) < 10 * 2**20
-    # Only the worker's own memory lines are served, read-only; the rest of /proc stays closed.
+    # Only memory lines are served, read-only; the rest of /proc stays closed.
     assert tool.run_code("c-mem", "'Uid:' in open('/proc/self/status').read()") == "False"
+    assert tool.run_code("c-mem", "'VmHWM:' in open('/proc/self/status', 'rb').read().decode()") == "True"
     assert "Error" in tool.run_code("c-mem", "open('/proc/self/status', 'w')")
     assert "PermissionError" in tool.run_code("c-mem", "open('/proc/self/environ').read()")

@@ -1,8 +1,8 @@
 """What a script learns of its session's memory: the ``memory()`` builtin, and ``/proc/self/status`` in a worker.
 
-A worker's sandbox hides ``/proc``; the worker keeps a descriptor of its own ``/proc/self/status`` opened before the
-sandbox (`Runner` ``read_status``), and scripts get its memory lines from it: through ``memory()``, and as the file
-``/proc/self/status`` when they ``open`` it for reading. Nothing else of ``/proc`` becomes readable.
+A worker's sandbox hides ``/proc``. The worker makes the memory lines of its ``/proc/self/status`` from what it
+reads anyway (`Runner` ``read_status``), and scripts get them through ``memory()``, and as the file
+``/proc/self/status`` when they ``open`` it for reading. Nothing of the real ``/proc`` becomes readable.
 """
 
 from __future__ import annotations
@@ -11,16 +11,9 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STATUS_PATH", "make_memory", "serving_status", "status_memory_lines"]
+__all__ = ["STATUS_PATH", "make_memory", "serving_status"]
 
 STATUS_PATH = "/proc/self/status"
-# The lines of the status file a script is shown: its memory, and its name and threads for context.
-_SHOWN = ("Name:", "Vm", "Rss", "Hugetlb", "Threads:")
-
-
-def status_memory_lines(text: str) -> str:
-    """The memory lines (and name and thread count) of a ``/proc/<pid>/status`` text."""
-    return "".join(line for line in text.splitlines(keepends=True) if line.startswith(_SHOWN))
 
 
 def _kib_field(text: str, key: str) -> int | None:
@@ -57,14 +50,13 @@ def make_memory(
 
 
 def serving_status(real_open: Callable[..., Any], read_status: Callable[[], str | None]) -> Callable[..., Any]:
-    """``open`` that serves ``/proc/self/status`` (its memory lines, read-only) and passes every other call on."""
+    """``open`` that serves ``/proc/self/status`` (memory lines, read-only) and passes every other call on."""
 
     def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if type(file) is str and file == STATUS_PATH and mode in ("r", "rt", "rb"):
             text = read_status()
             if text is not None:
-                shown = status_memory_lines(text)
-                return io.BytesIO(shown.encode()) if mode == "rb" else io.StringIO(shown)
+                return io.BytesIO(text.encode()) if mode == "rb" else io.StringIO(text)
         return real_open(file, mode, *args, **kwargs)
 
     return open

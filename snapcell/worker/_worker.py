@@ -209,7 +209,7 @@ class Worker:
         if op == "declarations":
             from snapcell.typecheck import declarations_from_namespace  # a type-checked session only
 
-            text = declarations_from_namespace(self.runner.variables())
+            text = declarations_from_namespace(self.runner.variables(), types=self.runner.static_types)
             if len(text) > MAX_DECLARATIONS_CHARS:  # the host accepts no more; the stubs keep their first lines
                 text = text[: text.rfind("\n", 0, MAX_DECLARATIONS_CHARS) + 1]
             return {"op": "declarations", "text": text}, []
@@ -379,6 +379,7 @@ class Worker:
                     setup=bool(message.get("setup")),
                     limits=limits,
                     report=report,
+                    types=_types(message.get("types")),
                 ),
                 bridge,
                 loop_free=loop_free,
@@ -390,17 +391,31 @@ class Worker:
 
 # Opened before the sandbox (which hides /proc) and kept: each pread gives the current numbers.
 _statm_fd: int | None = None
-_status_fd: int | None = None
 
 
 def _read_status() -> str | None:
-    """The worker's own ``/proc/self/status`` (scripts see its memory lines: `Runner` ``read_status``)."""
-    if _status_fd is None:
+    """The memory lines of ``/proc/self/status``, made from ``statm`` and the peak from ``getrusage``.
+
+    Scripts read them (`Runner` ``read_status``); the worker opens nothing more of ``/proc`` for them.
+    """
+    if _statm_fd is None:
         return None
     try:
-        return os.pread(_status_fd, 16384, 0).decode("ascii", "replace")
-    except OSError:
+        size, resident, _shared, text, _lib, data = (int(n) for n in os.pread(_statm_fd, 200, 0).split()[:6])
+        import resource  # the sandbox imported it already
+
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    except (OSError, ValueError):
         return None
+    kib = os.sysconf("SC_PAGE_SIZE") // 1024
+    lines = {
+        "VmSize": size * kib,
+        "VmHWM": max(peak_kib, resident * kib),
+        "VmRSS": resident * kib,
+        "VmData": data * kib,
+        "VmExe": text * kib,
+    }
+    return "".join(f"{key}:\t{value:8d} kB\n" for key, value in lines.items())
 
 
 def _rss_bytes() -> int | None:
@@ -410,6 +425,13 @@ def _rss_bytes() -> int | None:
         return int(os.pread(_statm_fd, 200, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _types(value: Any) -> dict[str, str] | None:
+    """The static types a run message carries (None: the cell was not type-checked)."""
+    if type(value) is not dict:
+        return None
+    return {k: v for k, v in value.items() if type(k) is str and type(v) is str}
 
 
 def policy_from_plain(data: dict[str, Any]) -> Policy:
@@ -515,16 +537,12 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
     policy = policy_from_plain(settings["policy"])
     limits = Limits(**settings["limits"])
     os.chdir(str(settings["scratch_dir"]))
-    global _statm_fd, _status_fd
+    global _statm_fd
     try:
         _statm_fd = os.open("/proc/self/statm", os.O_RDONLY)
     except OSError:
         _statm_fd = None
-    try:
-        _status_fd = os.open("/proc/self/status", os.O_RDONLY)
-    except OSError:
-        _status_fd = None
-    keep = (sock.fileno(), *(fd for fd in (_statm_fd, _status_fd) if fd is not None))
+    keep = (sock.fileno(),) if _statm_fd is None else (sock.fileno(), _statm_fd)
     try:
         report = apply_session_sandbox(settings, limits, policy, keep, parent_pid, host_pid)
     except (SandboxError, ConfigError) as exc:
