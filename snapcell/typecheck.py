@@ -148,6 +148,7 @@ class TypeChecker:
         self.timeout_s = timeout_s
         self.stubs = stubs
         self._stub_lines = _NEWLINE.split(stubs)
+        self._stub_classes = _stub_classes(stubs)
         self._dir = Path(tempfile.mkdtemp(prefix="snapcell-ty-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self._counter = itertools.count()
@@ -188,24 +189,66 @@ class TypeChecker:
             ConfigError: ``declarations`` does not parse, or ty failed to run; the session is unchanged.
             TimeLimitExceeded: ty ran longer than ``timeout_s``; the script did not run.
         """
+        return self._check(code, prior_cells, declarations, reveal=False)[0]
+
+    def _check(
+        self, code: str, prior_cells: Sequence[str], declarations: str, *, reveal: bool
+    ) -> tuple[list[Diagnostic], dict[str, str]]:
         n = next(self._counter)
         decls, prior, cell = f"__snapcell_decls_{n}__", f"__snapcell_prior_{n}__", f"__snapcell_cell_{n}__.py"
         header = f"import asyncio; from {decls} import *; from {prior} import *; from {_STUBS_MODULE} import *\n"
-        files = {
-            f"{decls}.pyi": _declarations_module(declarations),
-            f"{prior}.py": _prior_module(prior_cells),
-            cell: header + code,
-        }
+        declared = _declarations_module(declarations)
+        names = _revealable(code) if reveal and self._stub_classes else []
+        # Asked after the script, so ty says what each name it bound holds at its end (lines past the script's).
+        tail = "".join(f"\n{_REVEAL}({name})" for name in names)
+        files = {f"{decls}.pyi": declared, f"{prior}.py": _prior_module(prior_cells), cell: header + code + tail}
         try:
             for name, text in files.items():
                 (self._dir / name).write_text(text, encoding="utf-8", newline="")
-            found = self._diagnostics(cell, code, "sarif")
+            found, revealed = self._diagnostics(cell, code, "sarif")
             if self.stubs.strip() and any(d.severity == "error" and d.code != "invalid-syntax" for d in found):
                 found = self._with_stub_notes(found, cell)
         finally:
             for name in files:
                 (self._dir / name).unlink(missing_ok=True)
-        return sorted(found, key=lambda d: (_SEVERITY_ORDER.get(d.severity, 3), d.line, d.column))
+        types: dict[str, str] = {}
+        if names:
+            shadowed = (_bound_names(ast.parse(code).body) or set()) | (
+                _bound_names(ast.parse(declarations).body) or set()
+            )
+            script_lines = len(_NEWLINE.split(code)) + 1  # the preamble's line, then the script's
+            for offset, name in enumerate(names, start=script_lines + 1):
+                shown = revealed.get(offset)
+                static = _static_type(shown, self._stub_classes, shadowed) if shown is not None else None
+                if static is not None:
+                    types[name] = static
+        return sorted(found, key=lambda d: (_SEVERITY_ORDER.get(d.severity, 3), d.line, d.column)), types
+
+    def check_with_types(self, code: str, *, declarations: str = "") -> tuple[list[Diagnostic], dict[str, str]]:
+        """Check like `check_or_raise`, and say which types the stubs gave the names the script binds.
+
+        A name's type is reported when ty's type for it at the end of the script uses a class of the stubs
+        (``list[Customer]``) and can be spelled in a declaration; other names are left to their runtime values
+        (`declarations_from_namespace` takes these types back as ``types``).
+
+        Returns:
+            The diagnostics (warnings and infos only), and the types by name, stub classes spelled
+            ``__snapcell_stubs__.Customer``.
+
+        Raises:
+            TypingError: As for `check_or_raise`.
+            ConfigError: As for `check`.
+            TimeLimitExceeded: As for `check`.
+        """
+        found, types = self._check(code, (), declarations, reveal=True)
+        _raise_on_errors(found)
+        return found, types
+
+    async def acheck_with_types(self, code: str, *, declarations: str = "") -> tuple[list[Diagnostic], dict[str, str]]:
+        """Async twin of `check_with_types`, run in a worker thread."""
+        import asyncio
+
+        return await asyncio.to_thread(self.check_with_types, code, declarations=declarations)
 
     async def acheck(self, code: str, *, prior_cells: Sequence[str] = (), declarations: str = "") -> list[Diagnostic]:
         """Async twin of `check`, run in a worker thread so the event loop stays free."""
@@ -226,17 +269,8 @@ class TypeChecker:
             TimeLimitExceeded: As for `check`.
         """
         found = self.check(code, prior_cells=prior_cells, declarations=declarations)
-        errors = [d for d in found if d.severity == "error"]
-        if not errors:
-            return found
-        count = f"{len(errors)} type error{'s' if len(errors) > 1 else ''}"
-        raise TypingError(
-            f"The script did not run: {count}, the first at line {errors[0].line}: {errors[0].message}. "
-            "Fix it and run it again.",
-            diagnostics=found,
-            lineno=errors[0].line,
-            hint="Fix the script and run it again; nothing ran and no variable changed.",
-        )
+        _raise_on_errors(found)
+        return found
 
     async def acheck_or_raise(
         self, code: str, *, prior_cells: Sequence[str] = (), declarations: str = ""
@@ -270,7 +304,8 @@ class TypeChecker:
             raise ConfigError(f"ty failed (exit status {done.returncode}): {stderr[-2000:]}")
         return done.stdout.decode("utf-8", "replace")
 
-    def _diagnostics(self, cell: str, code: str, output_format: str) -> list[Diagnostic]:
+    def _diagnostics(self, cell: str, code: str, output_format: str) -> tuple[list[Diagnostic], dict[int, str]]:
+        """The script's diagnostics, and the types ty revealed, by line of the cell file."""
         try:
             report = json.loads(self._run(cell, output_format))
             results = report["runs"][0]["results"]
@@ -278,11 +313,14 @@ class TypeChecker:
             raise ConfigError(f"cannot read ty's report ({exc}); is ty {_INSTALL_HINT.split()[-1]} installed?") from exc
         script_lines = _NEWLINE.split(code)
         found = []
+        revealed: dict[int, str] = {}
         for result in results:
             diag = _from_sarif(result, cell, script_lines)
             if diag is not None:
                 found.append(diag)
-        return found
+            elif result.get("ruleId") == "revealed-type":
+                _note_revealed(result, cell, revealed)
+        return found, revealed
 
     def _with_stub_notes(self, found: list[Diagnostic], cell: str) -> list[Diagnostic]:
         # Machine formats drop ty's related locations; the human format keeps them, so read them from there.
@@ -312,6 +350,87 @@ class TypeChecker:
                 diag = _replace_note(diag, self._stub_lines[stub_line - 1].strip())
             result.append(diag)
         return result
+
+
+def _raise_on_errors(found: list[Diagnostic]) -> None:
+    errors = [d for d in found if d.severity == "error"]
+    if not errors:
+        return
+    count = f"{len(errors)} type error{'s' if len(errors) > 1 else ''}"
+    raise TypingError(
+        f"The script did not run: {count}, the first at line {errors[0].line}: {errors[0].message}. "
+        "Fix it and run it again.",
+        diagnostics=found,
+        lineno=errors[0].line,
+        hint="Fix the script and run it again; nothing ran and no variable changed.",
+    )
+
+
+_REVEAL = "reveal_type"
+_REVEALED = re.compile(r"Revealed type: `(.*)`\Z", re.DOTALL)
+_MAX_REVEALED = 200  # names of one script whose types are asked for
+
+
+def _revealable(code: str) -> list[str]:
+    """The names a script binds at its top level whose types ty is asked for (none when it does not parse)."""
+    try:
+        names = _bound_names(ast.parse(code).body)
+    except (SyntaxError, ValueError):
+        return []
+    return sorted(n for n in names or () if n.isidentifier() and not n.startswith("__"))[:_MAX_REVEALED]
+
+
+def _note_revealed(result: Mapping[str, Any], cell: str, revealed: dict[int, str]) -> None:
+    locations = result.get("locations") or [{}]
+    physical = locations[0].get("physicalLocation", {})
+    if not str(physical.get("artifactLocation", {}).get("uri", "")).endswith("/" + cell):
+        return
+    match = _REVEALED.match(str(result.get("message", {}).get("text", "")))
+    line = physical.get("region", {}).get("startLine")
+    if match and isinstance(line, int):
+        revealed[line] = match.group(1)
+
+
+def _stub_classes(stubs: str) -> frozenset[str]:
+    try:
+        tree = ast.parse(stubs)
+    except SyntaxError:
+        return frozenset()
+    return frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef))
+
+
+def _static_type(text: str, stub_classes: frozenset[str], shadowed: set[str]) -> str | None:
+    """A revealed type as a declaration, when it uses a stub class and nothing but builtins; else None.
+
+    A union is left out: it is what the script's own branches made of the value, and a later turn that knows the
+    value (``None`` or not) should not be held to it.
+    """
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return None
+    if isinstance(tree.body, ast.BinOp):
+        return None
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id in stub_classes:
+                used.add(node.id)
+            elif node.id not in _SIMPLE_NAMES or node.id == "Any":
+                return None
+        elif not isinstance(node, ast.Expression | ast.Load | ast.Subscript | ast.Tuple | ast.BinOp | ast.BitOr):
+            if not (isinstance(node, ast.Constant) and node.value in (None, Ellipsis)):
+                return None
+    if not used or used & shadowed:
+        return None
+
+    class _Qualify(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id not in used:
+                return node
+            return ast.Attribute(value=ast.Name(id=_STUBS_MODULE, ctx=ast.Load()), attr=node.id, ctx=ast.Load())
+
+    return ast.unparse(_Qualify().visit(tree))
 
 
 def _replace_note(diag: Diagnostic, note: str) -> Diagnostic:
@@ -385,7 +504,7 @@ def _declarations_module(declarations: str) -> str:
         raise ConfigError(f"declarations do not parse: {exc}") from exc
     names = _bound_names(tree.body)
     exports = f"__all__ = {sorted(names | _SESSION_BUILTINS)!r}\n" if names is not None else ""
-    return f"from typing import Any\n{exports}{_SESSION_BUILTINS_STUB}{declarations}\n"
+    return f"from typing import Any\nimport {_STUBS_MODULE}\n{exports}{_SESSION_BUILTINS_STUB}{declarations}\n"
 
 
 def _prior_module(prior_cells: Sequence[str]) -> str:
@@ -450,7 +569,7 @@ _SAMPLE = 200
 _MAX_DEPTH = 4
 
 
-def declarations_from_namespace(ns: Mapping[str, object]) -> str:
+def declarations_from_namespace(ns: Mapping[str, object], *, types: Mapping[str, str] | None = None) -> str:
     """Write stub declarations that make a live namespace's names known to the checker.
 
     Plain values get their types (containers with element types when those agree,
@@ -460,6 +579,9 @@ def declarations_from_namespace(ns: Mapping[str, object]) -> str:
 
     Args:
         ns: The namespace, name to value; nothing in it is called or changed.
+        types: Static types of names, as `TypeChecker.check_with_types` reported them when the value was made;
+            one is declared instead of the value's own type while the value still agrees with it (a list is still
+            a list, a TypedDict still a dict).
 
     Returns:
         Declarations text, stable for equal namespaces, for `TypeChecker.check` ``declarations``.
@@ -470,9 +592,30 @@ def declarations_from_namespace(ns: Mapping[str, object]) -> str:
     for name in sorted(ns):
         if not name.isidentifier() or (name.startswith("__") and name.endswith("__")):
             continue
+        static = types.get(name) if types else None
+        if static is not None and _agrees(ns[name], static):
+            lines.append(f"{name}: {static}")
+            continue
         lines.extend(_declare(name, ns[name], classes, imports))
     head = [f"import {module} as {alias}" for module, alias in sorted(imports.items())]
     return "\n".join(head + lines) + "\n"
+
+
+_RUNTIME_TYPES: dict[str, type] = {t.__name__: t for t in (list, dict, set, frozenset, tuple)}
+
+
+def _agrees(value: object, static: str) -> bool:
+    """Whether a value still is what its static type (a container of stub classes, or one) says at the top."""
+    try:
+        tree = ast.parse(static, mode="eval").body
+    except SyntaxError:
+        return False
+    outer = tree.value if isinstance(tree, ast.Subscript) else tree
+    if isinstance(outer, ast.Name):
+        return type(value) is _RUNTIME_TYPES.get(outer.id)
+    if isinstance(outer, ast.Attribute) and isinstance(outer.value, ast.Name) and outer.value.id == _STUBS_MODULE:
+        return type(value) is dict or type(value).__name__ == outer.attr
+    return False
 
 
 def _declare(name: str, value: object, classes: dict[int, str], imports: dict[str, str]) -> list[str]:

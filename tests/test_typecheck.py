@@ -166,6 +166,26 @@ def test_the_sessions_own_builtins_are_known(checker: TypeChecker) -> None:
     assert [d.code for d in errors(checker.check("memory().upper()"))] == ["missing-attribute"]
 
 
+def test_the_types_the_stubs_gave_the_names_a_script_binds_are_reported(checker: TypeChecker) -> None:
+    code = "c = list_customers()\nfirst = c[0]\nn = len(c)\nnothing = None\nt = await list_open_tickets('x')\n"
+    found, types = checker.check_with_types(code)
+    assert errors(found) == []
+    assert types == {"c": "list[__snapcell_stubs__.Customer]", "first": "__snapcell_stubs__.Customer"}
+    with pytest.raises(TypingError):
+        checker.check_with_types("c = list_customers()\nc[0]['nmae']")
+    # Declared with those types, a later cell's wrong key is caught; a value that disagrees keeps its own type.
+    decls = declarations_from_namespace({"c": [{"id": "1", "name": "a", "churned_at": None}]}, types=types)
+    assert "c: list[__snapcell_stubs__.Customer]" in decls
+    assert [d.code for d in errors(checker.check("c[0]['nmae']", declarations=decls))] == ["invalid-typed-dict-key"]
+    assert errors(checker.check("c[0]['name'].upper()", declarations=decls)) == []
+    assert "c: int" in declarations_from_namespace({"c": 5}, types=types)
+    # A name the script or the namespace gives a class of its own is not taken for the stub's.
+    _, shadowed = checker.check_with_types("class Customer:\n    pass\nc = list_customers()\n")
+    assert shadowed == {}
+    _, shadowed = checker.check_with_types("c = list_customers()", declarations="class Customer: ...")
+    assert shadowed == {}
+
+
 def test_hand_written_declarations(checker: TypeChecker) -> None:
     assert errors(checker.check("churned[0]['x'].foo", declarations="churned: list[dict[str, Any]]")) == []
     with pytest.raises(ConfigError):

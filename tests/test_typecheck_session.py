@@ -130,3 +130,22 @@ def test_a_tool_checks_against_stubs_made_from_its_host_functions(pool: Pool) ->
         assert plain.run_code("c-plain", "list_customers()[0]['nmae']").count("KeyError") == 1
     finally:
         plain.close()
+
+
+def test_a_variable_keeps_the_type_the_stubs_gave_it_in_later_turns(pool: Pool) -> None:
+    with pool.checkout(type_check=True, type_check_stubs=STUBS) as session:
+        session.feed_run("c = list_customers()\nfirst = c[0]", external_lookup=TOOLS)
+        with pytest.raises(TypingError, match="nmae"):
+            session.feed_run("c[0]['nmae']", external_lookup=TOOLS)
+        with pytest.raises(TypingError, match="nmae"):
+            session.feed_run("first['nmae']", external_lookup=TOOLS)
+        assert session.feed_run("c[0]['name']", external_lookup=TOOLS) == "Acme"
+        checkpoint_id = session.dump()
+        # A run that was not checked makes its own types: the stubs' no longer apply to what it assigned.
+        session.feed_run("first = {'nmae': 1}", external_lookup=TOOLS, skip_type_check=True)
+        assert session.feed_run("first['nmae']", external_lookup=TOOLS) == 1
+    with pool.checkout(type_check=True, type_check_stubs=STUBS) as later:  # another session, as in another process
+        later.load_session(checkpoint_id)
+        with pytest.raises(TypingError, match="nmae"):
+            later.feed_run("c[0]['nmae']", external_lookup=TOOLS)
+        assert later.feed_run("len(c), first['id']", external_lookup=TOOLS) == (2, "c-1")

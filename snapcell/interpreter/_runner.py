@@ -6,6 +6,7 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
+_MAX_STATIC_TYPES = 1000
+_MAX_TYPE_CHARS = 1000
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
 
 
@@ -99,9 +102,9 @@ class Runner:
         policy: What scripts may import and touch.
         limits: Default limits for each run.
         file_access: Give scripts ``open`` and ``pathlib`` (a worker, confined to its workspace by Landlock).
-        read_status: Reads the process's own ``/proc/self/status`` (a worker, whose sandbox hides ``/proc``); scripts
-            see its memory lines through ``memory()`` and ``open("/proc/self/status")``. None: the session has no
-            process of its own (inline), and ``memory()`` reports None.
+        read_status: Gives the memory lines of the process's own ``/proc/self/status`` (a worker, whose sandbox
+            hides ``/proc``); scripts see them through ``memory()`` and ``open("/proc/self/status")``. None: the
+            session has no process of its own (inline), and ``memory()`` reports None.
     """
 
     def __init__(
@@ -142,6 +145,9 @@ class Runner:
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
         self._named_drops: dict[str, int] = {}
         self.definitions = Definitions()
+        # Static types of variables, as the type checker saw them made from the host stubs (`typecheck`): the
+        # declarations of later checks use them instead of the values' own types while the values agree.
+        self.static_types: dict[str, str] = {}
         # Definitions to run again before the next cell: their bytecode did not restore at load.
         self.pending_definitions: list[str] = []
 
@@ -184,6 +190,7 @@ class Runner:
         setup: bool = False,
         limits: Limits | None = None,
         report: bool = True,
+        types: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Compile, execute and report one cell; never raises for script problems.
 
@@ -195,6 +202,8 @@ class Runner:
             limits: Limits for this run; the runner's defaults otherwise.
             report: Summarize the namespace and measure the CPU time of the run (``namespace_summary``,
                 ``cpu_time_s``); False when nobody reads them.
+            types: The static types the type checker gave the names the cell binds (None: the cell was not
+                checked); kept for the names it assigns when it succeeds (`static_types`).
 
         Returns:
             The result; ``error`` is set when the script failed, was blocked or timed out.
@@ -220,7 +229,20 @@ class Runner:
                 + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
-        return await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+        result = await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+        self._note_types(result, types)
+        return result
+
+    def _note_types(self, result: RunResult, types: Mapping[str, str] | None) -> None:
+        """Keep the static types a checked run gave the names it assigned; forget those of names assigned otherwise."""
+        kept = types if types is not None and result.error is None else {}
+        for name in result.assigned:
+            static = kept.get(name)
+            room = name in self.static_types or len(self.static_types) < _MAX_STATIC_TYPES
+            if static is not None and room and len(static) <= _MAX_TYPE_CHARS:
+                self.static_types[name] = static
+            else:
+                self.static_types.pop(name, None)
 
     async def _run_one(
         self,
@@ -435,6 +457,7 @@ class Runner:
             cell_count=self.cell_count,
             future_flags=self.future_flags,
             definitions=self.definitions.sources(),
+            static_types=self.static_types,
             known_blobs=known_blobs,
             restored=self._restored,
             scanned=self._scanned,
@@ -505,6 +528,7 @@ class Runner:
         self.namespace = namespace
         self.loaded = True
         self.setup_cells = list(manifest.setup_cells)
+        self.static_types = dict(itertools.islice(manifest.types.items(), _MAX_STATIC_TYPES))
         self.cell_count = manifest.cell_count
         self.future_flags = manifest.future_flags
         self.cells = list(manifest.cells)
