@@ -8,7 +8,6 @@ import importlib.util
 import inspect
 import json
 import re
-import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
@@ -279,17 +278,19 @@ def modules_text(policy: Policy, *, file_access: bool = False) -> str:
     """
     if not policy.restricted:
         return "Any installed module can be imported."
-    offline = DEFAULT_MODULES  # the standard-library modules known to hold no way onto the network
+    # The standard-library modules of the default list and the file modules a workspace adds: known to hold no way
+    # onto the network. Modules a policy adds are listed first, whatever they are.
+    known = DEFAULT_MODULES
     if file_access:
         effective = with_file_access(policy)
-        offline = offline | (effective.modules - policy.modules)
+        known = known | (effective.allowed_modules - policy.allowed_modules)
         policy = effective
     importable = {name for name in policy.modules - {"__future__"} if _installed(name)}
-    standard = importable & sys.stdlib_module_names
+    standard = importable & policy.allowed_modules & known
     listed = ", ".join(sorted(importable - standard))
     if standard:
         listed += ("; and " if listed else "") + "from the standard library: " + ", ".join(sorted(standard))
-    network = "" if policy.modules - offline else " and there is no network access"
+    network = "" if policy.modules - known else " and there is no network access"
     return f"Modules that can be imported (with their submodules): {listed}. Other imports fail{network}."
 
 
