@@ -50,6 +50,7 @@ class RunRequest:
         report: False when the caller reads only the result's value and error (`feed_run`): ``cpu_time_s``,
             ``peak_memory_bytes``, ``memory_bytes``, ``namespace_summary`` and ``files`` may then be left unset
             rather than measured.
+        types: The static types the type checker gave the names the script binds (None: it was not checked).
     """
 
     code: str
@@ -58,6 +59,7 @@ class RunRequest:
     limits: Limits
     then_dump: DumpRequest | None = None
     report: bool = True
+    types: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +170,7 @@ class InlineBackend:
             setup=request.setup,
             limits=limits,
             report=request.report,
+            types=request.types,
         )
 
     async def dump(self, request: DumpRequest) -> Dumped:
@@ -205,7 +208,7 @@ class InlineBackend:
         return True  # the runner is this process
 
     async def declarations(self) -> str:
-        return declarations_from_namespace(self.runner.variables())
+        return declarations_from_namespace(self.runner.variables(), types=self.runner.static_types)
 
     async def close(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)

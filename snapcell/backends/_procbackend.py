@@ -203,6 +203,8 @@ class ProcessBackend:
             "host": host,
             "setup": request.setup,
         }
+        if request.types:
+            message["types"] = dict(request.types)
         if not request.report:
             message["report"] = False  # nor does the worker summarize, read its clock or memory, or walk out/
         try:

@@ -6,9 +6,11 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Literal
 
 from snapcell._support import HELPERS_MODULE
@@ -27,8 +29,9 @@ from snapcell.interpreter._capture import capture_output
 from snapcell.interpreter._cellcache import CellCache
 from snapcell.interpreter._compile import RESULT_NAME, register_source
 from snapcell.interpreter._definitions import Definitions, setup_cells_assigning
-from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
+from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, close_unstarted, unbind_bridge
 from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
+from snapcell.interpreter._memory import make_memory, serving_status
 from snapcell.interpreter._result import RunResult
 from snapcell.interpreter._stack import script_recursion_limit
 from snapcell.interpreter._summary import summarize_namespace
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
+_MAX_STATIC_TYPES = 1000
+_MAX_TYPE_CHARS = 1000
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
 
 
@@ -97,9 +102,19 @@ class Runner:
         policy: What scripts may import and touch.
         limits: Default limits for each run.
         file_access: Give scripts ``open`` and ``pathlib`` (a worker, confined to its workspace by Landlock).
+        read_status: Gives the memory lines of the process's own ``/proc/self/status`` (a worker, whose sandbox
+            hides ``/proc``); scripts see them through ``memory()`` and ``open("/proc/self/status")``. None: the
+            session has no process of its own (inline), and ``memory()`` reports None.
     """
 
-    def __init__(self, *, policy: Policy, limits: Limits, file_access: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        limits: Limits,
+        file_access: bool = False,
+        read_status: Callable[[], str | None] | None = None,
+    ) -> None:
         if file_access:
             policy = with_file_access(policy)
         self.policy = policy
@@ -107,6 +122,9 @@ class Runner:
         self.file_access = file_access
         self.builtins = policy.make_builtins(file_access=file_access)
         self.builtins[TICK_NAME] = tick
+        self.builtins["memory"] = make_memory(read_status, lambda: self.limits.memory_bytes)
+        if read_status is not None and file_access:
+            self.builtins["open"] = serving_status(self.builtins["open"], read_status)
         self.namespace: dict[str, Any] = self._fresh_namespace()
         self.cells: list[str] = []
         self.setup_cells: list[str] = []
@@ -127,6 +145,9 @@ class Runner:
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
         self._named_drops: dict[str, int] = {}
         self.definitions = Definitions()
+        # Static types of variables, as the type checker saw them made from the host stubs (`typecheck`): the
+        # declarations of later checks use them instead of the values' own types while the values agree.
+        self.static_types: dict[str, str] = {}
         # Definitions to run again before the next cell: their bytecode did not restore at load.
         self.pending_definitions: list[str] = []
 
@@ -169,6 +190,7 @@ class Runner:
         setup: bool = False,
         limits: Limits | None = None,
         report: bool = True,
+        types: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Compile, execute and report one cell; never raises for script problems.
 
@@ -180,6 +202,8 @@ class Runner:
             limits: Limits for this run; the runner's defaults otherwise.
             report: Summarize the namespace and measure the CPU time of the run (``namespace_summary``,
                 ``cpu_time_s``); False when nobody reads them.
+            types: The static types the type checker gave the names the cell binds (None: the cell was not
+                checked); kept for the names it assigns when it succeeds (`static_types`).
 
         Returns:
             The result; ``error`` is set when the script failed, was blocked or timed out.
@@ -205,7 +229,20 @@ class Runner:
                 + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
-        return await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+        result = await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+        self._note_types(result, types)
+        return result
+
+    def _note_types(self, result: RunResult, types: Mapping[str, str] | None) -> None:
+        """Keep the static types a checked run gave the names it assigned; forget those of names assigned otherwise."""
+        kept = types if types is not None and result.error is None else {}
+        for name in result.assigned:
+            static = kept.get(name)
+            room = name in self.static_types or len(self.static_types) < _MAX_STATIC_TYPES
+            if static is not None and room and len(static) <= _MAX_TYPE_CHARS:
+                self.static_types[name] = static
+            else:
+                self.static_types.pop(name, None)
 
     async def _run_one(
         self,
@@ -250,7 +287,7 @@ class Runner:
             finally:
                 self._watch = None
                 watchdog.stop()
-                unbind_bridge(bridge_token)
+                unawaited = unbind_bridge(bridge_token)
         assigned = assigned_names(before, self.namespace, skip=_NOT_VARIABLES)
         if caller_cancelled or watchdog.cancelled:
             value, error = (
@@ -269,11 +306,18 @@ class Runner:
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
             )
+        if error is not None and self.file_access and not error.hint:
+            error.hint = _path_hint(error.__cause__)
         if prepared.defines:  # else recording finds nothing to keep (and would parse the cell again to see so)
             self.definitions.record(code, self.namespace)
         if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
+        if type(value) is CoroutineType:  # the script's own coroutine (a host function's is closed already)
+            own = close_unstarted(value)
+            unawaited += [own] if own is not None else []
+        if unawaited:
+            notes.append(_unawaited_note(unawaited))
         result = RunResult(
             value=value,
             value_repr=_render(value, limits.max_value_repr_bytes) if cell.has_value and error is None else None,
@@ -413,6 +457,7 @@ class Runner:
             cell_count=self.cell_count,
             future_flags=self.future_flags,
             definitions=self.definitions.sources(),
+            static_types=self.static_types,
             known_blobs=known_blobs,
             restored=self._restored,
             scanned=self._scanned,
@@ -483,6 +528,7 @@ class Runner:
         self.namespace = namespace
         self.loaded = True
         self.setup_cells = list(manifest.setup_cells)
+        self.static_types = dict(itertools.islice(manifest.types.items(), _MAX_STATIC_TYPES))
         self.cell_count = manifest.cell_count
         self.future_flags = manifest.future_flags
         self.cells = list(manifest.cells)
@@ -538,6 +584,39 @@ def _locate(error: ScriptError) -> ScriptError:
                 + [f"{error.exc_type}: {error.exc_message}"]
             )
     return error
+
+
+def _path_hint(exc: BaseException | None) -> str:
+    """The hint for a file error on an absolute path outside the working directory (the workspace), else ``""``."""
+    import os  # an error's path only
+
+    if not isinstance(exc, OSError) or not isinstance(exc.filename, str) or not os.path.isabs(exc.filename):
+        return ""
+    try:
+        inside = os.path.commonpath([os.getcwd(), os.path.abspath(exc.filename)]) == os.getcwd()
+    except (OSError, ValueError):
+        return ""
+    if inside:
+        return ""
+    name = os.path.basename(exc.filename.rstrip("/")) or "data.csv"
+    return (
+        f"The working directory is the workspace: use a path relative to it ({name!r}, not {exc.filename!r}); "
+        "nothing outside the workspace and its mounted folders can be reached."
+    )
+
+
+def _unawaited_note(names: list[str]) -> str:
+    """The note on coroutines a run made and never awaited: they did not run."""
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        counts[name] += 1
+    shown = [f"{name}()" + (f" ({count} calls)" if count > 1 else "") for name, count in list(counts.items())[:5]]
+    first = next(iter(counts))
+    return (
+        f"{', '.join(shown)} {'was' if len(names) == 1 else 'were'} called without `await`, so "
+        f"{'it' if len(names) == 1 else 'they'} did not run and gave a coroutine: did you forget `await`? Write "
+        f"`await {first}(...)`, or `await asyncio.gather(...)` for several calls at once"
+    )
 
 
 def _render(value: Any, limit: int | None) -> str:

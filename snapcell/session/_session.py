@@ -238,10 +238,11 @@ class AsyncSession:
             rejected = check_script(code, limits or self._limits)
             if rejected is not None:  # not text, or too large to send: nothing runs and the session is unchanged
                 return RunResult(error=rejected)
+            types = None
             if self._checker is not None and not skip_type_check:
                 declarations = await self._backend.declarations()
                 try:
-                    await self._checker.acheck_or_raise(code, declarations=declarations)
+                    _, types = await self._checker.acheck_with_types(code, declarations=declarations)
                 except TypingError as exc:
                     return RunResult(error=exc)
             started = time.perf_counter()
@@ -249,7 +250,13 @@ class AsyncSession:
             try:
                 dump = self._dump_request(self._config.clock(), "skip") if then_dump else None
                 request = RunRequest(
-                    code=code, lookup=lookup, setup=setup, limits=limits or self._limits, then_dump=dump, report=report
+                    code=code,
+                    lookup=lookup,
+                    setup=setup,
+                    limits=limits or self._limits,
+                    then_dump=dump,
+                    report=report,
+                    types=types,
                 )
                 result = await self._backend.run(request)
             except WorkerLost as exc:

@@ -35,6 +35,7 @@ from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
     TurnAnswer,
     cut_answer,
+    host_text,
     modules_text,
     render_answer,
     stub_signatures,
@@ -47,6 +48,7 @@ from snapcell.tool._lease import TurnLeases
 from snapcell.tool._records import CANCELLED_NOTE
 from snapcell.tool._turn import KEPT_ANSWER_CHARS, STATE_GONE_NOTE, Turn
 from snapcell.tool._warm import WarmSessions
+from snapcell.typecheck import stubs_from_functions
 from snapcell.workspace import FileInfo, check_mounts
 
 __all__ = [
@@ -73,8 +75,22 @@ expression (as in a notebook cell), then any error with its traceback, then note
 start, so print only what you need to see."""
 _FILES = (
     "\n\nThe working directory is this conversation's workspace: files written there with open() or pathlib are "
-    "still there in later calls. Files written under out/ (charts, reports) are shown to the user."
+    "still there in later calls. Files written under out/ (charts, reports) are shown to the user. memory() gives the "
+    "session's memory in bytes (resident_bytes, peak_resident_bytes, limit_bytes)."
 )
+
+
+def _checked_stubs(stubs: str | None, type_check: bool | None, tools: Mapping[str, Callable[..., Any]]) -> str | None:
+    """The stubs every turn is type-checked against (made from ``tools`` if none are given), or None: no checks.
+
+    Raises:
+        ConfigError: ``type_check`` is not a bool or None.
+    """
+    if type_check is not None and not isinstance(type_check, bool):
+        raise ConfigError(f"type_check must be True, False or None, not {type_check!r}")
+    if not (stubs is not None if type_check is None else type_check):
+        return None
+    return stubs if stubs is not None else stubs_from_functions(tools)
 
 
 class CodeTool:
@@ -87,6 +103,9 @@ class CodeTool:
         tools: Host functions by name (sync or async) the code may call.
         stubs: Python stubs of the host functions; when given, every script is type-checked against them before it
             runs (needs ty), and the tool's description lists them.
+        type_check: Type-check every script before it runs (needs ty): against ``stubs``, or without them against
+            stubs made from the host functions' signatures (`snapcell.typecheck.stubs_from_functions`), which the
+            description then lists. Default: only when ``stubs`` are given.
         limits: Limits of every run instead of the pool's.
         max_answer_chars: Longest answer; longer ones keep their end and say what was cut (default 8,000).
         lease_ttl_s: Seconds a turn's lease lasts; it is renewed every third of that while the turn runs, so only a
@@ -124,6 +143,7 @@ class CodeTool:
         heads: HeadStore | None = None,
         tools: Mapping[str, Callable[..., Any]] | None = None,
         stubs: str | None = None,
+        type_check: bool | None = None,
         limits: Limits | None = None,
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
@@ -172,13 +192,16 @@ class CodeTool:
         if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
             self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
         checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
-        if stubs is not None:
-            checkout.update(type_check=True, type_check_stubs=stubs)
-        host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
+        checked = _checked_stubs(stubs, type_check, self.tools)
+        if checked is not None:
+            checkout.update(type_check=True, type_check_stubs=checked)
+        shown = checked if checked is not None else stubs
+        host = stub_signatures(shown) if shown is not None else tool_signatures(self.tools)
+        process = pool.isolation == "process"
         self.description = (
-            f"{_DESCRIPTION} {modules_text(pool.policy)}"
-            + (_FILES if pool.isolation == "process" else " There is no file access (open() is not available).")
-            + ("\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else "")
+            f"{_DESCRIPTION} {modules_text(pool.policy, file_access=process)}"
+            + (_FILES if process else " There is no file access (open() is not available).")
+            + host_text(host)
         )
         self._warm = WarmSessions(
             keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
@@ -495,6 +518,7 @@ class SyncCodeTool:
         heads: HeadStore | None = None,
         tools: Mapping[str, Callable[..., Any]] | None = None,
         stubs: str | None = None,
+        type_check: bool | None = None,
         limits: Limits | None = None,
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
@@ -515,6 +539,7 @@ class SyncCodeTool:
             heads=heads,
             tools=tools,
             stubs=stubs,
+            type_check=type_check,
             limits=limits,
             max_answer_chars=max_answer_chars,
             lease_ttl_s=lease_ttl_s,
