@@ -24,6 +24,7 @@ __all__ = [
     "modules_text",
     "cut_answer",
     "dropped_in_turn",
+    "failed_host_call",
     "host_text",
     "render_answer",
     "without_dropped_notes",
@@ -116,7 +117,7 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
         parts.append(result.value_repr)
     run_notes = result.notes
     if result.error is not None:
-        failed = _failed_host_call(result)
+        failed = failed_host_call(result)
         if failed is not None:
             parts.append(f"the host function {failed.name} failed: {failed.error}")
         parts.append(result.error.for_model())
@@ -144,7 +145,7 @@ def _inert(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-def _failed_host_call(result: RunResult) -> HostCall | None:
+def failed_host_call(result: RunResult) -> HostCall | None:
     """The host-function call whose exception ended the run, if the error is that exception passed through."""
     error = result.error
     if not isinstance(error, ScriptError) or not error.exc_type:
