@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic_core import PydanticSerializationError
+
 from snapcell.conversation._model import Conversation, storage_name, validate_conversation_key
 from snapcell.errors import ConfigError, Conflict, ConversationFormatError, StorageError, map_exceptions
 
@@ -85,12 +87,19 @@ class ConversationStore(Protocol):
         ...
 
 
+def _dump(conversation: Conversation, include: set[str] | None = None) -> dict[str, Any]:
+    try:
+        return conversation.model_dump(mode="json", include=include)
+    except PydanticSerializationError as exc:  # an object in ``state`` (messages are checked as they are added)
+        raise ConfigError(f"the conversation is not plain JSON data: {exc}") from None
+
+
 def _meta(conversation: Conversation) -> dict[str, Any]:
-    return conversation.model_dump(mode="json", include={"usage", "checkpoints", "last_turn_id", "state"})
+    return _dump(conversation, {"usage", "checkpoints", "last_turn_id", "state"})
 
 
 def _full_record(revision: int, conversation: Conversation, messages: list[dict[str, Any]]) -> bytes:
-    data = conversation.model_dump(mode="json")
+    data = _dump(conversation)
     data["messages"] = messages
     return _encode({"rev": revision, "conversation": data})
 
