@@ -62,7 +62,7 @@ def storage_name(conversation_id: str) -> str:
 
 
 # Per-run records a conversation keeps, newest last; older ones leave the list, the totals keep counting them.
-MAX_RUN_RECORDS = 10_000
+MAX_RUN_RECORDS = 1000
 
 
 class RunRecord(BaseModel):
@@ -104,7 +104,7 @@ class Usage(BaseModel):
         peak_memory_bytes: The highest peak memory of any run that measured it (process mode); None if none did.
         host_calls: Host-function calls made.
         bytes_stored: Bytes the turns' checkpoints put into the store.
-        records: One `RunRecord` per run, oldest first (the last 10,000; the totals count every run).
+        records: One `RunRecord` per run, oldest first (the last 1,000; the totals count every run).
         model_calls: Model calls the application added (`add_model`).
         input_tokens: Model input tokens the application added.
         output_tokens: Model output tokens the application added.
