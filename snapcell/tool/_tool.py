@@ -325,14 +325,19 @@ class CodeTool:
             ConversationBusy: Another turn of this conversation held it for ``lease_wait_s`` (a `Conflict`); nothing
                 ran, the message says whether that turn is running or its lease went stale.
             Conflict: Another turn moved the conversation's head while this turn ran; this turn's changes were not
-                saved and the conversation's head is the other turn's.
+                saved and the conversation's head is the other turn's. With ``conversations=`` and
+                ``durability="sync"``, also: another writer changed the stored conversation after this turn's head
+                moved (load it again and answer the call with the same ``turn_id``: the turn is recorded, not run).
             TurnOnOtherBranch: With a `Conversation`: ``turn_id`` was committed from another state than the
                 conversation's (a `Conflict`); nothing ran and nothing changed: call again with a new ``turn_id``.
             TurnOutcomeUnknown: The head write failed and the head could not be read back, or did not answer in time
                 and does not show the turn yet (a `StorageError`): the turn may be saved or not; call again with the
                 same ``turn_id`` (the code and its host functions run again if it was not saved).
             StorageError: The checkpoint or head store failed or did not answer within ``storage_timeout_s``; the
-                head did not move, the turn may be retried.
+                head did not move, the turn may be retried. With ``conversations=`` and ``durability="sync"``, also:
+                the conversation store failed after the head moved (the message says which store): the turn is in
+                the `Conversation` in memory, and a retry with the same ``turn_id`` returns its answer and stores
+                it, without running the code again.
             CheckpointCorrupt: The head's checkpoint was altered or signed with another key (check the keys after a
                 rotation); the head did not move: fix the keys, or `rewind` / start a new conversation.
             CheckpointVersionError: The head's checkpoint was written by another Python minor version; the head did
