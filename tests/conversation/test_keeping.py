@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from snapcell import CodeTool, ConfigError, Conversation, Pool, StorageError, SyncCodeTool
+from snapcell import CodeTool, ConfigError, Conflict, Conversation, Pool, StorageError, SyncCodeTool
 from snapcell.conversation import (
     ConversationStore,
     FileConversationStore,
@@ -277,6 +277,39 @@ def test_aclose_stores_what_a_failed_background_write_left(inline_pool: Pool) ->
         assert stored is not None and unanswered(stored) == [] and stored.checkpoint_id is not None
 
     in_pool(inline_pool, scenario, close=False, conversations=store, durability="async")
+
+
+def test_a_failed_sync_write_raises_and_a_retry_stores_the_turn_without_running_it(inline_pool: Pool) -> None:
+    store = GatedStore()
+    ran: list[int] = []
+
+    async def scenario(tool: CodeTool) -> None:
+        conversation = Conversation(id="retry")
+        await store.add_messages(conversation, [call("c1", "x = tick()")])
+        store.fail = 1
+        with pytest.raises(StorageError, match="briefly down"):
+            await tool.run_code(conversation, "x = tick()", turn_id="c1")
+        stored = await store.load("retry")
+        assert stored is not None and unanswered(stored) == ["c1"] and stored.checkpoint_id is None
+        await tool.run_code(stored, "x = tick()", turn_id="c1")  # as after a restart: the stored copy
+        assert unanswered(stored) == [] and stored.checkpoint_id is not None and ran == [1]
+        again = await store.load("retry")
+        assert again is not None and again.messages == stored.messages
+        with pytest.raises(Conflict):  # the first copy is stale now: its writes are refused
+            await tool.run_code(conversation, "x = tick()", turn_id="c1")
+        assert ran == [1]
+        # The same process retries with its own copy: the turn is in it already, and the retry stores it.
+        own = Conversation(id="own")
+        await store.add_messages(own, [call("c1", "x = tick()")])
+        store.fail = 1
+        with pytest.raises(StorageError):
+            await tool.run_code(own, "x = tick()", turn_id="c1")
+        assert unanswered(own) == []
+        await tool.run_code(own, "x = tick()", turn_id="c1")
+        stored_own = await store.load("own")
+        assert stored_own is not None and stored_own.messages == own.messages and ran == [1, 1]
+
+    in_pool(inline_pool, scenario, conversations=store, tools={"tick": lambda: ran.append(1) or 1})
 
 
 def test_usage_keeps_per_run_records_unknown_figures_as_none_and_model_tokens(inline_pool: Pool) -> None:
