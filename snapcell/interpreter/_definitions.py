@@ -99,6 +99,38 @@ class Definitions:
         covered = [name for name in by_name if name in names]
         return list(dict.fromkeys(chosen)), covered
 
+    def recreatable(self, dropped: Iterable[tuple[str, str]]) -> list[str]:
+        """The names of ``dropped`` (name, type name) whose value a kept statement re-creates, in order.
+
+        A dump drops a function or class whose value the checkpoint rule refuses (a ``contextlib.contextmanager``
+        wrapper refers to a private class) although its source is kept: running that source again re-creates it.
+        Only a value of the kind its statement makes counts (a def makes a function); a name rebound since to
+        another kind of value keeps its drop.
+        """
+        wanted = {name: type_name for name, type_name in dropped}
+        if not wanted:
+            return []
+        chosen = []
+        for name, text in self._parsed().items():
+            type_name = wanted.get(name)
+            if type_name is None:
+                continue
+            node = ast.parse(text).body[0]
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                fits = type_name == "function"
+            else:
+                # an instance of the class itself (``Box = Box()``) is not the class either
+                fits = isinstance(node, ast.ClassDef) and type_name not in _NOT_CLASSES and type_name != name
+            if fits:
+                chosen.append(name)
+        return chosen
+
+
+# Type names of values a class statement does not make (what a rebound class name may hold and a dump drops).
+_NOT_CLASSES = frozenset(
+    {"function", "generator", "coroutine", "async_generator", "module", "builtin_function_or_method"}
+)
+
 
 def setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
     """The setup cells that bind any of ``names`` at top level, in order."""

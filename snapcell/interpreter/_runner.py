@@ -465,8 +465,9 @@ class Runner:
         dropped = dumped.manifest.dropped
         new = [d for d in dropped if self._named_drops.get(d.name) != id(self.namespace.get(d.name))]
         self._named_drops = {d.name: id(self.namespace.get(d.name)) for d in dropped}
-        if new:
-            self.pending_notes.append(dropped_note(new))
+        note = dropped_note(new, self.definitions)
+        if note:
+            self.pending_notes.append(note)
         return dumped
 
     def _bounded_trial(self, data: bytes, buffers: list[Any]) -> Any:
@@ -536,18 +537,21 @@ class Runner:
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
         self._named_drops = {}  # what the checkpoint dropped is not in the namespace: a new value is a new drop
-        notes = [dropped_note(manifest.dropped)] if manifest.dropped else []
-        rebuild = setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
+        self.definitions = Definitions(manifest.definitions)
+        # Functions and classes the dump could not keep as values but whose source it kept come back from it.
+        redefined = set(self.definitions.recreatable((d.name, d.type_name) for d in manifest.dropped))
+        gone = [d for d in manifest.dropped if d.name not in redefined]
+        notes = [dropped_note(gone)] if gone else []
+        rebuild = setup_cells_assigning({d.name for d in gone}, manifest.setup_cells)
         if rebuild:
             self.pending_setup.extend(rebuild)
             notes.append("dropped variables are rebuilt by running again the setup cells that assign them")
-        self.definitions = Definitions(manifest.definitions)
-        sources, covered = self.definitions.for_names(loaded.failed)
+        sources, covered = self.definitions.for_names({*loaded.failed, *redefined})
         self.pending_definitions = sources
         if covered:
             notes.append(
-                f"re-created from their source (their saved form did not restore): {', '.join(covered)}; "
-                "objects made by the old definitions are not restored with them"
+                f"re-created from their source (their saved form did not restore or could not be saved): "
+                f"{', '.join(covered)}; objects made by the old definitions are not restored with them"
             )
         lost = {name: reason for name, reason in loaded.failed.items() if name not in covered}
         if lost:
@@ -561,10 +565,24 @@ class Runner:
 DROPPED_PREFIX = "not saved in the checkpoint"
 
 
-def dropped_note(dropped: Iterable[DroppedVariable]) -> str:
-    """One line naming the variables a dump did not save, each with its type and why."""
-    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in dropped)
-    return f"{DROPPED_PREFIX}, so gone next turn: {names}; recreate them if needed"
+def dropped_note(dropped: Iterable[DroppedVariable], definitions: Definitions | Iterable[str] = ()) -> str:
+    """One line naming the variables a dump did not save, each with its type and why ("" when none is lost).
+
+    Args:
+        dropped: What the dump did not save.
+        definitions: The kept definitions (or a manifest's statements): a function or class they re-create at load
+            is named as kept by its source, not as gone.
+    """
+    dropped = list(dropped)
+    if not isinstance(definitions, Definitions):
+        definitions = Definitions(definitions)
+    redefined = set(definitions.recreatable((d.name, d.type_name) for d in dropped))
+    gone = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in dropped if d.name not in redefined)
+    kept = ", ".join(d.name for d in dropped if d.name in redefined)
+    parts = [f"{DROPPED_PREFIX}, so gone next turn: {gone}; recreate them if needed"] if gone else []
+    if kept:
+        parts.append(f"{DROPPED_PREFIX} as a value, re-created from its source when loaded: {kept}")
+    return "; ".join(parts)
 
 
 def _host_function(name: str) -> HostFunction:
