@@ -40,6 +40,27 @@ ORDINARY: dict[str, tuple[str, object]] = {
         "        return self._c < other._c\n[t.c for t in sorted([T(3), T(1), T(2)])]",
         [1, 2, 3],
     ),
+    "own_private_from_outside": (
+        "class T:\n    def __init__(self, c):\n        self._c = c\nt = T(5)\n"
+        "def peek(x):\n    return x._c\n(t._c, peek(t), getattr(t, '_c'), hasattr(t, '_d'), T(2)._c)",
+        (5, 5, 5, False, 2),
+    ),
+    "own_class_private_from_outside": ("class K:\n    _n = 3\n(K._n, K()._n)", (3, 3)),
+    "typeddict_keys": (
+        "from typing import TypedDict, NotRequired\nclass Movie(TypedDict):\n    name: str\n"
+        "    year: NotRequired[int]\n"
+        "(sorted(Movie.__required_keys__), sorted(Movie.__optional_keys__), Movie.__total__,"
+        " list(Movie.__annotations__))",
+        (["name"], ["year"], True, ["name", "year"]),
+    ),
+    "get_type_hints": (
+        "import typing\nclass Node:\n    value: int\n    next: 'Node | None'\n"
+        "def f(a: 'list[Node]', b: int = 0) -> str:\n    pass\n"
+        "hints = typing.get_type_hints(Node)\n"
+        "(hints['value'] is int, hints['next'] == (Node | None), typing.get_type_hints(f)['a'] == list[Node],"
+        " typing.get_args(typing.get_type_hints(f)['a'])[0] is Node)",
+        (True, True, True, True),
+    ),
     "function_annotations": ("def f(x: int) -> str:\n    pass\nsorted(f.__annotations__)", ["return", "x"]),
     "class_annotations": ("class C:\n    a: int\n    b: str\nlist(C.__annotations__)", ["a", "b"]),
     "mro": ("class A:\n    pass\nclass B(A):\n    pass\n[c.__name__ for c in B.__mro__]", ["B", "A", "object"]),
