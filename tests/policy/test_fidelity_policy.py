@@ -134,6 +134,22 @@ CLOSED = {
         "import random\nclass T:\n    def peek(self, other):\n"
         "        return other._randbelow\nT().peek(random.Random())"
     ),
+    "private_on_stdlib_object_outside_class": "import random\nrandom.Random()._randbelow",
+    "private_getattr_on_stdlib_object": "import datetime\ngetattr(datetime.timedelta(1), '_days')",
+    "private_on_host_function": "peek = print\npeek._x",
+    "private_store_from_outside": "class T:\n    pass\nt = T()\nt._c = 1",
+    "type_hints_evaluate_no_calls": (
+        "import typing\nclass C:\n    x: int\nC.__annotations__['x'] = 'print(1)'\ntyping.get_type_hints(C)"
+    ),
+    "type_hints_no_dunder_paths": (
+        "import typing\nclass C:\n    x: int\nC.__annotations__['x'] = 'C.__init__.__globals__'\n"
+        "typing.get_type_hints(C)"
+    ),
+    "type_hints_no_private_paths": (
+        "import typing, random\nR = random.Random()\nclass C:\n    x: int\nC.__annotations__['x'] = 'R._randbelow'\n"
+        "typing.get_type_hints(C)"
+    ),
+    "type_hints_no_namespaces": "import typing\nclass C:\n    x: 'int'\ntyping.get_type_hints(C, {}, {})",
     "asyncio_run_in_function": (
         "import asyncio\nasync def main():\n    return 1\ndef sync():\n    return asyncio.run(main())\nsync()"
     ),
