@@ -11,7 +11,7 @@ import ast
 import types
 from collections.abc import Collection, Iterable, Mapping
 
-__all__ = ["Definitions", "bound_names", "setup_cells_assigning"]
+__all__ = ["Definitions", "bound_names", "cell_bindings", "setup_cells_assigning"]
 
 # Most statements kept, newest first; a session defining more keeps the latest ones.
 _MAX_KEPT = 500
@@ -136,26 +136,22 @@ def setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
     """The setup cells that bind any of ``names`` at top level, in order."""
     if not names:
         return []
-    chosen = []
-    for source in setup_cells:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        bound = (
-            {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-            | {
-                node.name
-                for node in tree.body
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            }
-            | {
-                (alias.asname or alias.name).split(".")[0]
-                for node in tree.body
-                if isinstance(node, ast.Import | ast.ImportFrom)
-                for alias in node.names
-            }
-        )
-        if bound & names:
-            chosen.append(source)
-    return chosen
+    return [source for source in setup_cells if cell_bindings(source) & names]
+
+
+def cell_bindings(source: str) -> set[str]:
+    """The names a cell binds: assignment targets anywhere, and its top-level def, class and import statements."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return (
+        {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        | {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        | {
+            (alias.asname or alias.name).split(".")[0]
+            for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+    )
