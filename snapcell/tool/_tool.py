@@ -30,7 +30,7 @@ from snapcell.heads import (
 from snapcell.interpreter import validate_lookup
 from snapcell.limits import Limits
 from snapcell.pool import AsyncPool, Pool
-from snapcell.telemetry import conversation_context
+from snapcell.telemetry import conversation_context, trace_turn
 from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
     TurnAnswer,
@@ -321,7 +321,7 @@ class CodeTool:
         turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
         try:
             async with self._leases.hold(key) as lease:
-                with conversation_context(key):
+                with conversation_context(key), trace_turn(code):
                     turn = Turn(self._context, lease, turn_id, conversation)
                     text = await turn.run(code, setup)
                     return TurnAnswer(text=text, result=turn.result, saved=turn.saved)
