@@ -140,3 +140,16 @@ def test_usage_sums_runs_and_keeps_the_peak() -> None:
     assert conversation.usage.wall_time_s == 3.0
     assert conversation.usage.peak_memory_bytes == 100
     assert conversation.usage.bytes_stored == 7
+
+
+def test_fork_with_a_count_returns_that_many_independent_forks() -> None:
+    conversation = sample()
+    forks = conversation.fork(count=3)
+    assert isinstance(forks, list) and len(forks) == 3
+    assert len({fork.id for fork in forks} | {conversation.id}) == 4
+    assert all(fork.checkpoint_id == conversation.checkpoint_id for fork in forks)
+    forks[0].messages.append(user("only in the first fork"))
+    assert len(forks[1].messages) == len(conversation.messages) == 3
+    for bad in ({"count": 0}, {"count": True}, {"new_id": "conv-9", "count": 2}):
+        with pytest.raises(ConfigError):
+            conversation.fork(**bad)  # type: ignore[call-overload]
