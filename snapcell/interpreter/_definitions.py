@@ -110,12 +110,15 @@ class Definitions:
         wanted = {name: type_name for name, type_name in dropped}
         if not wanted:
             return []
+        nodes = {name: ast.parse(text).body[0] for name, text in self._parsed().items()}
+        # A value later statements changed through a decorator (``@show.register``) would come back without those
+        # changes, and only the latest statement per name is kept: it stays dropped, and named as gone.
+        registered = {_root(decorator) for node in nodes.values() for decorator in getattr(node, "decorator_list", [])}
         chosen = []
-        for name, text in self._parsed().items():
+        for name, node in nodes.items():
             type_name = wanted.get(name)
-            if type_name is None:
+            if type_name is None or name in registered:
                 continue
-            node = ast.parse(text).body[0]
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 fits = type_name == "function"
             else:
@@ -124,6 +127,16 @@ class Definitions:
             if fits:
                 chosen.append(name)
         return chosen
+
+
+def _root(decorator: ast.expr) -> str | None:
+    """``show`` for ``@show.register`` or ``@show.register(int)``; None for a plain name or anything else."""
+    node = decorator.func if isinstance(decorator, ast.Call) else decorator
+    if not isinstance(node, ast.Attribute):
+        return None
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 # Type names of values a class statement does not make (what a rebound class name may hold and a dump drops).

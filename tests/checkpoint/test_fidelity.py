@@ -332,3 +332,18 @@ def test_a_rebound_name_is_not_re_created_from_an_older_definition(pool: Pool) -
         result = restored.run("'gen' in dir()")
     assert result.value is False, result.notes
     assert not any("re-created" in n for n in result.notes), result.notes
+
+
+def test_a_value_later_statements_registered_into_is_not_re_created_without_them(pool: Pool) -> None:
+    """Re-running only ``def show`` would lose ``@show.register``: such a value stays dropped, and named as gone."""
+    with pool.checkout() as session:
+        session.run(
+            "import functools\n@functools.singledispatch\ndef show(x):\n    return 'obj'\n"
+            "@show.register\ndef _(x: int):\n    return 'int'\n"
+        )
+        checkpoint_id = session.dump()
+    with pool.checkout() as restored:
+        restored.load_session(checkpoint_id)
+        result = restored.run("'show' in dir()")
+    assert result.value is False
+    assert any("gone next turn" in n and "show" in n for n in result.notes), result.notes
