@@ -171,7 +171,10 @@ class AsyncSession:
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
-        source = "its last checkpoint" if self.checkpoint_id is not None else "an empty namespace"
+        if self.checkpoint_id is not None:
+            source = "its last checkpoint (variables and files changed since are lost)"
+        else:  # nothing was ever dumped: say what to do about it next time
+            source = "an empty namespace (nothing had been saved; run(..., dump_first=True) saves before a risky cell)"
         note = f"the Python session restarted (its worker was lost during {during}); it continues from {source}"
         try:
             if self.checkpoint_id is not None:

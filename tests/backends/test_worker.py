@@ -159,6 +159,11 @@ def test_a_run_that_asks_dumps_first_so_its_crash_keeps_what_came_before(open_po
     with open_pool.checkout() as session:
         session.feed_run("kept = [1, 2]")
         assert session.checkpoint_id is None
+        unsaved = session.run("import os\nos.kill(os.getpid(), 9)")
+        assert unsaved.status == "lost"
+        after = session.run("'kept' in dir()")
+        assert after.value is False and any("dump_first=True" in note for note in after.notes), after.notes
+        session.feed_run("kept = [1, 2]")
         lost = session.run("import os\nos.kill(os.getpid(), 9)", setup=True, dump_first=True)
         assert lost.status == "lost" and session.checkpoint_id is not None
         first = session.checkpoint_id
