@@ -314,6 +314,9 @@ def make_dataclass(cls_name: str, fields: Any, *, namespace: Any = None, **optio
 
     cls = dataclasses.make_dataclass(cls_name, fields, namespace=namespace, **options)
     refuse_finalizer(cls)
+    if "module" not in options:
+        # The caller's module, as CPython 3.12+ records it (3.11 records ``types``): a script's class is its own.
+        cls.__module__ = "__main__"
     return cls
 
 

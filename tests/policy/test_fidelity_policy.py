@@ -46,6 +46,11 @@ ORDINARY: dict[str, tuple[str, object]] = {
         (5, 5, 5, False, 2),
     ),
     "own_class_private_from_outside": ("class K:\n    _n = 3\n(K._n, K()._n)", (3, 3)),
+    "made_classes_private_from_outside": (
+        "import dataclasses, collections\nD = dataclasses.make_dataclass('D', [('_x', int)])\n"
+        "X = type('X', (), {'_a': 1})\n(D(1)._x, X()._a, D.__module__)",
+        (1, 1, "__main__"),
+    ),
     "typeddict_keys": (
         "from typing import TypedDict, NotRequired\nclass Movie(TypedDict):\n    name: str\n"
         "    year: NotRequired[int]\n"
