@@ -12,7 +12,7 @@ import json
 import re
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -418,15 +418,36 @@ class Conversation(BaseModel):
         self.checkpoints = {i: c for i, c in self.checkpoints.items() if i < keep}
         self._stored_messages = -1
 
-    def fork(self, new_id: str | None = None) -> Conversation:
-        """Return an independent copy under a new ID, standing on the same Python state.
+    @overload
+    def fork(self, new_id: str | None = None) -> Conversation: ...
+
+    @overload
+    def fork(self, *, count: int) -> list[Conversation]: ...
+
+    def fork(self, new_id: str | None = None, *, count: int | None = None) -> Conversation | list[Conversation]:
+        """Return an independent copy under a new ID, standing on the same Python state (or ``count`` of them).
 
         Checkpoints are immutable, so nothing is copied in storage: each conversation's next code turn starts
         from the same checkpoint and they go their own ways. The copy is not stored until it is saved.
 
+        Args:
+            new_id: The copy's ID; default: a new random one.
+            count: Return a list of this many copies, each with a new random ID (for trying several continuations
+                of one state at once).
+
         Raises:
-            ConfigError: ``new_id`` is malformed or the ID of this conversation.
+            ConfigError: ``new_id`` is malformed or the ID of this conversation; ``count`` is not a positive integer,
+                or given with ``new_id``.
         """
+        if count is not None:
+            if type(count) is not int or count < 1:
+                raise ConfigError(f"count must be a positive integer, not {count!r}")
+            if new_id is not None:
+                raise ConfigError("fork(count=...) gives each copy a new random ID: pass no new_id with it")
+            return [self._fork(None) for _ in range(count)]
+        return self._fork(new_id)
+
+    def _fork(self, new_id: str | None) -> Conversation:
         new_id = secrets.token_hex(16) if new_id is None else new_id
         try:
             validate_conversation_key(new_id)

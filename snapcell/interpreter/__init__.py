@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from snapcell.interpreter._host import CallCounter, HostCall, HostFunction, LocalBridge, validate_lookup
     from snapcell.interpreter._interrupt import Watchdog, start_watchdog
     from snapcell.interpreter._result import Artifact, RunResult
-    from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note
+    from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note, lost_at_load
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.interpreter._host": (
@@ -37,6 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Runner",
         "checkpoint_rule",
         "dropped_note",
+        "lost_at_load",
     ),
 }
 
@@ -52,6 +53,7 @@ __all__ = [
     "Watchdog",
     "checkpoint_rule",
     "dropped_note",
+    "lost_at_load",
     "start_watchdog",
     "validate_lookup",
 ]

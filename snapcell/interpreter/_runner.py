@@ -28,7 +28,7 @@ from snapcell.interpreter._assigned import UNBOUND, assigned_names
 from snapcell.interpreter._capture import capture_output
 from snapcell.interpreter._cellcache import CellCache
 from snapcell.interpreter._compile import RESULT_NAME, register_source
-from snapcell.interpreter._definitions import Definitions, setup_cells_assigning
+from snapcell.interpreter._definitions import Definitions, cell_bindings, setup_cells_assigning
 from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, close_unstarted, unbind_bridge
 from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
 from snapcell.interpreter._memory import make_memory, serving_status
@@ -53,7 +53,7 @@ from snapcell.policy import (
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, DroppedVariable, Dumped, FindGlobal, GlobalRule, Manifest
 
-__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
+__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "lost_at_load", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
 _MAX_STATIC_TYPES = 1000
@@ -133,6 +133,8 @@ class Runner:
         self.pending_notes: list[str] = []
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
+        # Dropped variables those setup cells run again for (after a load), named in the note that says so.
+        self.rebuilding: list[str] = []
         self._watch: Watchdog | None = None
         # The namespace the last run bound its host functions in, and their names (see `_bind_host_functions`).
         self._host_bound: tuple[dict[str, Any], frozenset[str]] | None = None
@@ -224,8 +226,11 @@ class Runner:
                 if setup_result.error is not None:
                     failed.append(f"{setup_result.error.exc_type}: {setup_result.error.exc_message}"[:200])
             count = f"{len(backlog)} setup cell{'s' if len(backlog) != 1 else ''}"
+            rebuilt, self.rebuilding = self.rebuilding, []
+            why = ": the setup cells that assign them rebuild what the checkpoint could not save"
             self.pending_notes.append(
                 f"{count} {'was' if len(backlog) == 1 else 'were'} run again"
+                + (f"{why} ({', '.join(rebuilt)})" if rebuilt else "")
                 + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
@@ -465,8 +470,9 @@ class Runner:
         dropped = dumped.manifest.dropped
         new = [d for d in dropped if self._named_drops.get(d.name) != id(self.namespace.get(d.name))]
         self._named_drops = {d.name: id(self.namespace.get(d.name)) for d in dropped}
-        if new:
-            self.pending_notes.append(dropped_note(new))
+        note = dropped_note(new, self.definitions, self.setup_cells)
+        if note:
+            self.pending_notes.append(note)
         return dumped
 
     def _bounded_trial(self, data: bytes, buffers: list[Any]) -> Any:
@@ -536,18 +542,22 @@ class Runner:
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
         self._named_drops = {}  # what the checkpoint dropped is not in the namespace: a new value is a new drop
-        notes = [dropped_note(manifest.dropped)] if manifest.dropped else []
-        rebuild = setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
+        self.definitions = Definitions(manifest.definitions)
+        # Functions and classes the dump could not keep as values but whose source it kept come back from it;
+        # other dropped variables from the setup cells that assign them, run again before the next cell.
+        redefined, rebuilt = rebuilt_at_load(manifest.dropped, self.definitions, manifest.setup_cells)
+        gone = [d for d in manifest.dropped if d.name not in redefined and d.name not in rebuilt]
+        notes = [dropped_note(gone)] if gone else []
+        rebuild = setup_cells_assigning(set(rebuilt), manifest.setup_cells)
         if rebuild:
             self.pending_setup.extend(rebuild)
-            notes.append("dropped variables are rebuilt by running again the setup cells that assign them")
-        self.definitions = Definitions(manifest.definitions)
-        sources, covered = self.definitions.for_names(loaded.failed)
+            self.rebuilding = rebuilt
+        sources, covered = self.definitions.for_names({*loaded.failed, *redefined})
         self.pending_definitions = sources
         if covered:
             notes.append(
-                f"re-created from their source (their saved form did not restore): {', '.join(covered)}; "
-                "objects made by the old definitions are not restored with them"
+                f"re-created from their source (their saved form did not restore or could not be saved): "
+                f"{', '.join(covered)}; objects made by the old definitions are not restored with them"
             )
         lost = {name: reason for name, reason in loaded.failed.items() if name not in covered}
         if lost:
@@ -561,10 +571,58 @@ class Runner:
 DROPPED_PREFIX = "not saved in the checkpoint"
 
 
-def dropped_note(dropped: Iterable[DroppedVariable]) -> str:
-    """One line naming the variables a dump did not save, each with its type and why."""
-    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in dropped)
-    return f"{DROPPED_PREFIX}, so gone next turn: {names}; recreate them if needed"
+def rebuilt_at_load(
+    dropped: Iterable[DroppedVariable], definitions: Definitions | Iterable[str], setup_cells: Iterable[str]
+) -> tuple[list[str], list[str]]:
+    """The names of ``dropped`` a load brings back: re-created from their kept source, and rebuilt by setup cells.
+
+    Args:
+        dropped: What a dump did not save.
+        definitions: The kept definitions (or a manifest's statements).
+        setup_cells: The session's setup cells.
+    """
+    dropped = list(dropped)
+    if not dropped:
+        return [], []
+    if not isinstance(definitions, Definitions):
+        definitions = Definitions(definitions)
+    redefined = definitions.recreatable((d.name, d.type_name) for d in dropped)
+    bound = set().union(*(cell_bindings(source) for source in setup_cells))
+    return redefined, [d.name for d in dropped if d.name not in redefined and d.name in bound]
+
+
+def lost_at_load(manifest: Manifest) -> list[str]:
+    """The variables a load of ``manifest``'s checkpoint does not bring back (dropped, and rebuilt by nothing)."""
+    redefined, rebuilt = rebuilt_at_load(manifest.dropped, manifest.definitions, manifest.setup_cells)
+    return [d.name for d in manifest.dropped if d.name not in redefined and d.name not in rebuilt]
+
+
+def dropped_note(
+    dropped: Iterable[DroppedVariable],
+    definitions: Definitions | Iterable[str] = (),
+    setup_cells: Iterable[str] = (),
+) -> str:
+    """One line naming the variables a dump did not save, each with its type and why ("" when there are none).
+
+    Args:
+        dropped: What the dump did not save.
+        definitions: The kept definitions (or a manifest's statements): a function or class they re-create at load
+            is named as kept by its source, not as gone.
+        setup_cells: The session's setup cells: a variable one of them assigns is named as rebuilt by it at load.
+    """
+    dropped = list(dropped)
+    redefined, rebuilt = rebuilt_at_load(dropped, definitions, setup_cells)
+    gone = "; ".join(
+        f"{d.name} ({d.type_name}) {d.reason}" for d in dropped if d.name not in redefined and d.name not in rebuilt
+    )
+    parts = [f"{DROPPED_PREFIX}, so gone next turn: {gone}; recreate them if needed"] if gone else []
+    if redefined:
+        parts.append(f"{DROPPED_PREFIX} as a value, re-created from its source when loaded: {', '.join(redefined)}")
+    if rebuilt:
+        parts.append(
+            f"{DROPPED_PREFIX} as a value, rebuilt by running its setup cell again when loaded: {', '.join(rebuilt)}"
+        )
+    return "; ".join(parts)
 
 
 def _host_function(name: str) -> HostFunction:

@@ -93,6 +93,8 @@ class AsyncSession:
         self._closed = False
         self._busy = False
         self._setup_since_checkpoint: list[str] = []
+        # A run may have changed the namespace since the last dump or load (``dump_first`` has something to save).
+        self._changed = False
         # Blobs this session wrote or loaded: a later dump refers to them instead of storing them again.
         self._blobs: dict[str, BlobRef] = {}
         self._blob_io = BlobIO(config.store, config.keyring.blob_namespace())
@@ -142,6 +144,7 @@ class AsyncSession:
         try:
             await self._load(checkpoint_id)
             self._setup_since_checkpoint = []
+            self._changed = False
         except WorkerLost:
             await self._restore("load")
             raise
@@ -168,7 +171,10 @@ class AsyncSession:
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
-        source = "its last checkpoint" if self.checkpoint_id is not None else "an empty namespace"
+        if self.checkpoint_id is not None:
+            source = "its last checkpoint (variables and files changed since are lost)"
+        else:  # nothing was ever dumped: say what to do about it next time
+            source = "an empty namespace (nothing had been saved; run(..., dump_first=True) saves before a risky cell)"
         note = f"the Python session restarted (its worker was lost during {during}); it continues from {source}"
         try:
             if self.checkpoint_id is not None:
@@ -177,6 +183,7 @@ class AsyncSession:
                 await self._backend.reset()
             await self._backend.queue(notes=[note], setup_cells=list(self._setup_since_checkpoint))
             self._restarted = True
+            self._changed = False  # the last checkpoint, or nothing: a dump now would save nothing new
         except SnapcellError as exc:
             raise SessionError(f"the session could not be restored after its worker was lost: {exc}") from exc
 
@@ -189,8 +196,10 @@ class AsyncSession:
         skip_type_check: bool = False,
         limits: Limits | None = None,
         then_dump: bool = False,
+        dump_first: bool = False,
+        raise_on_lost: bool = False,
     ) -> RunResult:
-        """Run a script and report everything it did; script problems do not raise.
+        """Run a script and report everything it did; script problems and a lost worker do not raise.
 
         Args:
             code: The script; top-level ``await`` is allowed and a trailing expression is the value.
@@ -201,22 +210,37 @@ class AsyncSession:
             then_dump: A `dump` (with ``on_unpicklable="skip"``) follows: a worker starts it as soon as the run
                 ends, in the same request, and that `dump` takes its result, dated when this run started (process
                 mode; a round trip fewer). Any other call first waits for that dump and drops it.
+            dump_first: Before a risky cell (a setup cell that loads data, say), `dump` the namespace when a run
+                changed it since the last dump or load, so a worker lost during this run costs only this run's
+                changes (also before the session's first dump). Takes the time and store bytes of a dump.
+            raise_on_lost: Raise `WorkerLost` when the worker dies, instead of returning a result with status
+                ``"lost"``.
 
         Returns:
-            The run's result; ``result.error`` holds a `ScriptError` when the script failed.
+            The run's result; ``result.error`` holds a `ScriptError` when the script failed. When the worker died
+            during the run, ``result.status`` is ``"lost"`` (and ``result.ok`` False), a note says what happened, and
+            the session was restored from its last checkpoint: usable, without this run's changes; the next run's
+            result has ``restarted`` set.
 
         Raises:
             ConfigError: ``external_lookup`` is malformed; nothing ran.
             SessionError: The session was checked in or is busy.
-            WorkerLost: The worker died during the run; the session was restored from its last checkpoint (usable,
-                without this run's changes) and ``exc.result`` is a `RunResult` with status ``"lost"``; the next
-                run's result has ``restarted`` set.
+            WorkerLost: With ``raise_on_lost``, the worker died during the run; the session was restored as above
+                and ``exc.result`` is the `RunResult` with status ``"lost"``. Without it, a worker lost during the
+                ``dump_first`` dump (the session is restored the same way).
             RunCancelled: The task running this was cancelled: the script was interrupted where it was, its
                 variables are kept and the session is usable; ``exc.result`` has status ``"cancelled"``. A worker
                 that did not stop within ``grace_s`` was killed: then the status is ``"lost"`` and the session was
                 restored from its last checkpoint, as after `WorkerLost`.
         """
-        return await self._run(code, external_lookup, setup, skip_type_check, limits, then_dump, True)
+        try:
+            return await self._run(
+                code, external_lookup, setup, skip_type_check, limits, then_dump, True, dump_first=dump_first
+            )
+        except WorkerLost as exc:
+            if raise_on_lost or not isinstance(exc.result, RunResult):
+                raise
+            return dataclasses.replace(exc.result, notes=(*exc.result.notes, f"the worker was lost: {exc}"))
 
     @trace_run
     async def _run(
@@ -228,9 +252,13 @@ class AsyncSession:
         limits: Limits | None,
         then_dump: bool,
         report: bool,
+        *,
+        dump_first: bool = False,
     ) -> RunResult:
         """`run`; ``report`` False (`feed_run`): only the value and error are read (see `Backend.run`)."""
         lookup = validate_lookup(external_lookup)
+        if dump_first and self._changed:
+            await self.dump()  # a crash in this run now costs only its own changes
         self._start()
         try:
             if limits is not None and not isinstance(limits, Limits):
@@ -258,6 +286,7 @@ class AsyncSession:
                     report=report,
                     types=types,
                 )
+                self._changed = True
                 result = await self._backend.run(request)
             except WorkerLost as exc:
                 exc.result = RunResult(
@@ -287,6 +316,7 @@ class AsyncSession:
         setup: bool = False,
         skip_type_check: bool = False,
         limits: Limits | None = None,
+        dump_first: bool = False,
     ) -> Any:
         """Run a script and return the value of its trailing expression (None without one).
 
@@ -297,8 +327,11 @@ class AsyncSession:
                 its own exception); variables assigned before the failure are kept and the session is usable.
             LimitExceeded: A limit stopped the run; the session is usable with earlier variables.
             ConfigError: ``external_lookup`` is malformed; nothing ran.
+            WorkerLost: The worker died during the run; the session was restored as `run` describes.
         """
-        result = await self._run(code, external_lookup, setup, skip_type_check, limits, False, False)
+        result = await self._run(
+            code, external_lookup, setup, skip_type_check, limits, False, False, dump_first=dump_first
+        )
         if result.error is not None:
             raise result.error
         return result.value
@@ -375,6 +408,7 @@ class AsyncSession:
             self.checkpoint_bytes = len(blob)
             self.manifest = manifest
             self._setup_since_checkpoint = []
+            self._changed = False
             self._blobs = {ref.hash: ref for ref in manifest.blobs}
             self._verifier.dump_signed()
             return cid.raw

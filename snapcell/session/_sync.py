@@ -57,6 +57,8 @@ class Session:
         skip_type_check: bool = False,
         limits: Limits | None = None,
         then_dump: bool = False,
+        dump_first: bool = False,
+        raise_on_lost: bool = False,
     ) -> RunResult:
         """See `AsyncSession.run`."""
         result: RunResult = self._call(
@@ -67,6 +69,8 @@ class Session:
                 skip_type_check=skip_type_check,
                 limits=limits,
                 then_dump=then_dump,
+                dump_first=dump_first,
+                raise_on_lost=raise_on_lost,
             )
         )
         return result
@@ -79,11 +83,17 @@ class Session:
         setup: bool = False,
         skip_type_check: bool = False,
         limits: Limits | None = None,
+        dump_first: bool = False,
     ) -> Any:
         """See `AsyncSession.feed_run`."""
         return self._call(
             self._inner.feed_run(
-                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
+                code,
+                external_lookup=external_lookup,
+                setup=setup,
+                skip_type_check=skip_type_check,
+                limits=limits,
+                dump_first=dump_first,
             )
         )
 

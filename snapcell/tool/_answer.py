@@ -192,7 +192,7 @@ def dropped_in_turn(manifest: Manifest | None, before: Collection[str], result: 
         for d in manifest.dropped
         if d.name not in before or unknown or d.name in assigned or d.name[:MAX_ASSIGNED_CHARS] in assigned
     ]
-    return dropped_note(new) if new else None
+    return (dropped_note(new, manifest.definitions, manifest.setup_cells) or None) if new else None
 
 
 def without_dropped_notes(result: RunResult) -> RunResult:

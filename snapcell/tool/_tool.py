@@ -30,7 +30,7 @@ from snapcell.heads import (
 from snapcell.interpreter import validate_lookup
 from snapcell.limits import Limits
 from snapcell.pool import AsyncPool, Pool
-from snapcell.telemetry import conversation_context
+from snapcell.telemetry import conversation_context, trace_turn
 from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
     TurnAnswer,
@@ -366,7 +366,7 @@ class CodeTool:
             self._keeper.check_id_turn()
         try:
             async with self._leases.hold(key) as lease:
-                with conversation_context(key):
+                with conversation_context(key), trace_turn(code):
                     if conversation is None and self._keeper is not None:
                         conversation = await self._keeper.load(key)
                     turn = Turn(self._context, lease, turn_id, conversation)

@@ -143,7 +143,9 @@ class Turn:
             try:
                 # The answer of the turn whose dump dropped a variable named it; the run would name it again.
                 # The dump always follows a run that ends: asked for with it, it costs no round trip of its own.
-                run = await session.run(code, external_lookup=context.tools, setup=setup, then_dump=True)
+                run = await session.run(
+                    code, external_lookup=context.tools, setup=setup, then_dump=True, raise_on_lost=True
+                )
                 result = self.result = without_dropped_notes(run)
             except RunCancelled as exc:
                 result, cancelled = without_dropped_notes(exc.result), exc

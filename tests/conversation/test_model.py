@@ -182,3 +182,16 @@ def test_add_tool_result_answers_only_an_open_call() -> None:
     assert conversation.messages[-1] == anthropic_result("a1") | {
         "content": [{"type": "tool_result", "tool_use_id": "a1", "content": "late"}]
     }
+
+
+def test_fork_with_a_count_returns_that_many_independent_forks() -> None:
+    conversation = sample()
+    forks = conversation.fork(count=3)
+    assert isinstance(forks, list) and len(forks) == 3
+    assert len({fork.id for fork in forks} | {conversation.id}) == 4
+    assert all(fork.checkpoint_id == conversation.checkpoint_id for fork in forks)
+    forks[0].messages.append(user("only in the first fork"))
+    assert len(forks[1].messages) == len(conversation.messages) == 3
+    for bad in ({"count": 0}, {"count": True}, {"new_id": "conv-9", "count": 2}):
+        with pytest.raises(ConfigError):
+            conversation.fork(**bad)  # type: ignore[call-overload]

@@ -257,7 +257,7 @@ def test_status_and_restarted_after_a_worker_loss(process_pool: Pool) -> None:
             assert (await session.run("kept = 1")).status == "ok"
             await session.dump()
             with pytest.raises(WorkerLost) as lost:
-                await session.run("import os\nos.kill(os.getpid(), 9)")
+                await session.run("import os\nos.kill(os.getpid(), 9)", raise_on_lost=True)
             assert lost.value.result.status == "lost" and not lost.value.result.restarted
             after = await session.run("kept")
             assert after.status == "ok" and after.restarted and after.value == 1
