@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         value_items,
     )
     from snapcell.wire._plain import JSON_SCALARS
-    from snapcell.wire._values import MAX_FRAME_COLUMNS, ScriptValue, to_value
+    from snapcell.wire._values import MAX_FRAME_COLUMNS, ScriptValue, imports_library, to_value
     from snapcell.wire._wire import (
         FRAME,
         MalformedMessage,
@@ -72,6 +72,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.wire._values": (
         "MAX_FRAME_COLUMNS",
         "ScriptValue",
+        "imports_library",
         "to_value",
     ),
     "snapcell.wire._wire": (
@@ -126,6 +127,7 @@ __all__ = [
     "encode",
     "error_from_plain",
     "error_to_plain",
+    "imports_library",
     "preload_modules",
     "reply_budget",
     "split_parts",
