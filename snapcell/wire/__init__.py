@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         reply_budget,
         value_items,
     )
-    from snapcell.wire._plain import JSON_SCALARS
+    from snapcell.wire._plain import JSON_SCALARS, type_name
     from snapcell.wire._values import MAX_FRAME_COLUMNS, ScriptValue, imports_library, to_value
     from snapcell.wire._wire import (
         FRAME,
@@ -68,7 +68,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "reply_budget",
         "value_items",
     ),
-    "snapcell.wire._plain": ("JSON_SCALARS",),
+    "snapcell.wire._plain": (
+        "JSON_SCALARS",
+        "type_name",
+    ),
     "snapcell.wire._values": (
         "MAX_FRAME_COLUMNS",
         "ScriptValue",
@@ -133,6 +136,7 @@ __all__ = [
     "split_parts",
     "to_plain",
     "to_value",
+    "type_name",
     "value_items",
 ]
 

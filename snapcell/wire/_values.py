@@ -27,7 +27,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from snapcell.wire._plain import value_kinds
+from snapcell.wire._plain import type_name, value_kinds
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
@@ -78,14 +78,6 @@ class _TooManyItems(Exception):
     """The value holds more items than the run's budget allows."""
 
 
-def _type_name(kind: type) -> str:
-    module = type.__dict__["__module__"].__get__(kind)
-    name = type.__dict__["__qualname__"].__get__(kind)
-    if not isinstance(module, str) or module in ("builtins", "__main__"):
-        return str(name)
-    return f"{module}.{name}"
-
-
 def _cut(text: str, limit: int = _REPR_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: limit - 40]} ...[{len(text)} characters, cut]"
 
@@ -95,10 +87,10 @@ def _script_value(item: Any, text: str | None = None) -> Tagged:
         try:
             text = repr(item)
         except Exception as exc:  # a script's __repr__ may raise anything; the value is still reported
-            text = f"<{_type_name(type(item))} object; repr() failed: {type(exc).__name__}>"
+            text = f"<{type_name(type(item))} object; repr() failed: {type(exc).__name__}>"
         if type(text) is not str:
-            text = f"<{_type_name(type(item))} object>"
-    return Tagged(("$sv", [_cut(_type_name(type(item)), 256), _cut(text)]))
+            text = f"<{type_name(type(item))} object>"
+    return Tagged(("$sv", [_cut(type_name(type(item)), 256), _cut(text)]))
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
