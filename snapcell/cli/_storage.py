@@ -38,8 +38,6 @@ EXIT_HEADS_SKIPPED = 4
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*\Z", re.IGNORECASE)
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]i?b?|b)?\s*\Z", re.IGNORECASE)
-_SIZE_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
 def parse_duration(text: str) -> float:
@@ -57,15 +55,25 @@ def parse_duration(text: str) -> float:
 def parse_size(text: str) -> int:
     """Parse ``10GiB`` (powers of 1024), ``500MB`` (powers of 1000) or plain bytes into bytes.
 
+    Every unit of pydantic's ``ByteSize`` is understood (B, KB to EB, KiB to EiB, their first letters, bits), and
+    ``2Gi`` (as Kubernetes writes it) as ``2GiB``. A fraction of a byte is dropped.
+
     Raises:
-        ConfigError: The text is not a size.
+        ConfigError: The text is not a size, or has more after it (``5MB of RAM``).
     """
-    match = _SIZE.match(text)
-    if not match:
-        raise ConfigError(f"invalid size {text!r}: use bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB")
-    unit = (match.group(2) or "b").lower()
-    factor = 1 if unit == "b" else (1024 if "i" in unit else 1000) ** _SIZE_POWERS[unit[0]]
-    return math.ceil(float(match.group(1)) * factor)
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    # ByteSize reads a size at the start of its text and ignores what follows: here the text is the size.
+    match = re.fullmatch(rf"{ByteSize.byte_string_pattern}\s*", text, re.IGNORECASE)
+    try:
+        if match is None:
+            raise ValueError(text)
+        number, unit = match.groups()
+        return int(TypeAdapter(ByteSize).validate_python(f"{number}{unit}B" if unit and unit[-1] in "iI" else text))
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(
+            f"invalid size {text!r}: use bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        ) from exc
 
 
 def _arg(parse: Any) -> Any:

@@ -162,6 +162,17 @@ def test_parse_size_errors(text: str) -> None:
         parse_size(text)
 
 
+@pytest.mark.parametrize(("text", "size"), [("1EiB", 2**60), ("2 PiB", 2 * 2**50), ("2Gi", 2 * 1024**3), (" 7 ", 7)])
+def test_parse_size_takes_every_unit_of_pydantics_byte_size(text: str, size: int) -> None:
+    assert parse_size(text) == size and type(parse_size(text)) is int
+
+
+@pytest.mark.parametrize("text", ["5MB of RAM", "1GiB,", "10 G B", "3 bytes", "1" * 400 + "EiB"])
+def test_parse_size_refuses_text_around_a_size(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"invalid size .*: use bytes or a number with KB, MB, GB, TB, KiB, MiB"):
+        parse_size(text)
+
+
 @pytest.mark.parametrize("text", ["", "d", "7days", "-1s", "1y"])
 def test_parse_duration_errors(text: str) -> None:
     with pytest.raises(ConfigError, match="invalid duration"):
