@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_OVER_QUOTA",
     "EXIT_STORAGE",
     "add_commands",
+    "format_duration",
     "parse_duration",
     "parse_size",
 ]
@@ -50,6 +51,17 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ConfigError(f"invalid duration {text!r}: use a number with s, m, h, d or w, like 90s, 12h or 7d")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def format_duration(seconds: float) -> str:
+    """Write a duration as people type one: ``6h10m``, ``10m``, ``7d``, ``90s`` (whole seconds)."""
+    rest, parts = round(seconds), []
+    for unit in ("d", "h", "m", "s"):
+        size = _DURATION_UNITS[unit]
+        if rest >= size or (unit == "s" and not parts):
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return "".join(parts)
 
 
 def parse_size(text: str) -> int:
@@ -137,21 +149,33 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Delete checkpoints older than the ttl, then the oldest unneeded ones while over the quota.",
     )
     _store_args(p)
-    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument(
+        "--ttl",
+        type=_arg(parse_duration),
+        default=DEFAULT_TTL_S,
+        help=f"checkpoint lifetime ({format_duration(DEFAULT_TTL_S)})",
+    )
     p.add_argument("--quota", type=_arg(parse_size), default=None, help="byte budget for the store (10GiB, 500MB)")
-    p.add_argument("--keep", nargs="+", action="extend", default=[], metavar="KEY", help="keys never deleted")
-    p.add_argument("--grace", type=_arg(parse_duration), default=DEFAULT_GRACE_S, help="minimum age to delete (1h)")
+    # One key per flag: several after one flag would take the store URL that follows as a key too.
+    p.add_argument("--keep", action="append", default=[], metavar="KEY", help="a key never deleted (repeatable)")
+    p.add_argument(
+        "--grace",
+        type=_arg(parse_duration),
+        default=DEFAULT_GRACE_S,
+        help=f"minimum age to delete ({format_duration(DEFAULT_GRACE_S)})",
+    )
     p.add_argument(
         "--blob-grace",
         type=_arg(parse_duration),
         default=DEFAULT_BLOB_GRACE_S,
-        help="minimum age of an unreferenced blob to delete (1d)",
+        help=f"minimum age of an unreferenced blob to delete ({format_duration(DEFAULT_BLOB_GRACE_S)})",
     )
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     p.add_argument(
         "--force",
         action="store_true",
-        help=f"accept --grace below {MIN_GRACE_S / 60:g}m and --blob-grace below {MIN_BLOB_GRACE_S / 3600:g}h "
+        help=f"accept --grace below {format_duration(MIN_GRACE_S)} and --blob-grace below "
+        f"{format_duration(MIN_BLOB_GRACE_S)} "
         "(only when no turn can be running: a running turn's checkpoint or blobs could be deleted)",
     )
     p.add_argument(
@@ -166,7 +190,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
     p = subparsers.add_parser("usage", help="objects and bytes per day, and what expires soon")
     _store_args(p, default=DEFAULT_STORE_URL)
-    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument(
+        "--ttl",
+        type=_arg(parse_duration),
+        default=DEFAULT_TTL_S,
+        help=f"checkpoint lifetime ({format_duration(DEFAULT_TTL_S)})",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_run_usage)
 
@@ -174,7 +203,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     s3_commands = s3.add_subparsers(dest="s3_command", required=True, metavar="COMMAND")
     p = s3_commands.add_parser("setup", help="install the bucket lifecycle rule that expires checkpoints")
     p.add_argument("store_url", metavar="STORE_URL", help="s3://bucket/prefix")
-    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument(
+        "--ttl",
+        type=_arg(parse_duration),
+        default=DEFAULT_TTL_S,
+        help=f"checkpoint lifetime ({format_duration(DEFAULT_TTL_S)})",
+    )
     p.add_argument("--endpoint-url", default=None, help="S3 API endpoint (default $SNAPCELL_S3_ENDPOINT_URL)")
     p.set_defaults(func=_run_s3_setup)
 

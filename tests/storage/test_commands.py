@@ -66,7 +66,7 @@ def test_cleanup_dry_run_text(local: tuple[Path, LocalStore], capsys: pytest.Cap
 
 def test_cleanup_over_quota_exits_non_zero(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
     root, store = local
-    code = run("cleanup", str(root), "--quota", "150", "--keep", "checkpoints/k2", "checkpoints/k3", "--json")
+    code = run("cleanup", str(root), "--quota", "150", "--keep", "checkpoints/k2", "--keep", "checkpoints/k3", "--json")
     assert code == 1
     report = json.loads(capsys.readouterr().out)
     assert report["over_quota"] is True
