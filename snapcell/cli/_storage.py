@@ -55,7 +55,8 @@ def parse_duration(text: str) -> float:
 
 def format_duration(seconds: float) -> str:
     """Write a duration as people type one: ``6h10m``, ``10m``, ``7d``, ``90s`` (whole seconds)."""
-    rest, parts = round(seconds), []
+    rest = round(seconds)
+    parts: list[str] = []
     for unit in ("d", "h", "m", "s"):
         size = _DURATION_UNITS[unit]
         if rest >= size or (unit == "s" and not parts):
