@@ -70,7 +70,8 @@ async def answer(
 
 async def main(directory: str) -> None:
     store = snapcell.conversation.FileConversationStore(f"{directory}/conversations")
-    async with snapcell.AsyncPool(f"file://{directory}/checkpoints", isolation="inline") as pool:
+    # The default isolation: the model's code runs in sandboxed worker processes, as it should in an application.
+    async with snapcell.AsyncPool(f"file://{directory}/checkpoints") as pool:
         tool = snapcell.CodeTool(pool, conversations=store)
         conversation = await store.load("demo") or snapcell.Conversation(id="demo")
         done = sum(1 for m in conversation.messages if m["role"] == "user")
