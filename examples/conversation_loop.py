@@ -1,4 +1,4 @@
-"""An agent loop that keeps the transcript and the Python state in one `FileConversationStore`.
+"""An agent loop that keeps the transcript and the Python state in one `FileConversationStore`, which the tool writes.
 
 The "model" here is scripted (no API key needed): it answers each user message with one `run_code` call and then
 a text reply, in the OpenAI chat format. Replace `ScriptedModel.reply` with your model API; the loop stays the same.
@@ -52,7 +52,7 @@ async def answer(
     conversation: snapcell.Conversation,
     question: str,
 ) -> str:
-    """Run one user message to the model's final text, saving every message with the state it goes with."""
+    """Run one user message to the model's final text; the tool stores each call's result with its state."""
     model = ScriptedModel()
     await store.add_messages(conversation, [{"role": "user", "content": question}])
     while True:
@@ -61,20 +61,18 @@ async def answer(
         calls = reply.get("tool_calls") or []
         if not calls:
             return str(reply["content"])
-        results = []
         for call in calls:
             code, setup = snapcell.tool.tool_call_arguments(call["function"]["arguments"])
-            # turn_id: a retry after a crash never runs the code twice; the conversation records the new state.
-            text = await tool.run_code(conversation, code, setup, turn_id=call["id"])
-            results.append({"role": "tool", "tool_call_id": call["id"], "content": text})
-        # The results and the checkpoint they go with are saved in one write.
-        await store.add_messages(conversation, results)
+            # The tool stores the call's result, its checkpoint and its usage in one write. turn_id: a retry after
+            # a crash never runs the code twice.
+            await tool.run_code(conversation, code, setup, turn_id=call["id"])
 
 
 async def main(directory: str) -> None:
     store = snapcell.conversation.FileConversationStore(f"{directory}/conversations")
-    async with snapcell.AsyncPool(f"file://{directory}/checkpoints", isolation="inline") as pool:
-        tool = snapcell.CodeTool(pool)
+    # The default isolation: the model's code runs in sandboxed worker processes, as it should in an application.
+    async with snapcell.AsyncPool(f"file://{directory}/checkpoints") as pool:
+        tool = snapcell.CodeTool(pool, conversations=store)
         conversation = await store.load("demo") or snapcell.Conversation(id="demo")
         done = sum(1 for m in conversation.messages if m["role"] == "user")
         if done >= len(USER_TURNS):

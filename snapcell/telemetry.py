@@ -7,6 +7,7 @@ The package is imported on the first run, load, dump or cleanup, not when snapce
 
 | Span | Recorded for | Attributes |
 |------|--------------|------------|
+| ``snapcell.turn`` | each turn of `CodeTool.run_code`; the turn's ``snapcell.load``, ``snapcell.run`` and ``snapcell.dump`` are its children | ``snapcell.conversation_id``, ``snapcell.code_bytes``, ``snapcell.duration_s``, ``snapcell.error_type`` (when the turn raised) |
 | ``snapcell.run`` | each ``Session.run`` / ``feed_run`` (type check included) | ``snapcell.conversation_id`` (when a caller set it with `conversation_context`), ``snapcell.code_bytes``, ``snapcell.duration_s``, ``snapcell.outcome`` (``ok``, ``error``, ``timeout``, ``worker_lost``), ``snapcell.error_type`` (the script's exception, ``TimeLimitExceeded``, ``WorkerLost``, ...; absent when ok), ``snapcell.output_bytes`` (stdout + stderr, UTF-8), ``snapcell.host_call_count``, ``snapcell.memory_bytes`` (worker RSS, process mode) |
 | ``snapcell.host_call`` | each host-function call, a child of ``snapcell.run`` and current while the function runs (its own spans nest under it) | ``snapcell.function``, ``snapcell.duration_s``, ``snapcell.error_type`` (when it raised) |
 | ``snapcell.load`` | ``load_session``, and the reload after a lost worker (then a child of ``snapcell.run``) | ``snapcell.conversation_id``, ``snapcell.checkpoint_bytes``, ``snapcell.buffer_count`` (out-of-band buffer sections), ``snapcell.variable_count``, ``snapcell.duration_s``, ``snapcell.error_type`` |
@@ -45,6 +46,7 @@ __all__ = [
     "trace_cleanup",
     "trace_host_function",
     "trace_run",
+    "trace_turn",
 ]
 
 log = logging.getLogger("snapcell")
@@ -221,6 +223,21 @@ def _conversation_attributes() -> Attributes:
 
 def _utf8_len(text: object) -> int:
     return len(text.encode(errors="replace")) if isinstance(text, str) else 0
+
+
+@contextmanager
+def trace_turn(code: object) -> Iterator[None]:
+    """Record a ``snapcell.turn`` span around one turn of a conversation, current while it runs.
+
+    The turn's load, run and dump spans start inside it and so are its children. Enter it inside
+    `conversation_context`, which names the conversation.
+    """
+    scope = _open("snapcell.turn", {"snapcell.code_bytes": _utf8_len(code), **_conversation_attributes()})
+    if scope is None:
+        yield
+        return
+    with scope:
+        yield
 
 
 def trace_run(

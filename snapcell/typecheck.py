@@ -34,7 +34,7 @@ from typing import Any
 from snapcell._support import is_async_callable
 from snapcell.errors import ConfigError, TimeLimitExceeded, TypingError
 
-__all__ = ["Diagnostic", "TypeChecker", "declarations_from_namespace", "find_ty"]
+__all__ = ["Diagnostic", "TypeChecker", "declarations_from_namespace", "find_ty", "stubs_from_functions"]
 
 _STUBS_MODULE = "__snapcell_stubs__"
 _INSTALL_HINT = "pip install 'snapcell[typecheck]'"
@@ -148,6 +148,7 @@ class TypeChecker:
         self.timeout_s = timeout_s
         self.stubs = stubs
         self._stub_lines = _NEWLINE.split(stubs)
+        self._stub_classes = _stub_classes(stubs)
         self._dir = Path(tempfile.mkdtemp(prefix="snapcell-ty-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self._counter = itertools.count()
@@ -188,24 +189,66 @@ class TypeChecker:
             ConfigError: ``declarations`` does not parse, or ty failed to run; the session is unchanged.
             TimeLimitExceeded: ty ran longer than ``timeout_s``; the script did not run.
         """
+        return self._check(code, prior_cells, declarations, reveal=False)[0]
+
+    def _check(
+        self, code: str, prior_cells: Sequence[str], declarations: str, *, reveal: bool
+    ) -> tuple[list[Diagnostic], dict[str, str]]:
         n = next(self._counter)
         decls, prior, cell = f"__snapcell_decls_{n}__", f"__snapcell_prior_{n}__", f"__snapcell_cell_{n}__.py"
         header = f"import asyncio; from {decls} import *; from {prior} import *; from {_STUBS_MODULE} import *\n"
-        files = {
-            f"{decls}.pyi": _declarations_module(declarations),
-            f"{prior}.py": _prior_module(prior_cells),
-            cell: header + code,
-        }
+        declared = _declarations_module(declarations)
+        names = _revealable(code) if reveal and self._stub_classes else []
+        # Asked after the script, so ty says what each name it bound holds at its end (lines past the script's).
+        tail = "".join(f"\n{_REVEAL}({name})" for name in names)
+        files = {f"{decls}.pyi": declared, f"{prior}.py": _prior_module(prior_cells), cell: header + code + tail}
         try:
             for name, text in files.items():
                 (self._dir / name).write_text(text, encoding="utf-8", newline="")
-            found = self._diagnostics(cell, code, "sarif")
+            found, revealed = self._diagnostics(cell, code, "sarif")
             if self.stubs.strip() and any(d.severity == "error" and d.code != "invalid-syntax" for d in found):
                 found = self._with_stub_notes(found, cell)
         finally:
             for name in files:
                 (self._dir / name).unlink(missing_ok=True)
-        return sorted(found, key=lambda d: (_SEVERITY_ORDER.get(d.severity, 3), d.line, d.column))
+        types: dict[str, str] = {}
+        if names:
+            shadowed = (_bound_names(ast.parse(code).body) or set()) | (
+                _bound_names(ast.parse(declarations).body) or set()
+            )
+            script_lines = len(_NEWLINE.split(code)) + 1  # the preamble's line, then the script's
+            for offset, name in enumerate(names, start=script_lines + 1):
+                shown = revealed.get(offset)
+                static = _static_type(shown, self._stub_classes, shadowed) if shown is not None else None
+                if static is not None:
+                    types[name] = static
+        return sorted(found, key=lambda d: (_SEVERITY_ORDER.get(d.severity, 3), d.line, d.column)), types
+
+    def check_with_types(self, code: str, *, declarations: str = "") -> tuple[list[Diagnostic], dict[str, str]]:
+        """Check like `check_or_raise`, and say which types the stubs gave the names the script binds.
+
+        A name's type is reported when ty's type for it at the end of the script uses a class of the stubs
+        (``list[Customer]``) and can be spelled in a declaration; other names are left to their runtime values
+        (`declarations_from_namespace` takes these types back as ``types``).
+
+        Returns:
+            The diagnostics (warnings and infos only), and the types by name, stub classes spelled
+            ``__snapcell_stubs__.Customer``.
+
+        Raises:
+            TypingError: As for `check_or_raise`.
+            ConfigError: As for `check`.
+            TimeLimitExceeded: As for `check`.
+        """
+        found, types = self._check(code, (), declarations, reveal=True)
+        _raise_on_errors(found)
+        return found, types
+
+    async def acheck_with_types(self, code: str, *, declarations: str = "") -> tuple[list[Diagnostic], dict[str, str]]:
+        """Async twin of `check_with_types`, run in a worker thread."""
+        import asyncio
+
+        return await asyncio.to_thread(self.check_with_types, code, declarations=declarations)
 
     async def acheck(self, code: str, *, prior_cells: Sequence[str] = (), declarations: str = "") -> list[Diagnostic]:
         """Async twin of `check`, run in a worker thread so the event loop stays free."""
@@ -226,17 +269,8 @@ class TypeChecker:
             TimeLimitExceeded: As for `check`.
         """
         found = self.check(code, prior_cells=prior_cells, declarations=declarations)
-        errors = [d for d in found if d.severity == "error"]
-        if not errors:
-            return found
-        count = f"{len(errors)} type error{'s' if len(errors) > 1 else ''}"
-        raise TypingError(
-            f"The script did not run: {count}, the first at line {errors[0].line}: {errors[0].message}. "
-            "Fix it and run it again.",
-            diagnostics=found,
-            lineno=errors[0].line,
-            hint="Fix the script and run it again; nothing ran and no variable changed.",
-        )
+        _raise_on_errors(found)
+        return found
 
     async def acheck_or_raise(
         self, code: str, *, prior_cells: Sequence[str] = (), declarations: str = ""
@@ -270,7 +304,8 @@ class TypeChecker:
             raise ConfigError(f"ty failed (exit status {done.returncode}): {stderr[-2000:]}")
         return done.stdout.decode("utf-8", "replace")
 
-    def _diagnostics(self, cell: str, code: str, output_format: str) -> list[Diagnostic]:
+    def _diagnostics(self, cell: str, code: str, output_format: str) -> tuple[list[Diagnostic], dict[int, str]]:
+        """The script's diagnostics, and the types ty revealed, by line of the cell file."""
         try:
             report = json.loads(self._run(cell, output_format))
             results = report["runs"][0]["results"]
@@ -278,11 +313,14 @@ class TypeChecker:
             raise ConfigError(f"cannot read ty's report ({exc}); is ty {_INSTALL_HINT.split()[-1]} installed?") from exc
         script_lines = _NEWLINE.split(code)
         found = []
+        revealed: dict[int, str] = {}
         for result in results:
             diag = _from_sarif(result, cell, script_lines)
             if diag is not None:
                 found.append(diag)
-        return found
+            elif result.get("ruleId") == "revealed-type":
+                _note_revealed(result, cell, revealed)
+        return found, revealed
 
     def _with_stub_notes(self, found: list[Diagnostic], cell: str) -> list[Diagnostic]:
         # Machine formats drop ty's related locations; the human format keeps them, so read them from there.
@@ -312,6 +350,87 @@ class TypeChecker:
                 diag = _replace_note(diag, self._stub_lines[stub_line - 1].strip())
             result.append(diag)
         return result
+
+
+def _raise_on_errors(found: list[Diagnostic]) -> None:
+    errors = [d for d in found if d.severity == "error"]
+    if not errors:
+        return
+    count = f"{len(errors)} type error{'s' if len(errors) > 1 else ''}"
+    raise TypingError(
+        f"The script did not run: {count}, the first at line {errors[0].line}: {errors[0].message}. "
+        "Fix it and run it again.",
+        diagnostics=found,
+        lineno=errors[0].line,
+        hint="Fix the script and run it again; nothing ran and no variable changed.",
+    )
+
+
+_REVEAL = "reveal_type"
+_REVEALED = re.compile(r"Revealed type: `(.*)`\Z", re.DOTALL)
+_MAX_REVEALED = 200  # names of one script whose types are asked for
+
+
+def _revealable(code: str) -> list[str]:
+    """The names a script binds at its top level whose types ty is asked for (none when it does not parse)."""
+    try:
+        names = _bound_names(ast.parse(code).body)
+    except (SyntaxError, ValueError):
+        return []
+    return sorted(n for n in names or () if n.isidentifier() and not n.startswith("__"))[:_MAX_REVEALED]
+
+
+def _note_revealed(result: Mapping[str, Any], cell: str, revealed: dict[int, str]) -> None:
+    locations = result.get("locations") or [{}]
+    physical = locations[0].get("physicalLocation", {})
+    if not str(physical.get("artifactLocation", {}).get("uri", "")).endswith("/" + cell):
+        return
+    match = _REVEALED.match(str(result.get("message", {}).get("text", "")))
+    line = physical.get("region", {}).get("startLine")
+    if match and isinstance(line, int):
+        revealed[line] = match.group(1)
+
+
+def _stub_classes(stubs: str) -> frozenset[str]:
+    try:
+        tree = ast.parse(stubs)
+    except SyntaxError:
+        return frozenset()
+    return frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef))
+
+
+def _static_type(text: str, stub_classes: frozenset[str], shadowed: set[str]) -> str | None:
+    """A revealed type as a declaration, when it uses a stub class and nothing but builtins; else None.
+
+    A union is left out: it is what the script's own branches made of the value, and a later turn that knows the
+    value (``None`` or not) should not be held to it.
+    """
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return None
+    if isinstance(tree.body, ast.BinOp):
+        return None
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id in stub_classes:
+                used.add(node.id)
+            elif node.id not in _SIMPLE_NAMES or node.id == "Any":
+                return None
+        elif not isinstance(node, ast.Expression | ast.Load | ast.Subscript | ast.Tuple | ast.BinOp | ast.BitOr):
+            if not (isinstance(node, ast.Constant) and node.value in (None, Ellipsis)):
+                return None
+    if not used or used & shadowed:
+        return None
+
+    class _Qualify(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id not in used:
+                return node
+            return ast.Attribute(value=ast.Name(id=_STUBS_MODULE, ctx=ast.Load()), attr=node.id, ctx=ast.Load())
+
+    return ast.unparse(_Qualify().visit(tree))
 
 
 def _replace_note(diag: Diagnostic, note: str) -> Diagnostic:
@@ -373,14 +492,19 @@ def _stub_definitions(stubs: str) -> dict[str, int]:
     }
 
 
+# Builtins a session adds for its scripts (`snapcell.interpreter`'s runner), declared before the namespace's names.
+_SESSION_BUILTINS_STUB = "def memory() -> dict[str, int | None]: ...\n"
+_SESSION_BUILTINS = frozenset({"memory"})
+
+
 def _declarations_module(declarations: str) -> str:
     try:
         tree = ast.parse(declarations)
     except SyntaxError as exc:
         raise ConfigError(f"declarations do not parse: {exc}") from exc
     names = _bound_names(tree.body)
-    exports = f"__all__ = {sorted(names)!r}\n" if names is not None else ""
-    return f"from typing import Any\n{exports}{declarations}\n"
+    exports = f"__all__ = {sorted(names | _SESSION_BUILTINS)!r}\n" if names is not None else ""
+    return f"from typing import Any\nimport {_STUBS_MODULE}\n{exports}{_SESSION_BUILTINS_STUB}{declarations}\n"
 
 
 def _prior_module(prior_cells: Sequence[str]) -> str:
@@ -445,7 +569,7 @@ _SAMPLE = 200
 _MAX_DEPTH = 4
 
 
-def declarations_from_namespace(ns: Mapping[str, object]) -> str:
+def declarations_from_namespace(ns: Mapping[str, object], *, types: Mapping[str, str] | None = None) -> str:
     """Write stub declarations that make a live namespace's names known to the checker.
 
     Plain values get their types (containers with element types when those agree,
@@ -455,6 +579,9 @@ def declarations_from_namespace(ns: Mapping[str, object]) -> str:
 
     Args:
         ns: The namespace, name to value; nothing in it is called or changed.
+        types: Static types of names, as `TypeChecker.check_with_types` reported them when the value was made;
+            one is declared instead of the value's own type while the value still agrees with it (a list is still
+            a list, a TypedDict still a dict).
 
     Returns:
         Declarations text, stable for equal namespaces, for `TypeChecker.check` ``declarations``.
@@ -465,9 +592,30 @@ def declarations_from_namespace(ns: Mapping[str, object]) -> str:
     for name in sorted(ns):
         if not name.isidentifier() or (name.startswith("__") and name.endswith("__")):
             continue
+        static = types.get(name) if types else None
+        if static is not None and _agrees(ns[name], static):
+            lines.append(f"{name}: {static}")
+            continue
         lines.extend(_declare(name, ns[name], classes, imports))
     head = [f"import {module} as {alias}" for module, alias in sorted(imports.items())]
     return "\n".join(head + lines) + "\n"
+
+
+_RUNTIME_TYPES: dict[str, type] = {t.__name__: t for t in (list, dict, set, frozenset, tuple)}
+
+
+def _agrees(value: object, static: str) -> bool:
+    """Whether a value still is what its static type (a container of stub classes, or one) says at the top."""
+    try:
+        tree = ast.parse(static, mode="eval").body
+    except SyntaxError:
+        return False
+    outer = tree.value if isinstance(tree, ast.Subscript) else tree
+    if isinstance(outer, ast.Name):
+        return type(value) is _RUNTIME_TYPES.get(outer.id)
+    if isinstance(outer, ast.Attribute) and isinstance(outer.value, ast.Name) and outer.value.id == _STUBS_MODULE:
+        return type(value) is dict or type(value).__name__ == outer.attr
+    return False
 
 
 def _declare(name: str, value: object, classes: dict[int, str], imports: dict[str, str]) -> list[str]:
@@ -597,3 +745,179 @@ def _string_annotation(text: str) -> str:
             if not (isinstance(node, ast.Constant) and node.value in (None, Ellipsis)):
                 return "Any"
     return ast.unparse(tree)
+
+
+# ------------------------------------------------------------- stubs of host functions
+
+_TYPING_NAMES = ("Any", "Literal", "NotRequired", "TypedDict")
+_GENERIC_BUILTINS = (list, dict, set, frozenset, tuple, type)
+_BUILTIN_TYPES = {t: t.__name__ for t in (*_PLAIN, object, bytearray, range, slice, *_GENERIC_BUILTINS)}
+_LITERAL_TYPES = (str, int, bool, bytes, type(None))
+
+
+def stubs_from_functions(functions: Mapping[str, Callable[..., Any]]) -> str:
+    """Write type-checker stubs of host functions from their signatures, for ``type_check_stubs``.
+
+    Each function becomes a stub under the name it is given by, with its parameters (simple defaults kept, others
+    ``...``), its return type and its docstring's first line. TypedDicts its annotations use become stub classes
+    with their fields (the keys a script may use), other classes an import of their module when they have one
+    (``datetime.date``), and whatever cannot be spelled ``Any``, so a check is never stricter than the functions.
+
+    Args:
+        functions: Host functions by name, as passed to ``external_lookup`` or ``CodeTool(tools=...)``.
+
+    Returns:
+        Python stub text.
+    """
+    return _StubWriter(set(functions)).write(functions)
+
+
+class _StubWriter:
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = taken | set(_TYPING_NAMES)
+        self._classes: dict[type, str] = {}
+        self._class_text: list[str] = []
+        self._modules: dict[str, str] = {}
+
+    def write(self, functions: Mapping[str, Callable[..., Any]]) -> str:
+        defs = [self._function(name, func) for name, func in functions.items()]
+        head = [f"from typing import {', '.join(_TYPING_NAMES)}"]
+        head += [
+            f"import {m}" if m == alias else f"import {m} as {alias}" for m, alias in sorted(self._modules.items())
+        ]
+        return "\n".join(head) + "\n\n" + "".join(text + "\n" for text in (*self._class_text, *defs))
+
+    def _function(self, name: str, func: Callable[..., Any]) -> str:
+        try:
+            try:
+                signature = inspect.signature(func, eval_str=True)
+            except Exception:  # evaluating the host's own annotations may raise anything; use them as written
+                signature = inspect.signature(func)
+        except (TypeError, ValueError):
+            signature = inspect.Signature(
+                [
+                    inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                    inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+                ]
+            )
+        params = [
+            param.replace(annotation=_Text(self._type(param.annotation)), default=self._default(param.default))
+            for param in signature.parameters.values()
+        ]
+        text = str(
+            signature.replace(parameters=params, return_annotation=_Text(self._type(signature.return_annotation)))
+        )
+        keyword = "async def" if is_async_callable(func) else "def"
+        doc = (inspect.getdoc(func) or "").strip().splitlines()
+        body = f"\n    {doc[0]!r}" if doc else " ..."
+        return f"{keyword} {name}{text}:{body}"
+
+    @staticmethod
+    def _default(default: object) -> object:
+        if default is inspect.Parameter.empty:
+            return default
+        if type(default) in (int, float, bool, type(None)) or (type(default) is str and len(default) <= 40):
+            return _Text(repr(default))
+        return _Text("...")
+
+    def _type(self, annotation: object, depth: int = 0) -> str:
+        if annotation is inspect.Parameter.empty or depth > _MAX_DEPTH * 2:
+            return "Any"
+        if annotation is None or annotation is type(None):
+            return "None"
+        if annotation is Any:
+            return "Any"
+        if isinstance(annotation, str):
+            return _string_annotation(annotation)
+        if isinstance(annotation, type) and annotation in _BUILTIN_TYPES:
+            return _BUILTIN_TYPES[annotation]
+        import typing  # the host's side only
+
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if origin is not None:
+            return self._generic(origin, args, depth)
+        if isinstance(annotation, type):
+            return self._class(annotation, depth)
+        return "Any"
+
+    def _generic(self, origin: object, args: tuple[Any, ...], depth: int) -> str:
+        import collections.abc
+        import typing
+
+        if origin in (typing.Union, types.UnionType):
+            return " | ".join(self._type(a, depth + 1) for a in args)
+        if origin is typing.Literal:
+            if all(type(a) in _LITERAL_TYPES for a in args):
+                return f"Literal[{', '.join(repr(a) for a in args)}]"
+            return "Any"
+        if origin is typing.Annotated:
+            return self._type(args[0], depth + 1)
+        if origin is collections.abc.Callable:
+            if len(args) == 2 and isinstance(args[0], list):
+                params = ", ".join(self._type(a, depth + 1) for a in args[0])
+                return f"{self._module_name('collections.abc')}.Callable[[{params}], {self._type(args[1], depth + 1)}]"
+            return f"{self._module_name('collections.abc')}.Callable[..., Any]"
+        if isinstance(origin, type) and (origin in _GENERIC_BUILTINS or origin.__module__ == "collections.abc"):
+            base = (
+                origin.__name__
+                if origin in _GENERIC_BUILTINS
+                else f"{self._module_name('collections.abc')}.{origin.__name__}"
+            )
+            if origin is tuple and args == ():
+                return "tuple[()]"
+            inner = ", ".join("..." if a is Ellipsis else self._type(a, depth + 1) for a in args)
+            return f"{base}[{inner}]" if inner else base
+        return "Any"
+
+    def _class(self, cls: type, depth: int) -> str:
+        import typing
+
+        if cls in self._classes:
+            return self._classes[cls]
+        if typing.is_typeddict(cls):
+            return self._typeddict(cls, depth)
+        origin = _importable(cls)
+        if origin is None:
+            return "Any"
+        module, qualname = origin
+        return f"{self._module_name(module)}.{qualname}"
+
+    def _typeddict(self, cls: type, depth: int) -> str:
+        import typing
+
+        name = cls.__name__ if cls.__name__.isidentifier() else "TypedDict_"
+        while name in self._taken:
+            name += "_"
+        self._taken.add(name)
+        self._classes[cls] = name
+        try:
+            fields = typing.get_type_hints(cls, include_extras=True)
+        except Exception:  # the host's own annotations may fail to evaluate in any way; keep them as written
+            fields = dict(getattr(cls, "__annotations__", {}))
+        optional = set(getattr(cls, "__optional_keys__", frozenset()))
+        for key, annotation in list(fields.items()):
+            # Postponed annotations hide NotRequired from __optional_keys__ (before 3.12): read the markers here.
+            while typing.get_origin(annotation) in (typing.NotRequired, typing.Required):
+                (optional.add if typing.get_origin(annotation) is typing.NotRequired else optional.discard)(key)
+                annotation = typing.get_args(annotation)[0]
+            fields[key] = annotation
+        lines = [f"class {name}(TypedDict):"]
+        doc = (cls.__doc__ or "").strip().splitlines()
+        if doc and cls.__doc__ != typing.TypedDict.__doc__:
+            lines.append(f"    {doc[0]!r}")
+        for key, annotation in fields.items():
+            if not key.isidentifier():
+                continue  # a key a class body cannot spell: the stub stays total-free of it
+            spelled = self._type(annotation, depth + 1)
+            lines.append(f"    {key}: {f'NotRequired[{spelled}]' if key in optional else spelled}")
+        if len(lines) == 1 or (len(lines) == 2 and doc):
+            lines.append("    pass")
+        self._class_text.append("\n".join(lines) + "\n")
+        return name
+
+    def _module_name(self, module: str) -> str:
+        if module not in self._modules:
+            top = module.partition(".")[0]
+            self._modules[module] = module if top not in self._taken else f"__snapcell_m{len(self._modules)}__"
+        alias = self._modules[module]
+        return alias

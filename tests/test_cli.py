@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,28 @@ class _Output:
 
     def flush(self) -> None:
         pass
+
+
+def _helps(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str]]:
+    """Every command's help text, the top level's included, with argparse's line breaks undone."""
+    yield parser.prog, " ".join(parser.format_help().split())
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                yield from _helps(command)
+
+
+def test_help_shows_durations_and_environment_variables_as_a_person_types_them() -> None:
+    helps = dict(_helps(build_parser()))
+    assert len(helps) > 10
+    for prog, text in helps.items():
+        assert not re.search(r"\d\.\d{3,}", text), (prog, text)  # 6.16667h
+        assert not re.search(r"(?<!\$)\bSNAPCELL_[A-Z_]+", text), (prog, text)  # the variable, not its name
+    assert "--blob-grace below 6h10m" in helps["snapcell cleanup"]
+
+
+def test_cleanup_keep_takes_one_key_per_flag_and_leaves_the_store_url() -> None:
+    args = build_parser().parse_args(["cleanup", "--keep", "checkpoints/k2", "--keep", "checkpoints/k3", "store"])
+    assert args.keep == ["checkpoints/k2", "checkpoints/k3"] and args.store_url == "store"
+    args = build_parser().parse_args(["cleanup", "--keep", "checkpoints/k2", "store"])
+    assert args.keep == ["checkpoints/k2"] and args.store_url == "store"

@@ -92,3 +92,13 @@ def test_conversation_loop_keeps_messages_and_state_together(tmp_path: Path) -> 
     ]
     assert stored.usage.runs == 4
     assert stored.usage.by_status == {"ok": 4}
+
+
+def test_every_example_runs_the_models_code_sandboxed_or_says_why() -> None:
+    # A reader copies an example into an application: running without the sandbox must not look like the norm.
+    for path in sorted(EXAMPLES.glob("*.py")):
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if 'isolation="inline"' in line:
+                said = "#" in line or lines[number - 1].lstrip().startswith("#")
+                assert said, f"{path.name}:{number + 1} runs inline without a comment saying why"

@@ -343,3 +343,24 @@ def test_no_span_is_started_until_a_tracer_provider_is_configured(
         monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
         assert session.feed_run("3 + 3") == 6
     assert [span.name for span in _named(exporter, "snapcell.run")] == ["snapcell.run"]
+
+
+def test_a_tool_turn_is_one_span_with_its_load_run_and_dump_as_children(
+    inline_pool: Pool, spans: InMemorySpanExporter
+) -> None:
+    from snapcell import SyncCodeTool
+    from snapcell.heads import MemoryHeads
+
+    tool = SyncCodeTool(inline_pool, heads=MemoryHeads())
+    try:
+        tool.run_code("conv-t", "x = 1")
+        spans.clear()
+        tool.run_code("conv-t", "x + 1")
+    finally:
+        tool.close()
+    (turn,) = _named(spans, "snapcell.turn")
+    assert _attrs(turn)["snapcell.conversation_id"] == "conv-t"
+    assert turn.parent is None
+    for name in ("snapcell.load", "snapcell.run", "snapcell.dump"):
+        (child,) = _named(spans, name)
+        assert child.parent is not None and child.parent.span_id == turn.context.span_id, name

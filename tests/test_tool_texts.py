@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -154,3 +156,97 @@ def test_a_dropped_variable_is_named_once_unless_assigned_again(pool: Pool, keep
         assert "not saved" not in tool.run_code("c", "kept")
     finally:
         tool.close()
+
+
+async def list_customers() -> list[dict[str, str]]:
+    """List the customers."""
+    return [{"id": "c-1", "name": "Acme"}]
+
+
+def test_a_coroutine_left_without_await_is_named_and_closed_quietly(pool: Pool) -> None:
+    tools = {**TOOLS, "list_customers": list_customers}
+    tool = SyncCodeTool(pool, heads=MemoryHeads(), tools=tools, keep_warm_s=60.0)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = tool.run_code("c-await", "list_customers()")
+            assert "did you forget `await`?" in value and "await list_customers(...)" in value, value
+            assert "WorkerBridge" not in value and "_call_async" not in value
+            # A host function left unawaited did not run: its failure is not reported.
+            kept = tool.run_code("c-await", "pending = refund(3)\nprint('ran')")
+            assert "ran" in kept and "await refund(...)" in kept and "timed out" not in kept, kept
+            own = tool.run_code("c-await", "async def f():\n    return 1\nf()")
+            assert "did you forget `await`?" in own and "f()" in own, own
+            later = tool.run_code("c-await", "pending = 1\nawait list_customers()")
+            assert "RuntimeWarning" not in later and "never awaited" not in later, later
+            assert "Acme" in later and "forget" not in later
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
+    finally:
+        tool.close()
+
+
+def test_the_description_shows_the_fields_of_stub_classes() -> None:
+    stubs = (
+        "from typing import NotRequired, TypedDict\n"
+        "class Customer(TypedDict):\n"
+        '    """A customer record."""\n'
+        "    id: str\n"
+        "    churned_at: NotRequired[str | None]\n"
+        "    def helper(self) -> None: ...\n"
+        "def list_customers() -> list[Customer]:\n"
+        '    """List the customers."""\n'
+    )
+    with Pool("memory://", isolation="inline") as pool:
+        text = SyncCodeTool(pool, heads=MemoryHeads(), stubs=stubs).description
+    functions, types = text.split("Host functions")[1].split("not defined in the session)")
+    assert "def list_customers() -> list[Customer]\n    List the customers." in functions
+    assert (
+        "class Customer(TypedDict)\n    A customer record.\n    id: str\n    churned_at: NotRequired[str | None]\n"
+        in types
+    )
+    assert "def helper(self) -> None" in types and "Customer" not in functions.replace("list[Customer]", "")
+
+
+def test_the_module_list_names_what_imports(tool: SyncCodeTool, pool: Pool) -> None:
+    listed = re.search(r"can be imported \(with their submodules\): (.*?)\. Other imports fail", tool.description)
+    assert listed is not None, tool.description
+    names = re.findall(r"[\w.]+", listed.group(1).replace("from the standard library", ""))
+    names = [name for name in names if name != "and"]
+    assert ("pathlib" in names) == (pool._inner.isolation == "process")
+    answer = tool.run_code("c-modules", "".join(f"import {name}\n" for name in names) + "'imported'")
+    assert answer == "'imported'", answer
+    with Pool("memory://", isolation="inline", policy=Policy().with_modules(["snapcell_no_such_module"])) as other:
+        assert "snapcell_no_such_module" not in SyncCodeTool(other, heads=MemoryHeads()).description
+
+
+def test_an_absolute_workspace_path_gets_a_hint() -> None:
+    with Pool("memory://", isolation="process") as pool:
+        tool = SyncCodeTool(pool, heads=MemoryHeads())
+        for code in (
+            "open('/workspace/notes.txt').read()",
+            "import pathlib\npathlib.Path('/workspace/a.txt').write_text('x')",
+        ):
+            answer = tool.run_code("c-path", code)
+            assert "Error" in answer and "working directory is the workspace" in answer, answer
+            assert "'notes.txt'" in answer or "'a.txt'" in answer
+        relative = tool.run_code("c-path", "open('notes.txt').read()")
+        assert "FileNotFoundError" in relative and "working directory is the workspace" not in relative
+
+
+def test_the_model_can_ask_for_its_sessions_memory(tool: SyncCodeTool, pool: Pool) -> None:
+    process = pool._inner.isolation == "process"
+    assert ("memory()" in tool.description) == process
+    used = tool.run_code("c-mem", "m = memory()\nm['resident_bytes'], m['peak_resident_bytes'], m['limit_bytes']")
+    if not process:  # the session shares the application's process: its memory is unknown
+        assert used == "(None, None, None)", used
+        return
+    resident, peak, limit = (int(n) for n in re.findall(r"\d+", used))
+    assert 10 * 2**20 < resident <= peak and limit == Limits().memory_bytes, used
+    classic = 'int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])'
+    assert 10_000 < int(tool.run_code("c-mem", classic)) < 10 * 2**20
+    # Only memory lines are served, read-only; the rest of /proc stays closed.
+    assert tool.run_code("c-mem", "'Uid:' in open('/proc/self/status').read()") == "False"
+    assert tool.run_code("c-mem", "'VmHWM:' in open('/proc/self/status', 'rb').read().decode()") == "True"
+    assert "Error" in tool.run_code("c-mem", "open('/proc/self/status', 'w')")
+    assert "PermissionError" in tool.run_code("c-mem", "open('/proc/self/environ').read()")

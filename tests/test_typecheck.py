@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import math
 import textwrap
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 import pytest
 
 from snapcell.errors import ConfigError, TypingError
-from snapcell.typecheck import Diagnostic, TypeChecker, declarations_from_namespace, find_ty
+from snapcell.typecheck import Diagnostic, TypeChecker, declarations_from_namespace, find_ty, stubs_from_functions
 
 STUBS = """
 from typing import TypedDict
@@ -158,6 +159,33 @@ def test_declarations_from_namespace_make_names_known(checker: TypeChecker) -> N
     ]
 
 
+def test_the_sessions_own_builtins_are_known(checker: TypeChecker) -> None:
+    code = "m = memory()\nm['resident_bytes'] or 0\n"
+    assert errors(checker.check(code)) == []
+    assert errors(checker.check(code, declarations="count: int")) == []
+    assert [d.code for d in errors(checker.check("memory().upper()"))] == ["missing-attribute"]
+
+
+def test_the_types_the_stubs_gave_the_names_a_script_binds_are_reported(checker: TypeChecker) -> None:
+    code = "c = list_customers()\nfirst = c[0]\nn = len(c)\nnothing = None\nt = await list_open_tickets('x')\n"
+    found, types = checker.check_with_types(code)
+    assert errors(found) == []
+    assert types == {"c": "list[__snapcell_stubs__.Customer]", "first": "__snapcell_stubs__.Customer"}
+    with pytest.raises(TypingError):
+        checker.check_with_types("c = list_customers()\nc[0]['nmae']")
+    # Declared with those types, a later cell's wrong key is caught; a value that disagrees keeps its own type.
+    decls = declarations_from_namespace({"c": [{"id": "1", "name": "a", "churned_at": None}]}, types=types)
+    assert "c: list[__snapcell_stubs__.Customer]" in decls
+    assert [d.code for d in errors(checker.check("c[0]['nmae']", declarations=decls))] == ["invalid-typed-dict-key"]
+    assert errors(checker.check("c[0]['name'].upper()", declarations=decls)) == []
+    assert "c: int" in declarations_from_namespace({"c": 5}, types=types)
+    # A name the script or the namespace gives a class of its own is not taken for the stub's.
+    _, shadowed = checker.check_with_types("class Customer:\n    pass\nc = list_customers()\n")
+    assert shadowed == {}
+    _, shadowed = checker.check_with_types("c = list_customers()", declarations="class Customer: ...")
+    assert shadowed == {}
+
+
 def test_hand_written_declarations(checker: TypeChecker) -> None:
     assert errors(checker.check("churned[0]['x'].foo", declarations="churned: list[dict[str, Any]]")) == []
     with pytest.raises(ConfigError):
@@ -235,3 +263,50 @@ def test_missing_ty_binary_is_config_error(tmp_path: Any, monkeypatch: pytest.Mo
 
 def test_find_ty_prefers_the_interpreter_directory() -> None:
     assert find_ty().endswith("ty")
+
+
+class Address(TypedDict):
+    city: str
+    zip_code: NotRequired[str]
+
+
+class Account(TypedDict):
+    id: str
+    name: str
+    address: Address
+    churned_at: str | None
+
+
+def list_accounts(status: Literal["open", "closed"] = "open", limit: int = 10) -> list[Account]:
+    """List the accounts."""
+    return []
+
+
+async def account_notes(account_id: str, *, since: datetime.date | None = None) -> dict[str, list[str]]:
+    return {}
+
+
+def untyped(x, *args, **kwargs):  # type: ignore[no-untyped-def]
+    return x
+
+
+def test_stubs_from_functions_carry_their_signatures_and_typeddicts() -> None:
+    stubs = stubs_from_functions({"list_accounts": list_accounts, "notes": account_notes, "untyped": untyped})
+    compile(stubs, "<stubs>", "exec")  # valid Python
+    assert "class Account(TypedDict):" in stubs and "    address: Address" in stubs
+    assert "    zip_code: NotRequired[str]" in stubs
+    assert "def list_accounts(status: Literal['open', 'closed'] = 'open', limit: int = 10) -> list[Account]:" in stubs
+    assert "async def notes(account_id: str, *, since: datetime.date | None = None) -> dict[str, list[str]]:" in stubs
+    assert "def untyped(x: Any, *args: Any, **kwargs: Any) -> Any:" in stubs
+    checker = TypeChecker(stubs)
+    try:
+        good = "a = list_accounts('closed')\nn = await notes(a[0]['id'])\n(a[0]['address']['city'], n)"
+        assert errors(checker.check(good)) == []
+        bad = "a = list_accounts('gone')\na[0]['nmae']\nawait notes(1)\nuntyped(1).anything"
+        assert [(d.code, d.line) for d in errors(checker.check(bad))] == [
+            ("invalid-argument-type", 1),
+            ("invalid-typed-dict-key", 2),
+            ("invalid-argument-type", 3),
+        ]
+    finally:
+        checker.close()

@@ -6,10 +6,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
-from snapcell import ConfigError, Pool, TypingError
+from snapcell import ConfigError, Pool, SyncCodeTool, TypingError
+from snapcell.heads import MemoryHeads
 
 STUBS = textwrap.dedent(
     """
@@ -100,3 +102,50 @@ def test_missing_checker_is_a_clear_error(pool: Pool, monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError, match="snapcell\\[typecheck\\]"):
         with pool.checkout(type_check=True, type_check_stubs=STUBS):
             pass
+
+
+class Customer(TypedDict):
+    id: str
+    name: str
+    churned_at: str | None
+
+
+def typed_customers() -> list[Customer]:
+    """List the customers."""
+    return [{"id": "c-1", "name": "Acme", "churned_at": None}]
+
+
+def test_a_tool_checks_against_stubs_made_from_its_host_functions(pool: Pool) -> None:
+    tool = SyncCodeTool(pool, heads=MemoryHeads(), tools={"list_customers": typed_customers}, type_check=True)
+    try:
+        assert "class Customer(TypedDict)\n    id: str\n    name: str\n    churned_at: str | None" in tool.description
+        assert "def list_customers() -> list[Customer]\n    List the customers." in tool.description
+        refused = tool.run_code("c-auto", "c = list_customers()\nc[0]['nmae']")
+        assert "did not run" in refused and "nmae" in refused, refused
+        assert tool.run_code("c-auto", "c = list_customers()\nc[0]['name']") == "'Acme'"
+    finally:
+        tool.close()
+    plain = SyncCodeTool(pool, heads=MemoryHeads(), tools={"list_customers": typed_customers})
+    try:
+        assert plain.run_code("c-plain", "list_customers()[0]['nmae']").count("KeyError") == 1
+    finally:
+        plain.close()
+
+
+def test_a_variable_keeps_the_type_the_stubs_gave_it_in_later_turns(pool: Pool) -> None:
+    with pool.checkout(type_check=True, type_check_stubs=STUBS) as session:
+        session.feed_run("c = list_customers()\nfirst = c[0]", external_lookup=TOOLS)
+        with pytest.raises(TypingError, match="nmae"):
+            session.feed_run("c[0]['nmae']", external_lookup=TOOLS)
+        with pytest.raises(TypingError, match="nmae"):
+            session.feed_run("first['nmae']", external_lookup=TOOLS)
+        assert session.feed_run("c[0]['name']", external_lookup=TOOLS) == "Acme"
+        checkpoint_id = session.dump()
+        # A run that was not checked makes its own types: the stubs' no longer apply to what it assigned.
+        session.feed_run("first = {'nmae': 1}", external_lookup=TOOLS, skip_type_check=True)
+        assert session.feed_run("first['nmae']", external_lookup=TOOLS) == 1
+    with pool.checkout(type_check=True, type_check_stubs=STUBS) as later:  # another session, as in another process
+        later.load_session(checkpoint_id)
+        with pytest.raises(TypingError, match="nmae"):
+            later.feed_run("c[0]['nmae']", external_lookup=TOOLS)
+        assert later.feed_run("len(c), first['id']", external_lookup=TOOLS) == (2, "c-1")

@@ -370,3 +370,37 @@ def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_sessi
     assert "c ran" in answer
     assert "1" in again
     assert loads == []  # "a" ran warm again: nothing was loaded
+
+
+def test_a_session_whose_setup_cells_rebuild_what_it_dropped_is_kept_warm(loads: list[bytes]) -> None:
+    """A setup cell making an unsavable value runs once, not every turn: the warm session keeps the live value."""
+
+    async def main() -> list[str]:
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60)
+            setup = "runs = [0]\nstream = (i for i in range(100))\nruns[0] += 1"
+            answers = [await tool.run_code("a", setup, setup=True)]
+            answers += [await tool.run_code("a", "next(stream), runs[0]") for _ in range(3)]
+            await tool.aclose()
+            return answers
+
+    answers = asyncio.run(main())
+    assert "gone next turn" not in answers[0] and "stream" in answers[0], answers[0]
+    assert [answer.splitlines()[-1] for answer in answers[1:]] == ["(0, 1)", "(1, 1)", "(2, 1)"], answers
+    assert not any("[note]" in answer for answer in answers[1:]), answers
+    assert loads == []
+
+
+def test_a_cold_load_reruns_the_setup_cells_that_rebuild_a_dropped_value_with_one_note() -> None:
+    async def main() -> list[str]:
+        async with _pool(MemoryStore()) as pool:
+            tool = CodeTool(pool, heads=MemoryHeads())
+            answers = [await tool.run_code("a", "stream = (i for i in range(100))", setup=True)]
+            answers.append(await tool.run_code("a", "next(stream)"))
+            await tool.aclose()
+            return answers
+
+    first, second = asyncio.run(main())
+    notes = [line for line in second.splitlines() if line.startswith("[note]")]
+    assert len(notes) == 1 and "setup cell" in notes[0] and "stream" in notes[0], second
+    assert second.splitlines()[0] == "0", second

@@ -52,6 +52,7 @@ class RunRequest:
             rather than measured.
         inputs: The run may pause: its clocks and random sources are recorded, replaying this earlier record
             (``{}`` for none; see `Runner.run`). None for a run that cannot pause.
+        types: The static types the type checker gave the names the script binds (None: it was not checked).
     """
 
     code: str
@@ -61,6 +62,7 @@ class RunRequest:
     then_dump: DumpRequest | None = None
     report: bool = True
     inputs: Mapping[str, Any] | None = None
+    types: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +174,7 @@ class InlineBackend:
             limits=limits,
             report=request.report,
             inputs=request.inputs,
+            types=request.types,
         )
 
     async def dump(self, request: DumpRequest) -> Dumped:
@@ -209,7 +212,7 @@ class InlineBackend:
         return True  # the runner is this process
 
     async def declarations(self) -> str:
-        return declarations_from_namespace(self.runner.variables())
+        return declarations_from_namespace(self.runner.variables(), types=self.runner.static_types)
 
     async def close(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)

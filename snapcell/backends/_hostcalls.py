@@ -25,7 +25,7 @@ from typing import Any
 from snapcell._support import is_async_callable
 from snapcell.interpreter import PAUSE_ERROR, HostCall, PauseRequested
 from snapcell.telemetry import trace_host_function
-from snapcell.wire import JSON_SCALARS, NotPlainData, to_plain
+from snapcell.wire import JSON_SCALARS, NotPlainData, to_plain, type_name
 
 __all__ = ["MAX_HOST_THREADS", "PendingCall", "call_host", "finish_call"]
 
@@ -113,16 +113,12 @@ async def finish_call(pending: PendingCall, calls: list[HostCall] | None) -> dic
 
 
 def _settle(reply: dict[str, Any], name: str, start: float, calls: list[HostCall] | None, value: Any) -> None:
+    value = _plain_friendly(value)
     try:
-        reply["value"] = to_plain(_plain_friendly(value))
+        reply["value"] = to_plain(value)
     except NotPlainData as exc:
-        log.error(
-            "snapcell: the host function %s returned data that cannot be sent to the script (%s); this is a bug "
-            "in the application: return plain data (numbers, strings, bytes, lists, dicts, dates, Decimals)",
-            name,
-            exc,
-        )
-        text = f"{name}() returned data that cannot be sent: {exc}"
+        text = _refusal(name, value, exc)
+        log.error("snapcell: %s; this is a bug in the application", text)
         reply["error"] = {"type": "TypeError", "message": text}
         if calls is not None:
             calls.append(HostCall(name, time.perf_counter() - start, f"TypeError: {text}"))
@@ -144,15 +140,41 @@ def _failed(
         calls.append(HostCall(name, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
 
 
+_PLAIN_DATA = "None, bools, numbers, strings, bytes, lists, tuples, dicts with str keys, dates, times, Decimals"
+
+
+def _refusal(name: str, value: Any, exc: NotPlainData) -> str:
+    """Why the value a host function returned cannot be sent to the script: the function, the type in the way, and
+    what to return instead."""
+    kind = exc.kind
+    if kind is None:  # too large or too deep: the type is not the trouble
+        return f"{name}() returned data that cannot be sent to the script: {exc}"
+    label = type_name(kind)
+    where = "" if type(value) is kind else "data holding "
+    article = "an" if label[:1].lower() in "aeiou" else "a"
+    # A dataclass is refused, not turned into a dict: the script would see a dict where the function's signature
+    # promises attributes (``order.total``), and inline mode hands over the dataclass itself.
+    if dataclasses.is_dataclass(kind):
+        hint = "; return dataclasses.asdict(...) to send its fields as a dict"
+        label += " (a dataclass)"
+    elif callable(getattr(kind, "model_dump", None)):
+        hint = "; call .model_dump() on it to send its fields as a dict"
+        label += " (a pydantic model)"
+    else:
+        hint = ""
+    return (
+        f"{name}() returned {where}{article} {label}, which cannot be sent to the script: a host function returns "
+        f"plain data ({_PLAIN_DATA}){hint}"
+    )
+
+
 def _plain_friendly(value: Any) -> Any:
-    """Turn common host return types (pydantic models, dataclasses) into plain data."""
+    """Turn pydantic models (the result itself, or the items of a list or tuple result) into their fields' dicts."""
     if type(value) in JSON_SCALARS:
         return value
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="python")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
     if isinstance(value, list | tuple):
         return type(value)(_plain_friendly(v) for v in value) if type(value) in (list, tuple) else value
     return value

@@ -205,6 +205,8 @@ class ProcessBackend:
         }
         if request.inputs is not None:
             message["inputs"] = dict(request.inputs)
+        if request.types:
+            message["types"] = dict(request.types)
         if not request.report:
             message["report"] = False  # nor does the worker summarize, read its clock or memory, or walk out/
         try:

@@ -45,7 +45,7 @@ from snapcell.interpreter import CallCounter, HostCall
 from snapcell.limits import Limits
 from snapcell.policy import Policy
 from snapcell.sandbox import LIVE_WORKER_PIDS, detach_scratch, remove_scratch, sandbox_failure, worker_sandbox_settings
-from snapcell.wire import FRAME, Budget, decode, either_budget, encode, reply_budget, to_plain
+from snapcell.wire import FRAME, Budget, decode, either_budget, encode, imports_library, reply_budget, to_plain
 
 __all__ = ["WorkerProcess", "plain_settings", "policy_to_plain"]
 
@@ -298,8 +298,9 @@ class WorkerProcess(ChannelIO):
             if blob_size > budget.blob_bytes:
                 raise _Died("crash", f"it announced a {blob_size:,}-byte blob where at most {budget.blob_bytes:,} fit")
             raw = await self._read_exactly(size)
-            # A large message (a big run value) is decoded off the event loop, which other sessions share.
-            if size < _DECODE_INLINE_BYTES:
+            # A large message (a big run value), or one whose value first imports numpy or pandas, is decoded off
+            # the event loop, which other sessions share.
+            if size < _DECODE_INLINE_BYTES and not imports_library(raw):
                 message = decode(raw, max_items=budget.items)
             else:
                 message = await self._patiently(

@@ -233,6 +233,9 @@ class Manifest(BaseModel):
         description="Top-level def/class/import statements of the cells, latest per name: re-run when a function "
         "or class cannot be restored (another Python, a narrower policy).",
     )
+    types: dict[str, str] = Field(
+        default={}, description="Static types of variables, as the type checker saw them made from the host stubs."
+    )
     paused: PausedRun | None = Field(default=None, description="Set when the checkpoint holds a paused run.")
 
     def to_json(self) -> bytes:

@@ -488,6 +488,7 @@ def dump_namespace(
     cell_count: int = 0,
     future_flags: int = 0,
     definitions: Iterable[str] = (),
+    static_types: Mapping[str, str] | None = None,
     known_blobs: Mapping[str, BlobRef] | None = None,
     restored: set[bytes] | None = None,
     scanned: set[bytes] | None = None,
@@ -511,6 +512,7 @@ def dump_namespace(
         future_flags: ``__future__`` flags in force.
         definitions: Top-level def/class/import statements of the cells, re-run at load when a function or
             class cannot be restored.
+        static_types: Static types of variables the type checker gave them; kept for the variables saved.
         known_blobs: Blobs the store already has (from this session's earlier dumps and loads), by hash.
             Buffers of at least ``options.blob_threshold_bytes`` become blobs; only unknown ones are encoded.
         restored: Hashes of frames that ``options.trial`` restored before (kept by the caller across dumps).
@@ -618,6 +620,7 @@ def dump_namespace(
         blobs=list(refs.values()),
         frames=frame_infos,
         definitions=list(definitions),
+        types={info.name: static_types[info.name] for info in infos if static_types and info.name in static_types},
     )
     dumped.body = pack_container(Header(compression_level=level), manifest, sections)
     dumped.manifest = manifest

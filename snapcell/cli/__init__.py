@@ -127,7 +127,7 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
         "--signing-key",
         action="append",
         metavar="KEY",
-        help="key to verify with (repeatable); default SNAPCELL_SIGNING_KEY, then the local store's key",
+        help="key to verify with (repeatable); default $SNAPCELL_SIGNING_KEY, then the local store's key",
     )
     inspect.add_argument(
         "--ttl", type=_duration(parse_duration), default=7 * 86400.0, help="checkpoint lifetime for the expiry (7d)"
@@ -174,9 +174,9 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
 
     keygen = commands.add_parser(
         "keygen",
-        help="print a new signing key for SNAPCELL_SIGNING_KEY",
+        help="print a new signing key for $SNAPCELL_SIGNING_KEY",
         description="Print a new random signing key (32 random bytes as 43 URL-safe characters) to put in "
-        "SNAPCELL_SIGNING_KEY. To rotate, put the new key first and keep the old one after a comma.",
+        "$SNAPCELL_SIGNING_KEY. To rotate, put the new key first and keep the old one after a comma.",
     )
     keygen.set_defaults(func=_keygen)
 

@@ -572,7 +572,7 @@ def add_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]",
         help=f"host functions: a function or a dict of them (repeatable; ${ENV['tools']}, comma-separated)",
     )
     p.add_argument(
-        "--wall-time", default=None, metavar="DURATION", help=f"time limit of a run, like 30s ({ENV['wall_time']})"
+        "--wall-time", default=None, metavar="DURATION", help=f"time limit of a run, like 30s (${ENV['wall_time']})"
     )
     p.add_argument("--memory", default=None, metavar="SIZE", help=f"memory of a session, like 2GiB (${ENV['memory']})")
     p.add_argument(

@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_OVER_QUOTA",
     "EXIT_STORAGE",
     "add_commands",
+    "format_duration",
     "parse_duration",
     "parse_size",
 ]
@@ -38,8 +39,6 @@ EXIT_HEADS_SKIPPED = 4
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*\Z", re.IGNORECASE)
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]i?b?|b)?\s*\Z", re.IGNORECASE)
-_SIZE_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
 def parse_duration(text: str) -> float:
@@ -54,18 +53,40 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
 
 
+def format_duration(seconds: float) -> str:
+    """Write a duration as people type one: ``6h10m``, ``10m``, ``7d``, ``90s`` (whole seconds)."""
+    rest = round(seconds)
+    parts: list[str] = []
+    for unit in ("d", "h", "m", "s"):
+        size = _DURATION_UNITS[unit]
+        if rest >= size or (unit == "s" and not parts):
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return "".join(parts)
+
+
 def parse_size(text: str) -> int:
     """Parse ``10GiB`` (powers of 1024), ``500MB`` (powers of 1000) or plain bytes into bytes.
 
+    Every unit of pydantic's ``ByteSize`` is understood (B, KB to EB, KiB to EiB, their first letters, bits), and
+    ``2Gi`` (as Kubernetes writes it) as ``2GiB``. A fraction of a byte is dropped.
+
     Raises:
-        ConfigError: The text is not a size.
+        ConfigError: The text is not a size, or has more after it (``5MB of RAM``).
     """
-    match = _SIZE.match(text)
-    if not match:
-        raise ConfigError(f"invalid size {text!r}: use bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB")
-    unit = (match.group(2) or "b").lower()
-    factor = 1 if unit == "b" else (1024 if "i" in unit else 1000) ** _SIZE_POWERS[unit[0]]
-    return math.ceil(float(match.group(1)) * factor)
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    # ByteSize reads a size at the start of its text and ignores what follows: here the text is the size.
+    match = re.fullmatch(rf"{ByteSize.byte_string_pattern}\s*", text, re.IGNORECASE)
+    try:
+        if match is None:
+            raise ValueError(text)
+        number, unit = match.groups()
+        return int(TypeAdapter(ByteSize).validate_python(f"{number}{unit}B" if unit and unit[-1] in "iI" else text))
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(
+            f"invalid size {text!r}: use bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        ) from exc
 
 
 def _arg(parse: Any) -> Any:
@@ -129,21 +150,33 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Delete checkpoints older than the ttl, then the oldest unneeded ones while over the quota.",
     )
     _store_args(p)
-    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument(
+        "--ttl",
+        type=_arg(parse_duration),
+        default=DEFAULT_TTL_S,
+        help=f"checkpoint lifetime ({format_duration(DEFAULT_TTL_S)})",
+    )
     p.add_argument("--quota", type=_arg(parse_size), default=None, help="byte budget for the store (10GiB, 500MB)")
-    p.add_argument("--keep", nargs="+", action="extend", default=[], metavar="KEY", help="keys never deleted")
-    p.add_argument("--grace", type=_arg(parse_duration), default=DEFAULT_GRACE_S, help="minimum age to delete (1h)")
+    # One key per flag: several after one flag would take the store URL that follows as a key too.
+    p.add_argument("--keep", action="append", default=[], metavar="KEY", help="a key never deleted (repeatable)")
+    p.add_argument(
+        "--grace",
+        type=_arg(parse_duration),
+        default=DEFAULT_GRACE_S,
+        help=f"minimum age to delete ({format_duration(DEFAULT_GRACE_S)})",
+    )
     p.add_argument(
         "--blob-grace",
         type=_arg(parse_duration),
         default=DEFAULT_BLOB_GRACE_S,
-        help="minimum age of an unreferenced blob to delete (1d)",
+        help=f"minimum age of an unreferenced blob to delete ({format_duration(DEFAULT_BLOB_GRACE_S)})",
     )
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     p.add_argument(
         "--force",
         action="store_true",
-        help=f"accept --grace below {MIN_GRACE_S / 60:g}m and --blob-grace below {MIN_BLOB_GRACE_S / 3600:g}h "
+        help=f"accept --grace below {format_duration(MIN_GRACE_S)} and --blob-grace below "
+        f"{format_duration(MIN_BLOB_GRACE_S)} "
         "(only when no turn can be running: a running turn's checkpoint or blobs could be deleted)",
     )
     p.add_argument(
@@ -158,7 +191,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
     p = subparsers.add_parser("usage", help="objects and bytes per day, and what expires soon")
     _store_args(p, default=DEFAULT_STORE_URL)
-    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument(
+        "--ttl",
+        type=_arg(parse_duration),
+        default=DEFAULT_TTL_S,
+        help=f"checkpoint lifetime ({format_duration(DEFAULT_TTL_S)})",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_run_usage)
 
@@ -166,7 +204,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     s3_commands = s3.add_subparsers(dest="s3_command", required=True, metavar="COMMAND")
     p = s3_commands.add_parser("setup", help="install the bucket lifecycle rule that expires checkpoints")
     p.add_argument("store_url", metavar="STORE_URL", help="s3://bucket/prefix")
-    p.add_argument("--ttl", type=_arg(parse_duration), default=DEFAULT_TTL_S, help="checkpoint lifetime (7d)")
+    p.add_argument(
+        "--ttl",
+        type=_arg(parse_duration),
+        default=DEFAULT_TTL_S,
+        help=f"checkpoint lifetime ({format_duration(DEFAULT_TTL_S)})",
+    )
     p.add_argument("--endpoint-url", default=None, help="S3 API endpoint (default $SNAPCELL_S3_ENDPOINT_URL)")
     p.set_defaults(func=_run_s3_setup)
 

@@ -14,7 +14,9 @@ from snapcell._support import lazy_exports
 if TYPE_CHECKING:
     from snapcell.conversation._model import (
         CONVERSATION_VERSION,
+        MAX_RUN_RECORDS,
         Conversation,
+        RunRecord,
         Usage,
         storage_name,
         tool_call_ids,
@@ -33,7 +35,9 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.conversation._model": (
         "CONVERSATION_VERSION",
+        "MAX_RUN_RECORDS",
         "Conversation",
+        "RunRecord",
         "Usage",
         "storage_name",
         "tool_call_ids",
@@ -56,8 +60,10 @@ __all__ = [
     "ConversationStore",
     "FileConversationStore",
     "LogConversationStore",
+    "MAX_RUN_RECORDS",
     "MemoryConversationStore",
     "PostgresConversationStore",
+    "RunRecord",
     "S3ConversationStore",
     "Usage",
     "storage_name",

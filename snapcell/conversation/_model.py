@@ -12,7 +12,7 @@ import json
 import re
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -21,7 +21,9 @@ from snapcell.heads import validate_conversation_id
 
 __all__ = [
     "CONVERSATION_VERSION",
+    "MAX_RUN_RECORDS",
     "Conversation",
+    "RunRecord",
     "Usage",
     "tool_call_ids",
     "tool_result_ids",
@@ -59,17 +61,54 @@ def storage_name(conversation_id: str) -> str:
     return "h." + conversation_id.encode().hex()
 
 
+# Per-run records a conversation keeps, newest last; older ones leave the list, the totals keep counting them.
+MAX_RUN_RECORDS = 1000
+
+
+class RunRecord(BaseModel):
+    """What one code run of a conversation used; a figure that was not measured is None, not 0.
+
+    Attributes:
+        turn_id: The turn the run belonged to, if known.
+        status: `RunResult.status` (``ok``, ``error``, ``timeout``, ``cancelled``, ``lost``).
+        wall_time_s: Wall-clock seconds of the run.
+        cpu_time_s: CPU seconds of the run, or None where not measured (see `RunResult.cpu_time_s`).
+        peak_memory_bytes: The worker's peak resident set size, or None where not measured (inline, a lost worker).
+        host_calls: Host-function calls made.
+        bytes_stored: Bytes the turn's checkpoint put into the store (0: nothing was saved).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn_id: str | None = None
+    status: str
+    wall_time_s: float = Field(default=0.0, ge=0)
+    cpu_time_s: float | None = Field(default=None, ge=0)
+    peak_memory_bytes: int | None = Field(default=None, ge=0)
+    host_calls: int = Field(default=0, ge=0)
+    bytes_stored: int = Field(default=0, ge=0)
+
+
 class Usage(BaseModel):
-    """What a conversation's code runs used, summed over every run (failed, timed-out, cancelled and lost too).
+    """What a conversation used: its code runs (failed, timed-out, cancelled and lost ones too) and, as the
+    application adds them with `add_model`, its model calls.
+
+    A figure no run measured is None, not 0: ``peak_memory_bytes`` stays None for a conversation whose runs were all
+    inline, ``cost`` until the application adds one.
 
     Attributes:
         runs: Runs counted.
         by_status: Runs by `RunResult.status` (``ok``, ``error``, ``timeout``, ``cancelled``, ``lost``).
         wall_time_s: Wall-clock seconds of the runs.
-        cpu_time_s: CPU seconds of the runs, where known (see `RunResult.cpu_time_s`).
-        peak_memory_bytes: The highest peak memory of any run, where known (process mode).
+        cpu_time_s: CPU seconds of the runs that measured it (see `RunResult.cpu_time_s`); None if none did.
+        peak_memory_bytes: The highest peak memory of any run that measured it (process mode); None if none did.
         host_calls: Host-function calls made.
         bytes_stored: Bytes the turns' checkpoints put into the store.
+        records: One `RunRecord` per run, oldest first (the last 1,000; the totals count every run).
+        model_calls: Model calls the application added (`add_model`).
+        input_tokens: Model input tokens the application added.
+        output_tokens: Model output tokens the application added.
+        cost: Cost the application added, in its own currency; None until it adds one.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -77,10 +116,15 @@ class Usage(BaseModel):
     runs: int = Field(default=0, ge=0)
     by_status: dict[str, int] = Field(default_factory=dict)
     wall_time_s: float = Field(default=0.0, ge=0)
-    cpu_time_s: float = Field(default=0.0, ge=0)
-    peak_memory_bytes: int = Field(default=0, ge=0)
+    cpu_time_s: float | None = Field(default=None, ge=0)
+    peak_memory_bytes: int | None = Field(default=None, ge=0)
     host_calls: int = Field(default=0, ge=0)
     bytes_stored: int = Field(default=0, ge=0)
+    records: list[RunRecord] = Field(default_factory=list)
+    model_calls: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cost: float | None = Field(default=None, ge=0)
 
     def add_run(
         self,
@@ -91,15 +135,50 @@ class Usage(BaseModel):
         peak_memory_bytes: int | None = None,
         host_calls: int = 0,
         bytes_stored: int = 0,
+        turn_id: str | None = None,
     ) -> None:
-        """Count one run."""
+        """Count one run, and keep its `RunRecord`; None marks a figure that was not measured."""
+        record = RunRecord(
+            turn_id=turn_id,
+            status=status,
+            wall_time_s=max(wall_time_s, 0.0),
+            cpu_time_s=None if cpu_time_s is None else max(cpu_time_s, 0.0),
+            peak_memory_bytes=None if peak_memory_bytes is None else max(peak_memory_bytes, 0),
+            host_calls=max(host_calls, 0),
+            bytes_stored=max(bytes_stored, 0),
+        )
         self.runs += 1
         self.by_status[status] = self.by_status.get(status, 0) + 1
-        self.wall_time_s += max(wall_time_s, 0.0)
-        self.cpu_time_s += max(cpu_time_s or 0.0, 0.0)
-        self.peak_memory_bytes = max(self.peak_memory_bytes, peak_memory_bytes or 0)
-        self.host_calls += max(host_calls, 0)
-        self.bytes_stored += max(bytes_stored, 0)
+        self.wall_time_s += record.wall_time_s
+        if record.cpu_time_s is not None:
+            self.cpu_time_s = (self.cpu_time_s or 0.0) + record.cpu_time_s
+        if record.peak_memory_bytes is not None:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, record.peak_memory_bytes)
+        self.host_calls += record.host_calls
+        self.bytes_stored += record.bytes_stored
+        self.records.append(record)
+        del self.records[:-MAX_RUN_RECORDS]
+
+    def add_model(self, *, input_tokens: int = 0, output_tokens: int = 0, cost: float | None = None) -> None:
+        """Count one model call of the application: its tokens and, if known, its cost (in the application's
+        currency).
+
+        The conversation's next write stores it (the tool's save after a turn, or the application's
+        `ConversationStore.add_messages` / `save`), in the same write as the messages.
+
+        Raises:
+            ConfigError: A count is negative or not a number.
+        """
+        for label, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{label} must be a whole number >= 0, not {value!r}")
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < 1e18):
+            raise ConfigError(f"cost must be a number >= 0 or None, not {cost!r}")
+        self.model_calls += 1
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        if cost is not None:
+            self.cost = (self.cost or 0.0) + float(cost)
 
 
 def _block_ids(message: Mapping[str, Any], block_type: str, key: str) -> Iterator[str]:
@@ -154,6 +233,8 @@ class Conversation(BaseModel):
         usage: What the conversation's code runs used.
         checkpoints: Checkpoint ID (hex) of each code turn, by the message index of its result.
         last_turn_id: The turn ID of the last code turn recorded.
+        state: The application's own data for its loop (a pending approval, a step counter): plain JSON, kept with
+            the transcript and stored by the same write as the messages; `fork` copies it, `truncate` leaves it.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
@@ -164,11 +245,14 @@ class Conversation(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     checkpoints: dict[int, str] = Field(default_factory=dict)
     last_turn_id: str | None = None
+    state: dict[str, Any] = Field(default_factory=dict)
 
     # The store's revision this object was loaded from or last written as (a store's compare-and-set token), and
     # how many of the messages the store already has (-1: the next write must store the whole conversation).
     _revision: int = PrivateAttr(default=0)
     _stored_messages: int = PrivateAttr(default=-1)
+    # The turn state (usage, checkpoints, state) as the store last got it: a flush with nothing new writes nothing.
+    _stored_meta: dict[str, Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -271,6 +355,41 @@ class Conversation(BaseModel):
         self.messages.extend(added)
         return added
 
+    def add_tool_result(self, call_id: str, text: str) -> int | None:
+        """Answer the transcript's unanswered tool call ``call_id`` with ``text``, in the call's own format (in memory).
+
+        OpenAI chat gets a ``role: tool`` message, OpenAI responses a ``function_call_output`` item, Anthropic a
+        ``tool_result`` block: in a new user message, or added to the user message right after the call's message
+        when that one holds only results of its calls (the API wants every result of a message's calls in the next
+        message). `CodeTool` calls this for each turn when it keeps the conversation in a store.
+
+        Returns:
+            The index of the message that holds the result, or None when no unanswered call has that ID.
+        """
+        answered = {i for message in self.messages for i in tool_result_ids(message)}
+        if call_id in answered:
+            return None
+        for at in range(len(self.messages) - 1, -1, -1):
+            call = self.messages[at]
+            if call_id not in tool_call_ids(call):
+                continue
+            if call.get("type") == "function_call":
+                result: dict[str, Any] = {"type": "function_call_output", "call_id": call_id, "output": text}
+            elif call.get("tool_calls"):
+                result = {"role": "tool", "tool_call_id": call_id, "content": text}
+            else:
+                block = {"type": "tool_result", "tool_use_id": call_id, "content": text}
+                following = self.messages[at + 1] if at + 1 < len(self.messages) else None
+                if at + 2 == len(self.messages) and following is not None and _only_results_of(following, call):
+                    self.messages[at + 1] = {**following, "content": [*following["content"], block]}
+                    # A stored message changed: the next write stores the whole conversation.
+                    self._stored_messages = -1
+                    return at + 1
+                result = {"role": "user", "content": [block]}
+            self.add_local_messages([result])
+            return len(self.messages) - 1
+        return None
+
     def truncate(self, index: int) -> None:
         """Keep the messages before ``index`` and the Python state of the last code turn among them.
 
@@ -299,15 +418,36 @@ class Conversation(BaseModel):
         self.checkpoints = {i: c for i, c in self.checkpoints.items() if i < keep}
         self._stored_messages = -1
 
-    def fork(self, new_id: str | None = None) -> Conversation:
-        """Return an independent copy under a new ID, standing on the same Python state.
+    @overload
+    def fork(self, new_id: str | None = None) -> Conversation: ...
+
+    @overload
+    def fork(self, *, count: int) -> list[Conversation]: ...
+
+    def fork(self, new_id: str | None = None, *, count: int | None = None) -> Conversation | list[Conversation]:
+        """Return an independent copy under a new ID, standing on the same Python state (or ``count`` of them).
 
         Checkpoints are immutable, so nothing is copied in storage: each conversation's next code turn starts
         from the same checkpoint and they go their own ways. The copy is not stored until it is saved.
 
+        Args:
+            new_id: The copy's ID; default: a new random one.
+            count: Return a list of this many copies, each with a new random ID (for trying several continuations
+                of one state at once).
+
         Raises:
-            ConfigError: ``new_id`` is malformed or the ID of this conversation.
+            ConfigError: ``new_id`` is malformed or the ID of this conversation; ``count`` is not a positive integer,
+                or given with ``new_id``.
         """
+        if count is not None:
+            if type(count) is not int or count < 1:
+                raise ConfigError(f"count must be a positive integer, not {count!r}")
+            if new_id is not None:
+                raise ConfigError("fork(count=...) gives each copy a new random ID: pass no new_id with it")
+            return [self._fork(None) for _ in range(count)]
+        return self._fork(new_id)
+
+    def _fork(self, new_id: str | None) -> Conversation:
         new_id = secrets.token_hex(16) if new_id is None else new_id
         try:
             validate_conversation_key(new_id)
@@ -321,6 +461,7 @@ class Conversation(BaseModel):
             usage=self.usage.model_copy(deep=True),
             checkpoints=dict(self.checkpoints),
             last_turn_id=self.last_turn_id,
+            state=copy.deepcopy(self.state),
         )
 
     def __repr__(self) -> str:
@@ -333,6 +474,20 @@ def _unanswered_calls(messages: list[dict[str, Any]]) -> list[str]:
     for message in messages:
         answered.update(tool_result_ids(message))
     return [call for message in messages for call in tool_call_ids(message) if call not in answered]
+
+
+def _only_results_of(message: Mapping[str, Any], call: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is a user message of Anthropic ``tool_result`` blocks answering calls of ``call``."""
+    content = message.get("content")
+    calls = set(tool_call_ids(call))
+    return (
+        message.get("role") == "user"
+        and isinstance(content, list)
+        and bool(content)
+        and all(
+            isinstance(b, Mapping) and b.get("type") == "tool_result" and b.get("tool_use_id") in calls for b in content
+        )
+    )
 
 
 def _plain_message(message: Mapping[str, Any]) -> dict[str, Any]:

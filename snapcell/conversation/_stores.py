@@ -1,8 +1,8 @@
 """Where conversations live: the `ConversationStore` protocol, and the memory and file stores.
 
 Every store keeps a conversation as a log of records: a *full* record (the whole conversation, written by `save`)
-followed by *add* records (the messages of one `add_messages` call, with the conversation's turn state: its
-checkpoints, usage and last turn ID). Each write names the revision it expects to follow; a write that does not
+followed by *add* records (the messages of one write, with the conversation's turn state: its checkpoints, usage,
+last turn ID and application ``state``). Each write names the revision it expects to follow; a write that does not
 follow the store's latest revision is refused with `Conflict`, so two writers never interleave a transcript.
 
 Records are written whole or not at all: the file store appends one line with one ``write`` and ignores a torn
@@ -12,15 +12,18 @@ last line; the object store (S3) writes one create-only object per record.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import json
 import os
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from pydantic_core import PydanticSerializationError
 
 from snapcell.conversation._model import Conversation, storage_name, validate_conversation_key
 from snapcell.errors import ConfigError, Conflict, ConversationFormatError, StorageError, map_exceptions
@@ -84,12 +87,19 @@ class ConversationStore(Protocol):
         ...
 
 
+def _dump(conversation: Conversation, include: set[str] | None = None) -> dict[str, Any]:
+    try:
+        return conversation.model_dump(mode="json", include=include)
+    except PydanticSerializationError as exc:  # an object in ``state`` (messages are checked as they are added)
+        raise ConfigError(f"the conversation is not plain JSON data: {exc}") from None
+
+
 def _meta(conversation: Conversation) -> dict[str, Any]:
-    return conversation.model_dump(mode="json", include={"usage", "checkpoints", "last_turn_id"})
+    return _dump(conversation, {"usage", "checkpoints", "last_turn_id", "state"})
 
 
 def _full_record(revision: int, conversation: Conversation, messages: list[dict[str, Any]]) -> bytes:
-    data = conversation.model_dump(mode="json")
+    data = _dump(conversation)
     data["messages"] = messages
     return _encode({"rev": revision, "conversation": data})
 
@@ -148,6 +158,7 @@ def replay(conversation_id: str, records: Sequence[bytes]) -> Conversation | Non
         )
     conversation._revision = revision
     conversation._stored_messages = len(conversation.messages)
+    conversation._stored_meta = _meta(conversation)
     return conversation
 
 
@@ -170,17 +181,20 @@ class LogConversationStore:
 
     def load_sync(self, session_id: str) -> Conversation | None:
         """See `ConversationStore.load`."""
-        validate_conversation_key(session_id)
+        self._settle(validate_conversation_key(session_id))
         return replay(session_id, self._records(session_id))
 
     def save_sync(self, session: Conversation) -> None:
         """See `ConversationStore.save`."""
         conversation = _checked(session)
+        self._settle(conversation.id)
         revision = conversation._revision + 1
-        record = _full_record(revision, conversation, conversation.messages)
+        count = len(conversation.messages)
+        record = _full_record(revision, conversation, conversation.messages[:count])
         self._append(conversation.id, conversation._revision, record, full=True)
         conversation._revision = revision
-        conversation._stored_messages = len(conversation.messages)
+        conversation._stored_messages = count
+        conversation._stored_meta = _meta(conversation)
 
     def add_messages_sync(self, session: Conversation, messages: Sequence[Mapping[str, Any]]) -> None:
         """See `ConversationStore.add_messages`."""
@@ -189,21 +203,73 @@ class LogConversationStore:
             raise ConfigError("messages must be a list of message dicts")
         probe = conversation.model_copy(update={"messages": []})
         added = probe.add_local_messages(messages)  # validated and copied; the conversation is not touched yet
+        self._settle(conversation.id)
+        self._write(conversation, added)
+
+    def flush_sync(self, session: Conversation) -> None:
+        """Store what ``session`` holds that the store does not have yet (messages added in memory, its turns'
+        state, usage and ``state``), in one write; nothing when the store has it all already.
+
+        Raises:
+            Conflict: As for `save`; nothing was written.
+            StorageError: The store failed; nothing was written, the call may be retried.
+        """
+        conversation = _checked(session)
+        self._settle(conversation.id)
+        self._write(conversation, [], skip_unchanged=True)
+
+    def _write(self, conversation: Conversation, added: list[dict[str, Any]], *, skip_unchanged: bool = False) -> None:
+        """Write ``added`` and what the conversation holds unstored as one record (an append when the stored
+        messages are a prefix of the conversation's, else the whole conversation)."""
+        count = len(conversation.messages)  # read once: messages appended meanwhile go in the next write
+        stored = conversation._stored_messages
         revision = conversation._revision + 1
-        if conversation._stored_messages < 0 or conversation._stored_messages != len(conversation.messages):
-            record = _full_record(revision, conversation, [*conversation.messages, *added])
-            full = True
-        else:
-            record = _encode({"rev": revision, "add": added, "meta": _meta(conversation)})
+        meta = _meta(conversation)
+        if 0 <= stored <= count:
+            unstored = conversation.messages[stored:count]
+            if skip_unchanged and not unstored and not added and meta == conversation._stored_meta:
+                return
+            record = _encode({"rev": revision, "add": [*unstored, *added], "meta": meta})
             full = False
+        else:
+            record = _full_record(revision, conversation, [*conversation.messages[:count], *added])
+            full = True
         self._append(conversation.id, conversation._revision, record, full=full)
-        conversation.messages.extend(added)
+        conversation.messages[count:count] = added
         conversation._revision = revision
-        conversation._stored_messages = len(conversation.messages)
+        conversation._stored_meta = meta
+        # A truncate made meanwhile (on another thread) keeps its -1: the next write stores the whole conversation.
+        if conversation._stored_messages == stored:
+            conversation._stored_messages = count + len(added)
 
     def delete_sync(self, session_id: str) -> None:
         """See `ConversationStore.delete`."""
-        self._remove(validate_conversation_key(session_id))
+        self._settle(validate_conversation_key(session_id))
+        self._remove(session_id)
+
+    # --------------------------------------------------- writes in the background
+
+    def flush_later(self, session: Conversation) -> concurrent.futures.Future[None]:
+        """Start `flush_sync` of ``session`` in a thread of the store and return its future; the write is queued
+        now, before this returns.
+
+        Every method of the store on the same conversation ID (this one too) first waits for the writes queued
+        before it, so the application's next `add_messages` or `load` sees this one. Queued writes finish
+        before the interpreter exits (the threads are joined at exit), unless the process is killed.
+        """
+        conversation = _checked(session)
+        return _queue(self).submit(conversation.id, lambda: self._write(conversation, [], skip_unchanged=True))
+
+    async def settled(self, session_id: str) -> None:
+        """Wait for the writes `flush_later` queued for the conversation; their errors are not raised here."""
+        pending = _queue(self).pending(session_id)
+        if pending is not None:
+            await asyncio.wait([asyncio.wrap_future(pending)])
+
+    def _settle(self, conversation_id: str) -> None:
+        pending = _queue(self).pending(conversation_id)
+        if pending is not None:
+            concurrent.futures.wait([pending])
 
     async def load(self, session_id: str) -> Conversation | None:
         """See `ConversationStore.load`."""
@@ -217,9 +283,61 @@ class LogConversationStore:
         """See `ConversationStore.add_messages`."""
         await asyncio.to_thread(self.add_messages_sync, session, messages)
 
+    async def flush(self, session: Conversation) -> None:
+        """See `flush_sync`."""
+        await asyncio.to_thread(self.flush_sync, session)
+
     async def delete(self, session_id: str) -> None:
         """See `ConversationStore.delete`."""
         await asyncio.to_thread(self.delete_sync, session_id)
+
+
+class _WriteQueue:
+    """The writes `LogConversationStore.flush_later` queued, one chain per conversation ID, run in threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a done callback may run at once, in the thread that holds it
+        self._last: dict[str, concurrent.futures.Future[None]] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def submit(self, conversation_id: str, write: Callable[[], None]) -> concurrent.futures.Future[None]:
+        with self._lock:
+            before = self._last.get(conversation_id)
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="snapcell-conversation-writes"
+                )
+
+            def run() -> None:
+                if before is not None:  # submitted earlier, so started earlier: this wait never starves the pool
+                    concurrent.futures.wait([before])
+                write()
+
+            future = self._executor.submit(run)
+            self._last[conversation_id] = future
+            future.add_done_callback(lambda done: self._forget(conversation_id, done))
+            return future
+
+    def _forget(self, conversation_id: str, done: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            if self._last.get(conversation_id) is done:
+                del self._last[conversation_id]
+
+    def pending(self, conversation_id: str) -> concurrent.futures.Future[None] | None:
+        with self._lock:
+            return self._last.get(conversation_id)
+
+
+_QUEUES_LOCK = threading.Lock()
+
+
+def _queue(store: LogConversationStore) -> _WriteQueue:
+    # Made on first use: the backends' own __init__ need not call a base one.
+    queue: _WriteQueue | None = store.__dict__.get("_write_queue")
+    if queue is None:
+        with _QUEUES_LOCK:
+            queue = store.__dict__.setdefault("_write_queue", _WriteQueue())
+    return queue
 
 
 def _checked(session: Conversation) -> Conversation:

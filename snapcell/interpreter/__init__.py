@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from snapcell.interpreter._interrupt import Watchdog, start_watchdog
     from snapcell.interpreter._replay import PAUSE_ERROR, PauseRequested, ScriptPaused, inputs_off
     from snapcell.interpreter._result import Artifact, PausedCall, RunResult
-    from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note
+    from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note, lost_at_load
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.interpreter._host": (
@@ -45,6 +45,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Runner",
         "checkpoint_rule",
         "dropped_note",
+        "lost_at_load",
     ),
 }
 
@@ -65,6 +66,7 @@ __all__ = [
     "checkpoint_rule",
     "dropped_note",
     "inputs_off",
+    "lost_at_load",
     "start_watchdog",
     "validate_lookup",
 ]

@@ -11,7 +11,7 @@ import ast
 import types
 from collections.abc import Collection, Iterable, Mapping
 
-__all__ = ["Definitions", "bound_names", "setup_cells_assigning"]
+__all__ = ["Definitions", "bound_names", "cell_bindings", "setup_cells_assigning"]
 
 # Most statements kept, newest first; a session defining more keeps the latest ones.
 _MAX_KEPT = 500
@@ -99,31 +99,72 @@ class Definitions:
         covered = [name for name in by_name if name in names]
         return list(dict.fromkeys(chosen)), covered
 
+    def recreatable(self, dropped: Iterable[tuple[str, str]]) -> list[str]:
+        """The names of ``dropped`` (name, type name) whose value a kept statement re-creates, in order.
+
+        A dump drops a function or class whose value the checkpoint rule refuses (a ``contextlib.contextmanager``
+        wrapper refers to a private class) although its source is kept: running that source again re-creates it.
+        Only a value of the kind its statement makes counts (a def makes a function); a name rebound since to
+        another kind of value keeps its drop.
+        """
+        wanted = {name: type_name for name, type_name in dropped}
+        if not wanted:
+            return []
+        nodes = {name: ast.parse(text).body[0] for name, text in self._parsed().items()}
+        # A value later statements changed through a decorator (``@show.register``) would come back without those
+        # changes, and only the latest statement per name is kept: it stays dropped, and named as gone.
+        registered = {_root(decorator) for node in nodes.values() for decorator in getattr(node, "decorator_list", [])}
+        chosen = []
+        for name, node in nodes.items():
+            type_name = wanted.get(name)
+            if type_name is None or name in registered:
+                continue
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                fits = type_name == "function"
+            else:
+                # an instance of the class itself (``Box = Box()``) is not the class either
+                fits = isinstance(node, ast.ClassDef) and type_name not in _NOT_CLASSES and type_name != name
+            if fits:
+                chosen.append(name)
+        return chosen
+
+
+def _root(decorator: ast.expr) -> str | None:
+    """``show`` for ``@show.register`` or ``@show.register(int)``; None for a plain name or anything else."""
+    node = decorator.func if isinstance(decorator, ast.Call) else decorator
+    if not isinstance(node, ast.Attribute):
+        return None
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+# Type names of values a class statement does not make (what a rebound class name may hold and a dump drops).
+_NOT_CLASSES = frozenset(
+    {"function", "generator", "coroutine", "async_generator", "module", "builtin_function_or_method"}
+)
+
 
 def setup_cells_assigning(names: set[str], setup_cells: list[str]) -> list[str]:
     """The setup cells that bind any of ``names`` at top level, in order."""
     if not names:
         return []
-    chosen = []
-    for source in setup_cells:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        bound = (
-            {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-            | {
-                node.name
-                for node in tree.body
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            }
-            | {
-                (alias.asname or alias.name).split(".")[0]
-                for node in tree.body
-                if isinstance(node, ast.Import | ast.ImportFrom)
-                for alias in node.names
-            }
-        )
-        if bound & names:
-            chosen.append(source)
-    return chosen
+    return [source for source in setup_cells if cell_bindings(source) & names]
+
+
+def cell_bindings(source: str) -> set[str]:
+    """The names a cell binds: assignment targets anywhere, and its top-level def, class and import statements."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return (
+        {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        | {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        | {
+            (alias.asname or alias.name).split(".")[0]
+            for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+    )

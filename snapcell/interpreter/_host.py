@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from snapcell._support import is_async_callable, pickled_helper
@@ -16,7 +17,15 @@ if TYPE_CHECKING:
 else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass
 
-__all__ = ["HostBridge", "HostCall", "HostFunction", "LocalBridge", "host_function", "validate_lookup"]
+__all__ = [
+    "HostBridge",
+    "HostCall",
+    "HostFunction",
+    "LocalBridge",
+    "close_unstarted",
+    "host_function",
+    "validate_lookup",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,8 @@ class HostBridge(Protocol):
 
 
 _bridge: ContextVar[HostBridge | None] = ContextVar("snapcell_host_bridge", default=None)
+# The coroutines host-function calls of the current run returned: one never awaited is named and closed at its end.
+_coroutines: ContextVar[list[Coroutine[Any, Any, Any]] | None] = ContextVar("snapcell_host_coroutines", default=None)
 
 
 class HostFunction:
@@ -61,7 +72,14 @@ class HostFunction:
         bridge = _bridge.get()
         if bridge is None:
             raise RuntimeError(f"host function {self._name}() can only be called while a script runs")
-        return bridge.call(self._name, args, kwargs)
+        result = bridge.call(self._name, args, kwargs)
+        if type(result) is CoroutineType:
+            # Its repr, and any warning about it, name the host function rather than the bridge's method.
+            result.__name__ = result.__qualname__ = self._name
+            pending = _coroutines.get()
+            if pending is not None:
+                pending.append(result)
+        return result
 
     def __reduce__(self) -> tuple[Callable[[str], HostFunction], tuple[str]]:
         return host_function, (self._name,)
@@ -151,7 +169,8 @@ class LocalBridge:
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         func = self._admit(name)
         if is_async_callable(func):
-            return self._call_async(name, func(*args, **kwargs))
+            # Made when awaited: a call the script never awaits leaves no coroutine of the host's unawaited.
+            return self._call_async(name, lambda: func(*args, **kwargs))
         start = time.perf_counter()
         try:
             result = func(*args, **kwargs)
@@ -164,14 +183,14 @@ class LocalBridge:
         import inspect  # not before a worker needs it: a zygote says ready without it
 
         if inspect.isawaitable(result):
-            return self._call_async(name, result, start)
+            return self._call_async(name, lambda: result, start)
         self.calls.append(HostCall(name, time.perf_counter() - start))
         return result
 
-    async def _call_async(self, name: str, awaitable: Awaitable[Any], start: float | None = None) -> Any:
+    async def _call_async(self, name: str, make: Callable[[], Awaitable[Any]], start: float | None = None) -> Any:
         start = time.perf_counter() if start is None else start
         try:
-            result = await awaitable
+            result = await make()
         except PauseRequested:
             raise ScriptPaused(name) from None
         except Exception as exc:
@@ -191,9 +210,30 @@ def _log_failure(name: str, exc: Exception) -> None:
 
 def bind_bridge(bridge: HostBridge | None) -> Any:
     """Make ``bridge`` the current context's bridge; returns a token for `unbind_bridge`."""
-    return _bridge.set(bridge)
+    return _bridge.set(bridge), _coroutines.set([])
 
 
-def unbind_bridge(token: Any) -> None:
-    """Undo `bind_bridge`."""
-    _bridge.reset(token)
+def unbind_bridge(token: Any) -> list[str]:
+    """Undo `bind_bridge`, and close the host-function coroutines the run never awaited.
+
+    Such a coroutine cannot be awaited after its run (its bridge is gone), and left alone it would warn that it was
+    never awaited when it is collected, into a later run's output.
+
+    Returns:
+        The names of the host functions whose calls were never awaited (they did not run), in call order.
+    """
+    bridge_token, coroutines_token = token
+    pending = _coroutines.get() or []
+    _bridge.reset(bridge_token)
+    _coroutines.reset(coroutines_token)
+    return [name for coro in pending if (name := close_unstarted(coro)) is not None]
+
+
+def close_unstarted(coro: Coroutine[Any, Any, Any]) -> str | None:
+    """Close ``coro`` if it never started (no code of it runs); returns its name then, else None."""
+    import inspect  # only when a run made a coroutine: a zygote says ready without it
+
+    if inspect.getcoroutinestate(coro) != inspect.CORO_CREATED:
+        return None
+    coro.close()
+    return str(getattr(coro, "__qualname__", "a coroutine"))

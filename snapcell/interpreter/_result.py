@@ -116,8 +116,8 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        """True when the script ran to the end without an error."""
-        return self.error is None
+        """True when the script ran to the end without an error (and its worker did not die)."""
+        return self.error is None and self.status != "lost"
 
 
 def _status(error: ScriptError | None) -> RunStatus:

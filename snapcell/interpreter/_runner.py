@@ -6,9 +6,11 @@ It knows nothing of storage or signing; `dump` and `load` deal in unsigned check
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Literal
 
 from snapcell._support import HELPERS_MODULE
@@ -26,9 +28,10 @@ from snapcell.interpreter._assigned import UNBOUND, assigned_names
 from snapcell.interpreter._capture import capture_output
 from snapcell.interpreter._cellcache import CellCache
 from snapcell.interpreter._compile import RESULT_NAME, register_source
-from snapcell.interpreter._definitions import Definitions, setup_cells_assigning
-from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, unbind_bridge
+from snapcell.interpreter._definitions import Definitions, cell_bindings, setup_cells_assigning
+from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, close_unstarted, unbind_bridge
 from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
+from snapcell.interpreter._memory import make_memory, serving_status
 from snapcell.interpreter._replay import ScriptPaused
 from snapcell.interpreter._result import RunResult
 from snapcell.interpreter._stack import script_recursion_limit
@@ -51,9 +54,11 @@ from snapcell.policy import (
 if TYPE_CHECKING:
     from snapcell.checkpoint import BlobRef, DroppedVariable, Dumped, FindGlobal, GlobalRule, Manifest
 
-__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "summarize_namespace"]
+__all__ = ["DROPPED_PREFIX", "Runner", "checkpoint_rule", "dropped_note", "lost_at_load", "summarize_namespace"]
 
 _TRIAL_TIME_S = 15.0
+_MAX_STATIC_TYPES = 1000
+_MAX_TYPE_CHARS = 1000
 _NOT_VARIABLES = frozenset({"__builtins__", "__name__", RESULT_NAME})
 
 
@@ -98,9 +103,19 @@ class Runner:
         policy: What scripts may import and touch.
         limits: Default limits for each run.
         file_access: Give scripts ``open`` and ``pathlib`` (a worker, confined to its workspace by Landlock).
+        read_status: Gives the memory lines of the process's own ``/proc/self/status`` (a worker, whose sandbox
+            hides ``/proc``); scripts see them through ``memory()`` and ``open("/proc/self/status")``. None: the
+            session has no process of its own (inline), and ``memory()`` reports None.
     """
 
-    def __init__(self, *, policy: Policy, limits: Limits, file_access: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        limits: Limits,
+        file_access: bool = False,
+        read_status: Callable[[], str | None] | None = None,
+    ) -> None:
         if file_access:
             policy = with_file_access(policy)
         self.policy = policy
@@ -108,6 +123,9 @@ class Runner:
         self.file_access = file_access
         self.builtins = policy.make_builtins(file_access=file_access)
         self.builtins[TICK_NAME] = tick
+        self.builtins["memory"] = make_memory(read_status, lambda: self.limits.memory_bytes)
+        if read_status is not None and file_access:
+            self.builtins["open"] = serving_status(self.builtins["open"], read_status)
         self.namespace: dict[str, Any] = self._fresh_namespace()
         self.cells: list[str] = []
         self.setup_cells: list[str] = []
@@ -116,6 +134,8 @@ class Runner:
         self.pending_notes: list[str] = []
         # Setup cells to run before the next cell: after a restart, or to rebuild dropped variables.
         self.pending_setup: list[str] = []
+        # Dropped variables those setup cells run again for (after a load), named in the note that says so.
+        self.rebuilding: list[str] = []
         self._watch: Watchdog | None = None
         # The namespace the last run bound its host functions in, and their names (see `_bind_host_functions`).
         self._host_bound: tuple[dict[str, Any], frozenset[str]] | None = None
@@ -128,6 +148,9 @@ class Runner:
         # only when it holds another value (a turn that does not touch a generator is not told about it again).
         self._named_drops: dict[str, int] = {}
         self.definitions = Definitions()
+        # Static types of variables, as the type checker saw them made from the host stubs (`typecheck`): the
+        # declarations of later checks use them instead of the values' own types while the values agree.
+        self.static_types: dict[str, str] = {}
         # Definitions to run again before the next cell: their bytecode did not restore at load.
         self.pending_definitions: list[str] = []
 
@@ -171,6 +194,7 @@ class Runner:
         limits: Limits | None = None,
         report: bool = True,
         inputs: Mapping[str, Any] | None = None,
+        types: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Compile, execute and report one cell; never raises for script problems.
 
@@ -184,6 +208,8 @@ class Runner:
                 ``cpu_time_s``); False when nobody reads them.
             inputs: The run may pause: record its clocks and random sources (``result.inputs``), replaying what an
                 earlier run of the cell recorded (``{}`` for a first run; see `snapcell.interpreter._replay`).
+            types: The static types the type checker gave the names the cell binds (None: the cell was not
+                checked); kept for the names it assigns when it succeeds (`static_types`).
 
         Returns:
             The result; ``error`` is set when the script failed, was blocked or timed out.
@@ -204,21 +230,38 @@ class Runner:
                 if setup_result.error is not None:
                     failed.append(f"{setup_result.error.exc_type}: {setup_result.error.exc_message}"[:200])
             count = f"{len(backlog)} setup cell{'s' if len(backlog) != 1 else ''}"
+            rebuilt, self.rebuilding = self.rebuilding, []
+            why = ": the setup cells that assign them rebuild what the checkpoint could not save"
             self.pending_notes.append(
                 f"{count} {'was' if len(backlog) == 1 else 'were'} run again"
+                + (f"{why} ({', '.join(rebuilt)})" if rebuilt else "")
                 + (f"; {len(failed)} failed ({'; '.join(failed)})" if failed else "")
             )
         notes, self.pending_notes = self.pending_notes, []
         if inputs is None:
-            return await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
-        from snapcell.interpreter._replay import Inputs, recording
-
-        record = Inputs(inputs)
-        with recording(record):
             result = await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
-        from dataclasses import replace
+        else:
+            from dataclasses import replace
 
-        return replace(result, inputs=record.export())
+            from snapcell.interpreter._replay import Inputs, recording
+
+            record = Inputs(inputs)
+            with recording(record):
+                result = await self._run_one(code, bridge, host_names, setup, limits, notes, report=report)
+            result = replace(result, inputs=record.export())
+        self._note_types(result, types)
+        return result
+
+    def _note_types(self, result: RunResult, types: Mapping[str, str] | None) -> None:
+        """Keep the static types a checked run gave the names it assigned; forget those of names assigned otherwise."""
+        kept = types if types is not None and result.error is None else {}
+        for name in result.assigned:
+            static = kept.get(name)
+            room = name in self.static_types or len(self.static_types) < _MAX_STATIC_TYPES
+            if static is not None and room and len(static) <= _MAX_TYPE_CHARS:
+                self.static_types[name] = static
+            else:
+                self.static_types.pop(name, None)
 
     async def _run_one(
         self,
@@ -263,7 +306,7 @@ class Runner:
             finally:
                 self._watch = None
                 watchdog.stop()
-                unbind_bridge(bridge_token)
+                unawaited = unbind_bridge(bridge_token)
         assigned = assigned_names(before, self.namespace, skip=_NOT_VARIABLES)
         if caller_cancelled or watchdog.cancelled:
             value, error = (
@@ -282,11 +325,18 @@ class Runner:
             notes.append(
                 f"stopped after {limits.wall_time_s:g} s (the wall-time limit); earlier variables are still defined"
             )
+        if error is not None and self.file_access and not error.hint:
+            error.hint = _path_hint(error.__cause__)
         if prepared.defines:  # else recording finds nothing to keep (and would parse the cell again to see so)
             self.definitions.record(code, self.namespace)
         if error is None and setup and code not in self.setup_cells:
             self.setup_cells.append(code)
         value = value if cell.has_value else None
+        if type(value) is CoroutineType:  # the script's own coroutine (a host function's is closed already)
+            own = close_unstarted(value)
+            unawaited += [own] if own is not None else []
+        if unawaited:
+            notes.append(_unawaited_note(unawaited))
         result = RunResult(
             value=value,
             value_repr=_render(value, limits.max_value_repr_bytes) if cell.has_value and error is None else None,
@@ -428,6 +478,7 @@ class Runner:
             cell_count=self.cell_count,
             future_flags=self.future_flags,
             definitions=self.definitions.sources(),
+            static_types=self.static_types,
             known_blobs=known_blobs,
             restored=self._restored,
             scanned=self._scanned,
@@ -435,8 +486,9 @@ class Runner:
         dropped = dumped.manifest.dropped
         new = [d for d in dropped if self._named_drops.get(d.name) != id(self.namespace.get(d.name))]
         self._named_drops = {d.name: id(self.namespace.get(d.name)) for d in dropped}
-        if new:
-            self.pending_notes.append(dropped_note(new))
+        note = dropped_note(new, self.definitions, self.setup_cells)
+        if note:
+            self.pending_notes.append(note)
         return dumped
 
     def _bounded_trial(self, data: bytes, buffers: list[Any]) -> Any:
@@ -498,6 +550,7 @@ class Runner:
         self.namespace = namespace
         self.loaded = True
         self.setup_cells = list(manifest.setup_cells)
+        self.static_types = dict(itertools.islice(manifest.types.items(), _MAX_STATIC_TYPES))
         self.cell_count = manifest.cell_count
         self.future_flags = manifest.future_flags
         self.cells = list(manifest.cells)
@@ -505,18 +558,22 @@ class Runner:
         for offset, source in enumerate(manifest.cells):
             register_source(f"<cell-{first + offset}>", source)
         self._named_drops = {}  # what the checkpoint dropped is not in the namespace: a new value is a new drop
-        notes = [dropped_note(manifest.dropped)] if manifest.dropped else []
-        rebuild = setup_cells_assigning({d.name for d in manifest.dropped}, manifest.setup_cells)
+        self.definitions = Definitions(manifest.definitions)
+        # Functions and classes the dump could not keep as values but whose source it kept come back from it;
+        # other dropped variables from the setup cells that assign them, run again before the next cell.
+        redefined, rebuilt = rebuilt_at_load(manifest.dropped, self.definitions, manifest.setup_cells)
+        gone = [d for d in manifest.dropped if d.name not in redefined and d.name not in rebuilt]
+        notes = [dropped_note(gone)] if gone else []
+        rebuild = setup_cells_assigning(set(rebuilt), manifest.setup_cells)
         if rebuild:
             self.pending_setup.extend(rebuild)
-            notes.append("dropped variables are rebuilt by running again the setup cells that assign them")
-        self.definitions = Definitions(manifest.definitions)
-        sources, covered = self.definitions.for_names(loaded.failed)
+            self.rebuilding = rebuilt
+        sources, covered = self.definitions.for_names({*loaded.failed, *redefined})
         self.pending_definitions = sources
         if covered:
             notes.append(
-                f"re-created from their source (their saved form did not restore): {', '.join(covered)}; "
-                "objects made by the old definitions are not restored with them"
+                f"re-created from their source (their saved form did not restore or could not be saved): "
+                f"{', '.join(covered)}; objects made by the old definitions are not restored with them"
             )
         lost = {name: reason for name, reason in loaded.failed.items() if name not in covered}
         if lost:
@@ -530,10 +587,58 @@ class Runner:
 DROPPED_PREFIX = "not saved in the checkpoint"
 
 
-def dropped_note(dropped: Iterable[DroppedVariable]) -> str:
-    """One line naming the variables a dump did not save, each with its type and why."""
-    names = "; ".join(f"{d.name} ({d.type_name}) {d.reason}" for d in dropped)
-    return f"{DROPPED_PREFIX}, so gone next turn: {names}; recreate them if needed"
+def rebuilt_at_load(
+    dropped: Iterable[DroppedVariable], definitions: Definitions | Iterable[str], setup_cells: Iterable[str]
+) -> tuple[list[str], list[str]]:
+    """The names of ``dropped`` a load brings back: re-created from their kept source, and rebuilt by setup cells.
+
+    Args:
+        dropped: What a dump did not save.
+        definitions: The kept definitions (or a manifest's statements).
+        setup_cells: The session's setup cells.
+    """
+    dropped = list(dropped)
+    if not dropped:
+        return [], []
+    if not isinstance(definitions, Definitions):
+        definitions = Definitions(definitions)
+    redefined = definitions.recreatable((d.name, d.type_name) for d in dropped)
+    bound = set().union(*(cell_bindings(source) for source in setup_cells))
+    return redefined, [d.name for d in dropped if d.name not in redefined and d.name in bound]
+
+
+def lost_at_load(manifest: Manifest) -> list[str]:
+    """The variables a load of ``manifest``'s checkpoint does not bring back (dropped, and rebuilt by nothing)."""
+    redefined, rebuilt = rebuilt_at_load(manifest.dropped, manifest.definitions, manifest.setup_cells)
+    return [d.name for d in manifest.dropped if d.name not in redefined and d.name not in rebuilt]
+
+
+def dropped_note(
+    dropped: Iterable[DroppedVariable],
+    definitions: Definitions | Iterable[str] = (),
+    setup_cells: Iterable[str] = (),
+) -> str:
+    """One line naming the variables a dump did not save, each with its type and why ("" when there are none).
+
+    Args:
+        dropped: What the dump did not save.
+        definitions: The kept definitions (or a manifest's statements): a function or class they re-create at load
+            is named as kept by its source, not as gone.
+        setup_cells: The session's setup cells: a variable one of them assigns is named as rebuilt by it at load.
+    """
+    dropped = list(dropped)
+    redefined, rebuilt = rebuilt_at_load(dropped, definitions, setup_cells)
+    gone = "; ".join(
+        f"{d.name} ({d.type_name}) {d.reason}" for d in dropped if d.name not in redefined and d.name not in rebuilt
+    )
+    parts = [f"{DROPPED_PREFIX}, so gone next turn: {gone}; recreate them if needed"] if gone else []
+    if redefined:
+        parts.append(f"{DROPPED_PREFIX} as a value, re-created from its source when loaded: {', '.join(redefined)}")
+    if rebuilt:
+        parts.append(
+            f"{DROPPED_PREFIX} as a value, rebuilt by running its setup cell again when loaded: {', '.join(rebuilt)}"
+        )
+    return "; ".join(parts)
 
 
 def _host_function(name: str) -> HostFunction:
@@ -553,6 +658,39 @@ def _locate(error: ScriptError) -> ScriptError:
                 + [f"{error.exc_type}: {error.exc_message}"]
             )
     return error
+
+
+def _path_hint(exc: BaseException | None) -> str:
+    """The hint for a file error on an absolute path outside the working directory (the workspace), else ``""``."""
+    import os  # an error's path only
+
+    if not isinstance(exc, OSError) or not isinstance(exc.filename, str) or not os.path.isabs(exc.filename):
+        return ""
+    try:
+        inside = os.path.commonpath([os.getcwd(), os.path.abspath(exc.filename)]) == os.getcwd()
+    except (OSError, ValueError):
+        return ""
+    if inside:
+        return ""
+    name = os.path.basename(exc.filename.rstrip("/")) or "data.csv"
+    return (
+        f"The working directory is the workspace: use a path relative to it ({name!r}, not {exc.filename!r}); "
+        "nothing outside the workspace and its mounted folders can be reached."
+    )
+
+
+def _unawaited_note(names: list[str]) -> str:
+    """The note on coroutines a run made and never awaited: they did not run."""
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        counts[name] += 1
+    shown = [f"{name}()" + (f" ({count} calls)" if count > 1 else "") for name, count in list(counts.items())[:5]]
+    first = next(iter(counts))
+    return (
+        f"{', '.join(shown)} {'was' if len(names) == 1 else 'were'} called without `await`, so "
+        f"{'it' if len(names) == 1 else 'they'} did not run and gave a coroutine: did you forget `await`? Write "
+        f"`await {first}(...)`, or `await asyncio.gather(...)` for several calls at once"
+    )
 
 
 def _render(value: Any, limit: int | None) -> str:

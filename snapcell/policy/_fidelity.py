@@ -4,8 +4,9 @@
   ``date.replace`` unless ``x`` is a code object; namedtuple's documented API (``_replace``, ``_asdict``,
   ``_fields``, ``_make``, ``_field_defaults``) on namedtuples and the script's own objects; ``x.__dict__`` of
   the script's own objects (and of what ``vars(x)`` may read); ``other._x`` read in a method of the script's
-  class, when ``other`` is one of the script's own objects (``self._c < other._c``). Loads of these names are
-  rewritten to `typed_attr`, and ``getattr``/``hasattr``/``attrgetter``/``methodcaller`` apply the same rule.
+  class or outside it, when ``other`` is one of the script's own objects (``self._c < other._c``, ``t._c``): a
+  method of the script's class could read it anyway. Loads of these names are rewritten to `typed_attr`, and
+  ``getattr``/``hasattr`` apply the same rule (``attrgetter``/``methodcaller`` to the names of `TYPED_NAMES`).
 - ``globals()`` returns the session's variables (`SessionGlobals`): a live mapping over the namespace that
   hides and refuses dunder names (``__builtins__`` holds the guard's own functions).
 - ``asyncio.run(coro)`` at the top level of a script awaits ``coro`` in the run's task, as top-level
@@ -51,10 +52,19 @@ def _refuse(name: str) -> Exception:
 def _own(obj: Any) -> bool:
     """True for the script's own objects: its classes, its functions and instances of its classes."""
     if isinstance(obj, type):
-        return shared_problem(obj) is None
+        return _script_class(obj)
     if type(obj) is types.FunctionType:
         return script_function(obj)
-    return shared_problem(type(obj)) is None
+    return _script_class(type(obj))
+
+
+def _script_class(cls: type) -> bool:
+    """True for a class a script made: its module is the session's ``__main__`` and no real module holds it.
+
+    Types of the interpreter that no module names (``builtin_function_or_method``) are not importable either;
+    their module tells them apart.
+    """
+    return type.__dict__["__module__"].__get__(cls) == "__main__" and shared_problem(cls) is None
 
 
 def _namedtuple(obj: Any) -> bool:
@@ -79,7 +89,7 @@ def typed_attr(obj: Any, name: str, /) -> Any:
         value = getattr(obj, name)
         return dict(value) if name == "_field_defaults" and type(value) is dict else value
     if name.startswith("_") and not is_dunder(name) and name not in INTERNAL_NAMES and _own(obj):
-        return getattr(obj, name)  # ``other._x`` in a method of the script's class, on one of its own objects
+        return getattr(obj, name)  # ``other._x`` / ``t._x`` on one of the script's own objects
     raise _refuse(name)
 
 
@@ -89,7 +99,7 @@ _MISSING = object()
 def _getattr(obj: Any, name: str, default: Any = _MISSING, /) -> Any:
     """`getattr` with the attribute rules, deciding the names of `TYPED_NAMES` by the object."""
     plain = exact_str(name)
-    if type(plain) is str and plain in TYPED_NAMES:
+    if type(plain) is str and _typed(plain):
         try:
             return typed_attr(obj, plain)
         except AttributeError:
@@ -102,13 +112,18 @@ def _getattr(obj: Any, name: str, default: Any = _MISSING, /) -> Any:
 def _hasattr(obj: Any, name: str, /) -> bool:
     """`hasattr` with the attribute rules, deciding the names of `TYPED_NAMES` by the object."""
     plain = exact_str(name)
-    if type(plain) is str and plain in TYPED_NAMES:
+    if type(plain) is str and _typed(plain):
         try:
             typed_attr(obj, plain)
         except AttributeError:
             return False
         return True
     return guarded_hasattr(obj, name)
+
+
+def _typed(name: str) -> bool:
+    """True for a name `typed_attr` decides by the object: `TYPED_NAMES` and private (non-dunder) names."""
+    return name in TYPED_NAMES or name.startswith("_") and not is_dunder(name)
 
 
 def checked_name(name: Any) -> Any:

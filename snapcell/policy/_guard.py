@@ -56,6 +56,7 @@ SAFE_DUNDERS = frozenset(
         "__ixor__", "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__complex__",
         "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__copy__", "__deepcopy__",
         "__annotations__", "__mro__", "__slots__", "__version__",  # read-only (never assigned)
+        "__required_keys__", "__optional_keys__", "__total__", "__origin__", "__args__", "__parameters__",
     }
 )  # fmt: skip
 
@@ -103,7 +104,7 @@ _MODULE_ALLOW: dict[str, frozenset[str]] = {
     ),
 }  # fmt: skip
 _MODULE_DENY: dict[str, frozenset[str]] = {
-    "typing": frozenset({"get_type_hints", "ForwardRef"}),  # both evaluate strings as code
+    "typing": frozenset({"ForwardRef"}),  # evaluates strings as code (get_type_hints is a stand-in)
     "traceback": frozenset({"walk_stack", "walk_tb", "clear_frames"}),  # hand out frame objects
     "contextlib": frozenset({"chdir"}),
     "zoneinfo": frozenset({"reset_tzpath"}),

@@ -145,7 +145,7 @@ class Checker(ast.NodeVisitor):
         problem = attribute_problem(node.attr, store=store)
         if problem and not self._own_private(node) and (store or node.attr not in TYPED_NAMES):
             if self._other_private(node):
-                self.generic_visit(node)  # `other._x` in a method: checked at runtime (the script's own objects only)
+                self.generic_visit(node)  # `other._x`, `t._x`: checked at runtime (the script's own objects only)
                 return
             raise self.fail(node, problem, attribute_hint(node.attr))
         if store:
@@ -153,10 +153,9 @@ class Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _other_private(self, node: ast.AST) -> bool:
-        """True for ``other._x`` read in a method of the script's class (``other`` not its first parameter)."""
+        """True for ``other._x`` read anywhere but as ``self._x`` in a method (decided by the object at runtime)."""
         return (
-            bool(self.selves)
-            and isinstance(node, ast.Attribute)
+            isinstance(node, ast.Attribute)
             and isinstance(node.ctx, ast.Load)
             and node.attr.startswith("_")
             and not is_dunder(node.attr)
@@ -251,7 +250,7 @@ class Checker(ast.NodeVisitor):
                 and (store or name.value not in TYPED_NAMES)
             ):
                 problem = attribute_problem(name.value, store=store)
-                if problem:
+                if problem and not (not store and _private(name.value)):  # private reads: decided by the object
                     raise self.fail(node, problem, attribute_hint(name.value))
         elif callee in ("attrgetter", "methodcaller"):
             for text in literal[: 1 if callee == "methodcaller" else None]:
@@ -275,6 +274,10 @@ class Checker(ast.NodeVisitor):
             if problem:
                 raise self.fail(node, problem, attribute_hint(name))
         self.generic_visit(node)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not is_dunder(name) and attribute_problem(name) == f"the private attribute .{name}"
 
 
 def _annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:

@@ -11,6 +11,7 @@ found in review, and behaves like the original for ordinary code:
   ``__globals__``), private entries of a ``__dict__`` stay behind, and the wrapper must be the script's.
 - ``functools.singledispatch`` / ``singledispatchmethod``: ``register`` by annotation resolves the annotation
   itself; ``typing.get_type_hints`` would evaluate strings with the real builtins.
+- ``typing.get_type_hints``: resolves string annotations in the session without evaluating code (`_typehints`).
 - Class decorators that write into their argument (``dataclass``, ``total_ordering``, ``no_type_check``,
   ``final``, ``runtime_checkable``, ``update_abstractmethods``) refuse classes shared by every session.
 - ``asyncio.all_tasks`` / ``current_task``: only the script's own tasks, never the host's.
@@ -51,6 +52,7 @@ from snapcell.policy._guard import (
     store_target,
 )
 from snapcell.policy._rewrite import STORE_TARGET_NAME, TYPE_CALL_NAME, TYPED_NAMES
+from snapcell.policy._typehints import get_type_hints
 
 __all__ = ["stand_in_builtins"]
 
@@ -312,6 +314,9 @@ def make_dataclass(cls_name: str, fields: Any, *, namespace: Any = None, **optio
 
     cls = dataclasses.make_dataclass(cls_name, fields, namespace=namespace, **options)
     refuse_finalizer(cls)
+    if "module" not in options:
+        # The caller's module, as CPython 3.12+ records it (3.11 records ``types``): a script's class is its own.
+        cls.__module__ = "__main__"
     return cls
 
 
@@ -577,6 +582,7 @@ _STAND_INS: list[tuple[str, str, Any]] = [
     ("dataclasses", "replace", replace),
     ("dataclasses", "asdict", asdict),
     ("dataclasses", "astuple", astuple),
+    ("typing", "get_type_hints", get_type_hints),
     ("typing", "no_type_check", no_type_check),
     ("typing", "final", final),
     ("typing", "runtime_checkable", runtime_checkable),

@@ -95,6 +95,8 @@ class AsyncSession:
         self._closed = False
         self._busy = False
         self._setup_since_checkpoint: list[str] = []
+        # A run may have changed the namespace since the last dump or load (``dump_first`` has something to save).
+        self._changed = False
         # Blobs this session wrote or loaded: a later dump refers to them instead of storing them again.
         self._blobs: dict[str, BlobRef] = {}
         self._blob_io = BlobIO(config.store, config.keyring.blob_namespace())
@@ -107,8 +109,6 @@ class AsyncSession:
         self.manifest: Manifest | None = None
         # A run stopped at a pausing host call; the namespace it started with is `checkpoint_id`'s.
         self._paused: Pause | None = None
-        # The namespace is `checkpoint_id`'s (an empty one without): nothing ran since the last load or dump.
-        self._clean = True
 
     def _start(self) -> None:
         if self._closed:
@@ -150,6 +150,7 @@ class AsyncSession:
             self._setup_since_checkpoint = []
             paused = self.manifest.paused if self.manifest is not None else None
             self._paused = pause_from_record(paused) if paused is not None else None
+            self._changed = False
         except WorkerLost:
             await self._restore("load")
             raise
@@ -171,22 +172,25 @@ class AsyncSession:
         await self._verifier.loaded(opened.container, blobs, opened.key_index)
         self.checkpoint_id = cid.raw
         self.checkpoint_bytes = opened.stored_bytes
-        self._clean = True
+        self._changed = False
         # Only blobs in the signing key's namespace can be referred to by the next dump.
         self._blobs = {ref.hash: ref for ref in refs} if opened.key_index == 0 else {}
 
     async def _restore(self, during: str) -> None:
         """After a lost worker: reload the last checkpoint and queue the setup cells run since."""
-        source = "its last checkpoint" if self.checkpoint_id is not None else "an empty namespace"
+        if self.checkpoint_id is not None:
+            source = "its last checkpoint (variables and files changed since are lost)"
+        else:  # nothing was ever dumped: say what to do about it next time
+            source = "an empty namespace (nothing had been saved; run(..., dump_first=True) saves before a risky cell)"
         note = f"the Python session restarted (its worker was lost during {during}); it continues from {source}"
         try:
             if self.checkpoint_id is not None:
                 await self._load(self.checkpoint_id)
             else:
                 await self._backend.reset()
-                self._clean = True
             await self._backend.queue(notes=[note], setup_cells=list(self._setup_since_checkpoint))
             self._restarted = True
+            self._changed = False  # the last checkpoint, or nothing: a dump now would save nothing new
         except SnapcellError as exc:
             raise SessionError(f"the session could not be restored after its worker was lost: {exc}") from exc
 
@@ -200,8 +204,10 @@ class AsyncSession:
         limits: Limits | None = None,
         then_dump: bool = False,
         pausing: Collection[str] | None = None,
+        dump_first: bool = False,
+        raise_on_lost: bool = False,
     ) -> RunResult:
-        """Run a script and report everything it did; script problems do not raise.
+        """Run a script and report everything it did; script problems and a lost worker do not raise.
 
         Args:
             code: The script; top-level ``await`` is allowed and a trailing expression is the value.
@@ -211,8 +217,12 @@ class AsyncSession:
             limits: Limits for this run instead of the session's.
             then_dump: A `dump` (with ``on_unpicklable="skip"``) follows: a worker starts it as soon as the run
                 ends, in the same request, and that `dump` takes its result, dated when this run started (process
-                mode; a round trip fewer). Any other call first waits for that dump and drops it. Not with
-                ``pausing``.
+                mode; a round trip fewer). Any other call first waits for that dump and drops it.
+            dump_first: Before a risky cell (a setup cell that loads data, say), `dump` the namespace when a run
+                changed it since the last dump or load, so a worker lost during this run costs only this run's
+                changes (also before the session's first dump). Takes the time and store bytes of a dump.
+            raise_on_lost: Raise `WorkerLost` when the worker dies, instead of returning a result with status
+                ``"lost"``.
             pausing: Names of host functions that pause the run (they need no entry in ``external_lookup``; one
                 there is never called). A call of one stops the script there: the result's status is ``"paused"``
                 and ``result.paused`` names the call; `dump` then writes a paused checkpoint and `resume` goes on
@@ -221,28 +231,47 @@ class AsyncSession:
                 `load_session` (or never had one) dumps first.
 
         Returns:
-            The run's result; ``result.error`` holds a `ScriptError` when the script failed.
+            The run's result; ``result.error`` holds a `ScriptError` when the script failed. When the worker died
+            during the run, ``result.status`` is ``"lost"`` (and ``result.ok`` False), a note says what happened, and
+            the session was restored from its last checkpoint: usable, without this run's changes; the next run's
+            result has ``restarted`` set.
 
         Raises:
             ConfigError: ``external_lookup`` or ``pausing`` is malformed; nothing ran.
             SessionError: The session was checked in or is busy, or is paused (`resume` it, or load a checkpoint).
-            WorkerLost: The worker died during the run; the session was restored from its last checkpoint (usable,
-                without this run's changes) and ``exc.result`` is a `RunResult` with status ``"lost"``; the next
-                run's result has ``restarted`` set.
+            WorkerLost: With ``raise_on_lost``, the worker died during the run; the session was restored as above
+                and ``exc.result`` is the `RunResult` with status ``"lost"``. Without it, a worker lost during the
+                ``dump_first`` dump (the session is restored the same way).
             RunCancelled: The task running this was cancelled: the script was interrupted where it was, its
                 variables are kept and the session is usable; ``exc.result`` has status ``"cancelled"``. A worker
                 that did not stop within ``grace_s`` was killed: then the status is ``"lost"`` and the session was
                 restored from its last checkpoint, as after `WorkerLost`.
         """
         names = check_pausing(pausing)
-        if not names:
-            return await self._run(code, external_lookup, setup, skip_type_check, limits, then_dump, True)
-        self._check_not_paused()
-        if not self._clean or self.checkpoint_id is None:
-            await self.dump()  # the namespace the cell starts with must be a checkpoint's, to resume from
-        replayer = Replayer(validate_lookup(external_lookup), names)
-        result = await self._run(code, replayer.functions(), setup, skip_type_check, limits, False, True, replayer)
-        if replayer.paused is not None:
+        replayer = None
+        if names:
+            self._check_not_paused()
+            if self._changed or self.checkpoint_id is None:
+                await self.dump()  # the namespace the cell starts with must be a checkpoint's, to resume from
+            replayer = Replayer(validate_lookup(external_lookup), names)
+            external_lookup, then_dump = replayer.functions(), False
+        try:
+            result = await self._run(
+                code,
+                external_lookup,
+                setup,
+                skip_type_check,
+                limits,
+                then_dump,
+                True,
+                dump_first=dump_first,
+                replayer=replayer,
+            )
+        except WorkerLost as exc:
+            if raise_on_lost or not isinstance(exc.result, RunResult):
+                raise
+            return dataclasses.replace(exc.result, notes=(*exc.result.notes, f"the worker was lost: {exc}"))
+        if replayer is not None and replayer.paused is not None:
             self._paused = Pause(
                 cell=code,
                 setup=setup,
@@ -294,7 +323,7 @@ class AsyncSession:
             raise SessionError("nothing to resume: this session holds no paused run (load a paused checkpoint)")
         answer = Answer.checked(value, error)
         replayer = Replayer(validate_lookup(external_lookup), pause.pausing, pause, answer)
-        if not self._clean:  # the paused run, or a diverged replay, changed the namespace: back to the cell's start
+        if self._changed:  # the paused run, or a diverged replay, changed the namespace: back to the cell's start
             self._start()
             try:
                 checkpoint_id = self.checkpoint_id
@@ -309,7 +338,15 @@ class AsyncSession:
             finally:
                 self._busy = False
         result = await self._run(
-            pause.cell, replayer.functions(), pause.setup, skip_type_check, limits, False, True, replayer, pause
+            pause.cell,
+            replayer.functions(),
+            pause.setup,
+            skip_type_check,
+            limits,
+            False,
+            True,
+            replayer=replayer,
+            resumed=pause,
         )
         if not replayer.replayed_all:
             self._paused = pause
@@ -370,6 +407,8 @@ class AsyncSession:
         limits: Limits | None,
         then_dump: bool,
         report: bool,
+        *,
+        dump_first: bool = False,
         replayer: Replayer | None = None,
         resumed: Pause | None = None,
     ) -> RunResult:
@@ -380,6 +419,8 @@ class AsyncSession:
         lookup = validate_lookup(external_lookup)
         if resumed is None:
             self._check_not_paused()
+        if dump_first and self._changed:
+            await self.dump()  # a crash in this run now costs only its own changes
         self._start()
         try:
             if limits is not None and not isinstance(limits, Limits):
@@ -387,10 +428,11 @@ class AsyncSession:
             rejected = check_script(code, limits or self._limits)
             if rejected is not None:  # not text, or too large to send: nothing runs and the session is unchanged
                 return RunResult(error=rejected)
+            types = None
             if self._checker is not None and not skip_type_check:
                 declarations = await self._backend.declarations()
                 try:
-                    await self._checker.acheck_or_raise(code, declarations=declarations)
+                    _, types = await self._checker.acheck_with_types(code, declarations=declarations)
                 except TypingError as exc:
                     return RunResult(error=exc)
             started = time.perf_counter()
@@ -404,9 +446,10 @@ class AsyncSession:
                     limits=limits or self._limits,
                     then_dump=dump,
                     report=report,
+                    types=types,
                     inputs=None if replayer is None else (resumed.inputs if resumed is not None else None) or {},
                 )
-                self._clean = False
+                self._changed = True
                 result = await self._backend.run(request)
             except WorkerLost as exc:
                 exc.result = RunResult(
@@ -437,6 +480,7 @@ class AsyncSession:
         setup: bool = False,
         skip_type_check: bool = False,
         limits: Limits | None = None,
+        dump_first: bool = False,
     ) -> Any:
         """Run a script and return the value of its trailing expression (None without one).
 
@@ -447,8 +491,11 @@ class AsyncSession:
                 its own exception); variables assigned before the failure are kept and the session is usable.
             LimitExceeded: A limit stopped the run; the session is usable with earlier variables.
             ConfigError: ``external_lookup`` is malformed; nothing ran.
+            WorkerLost: The worker died during the run; the session was restored as `run` describes.
         """
-        result = await self._run(code, external_lookup, setup, skip_type_check, limits, False, False)
+        result = await self._run(
+            code, external_lookup, setup, skip_type_check, limits, False, False, dump_first=dump_first
+        )
         if result.error is not None:
             raise result.error
         return result.value
@@ -527,9 +574,9 @@ class AsyncSession:
             self.checkpoint_bytes = len(blob)
             self.manifest = manifest
             self._setup_since_checkpoint = []
+            self._changed = False
             self._blobs = {ref.hash: ref for ref in manifest.blobs}
             self._verifier.dump_signed()
-            self._clean = True
             return cid.raw
         finally:
             self._busy = False
@@ -666,7 +713,7 @@ class AsyncSession:
             self.checkpoint_id = None
             self.manifest = None
             self._paused = None
-            self._clean = True
+            self._changed = False
             self._setup_since_checkpoint = []
             self._blobs = {}
             self._verifier.forget()

@@ -58,6 +58,8 @@ class Session:
         limits: Limits | None = None,
         then_dump: bool = False,
         pausing: Collection[str] | None = None,
+        dump_first: bool = False,
+        raise_on_lost: bool = False,
     ) -> RunResult:
         """See `AsyncSession.run`."""
         result: RunResult = self._call(
@@ -69,6 +71,8 @@ class Session:
                 limits=limits,
                 then_dump=then_dump,
                 pausing=pausing,
+                dump_first=dump_first,
+                raise_on_lost=raise_on_lost,
             )
         )
         return result
@@ -103,11 +107,17 @@ class Session:
         setup: bool = False,
         skip_type_check: bool = False,
         limits: Limits | None = None,
+        dump_first: bool = False,
     ) -> Any:
         """See `AsyncSession.feed_run`."""
         return self._call(
             self._inner.feed_run(
-                code, external_lookup=external_lookup, setup=setup, skip_type_check=skip_type_check, limits=limits
+                code,
+                external_lookup=external_lookup,
+                setup=setup,
+                skip_type_check=skip_type_check,
+                limits=limits,
+                dump_first=dump_first,
             )
         )
 

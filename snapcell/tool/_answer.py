@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -14,7 +15,7 @@ from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.heads import TurnRecord
 from snapcell.interpreter import DROPPED_PREFIX, Artifact, HostCall, RunResult, dropped_note
-from snapcell.policy import DEFAULT_MODULES, Policy
+from snapcell.policy import DEFAULT_MODULES, Policy, with_file_access
 from snapcell.wire import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "modules_text",
     "cut_answer",
     "dropped_in_turn",
+    "failed_host_call",
+    "host_text",
     "render_answer",
     "without_dropped_notes",
     "replayed",
@@ -114,7 +117,7 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
         parts.append(result.value_repr)
     run_notes = result.notes
     if result.error is not None:
-        failed = _failed_host_call(result)
+        failed = failed_host_call(result)
         if failed is not None:
             parts.append(f"the host function {failed.name} failed: {failed.error}")
         parts.append(result.error.for_model())
@@ -142,7 +145,7 @@ def _inert(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-def _failed_host_call(result: RunResult) -> HostCall | None:
+def failed_host_call(result: RunResult) -> HostCall | None:
     """The host-function call whose exception ended the run, if the error is that exception passed through."""
     error = result.error
     if not isinstance(error, ScriptError) or not error.exc_type:
@@ -189,7 +192,7 @@ def dropped_in_turn(manifest: Manifest | None, before: Collection[str], result: 
         for d in manifest.dropped
         if d.name not in before or unknown or d.name in assigned or d.name[:MAX_ASSIGNED_CHARS] in assigned
     ]
-    return dropped_note(new) if new else None
+    return (dropped_note(new, manifest.definitions, manifest.setup_cells) or None) if new else None
 
 
 def without_dropped_notes(result: RunResult) -> RunResult:
@@ -199,7 +202,11 @@ def without_dropped_notes(result: RunResult) -> RunResult:
 
 
 def stub_signatures(stubs: str) -> list[str]:
-    """``def name(args) -> ret`` (and the docstring's first line) of every top-level function or class in stubs."""
+    """``def name(args) -> ret`` (and the docstring's first line) of every top-level function or class in stubs.
+
+    A class also shows its fields (``name: type``, the keys of a TypedDict) and its public methods' signatures, so
+    the model learns the shape of what the host functions take and return.
+    """
     try:
         tree = ast.parse(stubs)
     except SyntaxError as exc:
@@ -208,11 +215,36 @@ def stub_signatures(stubs: str) -> list[str]:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             doc = (ast.get_docstring(node) or "").strip().splitlines()
-            node.decorator_list = []
-            node.body = [ast.Expr(ast.Constant(...))]
-            signature = ast.unparse(node).splitlines()[0].removesuffix(":")
-            lines.append(signature + (f"\n    {doc[0]}" if doc else ""))
+            members = _class_members(node) if isinstance(node, ast.ClassDef) else []
+            lines.append(_signature_line(node) + (f"\n    {doc[0]}" if doc else "") + "".join(members))
     return lines
+
+
+def host_text(signatures: list[str]) -> str:
+    """The description's part on the host functions, then the types their signatures use (stub classes)."""
+    functions = [line for line in signatures if not line.startswith("class ")]
+    types = [line for line in signatures if line.startswith("class ")]
+    text = "\n\nHost functions (already defined; call them directly):\n" + "\n".join(functions) if functions else ""
+    if types:
+        text += "\n\nTypes in their signatures (for reference, not defined in the session):\n" + "\n".join(types)
+    return text
+
+
+def _signature_line(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:
+    node.decorator_list = []
+    node.body = [ast.Expr(ast.Constant(...))]
+    return ast.unparse(node).splitlines()[0].removesuffix(":")
+
+
+def _class_members(node: ast.ClassDef) -> list[str]:
+    """A stub class's fields and public methods, one indented line each (a class body is never unparsed whole)."""
+    members = []
+    for item in node.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            members.append(f"\n    {ast.unparse(item)}")
+        elif isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_"):
+            members.append(f"\n    {_signature_line(item)}")
+    return members
 
 
 def replayed(turn: TurnRecord) -> str:
@@ -241,18 +273,37 @@ def tool_signatures(tools: Mapping[str, Callable[..., Any]]) -> list[str]:
     return lines
 
 
-def modules_text(policy: Policy) -> str:
-    """What the policy lets scripts import, in a sentence for the model."""
+def modules_text(policy: Policy, *, file_access: bool = False) -> str:
+    """What scripts can import, in a sentence for the model: the modules the policy allows that are installed.
+
+    Args:
+        policy: The pool's policy.
+        file_access: The sessions have a workspace (process mode): their runner's policy adds the file modules.
+    """
     if not policy.restricted:
         return "Any installed module can be imported."
-    standard = policy.allowed_modules & DEFAULT_MODULES - {"__future__"}
-    others = sorted(policy.modules - standard - {"__future__"})
-    listed = ", ".join(others)
+    # The standard-library modules of the default list and the file modules a workspace adds: known to hold no way
+    # onto the network. Modules a policy adds are listed first, whatever they are.
+    known = DEFAULT_MODULES
+    if file_access:
+        effective = with_file_access(policy)
+        known = known | (effective.allowed_modules - policy.allowed_modules)
+        policy = effective
+    importable = {name for name in policy.modules - {"__future__"} if _installed(name)}
+    standard = importable & policy.allowed_modules & known
+    listed = ", ".join(sorted(importable - standard))
     if standard:
-        listed += ("; and " if others else "") + "from the standard library: " + ", ".join(sorted(standard))
-    # Only the standard-library modules of the default list are known to hold no way onto the network.
-    offline = "" if policy.modules - DEFAULT_MODULES else " and there is no network access"
-    return f"Modules that can be imported (with their submodules): {listed}. Other imports fail{offline}."
+        listed += ("; and " if listed else "") + "from the standard library: " + ", ".join(sorted(standard))
+    network = "" if policy.modules - known else " and there is no network access"
+    return f"Modules that can be imported (with their submodules): {listed}. Other imports fail{network}."
+
+
+def _installed(name: str) -> bool:
+    """Whether the module ``name`` can be found (a top-level name: nothing is imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 _LOST_REASONS = {

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from snapcell.heads import AsyncHeads, Head
     from snapcell.pool import AsyncPool
     from snapcell.session import AsyncSession
+    from snapcell.tool._keeping import ConversationKeeper
     from snapcell.tool._lease import TurnLeases
     from snapcell.tool._warm import WarmSessions
 
@@ -39,6 +40,9 @@ class TurnContext:
         leases: Takes and gives back the conversations' leases; bounds head-store calls by the deadline.
         warm: The sessions kept warm after their turns.
         new_session: Checks out a new session with the tool's settings (limits, mounts, type checking).
+        keeper: Stores the conversations turns are given, or None (the application stores them).
+        hold_on_host_error: A turn whose host function raised an error the script did not catch leaves the head
+            where it was (``on_host_error="hold"``).
     """
 
     pool: AsyncPool
@@ -48,6 +52,8 @@ class TurnContext:
     leases: TurnLeases
     warm: WarmSessions
     new_session: Callable[[], AbstractAsyncContextManager[AsyncSession]]
+    keeper: ConversationKeeper | None = None
+    hold_on_host_error: bool = False
 
     @property
     def storage_timeout_s(self) -> float | None:

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from snapcell.conversation import Conversation
+from snapcell.conversation import Conversation, ConversationStore
 from snapcell.errors import ConfigError
 from snapcell.heads import (
     AsyncHeads,
@@ -30,11 +30,12 @@ from snapcell.heads import (
 from snapcell.interpreter import validate_lookup
 from snapcell.limits import Limits
 from snapcell.pool import AsyncPool, Pool
-from snapcell.telemetry import conversation_context
+from snapcell.telemetry import conversation_context, trace_turn
 from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
     TurnAnswer,
     cut_answer,
+    host_text,
     modules_text,
     render_answer,
     stub_signatures,
@@ -43,10 +44,12 @@ from snapcell.tool._answer import (
 from snapcell.tool._arguments import RunCodeArguments, tool_call_arguments
 from snapcell.tool._context import HeadMove, TurnContext
 from snapcell.tool._files import files_at_head, put_file
+from snapcell.tool._keeping import ConversationKeeper, Durability
 from snapcell.tool._lease import TurnLeases
 from snapcell.tool._records import CANCELLED_NOTE
 from snapcell.tool._turn import KEPT_ANSWER_CHARS, STATE_GONE_NOTE, Turn
 from snapcell.tool._warm import WarmSessions
+from snapcell.typecheck import stubs_from_functions
 from snapcell.workspace import FileInfo, check_mounts
 
 __all__ = [
@@ -73,8 +76,22 @@ expression (as in a notebook cell), then any error with its traceback, then note
 start, so print only what you need to see."""
 _FILES = (
     "\n\nThe working directory is this conversation's workspace: files written there with open() or pathlib are "
-    "still there in later calls. Files written under out/ (charts, reports) are shown to the user."
+    "still there in later calls. Files written under out/ (charts, reports) are shown to the user. memory() gives the "
+    "session's memory in bytes (resident_bytes, peak_resident_bytes, limit_bytes)."
 )
+
+
+def _checked_stubs(stubs: str | None, type_check: bool | None, tools: Mapping[str, Callable[..., Any]]) -> str | None:
+    """The stubs every turn is type-checked against (made from ``tools`` if none are given), or None: no checks.
+
+    Raises:
+        ConfigError: ``type_check`` is not a bool or None.
+    """
+    if type_check is not None and not isinstance(type_check, bool):
+        raise ConfigError(f"type_check must be True, False or None, not {type_check!r}")
+    if not (stubs is not None if type_check is None else type_check):
+        return None
+    return stubs if stubs is not None else stubs_from_functions(tools)
 
 
 class CodeTool:
@@ -87,6 +104,9 @@ class CodeTool:
         tools: Host functions by name (sync or async) the code may call.
         stubs: Python stubs of the host functions; when given, every script is type-checked against them before it
             runs (needs ty), and the tool's description lists them.
+        type_check: Type-check every script before it runs (needs ty): against ``stubs``, or without them against
+            stubs made from the host functions' signatures (`snapcell.typecheck.stubs_from_functions`), which the
+            description then lists. Default: only when ``stubs`` are given.
         limits: Limits of every run instead of the pool's.
         max_answer_chars: Longest answer; longer ones keep their end and say what was cut (default 8,000).
         lease_ttl_s: Seconds a turn's lease lasts; it is renewed every third of that while the turn runs, so only a
@@ -110,6 +130,17 @@ class CodeTool:
         max_warm_sessions: Sessions kept warm at once (the oldest is checked in first); warm sessions also give up
             their workers whenever a new checkout would otherwise wait for one.
         max_warm_bytes: Worker memory all warm sessions may hold together, in bytes (None: no bound).
+        conversations: A `ConversationStore` the tool keeps conversations in: a turn given a `Conversation` (or
+            a conversation ID, loaded from this store) records its answer as the result of its tool call, its
+            checkpoint and its usage in the conversation and stores them in one write, however the turn ends. None
+            (the default): the turn records its checkpoint and usage in a `Conversation` in memory, and the
+            application stores it with the result message.
+        durability: When a turn is stored in ``conversations``: ``"sync"`` (default) before its answer returns;
+            ``"async"`` in the background while the application's next step runs (the store's methods on that
+            conversation wait for it, and `aclose` does); ``"exit"`` once, when the tool closes (`aclose`).
+        on_host_error: ``"advance"`` (default): a turn whose host function raised an error the script did not
+            catch is saved like any other. ``"hold"``: it is not saved, the head stays where it was (the failed
+            run can be inspected before the conversation goes on), and the answer says so.
 
     Raises:
         ConfigError: A setting is invalid, or the pool's store has no default head store.
@@ -124,6 +155,7 @@ class CodeTool:
         heads: HeadStore | None = None,
         tools: Mapping[str, Callable[..., Any]] | None = None,
         stubs: str | None = None,
+        type_check: bool | None = None,
         limits: Limits | None = None,
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
@@ -134,6 +166,9 @@ class CodeTool:
         keep_warm_s: float = 0.0,
         max_warm_sessions: int = 16,
         max_warm_bytes: int | None = 1024**3,
+        conversations: ConversationStore | None = None,
+        durability: Durability = "sync",
+        on_host_error: str = "advance",
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
@@ -147,6 +182,11 @@ class CodeTool:
         if holder_id is not None and (not isinstance(holder_id, str) or not _HOLDER_ID.match(holder_id)):
             raise ConfigError(f"holder_id must be 1 to 96 letters, digits, '_', ':', '.' or '-', not {holder_id!r}")
         _check_warm(keep_warm_s, max_warm_sessions, max_warm_bytes)
+        if on_host_error not in ("advance", "hold"):
+            raise ConfigError(f"on_host_error must be 'advance' or 'hold', not {on_host_error!r}")
+        if conversations is None and durability != "sync":
+            raise ConfigError("durability applies to a conversation store: pass conversations= too")
+        keeper = ConversationKeeper(conversations, durability) if conversations is not None else None
         if not isinstance(pool, AsyncPool):
             raise ConfigError(f"pool must be an AsyncPool (use SyncCodeTool with a Pool), not {type(pool).__name__}")
         if heads is not None and not isinstance(heads, HeadStore):
@@ -164,6 +204,10 @@ class CodeTool:
         self._owns_heads = heads is None
         self.tools = tools
         self.stubs = stubs
+        self.conversations = conversations
+        self.durability = durability
+        self.on_host_error = on_host_error
+        self._keeper = keeper
         self.max_answer_chars = max_answer_chars
         self.lease_ttl_s = float(lease_ttl_s)
         self.lease_wait_s = float(lease_wait_s)
@@ -172,13 +216,16 @@ class CodeTool:
         if not _HOLDER_ID.match(self.holder_id):  # an exotic host name
             self.holder_id = f"host:{os.getpid()}:{secrets.token_hex(4)}"
         checkout: dict[str, Any] = {"limits": limits, "mounts": check_mounts(mounts) or None}
-        if stubs is not None:
-            checkout.update(type_check=True, type_check_stubs=stubs)
-        host = stub_signatures(stubs) if stubs is not None else tool_signatures(self.tools)
+        checked = _checked_stubs(stubs, type_check, self.tools)
+        if checked is not None:
+            checkout.update(type_check=True, type_check_stubs=checked)
+        shown = checked if checked is not None else stubs
+        host = stub_signatures(shown) if shown is not None else tool_signatures(self.tools)
+        process = pool.isolation == "process"
         self.description = (
-            f"{_DESCRIPTION} {modules_text(pool.policy)}"
-            + (_FILES if pool.isolation == "process" else " There is no file access (open() is not available).")
-            + ("\n\nHost functions (already defined; call them directly):\n" + "\n".join(host) if host else "")
+            f"{_DESCRIPTION} {modules_text(pool.policy, file_access=process)}"
+            + (_FILES if process else " There is no file access (open() is not available).")
+            + host_text(host)
         )
         self._warm = WarmSessions(
             keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
@@ -198,6 +245,8 @@ class CodeTool:
             leases=self._leases,
             warm=self._warm,
             new_session=functools.partial(pool.checkout, **checkout),
+            keeper=keeper,
+            hold_on_host_error=on_host_error == "hold",
         )
 
     @property
@@ -238,17 +287,28 @@ class CodeTool:
         starts from `Conversation.checkpoint_id` (so a `Conversation.truncate` or `Conversation.fork` moves the state
         too), and when the head has moved, the turn's checkpoint, turn ID and usage are recorded in the conversation
         (in memory: the application's next `ConversationStore.add_messages` stores them with the turn's messages).
-        A crash between the head's move and that save leaves the stored conversation as it was before the turn,
-        messages and state alike; retrying the turn with the same ``turn_id`` returns the committed answer and
-        records its checkpoint, without running the code again, if the turn started from the state the
-        conversation stands on; one that started elsewhere (the conversation was truncated or forked since) raises
-        `TurnOnOtherBranch` and nothing is adopted. Every run's usage is added to
-        ``Conversation.usage``, also of runs that failed, timed out, were cancelled or lost their worker.
+        With ``conversations=`` the tool also records the answer as the result of the transcript's tool call
+        ``turn_id`` (in the call's own format; none when the transcript has no such unanswered call) and stores
+        the conversation itself, per ``durability``; given only an ID, it loads the conversation from that store
+        (a new one if there is none). A crash between the head's move and that save leaves the stored
+        conversation as it was before the turn, messages and state alike; retrying the turn with the same
+        ``turn_id`` returns the committed answer and records its checkpoint (and, with ``conversations=``, its
+        result), without running the code again, if the turn started from the state the conversation stands on;
+        one that started elsewhere (the conversation was truncated or forked since) raises `TurnOnOtherBranch` and
+        nothing is adopted. Every run's usage is added to ``Conversation.usage``, also of runs that failed, timed
+        out, were cancelled or lost their worker.
 
         Cancelling the task that awaits this interrupts the script where it is (in process mode and for async code
         inline; a synchronous cell inline runs to its end first, as it holds the event loop), saves the namespace
         as it stands and moves the head, then re-raises the cancellation; the next turn's answer says that the
-        previous turn was cancelled and which variables it had set.
+        previous turn was cancelled and which variables it had set. A retry with the same ``turn_id`` returns the
+        cancelled turn's answer ("this turn was cancelled ...", with those variables); with ``conversations=``
+        that answer is recorded as the tool call's result and stored before the cancellation is re-raised, so
+        the transcript never keeps an unanswered call.
+
+        With ``on_host_error="hold"``, a turn whose host function raised an error the script did not catch is not
+        saved: the head stays where it was, nothing is recorded under ``turn_id`` (a retry runs again), and the
+        answer ends with a note saying so.
 
         Args:
             conversation_id: The application's conversation ID (see `validate_conversation_id`), or a
@@ -265,14 +325,19 @@ class CodeTool:
             ConversationBusy: Another turn of this conversation held it for ``lease_wait_s`` (a `Conflict`); nothing
                 ran, the message says whether that turn is running or its lease went stale.
             Conflict: Another turn moved the conversation's head while this turn ran; this turn's changes were not
-                saved and the conversation's head is the other turn's.
+                saved and the conversation's head is the other turn's. With ``conversations=`` and
+                ``durability="sync"``, also: another writer changed the stored conversation after this turn's head
+                moved (load it again and answer the call with the same ``turn_id``: the turn is recorded, not run).
             TurnOnOtherBranch: With a `Conversation`: ``turn_id`` was committed from another state than the
                 conversation's (a `Conflict`); nothing ran and nothing changed: call again with a new ``turn_id``.
             TurnOutcomeUnknown: The head write failed and the head could not be read back, or did not answer in time
                 and does not show the turn yet (a `StorageError`): the turn may be saved or not; call again with the
                 same ``turn_id`` (the code and its host functions run again if it was not saved).
             StorageError: The checkpoint or head store failed or did not answer within ``storage_timeout_s``; the
-                head did not move, the turn may be retried.
+                head did not move, the turn may be retried. With ``conversations=`` and ``durability="sync"``, also:
+                the conversation store failed after the head moved (the message says which store): the turn is in
+                the `Conversation` in memory, and a retry with the same ``turn_id`` returns its answer and stores
+                it, without running the code again.
             CheckpointCorrupt: The head's checkpoint was altered or signed with another key (check the keys after a
                 rotation); the head did not move: fix the keys, or `rewind` / start a new conversation.
             CheckpointVersionError: The head's checkpoint was written by another Python minor version; the head did
@@ -290,15 +355,20 @@ class CodeTool:
         For a client that shows more than text: an MCP server marks a failed run as an error and attaches the
         charts a run wrote under ``out/``. Raises what `run_code` raises.
         """
+        conversation: Conversation | None
         if isinstance(conversation_id, Conversation):
             conversation, key = conversation_id, conversation_id.id
         else:
             conversation, key = None, conversation_id
         validate_conversation_id(key)
         turn_id = secrets.token_hex(16) if turn_id is None else validate_turn_id(turn_id)
+        if conversation is None and self._keeper is not None:
+            self._keeper.check_id_turn()
         try:
             async with self._leases.hold(key) as lease:
-                with conversation_context(key):
+                with conversation_context(key), trace_turn(code):
+                    if conversation is None and self._keeper is not None:
+                        conversation = await self._keeper.load(key)
                     turn = Turn(self._context, lease, turn_id, conversation)
                     text = await turn.run(code, setup)
                     return TurnAnswer(text=text, result=turn.result, saved=turn.saved)
@@ -306,13 +376,24 @@ class CodeTool:
             self._warm.start_checkins()  # the turn's session is checked in once its answer is returned
 
     async def aclose(self) -> None:
-        """Check in warm sessions and those of finished turns still being checked in, finish giving back leases
-        (for up to ``storage_timeout_s``), then close the head store if the tool opened it (the default one); a
-        head store passed in stays open."""
-        await self._warm.aclose()
-        await self._leases.aclose()
-        if self._owns_heads:
-            await asyncio.to_thread(self.heads.close)
+        """Store the conversations whose turns are not stored yet (``durability="exit"``, and background writes
+        that failed) after waiting for the background writes; check in warm sessions and those of finished turns
+        still being checked in, finish giving back leases (for up to ``storage_timeout_s``), then close the head
+        store if the tool opened it (the default one); a head store passed in stays open.
+
+        Raises:
+            StorageError: A conversation could not be stored (the rest of the closing is done); the turns are
+                still in the `Conversation` objects, and the next write of each stores them.
+            Conflict: Another writer changed a stored conversation meanwhile.
+        """
+        try:
+            if self._keeper is not None:
+                await self._keeper.aclose()
+        finally:
+            await self._warm.aclose()
+            await self._leases.aclose()
+            if self._owns_heads:
+                await asyncio.to_thread(self.heads.close)
 
     # ------------------------------------------------------------ files
 
@@ -495,6 +576,7 @@ class SyncCodeTool:
         heads: HeadStore | None = None,
         tools: Mapping[str, Callable[..., Any]] | None = None,
         stubs: str | None = None,
+        type_check: bool | None = None,
         limits: Limits | None = None,
         max_answer_chars: int = 8000,
         lease_ttl_s: float = 60.0,
@@ -505,6 +587,9 @@ class SyncCodeTool:
         keep_warm_s: float = 0.0,
         max_warm_sessions: int = 16,
         max_warm_bytes: int | None = 1024**3,
+        conversations: ConversationStore | None = None,
+        durability: Durability = "sync",
+        on_host_error: str = "advance",
     ) -> None:
         if not isinstance(pool, Pool):
             raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
@@ -515,6 +600,7 @@ class SyncCodeTool:
             heads=heads,
             tools=tools,
             stubs=stubs,
+            type_check=type_check,
             limits=limits,
             max_answer_chars=max_answer_chars,
             lease_ttl_s=lease_ttl_s,
@@ -525,6 +611,9 @@ class SyncCodeTool:
             keep_warm_s=keep_warm_s,
             max_warm_sessions=max_warm_sessions,
             max_warm_bytes=max_warm_bytes,
+            conversations=conversations,
+            durability=durability,
+            on_host_error=on_host_error,
         )
 
     @property

@@ -23,9 +23,24 @@ from snapcell.errors import (
 from snapcell.heads import Head, TurnRecord
 from snapcell.interpreter import RunResult
 from snapcell.session import AsyncSession
-from snapcell.tool._answer import cut_answer, dropped_in_turn, lost_note, render_answer, replayed, without_dropped_notes
+from snapcell.tool._answer import (
+    cut_answer,
+    dropped_in_turn,
+    failed_host_call,
+    lost_note,
+    render_answer,
+    replayed,
+    without_dropped_notes,
+)
 from snapcell.tool._context import HeadMove
-from snapcell.tool._records import CANCELLED_NOTE, cancelled_notes, conversation_head, count_run
+from snapcell.tool._records import (
+    CANCELLED_LOST_NOTE,
+    CANCELLED_NOTE,
+    HELD_NOTE,
+    cancelled_notes,
+    conversation_head,
+    count_run,
+)
 
 if TYPE_CHECKING:
     from snapcell.tool._context import TurnContext
@@ -83,15 +98,37 @@ class Turn:
     async def run(self, code: str, setup: bool) -> str:
         """Run ``code`` as this turn and return the answer; see `CodeTool.run_code`.
 
-        A turn ID the head has committed returns the committed answer, and the code does not run again.
+        A turn ID the head has committed returns the committed answer, and the code does not run again. With a
+        conversation, the turn's result, checkpoint and usage are recorded in it, and stored when the tool keeps
+        conversations (also when the turn is cancelled: then the cancellation is raised once it is stored).
         """
+        keeper = self.context.keeper
+        if keeper is not None and self.conversation is not None:
+            await keeper.before_turn(self.conversation)
         read, self.head = self.lease.head_read()
         if not read:
             self.head = await self.context.read_head(self.conversation_id)
         done = self.head.turn(self.turn_id) if self.head is not None else None
         if done is not None:
             self.saved = True
-            return self._replayed(done)
+            answer, adopted = self._replayed(done)
+            await self._keep(answer, adopted)
+            return answer
+        answer, checkpoint_id, cancelled = await self._turn(code, setup)
+        # Recorded and stored even when the turn is being cancelled: shielded, and awaited to its end.
+        keep = asyncio.ensure_future(self._keep(answer, checkpoint_id))
+        try:
+            await asyncio.shield(keep)
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+            await keep
+        if cancelled is not None:
+            raise cancelled
+        return answer
+
+    async def _turn(self, code: str, setup: bool) -> tuple[str, bytes | None, BaseException | None]:
+        """Load, run and save; the answer, the checkpoint the head moved to (None: it did not move), and the
+        cancellation to raise once the turn is recorded (None: it was not cancelled)."""
         self.notes = cancelled_notes(self.head)
         self.start = self.head if self.conversation is None else conversation_head(self.conversation)
         at = self.start.checkpoint_id if self.start is not None else None
@@ -106,28 +143,49 @@ class Turn:
             try:
                 # The answer of the turn whose dump dropped a variable named it; the run would name it again.
                 # The dump always follows a run that ends: asked for with it, it costs no round trip of its own.
-                run = await session.run(code, external_lookup=context.tools, setup=setup, then_dump=True)
+                run = await session.run(
+                    code, external_lookup=context.tools, setup=setup, then_dump=True, raise_on_lost=True
+                )
                 result = self.result = without_dropped_notes(run)
             except RunCancelled as exc:
                 result, cancelled = without_dropped_notes(exc.result), exc
                 self.result = result
                 if result.status == "lost":  # it did not stop in time and its worker was killed: nothing to save
                     self._count(result)
-                    raise
+                    self.notes.append(CANCELLED_LOST_NOTE)
+                    return render_answer(result, self.notes, max_chars=context.max_answer_chars), None, exc
                 self.notes.append(CANCELLED_NOTE + (", ".join(result.assigned) or "none") + ")")
             except WorkerLost as exc:
                 self._count(exc.result if isinstance(exc.result, RunResult) else RunResult(status="lost"))
-                return self._lost(exc)
+                return self._lost(exc), None, None
+            if cancelled is None and context.hold_on_host_error and failed_host_call(result) is not None:
+                # Nothing is dumped: the session is checked in, and the next turn loads the head as it was.
+                self._count(result)
+                self.notes.append(HELD_NOTE)
+                return render_answer(result, self.notes, max_chars=context.max_answer_chars), None, None
             # The state is saved even when the turn is being cancelled: shielded, and awaited to its end.
             save = asyncio.ensure_future(self._save(warm, result, dropped_before))
             try:
-                answer = await asyncio.shield(save)
+                answer, new_id = await asyncio.shield(save)
             except asyncio.CancelledError as exc:
                 cancelled = cancelled or exc
-                answer = await save
-        if cancelled is not None:
-            raise cancelled
-        return answer
+                answer, new_id = await save
+        return answer, new_id, cancelled
+
+    async def _keep(self, answer: str, checkpoint_id: bytes | None) -> None:
+        """Record the turn in its conversation (if it has one): the answer as its tool call's result (when the tool
+        keeps conversations), the checkpoint the head moved to; then store it as the durability mode says."""
+        conversation, keeper = self.conversation, self.context.keeper
+        if conversation is None:
+            return
+        if keeper is None:
+            if checkpoint_id is not None:
+                conversation.record_turn(checkpoint_id, self.turn_id)
+            return
+        index = conversation.add_tool_result(self.turn_id, answer)
+        if checkpoint_id is not None:
+            conversation.record_turn(checkpoint_id, self.turn_id, index=index)
+        await keeper.keep(conversation)
 
     async def _load(self, warm: WarmTurn) -> None:
         """Bring the turn's session to its start, and learn the history the next head keeps."""
@@ -138,8 +196,9 @@ class Turn:
         else:
             self.history = await load_head(self.context, warm.session, start, self.notes)
 
-    def _replayed(self, done: TurnRecord) -> str:
-        """The answer of a turn ID the head has committed, recording its state in the conversation if it missed it.
+    def _replayed(self, done: TurnRecord) -> tuple[str, bytes | None]:
+        """The answer of a turn ID the head has committed, and its checkpoint if the conversation missed it (to be
+        recorded in it).
 
         Raises:
             TurnOnOtherBranch: The turn started from another state than the conversation stands on; nothing was
@@ -147,13 +206,13 @@ class Turn:
         """
         conversation, head = self.conversation, self.head
         if conversation is None or head is None:
-            return replayed(done)
+            return replayed(done), None
         states = _turn_states(done, head)
         if states is None:
-            return replayed(done)  # an earlier snapcell's record, no longer the head's latest: nothing to check
+            return replayed(done), None  # an earlier snapcell's record, no longer the head's latest: nothing to check
         started_from, produced = states
         if produced.hex() in conversation.checkpoints.values() or _descends(head, conversation.checkpoint_id, produced):
-            return replayed(done)  # the conversation holds the turn's state already
+            return replayed(done), None  # the conversation holds the turn's state already
         if started_from != conversation.checkpoint_id:
             # Its state is that of another branch (the conversation was truncated or forked since the turn ran, or
             # another copy of it ran the turn): adopting it would put that branch's variables under this transcript.
@@ -169,13 +228,12 @@ class Turn:
                 expected=conversation.checkpoint_id,
             )
         # Committed by a writer that died before saving the conversation: adopt the turn's state, once.
-        conversation.record_turn(produced, self.turn_id)
-        return replayed(done)
+        return replayed(done), produced
 
     def _count(self, result: RunResult, *, bytes_stored: int = 0) -> None:
         """Add a run to the conversation's usage, if the turn has a conversation."""
         if self.conversation is not None:
-            count_run(self.conversation, result, bytes_stored=bytes_stored)
+            count_run(self.conversation, result, bytes_stored=bytes_stored, turn_id=self.turn_id)
 
     def _lost(self, exc: WorkerLost) -> str:
         """The answer of a turn whose worker was lost: the head does not move."""
@@ -183,8 +241,11 @@ class Turn:
         self.result = RunResult(status="lost")
         return render_answer(self.result, self.notes, max_chars=self.context.max_answer_chars)
 
-    async def _save(self, warm: WarmTurn, result: RunResult, dropped_before: frozenset[str]) -> str:
-        """Dump the session, move the head (reading it back after a failed write); the turn's answer."""
+    async def _save(
+        self, warm: WarmTurn, result: RunResult, dropped_before: frozenset[str]
+    ) -> tuple[str, bytes | None]:
+        """Dump the session, move the head (reading it back after a failed write); the turn's answer and the
+        checkpoint the head moved to (None: it did not move)."""
         session = warm.session
         try:
             new_id = await session.dump()
@@ -195,15 +256,12 @@ class Turn:
         except WorkspaceQuotaExceeded as exc:
             self.notes.append(f"{exc}; this call was not saved: the next call starts from the state before it")
             self._count(result)
-            return render_answer(result, self.notes, max_chars=self.context.max_answer_chars)
+            return render_answer(result, self.notes, max_chars=self.context.max_answer_chars), None
         except WorkerLost as exc:
             self._count(dataclasses.replace(result, status="lost"))
-            return self._lost(exc)
+            return self._lost(exc), None
         self._count(result, bytes_stored=session.bytes_stored)
-        answer = await self._commit(new_id, result)
-        if self.conversation is not None:
-            self.conversation.record_turn(new_id, self.turn_id)
-        return answer
+        return await self._commit(new_id, result), new_id
 
     async def _commit(self, new_id: bytes, result: RunResult) -> str:
         """Move the head to ``new_id`` with the turn's record, giving the lease back with it; the turn's answer.

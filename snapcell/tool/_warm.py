@@ -1,12 +1,12 @@
 """Warm conversations: a conversation's live session kept for a while after its turn, to skip the next load.
 
-A kept session is reused only when the conversation's head still names the checkpoint that session dumped at
-the end of its turn (and dropped nothing from it), so the namespace it holds is exactly what a load would
-restore, and when its worker still answers (it may have died while it was kept: a run sent to it would fail as if
-the code had killed it). Any other head (another server's turn, a rewind, a failed head write), or a worker that
-does not answer, checks the warm session in and the turn loads as usual. Sessions are kept for ``keep_warm_s``,
-at most ``max_sessions`` of them and at most ``max_bytes`` of worker memory in all; the oldest go first. Evicted
-and expired sessions are checked in.
+A kept session is reused only when the conversation's head still names the checkpoint that session dumped at the end
+of its turn (and dropped nothing from it that a load would not bring back from the definitions and setup cells it
+keeps), so the namespace it holds is what a load would restore, and when its worker still answers (it may have died
+while it was kept: a run sent to it would fail as if the code had killed it). Any other head (another server's turn,
+a rewind, a failed head write), or a worker that does not answer, checks the warm session in and the turn loads as
+usual. Sessions are kept for ``keep_warm_s``, at most ``max_sessions`` of them and at most ``max_bytes`` of worker
+memory in all; the oldest go first. Evicted and expired sessions are checked in.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapcell.errors import SnapcellError
+from snapcell.interpreter import lost_at_load
 from snapcell.session import AsyncSession
 
 __all__ = ["WarmSessions", "WarmTurn"]
@@ -52,7 +53,7 @@ class WarmTurn:
     def dumped(self, checkpoint_id: bytes, memory_bytes: int | None) -> None:
         """Offer the session for keeping: its namespace is now exactly checkpoint ``checkpoint_id``."""
         manifest = self.session.manifest
-        if self.session.checkpoint_id == checkpoint_id and manifest is not None and not manifest.dropped:
+        if self.session.checkpoint_id == checkpoint_id and manifest is not None and not lost_at_load(manifest):
             self._dumped = checkpoint_id
             self._memory_bytes = memory_bytes or 0
 

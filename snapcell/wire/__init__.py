@@ -30,8 +30,8 @@ if TYPE_CHECKING:
         reply_budget,
         value_items,
     )
-    from snapcell.wire._plain import JSON_SCALARS
-    from snapcell.wire._values import MAX_FRAME_COLUMNS, ScriptValue, to_value
+    from snapcell.wire._plain import JSON_SCALARS, type_name
+    from snapcell.wire._values import MAX_FRAME_COLUMNS, ScriptValue, imports_library, to_value
     from snapcell.wire._wire import (
         FRAME,
         MalformedMessage,
@@ -68,10 +68,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "reply_budget",
         "value_items",
     ),
-    "snapcell.wire._plain": ("JSON_SCALARS",),
+    "snapcell.wire._plain": (
+        "JSON_SCALARS",
+        "type_name",
+    ),
     "snapcell.wire._values": (
         "MAX_FRAME_COLUMNS",
         "ScriptValue",
+        "imports_library",
         "to_value",
     ),
     "snapcell.wire._wire": (
@@ -126,11 +130,13 @@ __all__ = [
     "encode",
     "error_from_plain",
     "error_to_plain",
+    "imports_library",
     "preload_modules",
     "reply_budget",
     "split_parts",
     "to_plain",
     "to_value",
+    "type_name",
     "value_items",
 ]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from snapcell.wire._budget import MAX_DEPTH, MAX_ITEMS
 
-__all__ = ["JSON_SCALARS", "SCALARS", "NotPlainData", "to_plain", "value_kinds"]
+__all__ = ["JSON_SCALARS", "SCALARS", "NotPlainData", "to_plain", "type_name", "value_kinds"]
 
 # Larger ints are not plain data: CPython refuses to print or parse them as decimal text (and that is quadratic).
 _MAX_INT_BITS = 13_000
@@ -44,7 +44,28 @@ def value_kinds() -> tuple[type, ...]:
 
 
 class NotPlainData(TypeError):
-    """A value that cannot cross the boundary as plain data."""
+    """A value that cannot cross the boundary as plain data.
+
+    Attributes:
+        kind: The type of the value in the way when it is its type that is not plain data (else None: too many
+            items, nested too deep, an int too large).
+    """
+
+    def __init__(self, message: str, kind: type | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def type_name(kind: type) -> str:
+    """A type's name as a person reads it: qualified with its module unless that is ``builtins`` or ``__main__``.
+
+    Read through ``type``'s own descriptors, so a script class's metaclass runs nothing.
+    """
+    module = type.__dict__["__module__"].__get__(kind)
+    name = type.__dict__["__qualname__"].__get__(kind)
+    if not isinstance(module, str) or module in ("builtins", "__main__"):
+        return str(name)
+    return f"{module}.{name}"
 
 
 def _fixed_offset(tzinfo: object) -> bool:
@@ -107,6 +128,6 @@ def to_plain(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITE
                 budget[0] -= 1
                 out[key] = convert(x, depth + 1)
             return out
-        raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
+        raise NotPlainData(f"a value of type {type_name(kind)} is not plain data", kind)
 
     return convert(value, 0)

@@ -8,8 +8,9 @@ script made:
   keys of any of these kinds come back as themselves; subclasses of the built-in containers
   (``Counter``, ``OrderedDict``, a namedtuple) as the built-in container;
 - numpy scalars as Python numbers; numpy arrays of numbers, booleans, dates or fixed-size strings, and
-  pandas DataFrames and Series, rebuilt on the host from their dtype, shape and buffer bytes when the host
-  has imported numpy / pandas, else a `ScriptValue` (object arrays are not plain data);
+  pandas DataFrames and Series, rebuilt on the host from their dtype, shape and buffer bytes (numpy / pandas
+  imported on the first such value) when the host can import numpy / pandas, else a `ScriptValue` (object
+  arrays are not plain data);
 - anything else as a `ScriptValue`: its type's name and its ``repr``, computed in the worker.
 
 The host checks every tag before building anything: dtypes against a fixed grammar (never ``object``),
@@ -26,14 +27,14 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from snapcell.wire._plain import value_kinds
+from snapcell.wire._plain import type_name, value_kinds
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
 else:  # the same classes, made without compiling source text (a zygote's start-up)
     from snapcell._support import dataclass
 
-__all__ = ["MAX_FRAME_COLUMNS", "VALUE_TAGS", "ScriptValue", "Tagged", "to_value"]
+__all__ = ["MAX_FRAME_COLUMNS", "VALUE_TAGS", "ScriptValue", "Tagged", "imports_library", "to_value"]
 
 MAX_DEPTH = 32
 _MAX_INT_BITS = 13_000
@@ -77,14 +78,6 @@ class _TooManyItems(Exception):
     """The value holds more items than the run's budget allows."""
 
 
-def _type_name(kind: type) -> str:
-    module = type.__dict__["__module__"].__get__(kind)
-    name = type.__dict__["__qualname__"].__get__(kind)
-    if not isinstance(module, str) or module in ("builtins", "__main__"):
-        return str(name)
-    return f"{module}.{name}"
-
-
 def _cut(text: str, limit: int = _REPR_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: limit - 40]} ...[{len(text)} characters, cut]"
 
@@ -94,10 +87,10 @@ def _script_value(item: Any, text: str | None = None) -> Tagged:
         try:
             text = repr(item)
         except Exception as exc:  # a script's __repr__ may raise anything; the value is still reported
-            text = f"<{_type_name(type(item))} object; repr() failed: {type(exc).__name__}>"
+            text = f"<{type_name(type(item))} object; repr() failed: {type(exc).__name__}>"
         if type(text) is not str:
-            text = f"<{_type_name(type(item))} object>"
-    return Tagged(("$sv", [_cut(_type_name(type(item)), 256), _cut(text)]))
+            text = f"<{type_name(type(item))} object>"
+    return Tagged(("$sv", [_cut(type_name(type(item)), 256), _cut(text)]))
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
@@ -350,16 +343,37 @@ def _script(value: Any) -> ScriptValue:
     return ScriptValue(_cut(_text(parts[0], "a type name"), 256), _cut(_text(parts[1], "a repr")))
 
 
-def _has(module: str) -> Any:
-    """The module ``module`` if the host has imported it, else None.
+# Modules this host failed to import: not tried again (each try searches the whole path).
+_unavailable: set[str] = set()
+# The tags whose values need a library, as they appear in a message, and the module each needs.
+_LIBRARY_TAGS = ((b'"$nd"', "numpy"), (b'"$df"', "pandas"), (b'"$ser"', "pandas"))
 
-    Never imported on a worker's behalf: a message must not make the host load pandas (tens of MiB).
+
+def _has(module: str) -> Any:
+    """The module ``module`` (numpy or pandas), imported on first use; None when the host cannot import it.
+
+    Imported only when a value that needs it arrives, so a host whose runs return no arrays never loads numpy or
+    pandas (tens of MiB). Importing runs only the host's own installation: what the worker sent is data still.
     """
-    return sys.modules.get(module)
+    if module in _unavailable:
+        return None
+    import importlib  # here, not at the top: a worker (which never rebuilds values) does not load it
+
+    try:
+        # Even when the module is in sys.modules: another thread may be importing it still, and this waits for that.
+        return importlib.import_module(module)
+    except Exception:  # not installed, or broken (pandas built for another numpy fails with ValueError): no library
+        _unavailable.add(module)
+        return None
+
+
+def imports_library(raw: bytes | bytearray) -> bool:
+    """Whether decoding the message ``raw`` would first import numpy or pandas (an import best made off a loop)."""
+    return any(module not in sys.modules and module not in _unavailable and tag in raw for tag, module in _LIBRARY_TAGS)
 
 
 def _build_array(value: Any) -> Any:
-    """An ndarray from ``[dtype, shape, data, repr]``, or a `ScriptValue` when the host has no numpy."""
+    """An ndarray from ``[dtype, shape, data, repr]``, or a `ScriptValue` when the host cannot import numpy."""
     parts = _list(value, "a $nd tag")
     if len(parts) != 4:
         raise ValueError("a $nd tag holds dtype, shape, data and repr")

@@ -34,7 +34,7 @@ from snapcell.wire._budget import (
 )
 from snapcell.wire._plain import JSON_SCALARS as _JSON_SCALARS
 from snapcell.wire._plain import SCALARS as _SCALARS
-from snapcell.wire._plain import NotPlainData, to_plain, value_kinds
+from snapcell.wire._plain import NotPlainData, to_plain, type_name, value_kinds
 from snapcell.wire._values import VALUE_TAGS, Tagged
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _tag_value(value: Any) -> Any:
 
         if kind is decimal.Decimal:
             return {"$dec": str(value)}
-    raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
+    raise NotPlainData(f"a value of type {type_name(kind)} is not plain data", kind)
 
 
 def _tag_tree(value: Any) -> Any:

@@ -209,7 +209,7 @@ class Worker:
         if op == "declarations":
             from snapcell.typecheck import declarations_from_namespace  # a type-checked session only
 
-            text = declarations_from_namespace(self.runner.variables())
+            text = declarations_from_namespace(self.runner.variables(), types=self.runner.static_types)
             if len(text) > MAX_DECLARATIONS_CHARS:  # the host accepts no more; the stubs keep their first lines
                 text = text[: text.rfind("\n", 0, MAX_DECLARATIONS_CHARS) + 1]
             return {"op": "declarations", "text": text}, []
@@ -380,6 +380,7 @@ class Worker:
                     limits=limits,
                     report=report,
                     inputs=message.get("inputs"),
+                    types=_types(message.get("types")),
                 ),
                 bridge,
                 loop_free=loop_free,
@@ -393,6 +394,31 @@ class Worker:
 _statm_fd: int | None = None
 
 
+def _read_status() -> str | None:
+    """The memory lines of ``/proc/self/status``, made from ``statm`` and the peak from ``getrusage``.
+
+    Scripts read them (`Runner` ``read_status``); the worker opens nothing more of ``/proc`` for them.
+    """
+    if _statm_fd is None:
+        return None
+    try:
+        size, resident, _shared, text, _lib, data = (int(n) for n in os.pread(_statm_fd, 200, 0).split()[:6])
+        import resource  # the sandbox imported it already
+
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    except (OSError, ValueError):
+        return None
+    kib = os.sysconf("SC_PAGE_SIZE") // 1024
+    lines = {
+        "VmSize": size * kib,
+        "VmHWM": max(peak_kib, resident * kib),
+        "VmRSS": resident * kib,
+        "VmData": data * kib,
+        "VmExe": text * kib,
+    }
+    return "".join(f"{key}:\t{value:8d} kB\n" for key, value in lines.items())
+
+
 def _rss_bytes() -> int | None:
     if _statm_fd is None:
         return None
@@ -400,6 +426,13 @@ def _rss_bytes() -> int | None:
         return int(os.pread(_statm_fd, 200, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _types(value: Any) -> dict[str, str] | None:
+    """The static types a run message carries (None: the cell was not type-checked)."""
+    if type(value) is not dict:
+        return None
+    return {k: v for k, v in value.items() if type(k) is str and type(v) is str}
 
 
 def policy_from_plain(data: dict[str, Any]) -> Policy:
@@ -535,7 +568,7 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
         mounts=[str(name) for name in (settings.get("mounts") or {})],
         quota_bytes=effective_quota(limits.workspace_bytes, limits.max_scratch_bytes),
     )
-    runner = Runner(policy=policy, limits=limits, file_access=True)
+    runner = Runner(policy=policy, limits=limits, file_access=True, read_status=_read_status)
     worker = Worker(channel, runner, workspace)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
     channel.send({"op": "ready", "sandbox": report})

@@ -118,7 +118,7 @@ def test_memory_limit_stops_the_script_not_the_host() -> None:
     with Pool("memory://", isolation="process", limits=limits) as pool, pool.checkout() as session:
         session.feed_run("small = 'ok'")
         try:
-            result = session.run("big = bytearray(4 * 1024**3)")
+            result = session.run("big = bytearray(4 * 1024**3)", raise_on_lost=True)
             assert isinstance(result.error, MemoryLimitExceeded)
         except WorkerLost as exc:
             assert exc.reason in ("memory", "signal", "crash")
@@ -137,6 +137,40 @@ def test_kill_from_inside_is_survived_and_setup_cells_rerun(open_pool: Pool) -> 
         assert result.value == (False, 42)
         assert any("restarted" in note for note in result.notes)
         assert any("1 setup cell" in note for note in result.notes)
+
+
+def test_a_lost_worker_is_a_run_result_unless_the_caller_asks_for_the_error(open_pool: Pool) -> None:
+    with open_pool.checkout() as session:
+        session.feed_run("kept = 1")
+        session.dump()
+        lost = session.run("import os\nos.kill(os.getpid(), 9)")
+        assert lost.status == "lost" and not lost.ok and lost.error is None
+        assert any("worker was lost" in note for note in lost.notes), lost.notes
+        after = session.run("kept")
+        assert after.value == 1 and after.restarted
+        with pytest.raises(WorkerLost) as raised:
+            session.run("import os\nos.kill(os.getpid(), 9)", raise_on_lost=True)
+        assert raised.value.result is not None and raised.value.result.status == "lost"
+        assert session.feed_run("kept") == 1
+
+
+def test_a_run_that_asks_dumps_first_so_its_crash_keeps_what_came_before(open_pool: Pool) -> None:
+    """Before the session's first dump, a lost worker costs every variable, unless the risky run dumped first."""
+    with open_pool.checkout() as session:
+        session.feed_run("kept = [1, 2]")
+        assert session.checkpoint_id is None
+        unsaved = session.run("import os\nos.kill(os.getpid(), 9)")
+        assert unsaved.status == "lost"
+        after = session.run("'kept' in dir()")
+        assert after.value is False and any("dump_first=True" in note for note in after.notes), after.notes
+        session.feed_run("kept = [1, 2]")
+        lost = session.run("import os\nos.kill(os.getpid(), 9)", setup=True, dump_first=True)
+        assert lost.status == "lost" and session.checkpoint_id is not None
+        first = session.checkpoint_id
+        assert session.run("kept", dump_first=True).value == [1, 2]
+        assert session.checkpoint_id == first  # nothing ran since the restore's load: no new dump
+        session.run("1", dump_first=True)  # a run since: it may have changed the namespace
+        assert session.checkpoint_id != first
 
 
 def test_host_function_error_is_catchable_with_its_message(open_pool: Pool) -> None:

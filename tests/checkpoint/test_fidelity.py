@@ -284,3 +284,66 @@ def test_the_golden_checkpoint_of_snapcells_pickled_helpers_still_loads(isolatio
             )
             assert session.manifest is not None and not session.manifest.dropped
     assert value == ("llo", b"abc", 2, 1, "UTC", 16, 3, "A", None, ["ada", "grace"], "2024-06-30", 1, True)
+
+
+CONTEXT_MANAGERS = """
+import contextlib
+
+@contextlib.contextmanager
+def doubled(x):
+    yield x * 2
+
+@contextlib.asynccontextmanager
+async def tripled(x):
+    yield x * 3
+
+with doubled(3) as v:
+    pass
+"""
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_decorated_definition_the_rule_refuses_is_re_created_from_its_source(isolation: str) -> None:
+    """A value the checkpoint cannot keep, whose source it keeps, comes back defined again, decorators included."""
+    with Pool(MemoryStore("fidelity-cm"), isolation=isolation, signing_keys=[KEY]) as pool:
+        with pool.checkout() as session:
+            first = session.run(CONTEXT_MANAGERS)
+            assert first.error is None, first.error
+            checkpoint_id = session.dump()
+            after_dump = session.run("v")
+        assert not any("gone next turn" in n for n in after_dump.notes), after_dump.notes
+        with pool.checkout() as restored:
+            restored.load_session(checkpoint_id)
+            result = restored.run("with doubled(4) as a:\n    pass\nasync with tripled(2) as b:\n    pass\n(a, b, v)")
+    assert result.error is None, result.error
+    assert result.value == (8, 6, 6)
+    recreated = [n for n in result.notes if "re-created from their source" in n]
+    assert recreated and "doubled" in recreated[0] and "tripled" in recreated[0], result.notes
+    assert not any("not saved" in n or "could not be restored" in n for n in result.notes), result.notes
+
+
+def test_a_rebound_name_is_not_re_created_from_an_older_definition(pool: Pool) -> None:
+    """A name whose definition was replaced by another (unsavable) value is dropped, not brought back as the def."""
+    with pool.checkout() as session:
+        session.run("def gen():\n    yield 1\ngen = gen()")
+        checkpoint_id = session.dump()
+    with pool.checkout() as restored:
+        restored.load_session(checkpoint_id)
+        result = restored.run("'gen' in dir()")
+    assert result.value is False, result.notes
+    assert not any("re-created" in n for n in result.notes), result.notes
+
+
+def test_a_value_later_statements_registered_into_is_not_re_created_without_them(pool: Pool) -> None:
+    """Re-running only ``def show`` would lose ``@show.register``: such a value stays dropped, and named as gone."""
+    with pool.checkout() as session:
+        session.run(
+            "import functools\n@functools.singledispatch\ndef show(x):\n    return 'obj'\n"
+            "@show.register\ndef _(x: int):\n    return 'int'\n"
+        )
+        checkpoint_id = session.dump()
+    with pool.checkout() as restored:
+        restored.load_session(checkpoint_id)
+        result = restored.run("'show' in dir()")
+    assert result.value is False
+    assert any("gone next turn" in n and "show" in n for n in result.notes), result.notes

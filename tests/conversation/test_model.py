@@ -140,3 +140,58 @@ def test_usage_sums_runs_and_keeps_the_peak() -> None:
     assert conversation.usage.wall_time_s == 3.0
     assert conversation.usage.peak_memory_bytes == 100
     assert conversation.usage.bytes_stored == 7
+
+
+def test_usage_keeps_unknown_figures_unknown_and_adds_model_calls() -> None:
+    usage = Conversation(id="u").usage
+    usage.add_run(status="ok", wall_time_s=1.0, turn_id="t1")
+    assert usage.cpu_time_s is None and usage.peak_memory_bytes is None and usage.cost is None
+    usage.add_run(status="ok", wall_time_s=1.0, cpu_time_s=0.5, peak_memory_bytes=0)
+    assert usage.cpu_time_s == 0.5 and usage.peak_memory_bytes == 0  # measured as 0 is 0
+    assert [(r.turn_id, r.cpu_time_s) for r in usage.records] == [("t1", None), (None, 0.5)]
+    usage.add_model(input_tokens=100, output_tokens=20)
+    assert usage.cost is None
+    usage.add_model(input_tokens=50, output_tokens=5, cost=0.25)
+    assert (usage.model_calls, usage.input_tokens, usage.output_tokens, usage.cost) == (2, 150, 25, 0.25)
+    for bad in ({"input_tokens": -1}, {"output_tokens": 1.5}, {"cost": -0.1}, {"cost": float("nan")}):
+        with pytest.raises(ConfigError):
+            usage.add_model(**bad)  # type: ignore[arg-type]
+    assert usage.model_calls == 2
+
+
+def test_usage_of_an_earlier_snapcell_loads_and_state_round_trips() -> None:
+    data = json.loads(sample().model_dump_json())
+    data["usage"] = {"runs": 1, "by_status": {"ok": 1}, "wall_time_s": 0.5, "cpu_time_s": 0.0, "peak_memory_bytes": 0}
+    data.pop("state")
+    old = Conversation.model_validate(data)
+    assert old.usage.runs == 1 and old.usage.records == [] and old.state == {}
+    old.state["approval"] = {"pending": True}
+    again = Conversation.model_validate_json(old.model_dump_json())
+    assert again.state == {"approval": {"pending": True}}
+    assert old.fork("f").state == old.state and old.fork("g").state is not old.state
+
+
+def test_add_tool_result_answers_only_an_open_call() -> None:
+    conversation = Conversation(id="r", messages=[user("hi"), openai_call("c1")])
+    assert conversation.add_tool_result("nope", "x") is None
+    assert conversation.add_tool_result("c1", "done") == 2
+    assert conversation.messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "done"}
+    assert conversation.add_tool_result("c1", "again") is None and len(conversation.messages) == 3
+    conversation.add_local_messages([anthropic_call("a1"), user("interrupting")])
+    conversation.add_tool_result("a1", "late")  # not right after its call's message: a message of its own
+    assert conversation.messages[-1] == anthropic_result("a1") | {
+        "content": [{"type": "tool_result", "tool_use_id": "a1", "content": "late"}]
+    }
+
+
+def test_fork_with_a_count_returns_that_many_independent_forks() -> None:
+    conversation = sample()
+    forks = conversation.fork(count=3)
+    assert isinstance(forks, list) and len(forks) == 3
+    assert len({fork.id for fork in forks} | {conversation.id}) == 4
+    assert all(fork.checkpoint_id == conversation.checkpoint_id for fork in forks)
+    forks[0].messages.append(user("only in the first fork"))
+    assert len(forks[1].messages) == len(conversation.messages) == 3
+    for bad in ({"count": 0}, {"count": True}, {"new_id": "conv-9", "count": 2}):
+        with pytest.raises(ConfigError):
+            conversation.fork(**bad)  # type: ignore[call-overload]

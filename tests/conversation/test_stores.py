@@ -166,6 +166,47 @@ async def test_non_json_messages_change_nothing(conversation_store: LogConversat
     assert loaded is not None and loaded.messages == []
 
 
+@synced
+async def test_state_and_usage_are_stored_with_the_messages_in_one_write(
+    conversation_store: LogConversationStore,
+) -> None:
+    conversation = Conversation(id="st", state={"pending_approval": {"tool": "refund", "amount": 12.5}, "step": 1})
+    await conversation_store.save(conversation)
+    conversation.state["step"] = 2
+    await conversation_store.add_messages(conversation, [msg(0)])
+    conversation.state["step"] = 3
+    conversation.usage.add_model(input_tokens=10, output_tokens=2, cost=0.01)
+    conversation.add_local_messages([msg(1)])
+    await conversation_store.flush(conversation)
+    revision = conversation._revision
+    await conversation_store.flush(conversation)  # nothing new: nothing written
+    assert conversation._revision == revision
+    loaded = await conversation_store.load("st")
+    assert loaded == conversation and loaded is not None and loaded.state["step"] == 3
+    assert loaded.messages == [msg(0), msg(1)] and loaded.usage.input_tokens == 10
+    conversation.state["bad"] = object()
+    with pytest.raises(ConfigError, match="plain JSON"):
+        await conversation_store.add_messages(conversation, [msg(2)])
+    assert len(conversation.messages) == 2
+    again = await conversation_store.load("st")
+    assert again is not None and "bad" not in again.state and len(again.messages) == 2
+
+
+@synced
+async def test_a_write_queued_in_the_background_comes_before_the_next_call(
+    conversation_store: LogConversationStore,
+) -> None:
+    conversation = Conversation(id="queued")
+    await conversation_store.add_messages(conversation, [msg(0)])
+    for i in range(1, 4):
+        conversation.add_local_messages([msg(i)])
+        conversation.state["i"] = i
+        conversation_store.flush_later(conversation)
+    loaded = await conversation_store.load("queued")  # waits for the queued writes, in order
+    assert loaded is not None and loaded.messages == [msg(i) for i in range(4)] and loaded.state == {"i": 3}
+    await conversation_store.add_messages(conversation, [msg(4)])  # the writer's copy goes on in step
+
+
 # ------------------------------------------------------------- file store
 
 

@@ -257,7 +257,7 @@ def test_status_and_restarted_after_a_worker_loss(process_pool: Pool) -> None:
             assert (await session.run("kept = 1")).status == "ok"
             await session.dump()
             with pytest.raises(WorkerLost) as lost:
-                await session.run("import os\nos.kill(os.getpid(), 9)")
+                await session.run("import os\nos.kill(os.getpid(), 9)", raise_on_lost=True)
             assert lost.value.result.status == "lost" and not lost.value.result.restarted
             after = await session.run("kept")
             assert after.status == "ok" and after.restarted and after.value == 1
@@ -333,3 +333,27 @@ def test_a_run_cancelled_while_an_async_host_function_is_pending_keeps_its_worke
             assert after.value == 1 and not after.restarted  # the same worker, in step with the host
 
     process_pool.call(scenario())
+
+
+def test_a_kept_conversation_records_timed_out_and_lost_turns_with_what_was_measured(process_pool: Pool) -> None:
+    store = MemoryConversationStore()
+    kill = "import os\nos.kill(os.getpid(), 9)"
+    spin = "while True:\n    pass"
+
+    async def scenario(tool: CodeTool) -> None:
+        conversation = Conversation(id="kept-lost")
+        for call_id, code in (("c1", "kept = 1"), ("c2", spin), ("c3", kill)):
+            await store.add_messages(conversation, [call(call_id, code)])
+            await tool.run_code(conversation, code, turn_id=call_id)
+        stored = await store.load("kept-lost")
+        assert stored is not None and stored.messages == conversation.messages
+        results = {m["tool_call_id"]: m["content"] for m in stored.messages if m["role"] == "tool"}
+        assert list(results) == ["c1", "c2", "c3"]
+        assert "stopped after 1 s" in results["c2"] and "the Python session restarted" in results["c3"]
+        assert stored.usage.by_status == {"ok": 1, "timeout": 1, "lost": 1}
+        assert stored.usage.peak_memory_bytes is not None  # measured in process mode
+        assert [r.status for r in stored.usage.records] == ["ok", "timeout", "lost"]
+        assert stored.usage.records[-1].peak_memory_bytes is None  # the lost worker's was not measured
+        assert "1" in await tool.run_code(stored, "kept")  # the lost turn did not move the state
+
+    in_pool(process_pool, scenario, conversations=store)

@@ -40,6 +40,32 @@ ORDINARY: dict[str, tuple[str, object]] = {
         "        return self._c < other._c\n[t.c for t in sorted([T(3), T(1), T(2)])]",
         [1, 2, 3],
     ),
+    "own_private_from_outside": (
+        "class T:\n    def __init__(self, c):\n        self._c = c\nt = T(5)\n"
+        "def peek(x):\n    return x._c\n(t._c, peek(t), getattr(t, '_c'), hasattr(t, '_d'), T(2)._c)",
+        (5, 5, 5, False, 2),
+    ),
+    "own_class_private_from_outside": ("class K:\n    _n = 3\n(K._n, K()._n)", (3, 3)),
+    "made_classes_private_from_outside": (
+        "import dataclasses, collections\nD = dataclasses.make_dataclass('D', [('_x', int)])\n"
+        "X = type('X', (), {'_a': 1})\n(D(1)._x, X()._a, D.__module__)",
+        (1, 1, "__main__"),
+    ),
+    "typeddict_keys": (
+        "from typing import TypedDict, NotRequired\nclass Movie(TypedDict):\n    name: str\n"
+        "    year: NotRequired[int]\n"
+        "(sorted(Movie.__required_keys__), sorted(Movie.__optional_keys__), Movie.__total__,"
+        " list(Movie.__annotations__))",
+        (["name"], ["year"], True, ["name", "year"]),
+    ),
+    "get_type_hints": (
+        "import typing\nclass Node:\n    value: int\n    next: 'Node | None'\n"
+        "def f(a: 'list[Node]', b: int = 0) -> str:\n    pass\n"
+        "hints = typing.get_type_hints(Node)\n"
+        "(hints['value'] is int, hints['next'] == (Node | None), typing.get_type_hints(f)['a'] == list[Node],"
+        " typing.get_args(typing.get_type_hints(f)['a'])[0] is Node)",
+        (True, True, True, True),
+    ),
     "function_annotations": ("def f(x: int) -> str:\n    pass\nsorted(f.__annotations__)", ["return", "x"]),
     "class_annotations": ("class C:\n    a: int\n    b: str\nlist(C.__annotations__)", ["a", "b"]),
     "mro": ("class A:\n    pass\nclass B(A):\n    pass\n[c.__name__ for c in B.__mro__]", ["B", "A", "object"]),
@@ -113,6 +139,22 @@ CLOSED = {
         "import random\nclass T:\n    def peek(self, other):\n"
         "        return other._randbelow\nT().peek(random.Random())"
     ),
+    "private_on_stdlib_object_outside_class": "import random\nrandom.Random()._randbelow",
+    "private_getattr_on_stdlib_object": "import datetime\ngetattr(datetime.timedelta(1), '_days')",
+    "private_on_host_function": "peek = print\npeek._x",
+    "private_store_from_outside": "class T:\n    pass\nt = T()\nt._c = 1",
+    "type_hints_evaluate_no_calls": (
+        "import typing\nclass C:\n    x: int\nC.__annotations__['x'] = 'print(1)'\ntyping.get_type_hints(C)"
+    ),
+    "type_hints_no_dunder_paths": (
+        "import typing\nclass C:\n    x: int\nC.__annotations__['x'] = 'C.__init__.__globals__'\n"
+        "typing.get_type_hints(C)"
+    ),
+    "type_hints_no_private_paths": (
+        "import typing, random\nR = random.Random()\nclass C:\n    x: int\nC.__annotations__['x'] = 'R._randbelow'\n"
+        "typing.get_type_hints(C)"
+    ),
+    "type_hints_no_namespaces": "import typing\nclass C:\n    x: 'int'\ntyping.get_type_hints(C, {}, {})",
     "asyncio_run_in_function": (
         "import asyncio\nasync def main():\n    return 1\ndef sync():\n    return asyncio.run(main())\nsync()"
     ),

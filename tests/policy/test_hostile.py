@@ -106,7 +106,21 @@ HOSTILE: dict[str, tuple[str, type[ScriptError] | str]] = {
     "io_fileio": ("import io\nio.FileIO('/etc/passwd')", "AttributeError"),
     "random_bound_self": ("import random\nrandom.choice.__self__", POLICY),
     "collections_sys": ("import collections.abc\ncollections._sys.modules['os']", POLICY),
-    "get_type_hints_eval": ("import typing\ndef f(x: 'int'):\n    pass\ntyping.get_type_hints(f)", "AttributeError"),
+    "get_type_hints_eval": (
+        "import typing\ndef f(x: int):\n    pass\nf.__annotations__['x'] = \"__import__('os')\"\n"
+        "typing.get_type_hints(f)",
+        POLICY,
+    ),
+    "get_type_hints_forward_ref_in_a_variable": (
+        "import typing\nclass C:\n    fr = typing.List['().__class__.__base__.__subclasses__()'].__args__[0]\n"
+        "    x: 'fr'\ntyping.get_type_hints(C)",
+        POLICY,
+    ),
+    "get_type_hints_forward_ref_with_module": (
+        "import typing\nF = type(typing.List['x'].__args__[0])\nclass C:\n    x: int\n"
+        "C.__annotations__['x'] = F('system', module='os')\ntyping.get_type_hints(C)",
+        POLICY,
+    ),
     "annotation_payload": ("def f(x: '().__class__.__base__.__subclasses__()'):\n    pass", POLICY),
     "contextlib_chdir": ("import contextlib\ncontextlib.chdir('/')", "AttributeError"),
     "patch_shared_module": ("import json\njson.dumps = lambda *a, **k: 'CANARY'", POLICY),

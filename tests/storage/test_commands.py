@@ -66,7 +66,7 @@ def test_cleanup_dry_run_text(local: tuple[Path, LocalStore], capsys: pytest.Cap
 
 def test_cleanup_over_quota_exits_non_zero(local: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]) -> None:
     root, store = local
-    code = run("cleanup", str(root), "--quota", "150", "--keep", "checkpoints/k2", "checkpoints/k3", "--json")
+    code = run("cleanup", str(root), "--quota", "150", "--keep", "checkpoints/k2", "--keep", "checkpoints/k3", "--json")
     assert code == 1
     report = json.loads(capsys.readouterr().out)
     assert report["over_quota"] is True
@@ -159,6 +159,17 @@ def test_parse_size(text: str, size: int) -> None:
 @pytest.mark.parametrize("text", ["", "abc", "10XB", "-5", "1e3", "GiB"])
 def test_parse_size_errors(text: str) -> None:
     with pytest.raises(ConfigError, match="invalid size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "size"), [("1EiB", 2**60), ("2 PiB", 2 * 2**50), ("2Gi", 2 * 1024**3), (" 7 ", 7)])
+def test_parse_size_takes_every_unit_of_pydantics_byte_size(text: str, size: int) -> None:
+    assert parse_size(text) == size and type(parse_size(text)) is int
+
+
+@pytest.mark.parametrize("text", ["5MB of RAM", "1GiB,", "10 G B", "3 bytes", "1" * 400 + "EiB"])
+def test_parse_size_refuses_text_around_a_size(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"invalid size .*: use bytes or a number with KB, MB, GB, TB, KiB, MiB"):
         parse_size(text)
 
 

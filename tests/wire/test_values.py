@@ -5,13 +5,14 @@ from __future__ import annotations
 import collections
 import datetime
 import decimal
+import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
 
 from snapcell import Limits, Policy, Pool, Session
-from snapcell.wire import ScriptValue
+from snapcell.wire import ScriptValue, _values
 from snapcell.wire._values import Tagged
 from snapcell.wire._wire import MalformedMessage, decode, encode
 
@@ -204,11 +205,34 @@ def test_script_values_never_run_script_code_on_the_host(data_pool: Pool, data_s
     assert all(type(v) in (ScriptValue, set) for v in value)
 
 
-def test_a_host_that_has_not_imported_pandas_gets_script_values(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_host_that_cannot_import_pandas_gets_script_values(monkeypatch: pytest.MonkeyPatch) -> None:
     frame = Tagged(("$df", [["a"], Tagged(("$r", [0, 1, 1])), None, [[1]], "   a\n0  1"]))
     array = Tagged(("$nd", ["<i8", [1], b"\x01" + b"\x00" * 7, "array([1])"]))
-    monkeypatch.delitem(sys.modules, "pandas")
-    monkeypatch.delitem(sys.modules, "numpy")
+    monkeypatch.setattr(_values, "_unavailable", set())
+    monkeypatch.setitem(sys.modules, "pandas", None)  # what an import of a module that is not installed meets
+    monkeypatch.setitem(sys.modules, "numpy", None)
     value = decode(_message([frame, array]))["value"]
     assert value == [ScriptValue("pandas.DataFrame", "   a\n0  1"), ScriptValue("numpy.ndarray", "array([1])")]
-    assert "pandas" not in sys.modules and "numpy" not in sys.modules  # not imported on the worker's behalf
+
+
+# A host process that never imported numpy or pandas: they are imported when a value of theirs arrives, not before.
+FRESH_HOST = """
+import sys
+from snapcell.wire._values import Tagged, imports_library
+from snapcell.wire._wire import decode, encode
+
+plain = decode(encode({"op": "ran", "value": [1, "a", (2.5,)]}))["value"]
+before = sorted(m for m in ("numpy", "pandas") if m in sys.modules)
+frame = Tagged(("$df", [["a"], Tagged(("$r", [0, 2, 1])), None, [[1, 2]], "df"]))
+array = Tagged(("$nd", ["<i8", [2], bytes(16), "array"]))
+message = encode({"op": "ran", "value": [frame, array]})
+first = imports_library(message)  # the host decodes such a message off its event loop
+value = decode(message)["value"]
+print(before, first, imports_library(message), [type(v).__name__ for v in value], value[0]["a"].tolist())
+"""
+
+
+def test_a_host_that_has_not_imported_numpy_or_pandas_rebuilds_their_values() -> None:
+    done = subprocess.run([sys.executable, "-c", FRESH_HOST], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == "[] True False ['DataFrame', 'ndarray'] [1, 2]".split()
