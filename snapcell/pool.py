@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import math
 import os
 import secrets
@@ -31,6 +32,21 @@ T = TypeVar("T")
 Isolation = Literal["process", "inline"]
 # A memory store lives as long as the process, and so does its key.
 _PROCESS_KEY = secrets.token_bytes(32)
+log = logging.getLogger("snapcell")
+# Modules already named in a warning: a server that builds many pools says it once.
+_warned_missing: set[str] = set()
+
+
+def _warn_missing_modules(policy: Policy) -> None:
+    """Log a warning, once per module, for each module ``policy`` allows that is not installed here."""
+    missing = sorted(policy.missing_modules() - _warned_missing)
+    if missing:
+        _warned_missing.update(missing)
+        log.warning(
+            "the policy allows modules that are not installed here: %s; scripts that import them get "
+            "ModuleNotFoundError (install them where the workers run, or leave them out of the policy)",
+            ", ".join(missing),
+        )
 
 
 def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) -> Keyring:
@@ -165,6 +181,7 @@ class AsyncPool:
         self._passed_frames = PassedFrames()
         self.ttl_s = float(ttl_s)
         self.policy = policy or (Policy.process_default() if isolation == "process" else Policy.stdlib_only())
+        _warn_missing_modules(self.policy)
         self.limits = limits or Limits()
         self.isolation = isolation
         self.compression_level = compression_level
