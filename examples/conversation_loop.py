@@ -73,7 +73,7 @@ async def answer(
 
 async def main(directory: str) -> None:
     store = snapcell.conversation.FileConversationStore(f"{directory}/conversations")
-    async with snapcell.AsyncPool(f"file://{directory}/checkpoints", isolation="inline") as pool:
+    async with snapcell.AsyncPool(f"file://{directory}/checkpoints", isolation="inline", create_store=True) as pool:
         tool = snapcell.CodeTool(pool)
         conversation = await store.load("demo") or snapcell.Conversation(id="demo")
         done = sum(1 for m in conversation.messages if m["role"] == "user")

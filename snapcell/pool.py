@@ -94,7 +94,8 @@ class AsyncPool:
     """Hands out sessions that share a store, signing keys and defaults.
 
     Args:
-        store: A `Store`, or a URL for `open_store` (``file://dir``, ``s3://bucket/prefix``, ``memory://``).
+        store: A `Store`, or a URL for `open_store` (``file://dir``, ``s3://bucket/prefix``, ``memory://``). A local
+            store's directory must exist unless ``create_store`` is True.
         signing_keys: Keys that sign and verify checkpoints (the first signs); see `resolve_keyring`.
         ttl_s: Seconds a checkpoint stays loadable (default 7 days); older IDs raise `CheckpointExpired`.
         policy: What scripts may import and touch. The default allows safe standard-library modules, plus numpy
@@ -117,6 +118,8 @@ class AsyncPool:
             and limits, which share the interpreter: use them only for sessions that trust each other.
         compression_level: zstd level for checkpoints (1 is fast and compresses well).
         clock: Returns the current time in seconds; injectable for tests.
+        create_store: Make a local store's directory when ``store`` is a URL naming one that does not exist (by
+            default that is refused, so a mistyped path does not become a new, empty store).
         max_clock_skew_s: How far in the future (by ``clock``) a checkpoint ID may be dated before it is refused
             (default 5 minutes: hosts whose clocks disagree by less still share checkpoints).
 
@@ -141,6 +144,7 @@ class AsyncPool:
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+        create_store: bool = False,
     ) -> None:
         if isolation not in ("process", "inline"):
             raise ConfigError(f"isolation must be 'process' or 'inline', not {isolation!r}")
@@ -169,7 +173,7 @@ class AsyncPool:
         if not _positive_number(max_clock_skew_s):
             raise ConfigError(f"max_clock_skew_s must be a positive, finite number, not {max_clock_skew_s!r}")
         if isinstance(store, str):
-            store = open_store(store)
+            store = open_store(store, create=create_store)
         elif not all(callable(getattr(store, name, None)) for name in _STORE_METHODS):
             raise ConfigError(
                 f"store must be a Store or a store URL (file:///path, s3://bucket/prefix, memory://), "
@@ -380,6 +384,7 @@ class Pool:
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+        create_store: bool = False,
     ) -> None:
         self._inner = AsyncPool(
             store,
@@ -396,6 +401,7 @@ class Pool:
             compression_level=compression_level,
             clock=clock,
             max_clock_skew_s=max_clock_skew_s,
+            create_store=create_store,
         )
         self._loop = SyncLoop()
         self._closed = False

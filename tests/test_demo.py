@@ -58,7 +58,7 @@ def test_demo_command_runs_both_turns(tmp_path: Path) -> None:
 def test_turn_two_runs_in_another_process_sharing_the_store(tmp_path: Path) -> None:
     store = f"file://{tmp_path / 'store'}"
     # Turn 1 here, inline (the demo's own default isolation runs in the `demo` command test above).
-    with Pool(store, isolation="inline") as pool, pool.checkout() as session:
+    with Pool(store, isolation="inline", create_store=True) as pool, pool.checkout() as session:
         value = session.feed_run(TURN_1, external_lookup=TOOLS)
         checkpoint_hex = session.dump().hex()
     assert value == 2

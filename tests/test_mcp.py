@@ -37,7 +37,7 @@ def _server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> St
     environment.update(env or {})
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "snapcell", "mcp", "--store", f"file://{tmp_path / 'store'}", *args],
+        args=["-m", "snapcell", "mcp", "--store", f"file://{tmp_path / 'store'}", "--create", *args],
         env=environment,
         cwd=str(tmp_path),
     )
@@ -115,7 +115,7 @@ def test_streamable_http_keeps_one_conversation_per_mcp_session(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCELL_")}
     server = subprocess.Popen(
         [sys.executable, "-m", "snapcell", "mcp", "--transport", "http", "--port", str(port)]
-        + ["--isolation", "inline", "--store", f"file://{tmp_path / 'store'}"],
+        + ["--isolation", "inline", "--store", f"file://{tmp_path / 'store'}", "--create"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -193,7 +193,7 @@ def test_workspace_files_through_mcp_tools(tmp_path: Path) -> None:
     """write_file, read_file and list_files reach the same workspace run_code works in (process mode only)."""
 
     async def main() -> tuple[list[str], list[str]]:
-        async with AsyncPool(f"file://{tmp_path / 'store'}") as pool:
+        async with AsyncPool(f"file://{tmp_path / 'store'}", create_store=True) as pool:
             tool = CodeTool(pool)
             with anyio.fail_after(120):
                 async with Client(build_server(tool)) as client:  # type: ignore[arg-type]

@@ -52,7 +52,10 @@ def _run_repl(args: argparse.Namespace) -> int:
     from snapcell.cli._repl import run_repl
 
     allow = [m.strip() for m in (args.allow or "").split(",") if m.strip()]
-    return run_repl(store=args.store, conversation=args.conversation, isolation=args.isolation, allow=allow)
+    create = args.create or args.store == DEFAULT_DEMO_STORE  # the default cannot be a mistyped path
+    return run_repl(
+        store=args.store, conversation=args.conversation, isolation=args.isolation, allow=allow, create_store=create
+    )
 
 
 def _run_mcp(args: argparse.Namespace) -> int:
@@ -159,6 +162,7 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
     repl.add_argument(
         "--allow", metavar="MODULES", help="modules to allow besides the safe standard library: numpy,pandas"
     )
+    repl.add_argument("--create", action="store_true", help="make the store's directory if it does not exist")
     repl.set_defaults(func=_run_repl)
 
     head = commands.add_parser(

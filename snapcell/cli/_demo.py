@@ -50,7 +50,8 @@ def run_turn(store: str, code: str, checkpoint_hex: str | None) -> tuple[Any, st
     Returns:
         The value, the new checkpoint ID as hex, and the checkpoint's size in bytes.
     """
-    with Pool(store) as pool, pool.checkout() as session:
+    # The demo is the first command on a fresh machine: it makes its store (turn 2 then finds it).
+    with Pool(store, create_store=checkpoint_hex is None) as pool, pool.checkout() as session:
         if checkpoint_hex:
             session.load_session(bytes.fromhex(checkpoint_hex))
         value = session.feed_run(code, external_lookup=TOOLS)

@@ -202,9 +202,11 @@ def inspect_checkpoint(
             "give a checkpoint ID (with its store), or a checkpoint file with its ID (--id HEX); "
             "a file alone cannot be verified, read it with --no-verify"
         )
-    store_obj = open_store(store or DEFAULT_STORE) if isinstance(store, str) or store is None else store
     if path is not None and store is None:
-        store_obj = _enclosing_store(Path(path)) or store_obj
+        # A file needs a store only for its key file: that of the store it sits in, else ./.snapcell's if any.
+        store_obj: Store = _enclosing_store(Path(path)) or LocalStore(DEFAULT_STORE.removeprefix("file://"))
+    else:
+        store_obj = open_store(store or DEFAULT_STORE) if isinstance(store, str) or store is None else store
     if verify and keyring is None:
         keyring = _keyring(store_obj, signing_keys)
     elif not verify:

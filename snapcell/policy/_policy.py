@@ -395,7 +395,7 @@ def _not_installed(name: str) -> bool:
 
 
 def _missing_module(name: str) -> ModuleNotFoundError:
-    """The error a script's import of a module that is not installed raises (its own, so ``except ImportError`` works)."""
+    """What a script's import of a module that is not installed raises (so ``except ImportError`` works)."""
     top = name.partition(".")[0]
     return ModuleNotFoundError(f"No module named {top!r}: it is not installed where this session runs", name=top)
 

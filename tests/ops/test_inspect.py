@@ -38,7 +38,7 @@ def store_dir(tmp_path: Path) -> Path:
 
 def _checkpoint(store_dir: Path, code: str, *, extra: dict[str, Any] | None = None, setup: str = "") -> str:
     """Run code in an inline session over a local store, dump it and return the checkpoint ID in hex."""
-    with Pool(f"file://{store_dir}", isolation="inline") as pool, pool.checkout() as session:
+    with Pool(f"file://{store_dir}", create_store=True, isolation="inline") as pool, pool.checkout() as session:
         if setup:
             session.run(setup, setup=True)
         session.run(code)
