@@ -53,7 +53,9 @@ def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) ->
     """Pick the signing keys: the argument, then ``SNAPCELL_SIGNING_KEY``, then the store's default.
 
     A local store keeps a generated key in its directory (owner-only); a memory store uses a random
-    key for the life of the process; any other store needs a key.
+    key for the life of the process; any other store needs a key. A local store that already has its key file
+    keeps verifying with it when ``SNAPCELL_SIGNING_KEY`` is set (the configured key signs), so setting the
+    variable does not orphan the checkpoints written before.
 
     Raises:
         ConfigError: No key is configured for a store that has no default, or ``signing_keys`` is malformed.
@@ -62,11 +64,19 @@ def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) ->
         return Keyring(signing_keys)  # a bare str or bytes is refused there, not split into characters
     from_env = Keyring.from_env()
     if from_env is not None:
+        if isinstance(store, LocalStore) and store.secret_path().exists():
+            try:
+                return from_env.verifying_also(store.secret(), f"the store's key file {store.secret_path()}")
+            except ConfigError as exc:  # a key file others can read or write is never trusted, even to verify
+                log.warning("not verifying with the key file of %s: %s", store.url, exc)
         return from_env
     if isinstance(store, LocalStore):
-        return Keyring([store.secret()])
+        return Keyring([store.secret()], labels=[f"the store's key file {store.secret_path()}"])
     if isinstance(store, MemoryStore):
-        return Keyring([_PROCESS_KEY])
+        return Keyring(
+            [_PROCESS_KEY],
+            labels=["this process's memory:// key; a memory store and its key end with the process that made them"],
+        )
     raise ConfigError(
         f"no signing key for {store.url}: set SNAPCELL_SIGNING_KEY (at least 16 bytes; comma-separate "
         "several to rotate) or pass signing_keys= to the pool"
