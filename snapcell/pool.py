@@ -75,7 +75,10 @@ def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) ->
     if isinstance(store, MemoryStore):
         return Keyring(
             [_PROCESS_KEY],
-            labels=["this process's memory:// key; a memory store and its key end with the process that made them"],
+            labels=[
+                "this process's memory:// key: a memory store and its key end with their process, so an ID made in "
+                "another process never verifies here"
+            ],
         )
     raise ConfigError(
         f"no signing key for {store.url}: set SNAPCELL_SIGNING_KEY (at least 16 bytes; comma-separate "

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from snapcell.cli._storage import add_commands
-from snapcell.errors import SnapcellError
+from snapcell.errors import ConfigError, SnapcellError
 
 __all__ = ["main"]
 
@@ -26,15 +26,27 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     if args.turn_2:
         return run_second_turn(args.store, args.turn_2)
-    return run_demo(args.store)
+    try:
+        return run_demo(args.store)
+    except ConfigError as exc:
+        print(f"snapcell demo: {exc}", file=sys.stderr)
+        return 2
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from snapcell.checkpoint import ID_BYTES
     from snapcell.ops import inspect_checkpoint
 
     is_file = os.path.exists(args.target) and not os.path.isdir(args.target)
     if not is_file and args.id:
         print(f"snapcell: {args.target} is not a file; --id goes with a checkpoint file", file=sys.stderr)
+        return 2
+    if not is_file and not _looks_like_id(args.target, ID_BYTES):
+        print(
+            f"snapcell inspect: {args.target!r} is not a checkpoint ID (an ID is {2 * ID_BYTES} hex digits, as "
+            "dump() and `snapcell head` print it) and not a checkpoint file",
+            file=sys.stderr,
+        )
         return 2
     report = inspect_checkpoint(
         args.id if is_file else args.target,
@@ -46,6 +58,14 @@ def _run_inspect(args: argparse.Namespace) -> int:
     )
     print(report.to_json() if args.json else report.render())
     return 0 if report.problem is None else 1
+
+
+def _looks_like_id(text: str, id_bytes: int) -> bool:
+    """True when ``text`` has the shape of a checkpoint ID in hex (whether it verifies is another matter)."""
+    try:
+        return len(bytes.fromhex(text)) == id_bytes
+    except ValueError:
+        return False
 
 
 def _run_repl(args: argparse.Namespace) -> int:
