@@ -301,6 +301,8 @@ class Policy:
 
         def subimport(name: str) -> ModuleView:
             if not self.allows_module(name):
+                if _not_installed(name):
+                    raise _refused(f"the checkpoint imports module {name!r}, which is not installed here")
                 raise _refused(f"the checkpoint imports module {name!r}, which the policy does not allow")
             return self.view(name)
 

@@ -498,3 +498,11 @@ def test_a_policy_allowing_a_missing_module_warns_once(caplog):
         snapcell.Pool(isolation="inline", policy=policy).close()
     warnings = [r.getMessage() for r in caplog.records if r.name == "snapcell" and MISSING in r.getMessage()]
     assert len(warnings) == 1 and "not installed" in warnings[0]
+
+
+def test_a_checkpoint_naming_a_module_that_is_not_installed_says_so() -> None:
+    from snapcell.checkpoint._rule import module_refusal
+
+    refuse_all = lambda _module: False  # noqa: E731  (as the default policy on a host without the module)
+    assert module_refusal(f"{MISSING}.sub", refuse_all) == "a module that is not installed here"
+    assert module_refusal("sqlite3", refuse_all) == "a module the policy does not allow"
