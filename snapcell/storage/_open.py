@@ -130,7 +130,7 @@ def _check_directory(url: str, root: Path, *, create: bool, plain: bool) -> None
         except OSError as exc:
             raise ConfigError(f"cannot create the store {url!r} at {root}: {exc.strerror or exc}") from exc
         return
-    hint = f" (did you mean {url}:// ?)" if plain and url in ("memory", "s3") else ""
+    hint = f" (did you mean {url}:// ?)" if plain and url.lower() in ("memory", "s3") else ""
     raise ConfigError(
         f"no store at file://{root}{hint}: the directory {root} does not exist, so it is not a snapcell store; "
         "check the path, or make a new store there with create=True (on the command line: --create)"
