@@ -71,7 +71,7 @@ async def answer(
 async def main(directory: str) -> None:
     store = snapcell.conversation.FileConversationStore(f"{directory}/conversations")
     # The default isolation: the model's code runs in sandboxed worker processes, as it should in an application.
-    async with snapcell.AsyncPool(f"file://{directory}/checkpoints") as pool:
+    async with snapcell.AsyncPool(f"file://{directory}/checkpoints", create_store=True) as pool:
         tool = snapcell.CodeTool(pool, conversations=store)
         conversation = await store.load("demo") or snapcell.Conversation(id="demo")
         done = sum(1 for m in conversation.messages if m["role"] == "user")

@@ -29,7 +29,7 @@ def exchange_rate(currency: str) -> float:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # One pool and one tool for the life of the process: opening a pool per request would start a worker
     # process each time (about 200 ms); a warm pool hands out a ready one.
-    async with snapcell.AsyncPool(STORE) as pool:
+    async with snapcell.AsyncPool(STORE, create_store=True) as pool:
         app.state.tool = snapcell.CodeTool(pool, tools={"exchange_rate": exchange_rate})
         yield
         await app.state.tool.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import logging
 import math
 import os
 import secrets
@@ -32,13 +33,30 @@ T = TypeVar("T")
 Isolation = Literal["process", "inline"]
 # A memory store lives as long as the process, and so does its key.
 _PROCESS_KEY = secrets.token_bytes(32)
+log = logging.getLogger("snapcell")
+# Modules already named in a warning: a server that builds many pools says it once.
+_warned_missing: set[str] = set()
+
+
+def _warn_missing_modules(policy: Policy) -> None:
+    """Log a warning, once per module, for each module ``policy`` allows that is not installed here."""
+    missing = sorted(policy.missing_modules() - _warned_missing)
+    if missing:
+        _warned_missing.update(missing)
+        log.warning(
+            "the policy allows modules that are not installed here: %s; scripts that import them get "
+            "ModuleNotFoundError (install them where the workers run, or leave them out of the policy)",
+            ", ".join(missing),
+        )
 
 
 def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) -> Keyring:
     """Pick the signing keys: the argument, then ``SNAPCELL_SIGNING_KEY``, then the store's default.
 
     A local store keeps a generated key in its directory (owner-only); a memory store uses a random
-    key for the life of the process; any other store needs a key.
+    key for the life of the process; any other store needs a key. A local store that already has its key file
+    keeps verifying with it when ``SNAPCELL_SIGNING_KEY`` is set (the configured key signs), so setting the
+    variable does not orphan the checkpoints written before.
 
     Raises:
         ConfigError: No key is configured for a store that has no default, or ``signing_keys`` is malformed.
@@ -47,11 +65,22 @@ def resolve_keyring(store: Store, signing_keys: Sequence[bytes | str] | None) ->
         return Keyring(signing_keys)  # a bare str or bytes is refused there, not split into characters
     from_env = Keyring.from_env()
     if from_env is not None:
+        if isinstance(store, LocalStore) and store.secret_path().exists():
+            try:
+                return from_env.verifying_also(store.secret(), f"the store's key file {store.secret_path()}")
+            except ConfigError as exc:  # a key file others can read or write is never trusted, even to verify
+                log.warning("not verifying with the key file of %s: %s", store.url, exc)
         return from_env
     if isinstance(store, LocalStore):
-        return Keyring([store.secret()])
+        return Keyring([store.secret()], labels=[f"the store's key file {store.secret_path()}"])
     if isinstance(store, MemoryStore):
-        return Keyring([_PROCESS_KEY])
+        return Keyring(
+            [_PROCESS_KEY],
+            labels=[
+                "this process's memory:// key: a memory store and its key end with their process, so an ID made in "
+                "another process never verifies here"
+            ],
+        )
     raise ConfigError(
         f"no signing key for {store.url}: set SNAPCELL_SIGNING_KEY (at least 16 bytes; comma-separate "
         "several to rotate) or pass signing_keys= to the pool"
@@ -79,7 +108,8 @@ class AsyncPool:
     """Hands out sessions that share a store, signing keys and defaults.
 
     Args:
-        store: A `Store`, or a URL for `open_store` (``file://dir``, ``s3://bucket/prefix``, ``memory://``).
+        store: A `Store`, or a URL for `open_store` (``file://dir``, ``s3://bucket/prefix``, ``memory://``). A local
+            store's directory must exist unless ``create_store`` is True.
         signing_keys: Keys that sign and verify checkpoints (the first signs); see `resolve_keyring`.
         ttl_s: Seconds a checkpoint stays loadable (default 7 days); older IDs raise `CheckpointExpired`.
         policy: What scripts may import and touch. The default allows safe standard-library modules, plus numpy
@@ -102,6 +132,8 @@ class AsyncPool:
             and limits, which share the interpreter: use them only for sessions that trust each other.
         compression_level: zstd level for checkpoints (1 is fast and compresses well).
         clock: Returns the current time in seconds; injectable for tests.
+        create_store: Make a local store's directory when ``store`` is a URL naming one that does not exist (by
+            default that is refused, so a mistyped path does not become a new, empty store).
         max_clock_skew_s: How far in the future (by ``clock``) a checkpoint ID may be dated before it is refused
             (default 5 minutes: hosts whose clocks disagree by less still share checkpoints).
 
@@ -126,6 +158,7 @@ class AsyncPool:
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+        create_store: bool = False,
     ) -> None:
         if isolation not in ("process", "inline"):
             raise ConfigError(f"isolation must be 'process' or 'inline', not {isolation!r}")
@@ -147,7 +180,7 @@ class AsyncPool:
         if not _positive_number(max_clock_skew_s):
             raise ConfigError(f"max_clock_skew_s must be a positive, finite number, not {max_clock_skew_s!r}")
         if isinstance(store, str):
-            store = open_store(store)
+            store = open_store(store, create=create_store)
         elif not all(callable(getattr(store, name, None)) for name in _STORE_METHODS):
             raise ConfigError(
                 f"store must be a Store or a store URL (file:///path, s3://bucket/prefix, memory://), "
@@ -159,6 +192,7 @@ class AsyncPool:
         self._passed_frames = PassedFrames()
         self.ttl_s = float(ttl_s)
         self.policy = policy or (Policy.process_default() if isolation == "process" else Policy.stdlib_only())
+        _warn_missing_modules(self.policy)
         self.limits = limits or Limits()
         self.isolation = isolation
         self.compression_level = compression_level
@@ -355,6 +389,7 @@ class Pool:
         compression_level: int = 1,
         clock: Callable[[], float] = time.time,
         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+        create_store: bool = False,
     ) -> None:
         self._inner = AsyncPool(
             store,
@@ -371,6 +406,7 @@ class Pool:
             compression_level=compression_level,
             clock=clock,
             max_clock_skew_s=max_clock_skew_s,
+            create_store=create_store,
         )
         self._loop = SyncLoop()
         self._closed = False

@@ -48,7 +48,7 @@ def test_usage_defaults_to_the_local_store(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.chdir(tmp_path)
     assert main(["usage"]) == 2  # nothing there yet: the same error as for a mistyped path
     assert "no store at file://" in (err := capsys.readouterr().err) and ".snapcell does not exist" in err
-    with Pool("file://.snapcell", isolation="inline") as pool, pool.checkout() as session:
+    with Pool("file://.snapcell", create_store=True, isolation="inline") as pool, pool.checkout() as session:
         session.run("x = 1")
         session.dump()
     assert main(["usage", "--json"]) == 0
@@ -68,7 +68,7 @@ def test_a_closed_pipe_ends_the_command_quietly() -> None:
 
 def test_head_prints_the_current_checkpoint_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = tmp_path / "store"
-    with Pool(f"file://{store}", isolation="inline") as pool:
+    with Pool(f"file://{store}", create_store=True, isolation="inline") as pool:
         tool = SyncCodeTool(pool)
         tool.run_code("chat-1", "a = 1")
         tool.run_code("chat-1", "b = 2")
@@ -123,7 +123,7 @@ def test_repl_allow_lets_scripts_import_the_modules(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     script = "import numpy\nint(numpy.arange(4).sum())\n"
-    base = ["repl", "--store", f"file://{tmp_path / 's'}", "--isolation", "inline"]
+    base = ["repl", "--store", f"file://{tmp_path / 's'}", "--create", "--isolation", "inline"]
     monkeypatch.setattr(sys, "stdin", io.StringIO(script))
     assert main([*base, "--conversation", "a"]) == 0
     assert "PolicyError" in capsys.readouterr().out
@@ -147,7 +147,7 @@ def test_plurals_in_the_repl() -> None:
 
 def test_a_failed_restore_is_not_reported_as_restored_and_moves_no_head(tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'store'}"
-    with Pool(url, isolation="inline", policy=Policy().with_modules(["numpy"])) as pool:
+    with Pool(url, isolation="inline", policy=Policy().with_modules(["numpy"]), create_store=True) as pool:
         tool = SyncCodeTool(pool)
         tool.run_code("c", "import numpy\nrows = numpy.arange(3)\nn = 5")
         tool.close()

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from snapcell import Pool
+from snapcell.cli import main
 from snapcell.cli._demo import TOOLS, TURN_1
 
 TURN_2_CHILD = """
@@ -58,7 +61,7 @@ def test_demo_command_runs_both_turns(tmp_path: Path) -> None:
 def test_turn_two_runs_in_another_process_sharing_the_store(tmp_path: Path) -> None:
     store = f"file://{tmp_path / 'store'}"
     # Turn 1 here, inline (the demo's own default isolation runs in the `demo` command test above).
-    with Pool(store, isolation="inline") as pool, pool.checkout() as session:
+    with Pool(store, isolation="inline", create_store=True) as pool, pool.checkout() as session:
         value = session.feed_run(TURN_1, external_lookup=TOOLS)
         checkpoint_hex = session.dump().hex()
     assert value == 2
@@ -83,3 +86,10 @@ def test_turn_two_runs_in_another_process_sharing_the_store(tmp_path: Path) -> N
     # script): both lookups started before either ended.
     assert sorted(customer for kind, customer in events if kind == "start") == ["c-1", "c-3"]
     assert [kind for kind, _ in events] == ["start", "start", "end", "end"], events
+
+
+def test_the_demo_refuses_a_memory_store_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--store", "memory://"]) == 2
+    err = capsys.readouterr().err
+    assert "memory://" in err and "new process" in err and "file://" in err
+    assert "forged" not in err and "Corrupt" not in err

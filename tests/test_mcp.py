@@ -51,7 +51,7 @@ def _server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> St
     environment.update(env or {})
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "snapcell", "mcp", "--store", f"file://{tmp_path / 'store'}", *args],
+        args=["-m", "snapcell", "mcp", "--store", f"file://{tmp_path / 'store'}", "--create", *args],
         env=environment,
         cwd=str(tmp_path),
     )
@@ -141,7 +141,7 @@ def test_streamable_http_keeps_one_conversation_per_mcp_session(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCELL_")}
     server = subprocess.Popen(
         [sys.executable, "-m", "snapcell", "mcp", "--transport", "http", "--port", str(port)]
-        + ["--isolation", "inline", "--store", f"file://{tmp_path / 'store'}"],
+        + ["--isolation", "inline", "--store", f"file://{tmp_path / 'store'}", "--create"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -233,7 +233,7 @@ def test_workspace_files_through_mcp_tools(tmp_path: Path) -> None:
     a run writes under out/ come back as content a client can show, and binary files as bytes, not text."""
 
     async def main() -> tuple[dict[str, object], list[CallToolResult]]:
-        async with AsyncPool(f"file://{tmp_path / 'store'}") as pool:
+        async with AsyncPool(f"file://{tmp_path / 'store'}", create_store=True) as pool:
             tool = CodeTool(pool)
             with anyio.fail_after(120):
                 async with Client(build_server(tool)) as client:  # type: ignore[arg-type]

@@ -19,7 +19,8 @@ from snapcell.tool import SyncCodeTool
 def _repl(store: Path, text: str, *extra: str) -> str:
     """Run ``snapcell repl`` in a new process with ``text`` piped to standard input; return what it printed."""
     done = subprocess.run(
-        [sys.executable, "-m", "snapcell", "repl", "--store", f"file://{store}", "--conversation", "t1", *extra],
+        [sys.executable, "-m", "snapcell", "repl", "--store", f"file://{store}", "--conversation", "t1", *extra]
+        + ["--create"],
         input=text,
         capture_output=True,
         text=True,

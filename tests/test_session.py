@@ -415,14 +415,14 @@ def test_key_rotation(tmp_path: Path) -> None:
 def test_local_store_generates_an_owner_only_key_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SNAPCELL_SIGNING_KEY", raising=False)
     root = tmp_path / "store"
-    with Pool(f"file://{root}", isolation="inline") as pool, pool.checkout() as session:
+    with Pool(f"file://{root}", create_store=True, isolation="inline") as pool, pool.checkout() as session:
         session.feed_run("x = 1")
         checkpoint_id = session.dump()
     key_file = root / ".snapcell-signing-key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     key = key_file.read_bytes()
     assert len(key) >= 16
-    with Pool(f"file://{root}", isolation="inline") as pool, pool.checkout() as session:
+    with Pool(f"file://{root}", create_store=True, isolation="inline") as pool, pool.checkout() as session:
         session.load_session(checkpoint_id)
         assert session.feed_run("x") == 1
     assert key_file.read_bytes() == key

@@ -314,7 +314,7 @@ def _entries(tool: SyncCodeTool) -> list[str]:
 def test_two_processes_on_sqlite_heads_lose_no_update(tmp_path: Path) -> None:
     store = tmp_path / "store"
     _two_processes(f"file://{store}", f"sqlite://{store}/.heads.sqlite3")
-    with Pool(f"file://{store}", isolation="inline", signing_keys=[KEY]) as pool:
+    with Pool(f"file://{store}", create_store=True, isolation="inline", signing_keys=[KEY]) as pool:
         tool = SyncCodeTool(pool)  # the default head store of a local store is the same SQLite file
         entries = _entries(tool)
         head = tool.head("shared")
@@ -357,7 +357,7 @@ def test_lease_of_a_killed_process_is_taken_over_after_expiry(tmp_path: Path) ->
     heads_path = store / ".heads.sqlite3"
     clock = Clock()  # this process's view of the head store's time; the child renews its lease on the real clock
     heads = CountedLeases(heads_path, clock)
-    with Pool(f"file://{store}", isolation="inline", signing_keys=[KEY]) as pool:
+    with Pool(f"file://{store}", create_store=True, isolation="inline", signing_keys=[KEY]) as pool:
         SyncCodeTool(pool, heads=heads).run_code("victim", "before = 1")
         child = _driver(f"file://{store}", f"sqlite://{heads_path}", "victim", "-", "0")
         try:

@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         assert isinstance(store, S3Store)
         heads: object = S3Heads(store)
     else:
-        store = open_store(store_url)
+        store = open_store(store_url, create=True)
         heads = SQLiteHeads(heads_url.removeprefix("sqlite://"))
     with Pool(store, isolation="inline") as pool:
         tool = SyncCodeTool(pool, heads=heads, tools={"ready": ready}, lease_ttl_s=1.0, lease_wait_s=60)

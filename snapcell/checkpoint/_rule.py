@@ -316,8 +316,20 @@ def module_refusal(module: object, rule: GlobalRule | AllowModule) -> str | None
     if any(_private(part) for part in parts[1:]):
         return "a private module"
     if not as_rule(rule).allow_module(module):
+        if parts[0] not in sys.modules and _not_installed(parts[0]):
+            return "a module that is not installed here"  # allowing it would not help: name the real cause
         return "a module the policy does not allow"
     return None
+
+
+def _not_installed(top: str) -> bool:
+    """True when the top-level module ``top`` cannot be found here; looks it up without importing anything."""
+    import importlib.util  # only on a refusal
+
+    try:
+        return importlib.util.find_spec(top) is None
+    except (ImportError, ValueError):
+        return False
 
 
 def attribute_refusal(name: object, *, dotted: bool = False, rule: GlobalRule | None = None) -> str | None:

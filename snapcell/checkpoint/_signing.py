@@ -26,6 +26,7 @@ ID_BYTES = ID_BODY.size + _ID_MAC_BYTES
 MAC_BYTES = 32
 _ID_DOMAIN = b"snapcell-id\x00"
 _CHECKPOINT_DOMAIN = b"snapcell-checkpoint\x00"
+_KEY_ID_DOMAIN = b"snapcell-key-id\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +58,19 @@ class CheckpointId:
 class Keyring:
     """Signing keys: the first signs, every key verifies (so keys can be rotated).
 
+    Errors name the keys they tried by key ID (`key_id`: a fingerprint that reveals nothing of the key) and by
+    where each came from (``labels``), so a wrong key is told from an altered checkpoint.
+
     Args:
         keys: Secret keys, each at least 16 bytes (text is UTF-8 encoded).
+        labels: Where each key came from, for error messages (``"SNAPCELL_SIGNING_KEY"``); default ``"key N"``.
 
     Raises:
-        ConfigError: No key, a key that is not str or bytes, a key that is too short, or a single str/bytes key
-            passed instead of a list of keys.
+        ConfigError: No key, a key that is not str or bytes, a key that is too short, a single str/bytes key
+            passed instead of a list of keys, or not one label per key.
     """
 
-    def __init__(self, keys: Sequence[bytes | str]) -> None:
+    def __init__(self, keys: Sequence[bytes | str], *, labels: Sequence[str] | None = None) -> None:
         if isinstance(keys, str | bytes | bytearray | memoryview):
             raise ConfigError("signing keys must be a list of keys, not one key: write [key] (the first one signs)")
         if not isinstance(keys, Iterable):
@@ -84,13 +89,37 @@ class Keyring:
             if len(key) < MIN_KEY_BYTES:
                 raise ConfigError(f"signing keys must be at least {MIN_KEY_BYTES} bytes long; one has {len(key)}")
         self._keys = encoded
+        if labels is not None and (isinstance(labels, str) or len(labels) != len(encoded)):
+            raise ConfigError("a Keyring needs one label per key")
+        self._labels = list(labels) if labels is not None else [f"key {i + 1}" for i in range(len(encoded))]
+
+    def key_id(self, index: int = 0) -> str:
+        """The key ID of key ``index`` (0: the signing key): 8 hex digits that identify it and reveal nothing of it."""
+        return hashlib.sha256(_KEY_ID_DOMAIN + self._keys[index]).hexdigest()[:8]
+
+    def describe(self, index: int | None = None) -> str:
+        """Key ``index`` as people read it, ``"key 1a2b3c4d (SNAPCELL_SIGNING_KEY)"``; every key when None."""
+        if index is not None:
+            return f"key {self.key_id(index)} ({self._labels[index]})"
+        return ", ".join(self.describe(i) for i in range(len(self._keys)))
+
+    def verifying_also(self, key: bytes, label: str) -> Keyring:
+        """A keyring that also verifies with ``key`` (after these keys; the signing key stays the first)."""
+        if key in self._keys:
+            return self
+        return Keyring([*self._keys, key], labels=[*self._labels, label])
+
+    def _tried(self) -> str:
+        one = len(self._keys) == 1
+        return f"the {'key' if one else f'{len(self._keys)} keys'} tried: {self.describe()}"
 
     @classmethod
     def from_env(cls) -> Keyring | None:
         """Read comma-separated keys from ``SNAPCELL_SIGNING_KEY``; None when it is unset or empty."""
         value = os.environ.get(ENV_SIGNING_KEY, "")
         keys = [k.strip() for k in value.split(",") if k.strip()]
-        return cls(keys) if keys else None
+        labels = [ENV_SIGNING_KEY if len(keys) == 1 else f"{ENV_SIGNING_KEY} #{i + 1}" for i in range(len(keys))]
+        return cls(keys, labels=labels) if keys else None
 
     def new_id(self, now: float | None = None) -> CheckpointId:
         """Mint a fresh signed ID created at ``now`` (seconds; default the current time)."""
@@ -126,8 +155,8 @@ class Keyring:
             for key in self._keys
         ):
             raise CheckpointCorrupt(
-                "the checkpoint ID's signature does not match: it was altered, forged, or signed with "
-                "another key (check SNAPCELL_SIGNING_KEY)",
+                "the checkpoint ID's signature matches none of the keys here: it was signed with another key (check "
+                f"SNAPCELL_SIGNING_KEY), mistyped, or altered; {self._tried()}",
                 checkpoint_id=raw,
             )
         version, created_ms, token = ID_BODY.unpack(body)
@@ -169,7 +198,7 @@ class Keyring:
                 return body, index
         raise CheckpointCorrupt(
             "the checkpoint failed verification: its bytes were altered or truncated, or it was signed "
-            "with another key; it was not loaded",
+            f"with another key; it was not loaded ({self._tried()})",
             checkpoint_id=checkpoint_id.raw,
         )
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from snapcell.cli._storage import add_commands
-from snapcell.errors import SnapcellError
+from snapcell.errors import ConfigError, SnapcellError
 
 __all__ = ["main"]
 
@@ -26,15 +26,27 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     if args.turn_2:
         return run_second_turn(args.store, args.turn_2)
-    return run_demo(args.store)
+    try:
+        return run_demo(args.store)
+    except ConfigError as exc:
+        print(f"snapcell demo: {exc}", file=sys.stderr)
+        return 2
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from snapcell.checkpoint import ID_BYTES
     from snapcell.ops import inspect_checkpoint
 
     is_file = os.path.exists(args.target) and not os.path.isdir(args.target)
     if not is_file and args.id:
         print(f"snapcell: {args.target} is not a file; --id goes with a checkpoint file", file=sys.stderr)
+        return 2
+    if not is_file and not _looks_like_id(args.target, ID_BYTES):
+        print(
+            f"snapcell inspect: {args.target!r} is not a checkpoint ID (an ID is {2 * ID_BYTES} hex digits, as "
+            "dump() and `snapcell head` print it) and not a checkpoint file",
+            file=sys.stderr,
+        )
         return 2
     report = inspect_checkpoint(
         args.id if is_file else args.target,
@@ -48,11 +60,22 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0 if report.problem is None else 1
 
 
+def _looks_like_id(text: str, id_bytes: int) -> bool:
+    """True when ``text`` has the shape of a checkpoint ID in hex (whether it verifies is another matter)."""
+    try:
+        return len(bytes.fromhex(text)) == id_bytes
+    except ValueError:
+        return False
+
+
 def _run_repl(args: argparse.Namespace) -> int:
     from snapcell.cli._repl import run_repl
 
     allow = [m.strip() for m in (args.allow or "").split(",") if m.strip()]
-    return run_repl(store=args.store, conversation=args.conversation, isolation=args.isolation, allow=allow)
+    create = args.create or args.store == DEFAULT_DEMO_STORE  # the default cannot be a mistyped path
+    return run_repl(
+        store=args.store, conversation=args.conversation, isolation=args.isolation, allow=allow, create_store=create
+    )
 
 
 def _run_mcp(args: argparse.Namespace) -> int:
@@ -156,6 +179,7 @@ def _add_inspect_and_repl(commands: argparse._SubParsersAction[argparse.Argument
     repl.add_argument(
         "--allow", metavar="MODULES", help="modules to allow besides the safe standard library: numpy,pandas"
     )
+    repl.add_argument("--create", action="store_true", help="make the store's directory if it does not exist")
     repl.set_defaults(func=_run_repl)
 
     head = commands.add_parser(

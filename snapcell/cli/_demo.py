@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from snapcell.errors import ConfigError
 from snapcell.pool import Pool
 
 __all__ = ["TOOLS", "TURN_1", "TURN_2", "run_demo", "run_turn"]
@@ -50,7 +51,8 @@ def run_turn(store: str, code: str, checkpoint_hex: str | None) -> tuple[Any, st
     Returns:
         The value, the new checkpoint ID as hex, and the checkpoint's size in bytes.
     """
-    with Pool(store) as pool, pool.checkout() as session:
+    # The demo is the first command on a fresh machine: it makes its store (turn 2 then finds it).
+    with Pool(store, create_store=checkpoint_hex is None) as pool, pool.checkout() as session:
         if checkpoint_hex:
             session.load_session(bytes.fromhex(checkpoint_hex))
         value = session.feed_run(code, external_lookup=TOOLS)
@@ -60,7 +62,17 @@ def run_turn(store: str, code: str, checkpoint_hex: str | None) -> tuple[Any, st
 
 
 def run_demo(store: str) -> int:
-    """Run turn 1 here and turn 2 in a separate Python process sharing the store."""
+    """Run turn 1 here and turn 2 in a separate Python process sharing the store.
+
+    Raises:
+        ConfigError: ``store`` is a memory store, which the second process could not see.
+    """
+    if store.lower().startswith("memory:"):
+        raise ConfigError(
+            f"the demo cannot use {store}: its turn 2 runs in a new process, and a memory:// store (its "
+            "checkpoints and its signing key) ends with the process that made it; use a directory such as "
+            "file://.snapcell, or s3://bucket/prefix"
+        )
     print(f"store: {store}")
     print(f"turn 1 (this process):\n{_indent(TURN_1)}")
     value, checkpoint_hex, size = run_turn(store, TURN_1, None)

@@ -88,6 +88,7 @@ class McpSettings:
         host: Address the HTTP transport listens on.
         port: Port the HTTP transport listens on.
         path: URL path of the HTTP endpoint.
+        create_store: Make the local store's directory when it does not exist (the default store always is).
     """
 
     store: str = DEFAULT_STORE
@@ -101,6 +102,7 @@ class McpSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     path: str = "/mcp"
+    create_store: bool = False
 
     def __post_init__(self) -> None:
         if self.conversation is not None:
@@ -432,7 +434,10 @@ async def _serve(settings: McpSettings) -> SnapcellError | None:
         try:
             policy = Policy().with_modules(settings.allow) if settings.allow else Policy()
             tools = load_tools(settings.tools)
-            pool = AsyncPool(settings.store, policy=policy, limits=settings.limits, isolation=settings.isolation)
+            create = settings.create_store or settings.store == DEFAULT_STORE  # the default cannot be a mistyped path
+            pool = AsyncPool(
+                settings.store, policy=policy, limits=settings.limits, isolation=settings.isolation, create_store=create
+            )
             await stack.enter_async_context(pool)
             tool = CodeTool(pool, tools=tools, max_answer_chars=settings.max_answer_chars)
             stack.push_async_callback(tool.aclose)
@@ -538,6 +543,7 @@ def settings_from_args(args: argparse.Namespace) -> McpSettings:
         host=args.host,
         port=args.port,
         path=args.path,
+        create_store=args.create,
     )
 
 
@@ -559,6 +565,7 @@ def add_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]",
     p.add_argument("--port", type=int, default=8000, help="port of the HTTP transport (8000)")
     p.add_argument("--path", default="/mcp", help="URL path of the HTTP endpoint (/mcp)")
     p.add_argument("--store", default=None, help=f"store URL or directory (${ENV['store']}, default {DEFAULT_STORE})")
+    p.add_argument("--create", action="store_true", help="make the store's directory if it does not exist")
     p.add_argument(
         "--conversation", default=None, help=f"one conversation for every MCP session (${ENV['conversation']})"
     )

@@ -321,6 +321,7 @@ def run_repl(
     isolation: Any = "process",
     stdin_is_tty: bool | None = None,
     allow: Sequence[str] = (),
+    create_store: bool = False,
 ) -> int:
     """Run the REPL until the user leaves; returns the exit code.
 
@@ -330,9 +331,11 @@ def run_repl(
         isolation: The pool's isolation (``"process"`` by default, as for `Pool`).
         stdin_is_tty: Whether to set up line editing (default: when standard input is a terminal).
         allow: Modules scripts may import besides the safe standard library (``numpy``, ``pandas``).
+        create_store: Make the local store's directory when it does not exist.
 
     Raises:
-        ConfigError: A bad store URL, conversation ID or isolation; nothing ran.
+        ConfigError: A bad store URL (or a local store that does not exist, without ``create_store``), conversation
+            ID or isolation; nothing ran.
         StorageError: The store or head store could not be read.
     """
     from snapcell.heads import validate_conversation_id
@@ -344,7 +347,7 @@ def run_repl(
         except ImportError:  # pragma: no cover - not on every platform
             pass
     policy = Policy().with_modules(allow) if allow else None
-    with Pool(store, isolation=isolation, policy=policy) as pool:
+    with Pool(store, isolation=isolation, policy=policy, create_store=create_store) as pool:
         tool = SyncCodeTool(pool)
         try:
             Repl(tool, pool, conversation).interact()

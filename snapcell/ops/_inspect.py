@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from snapcell.checkpoint import ID_BODY, ID_BYTES, MAC_BYTES, CheckpointId, Header, Keyring, Manifest, parse_container
-from snapcell.errors import CheckpointCorrupt, CheckpointError, ConfigError, StorageError
+from snapcell.errors import CheckpointCorrupt, CheckpointError, CheckpointNotFound, ConfigError, StorageError
 from snapcell.ops._cleanup import format_bytes
 from snapcell.storage import DEFAULT_TTL_S, LocalStore, Store, open_store
 
@@ -143,7 +143,7 @@ class InspectReport:
             lines.append(_row("created", _when(self.created_at, now)))
         if self.expires_at is not None:
             lines.append(_row("expires", ("EXPIRED " if self.expired else "") + _when(self.expires_at, now)))
-        lines.append(_row("size", format_bytes(self.checkpoint_bytes) + _raw_total(self.sections)))
+        lines.append(_row("size", _size(self.checkpoint_bytes, self.sections, self.manifest)))
         if self.problem is not None:
             lines.append(_row("PROBLEM", self.problem))
         lines.extend(_row("WARNING", warning) for warning in self.warnings)
@@ -193,7 +193,8 @@ def inspect_checkpoint(
         ConfigError: Neither an ID nor a file, a file to verify without its ID, or no signing key (none given, no
             ``SNAPCELL_SIGNING_KEY`` and no ``.snapcell-signing-key`` in the local store).
         CheckpointCorrupt: The ID is not hex, or the wrong length.
-        CheckpointNotFound: The store has no checkpoint under the ID.
+        CheckpointNotFound: The store has no checkpoint under the ID (also when the ID fails its signature check:
+            a mistyped ID).
         StorageError: The store or the file could not be read.
     """
     now = time.time() if now is None else now
@@ -202,9 +203,11 @@ def inspect_checkpoint(
             "give a checkpoint ID (with its store), or a checkpoint file with its ID (--id HEX); "
             "a file alone cannot be verified, read it with --no-verify"
         )
-    store_obj = open_store(store or DEFAULT_STORE) if isinstance(store, str) or store is None else store
     if path is not None and store is None:
-        store_obj = _enclosing_store(Path(path)) or store_obj
+        # A file needs a store only for its key file: that of the store it sits in, else ./.snapcell's if any.
+        store_obj: Store = _enclosing_store(Path(path)) or LocalStore(DEFAULT_STORE.removeprefix("file://"))
+    else:
+        store_obj = open_store(store or DEFAULT_STORE) if isinstance(store, str) or store is None else store
     if verify and keyring is None:
         keyring = _keyring(store_obj, signing_keys)
     elif not verify:
@@ -218,22 +221,32 @@ def inspect_checkpoint(
         if cid is None:  # pragma: no cover - ruled out above
             raise ConfigError("a checkpoint ID is needed to find the checkpoint in a store")
         source = f"{store_obj.url} {cid.storage_key}"
-        if id_problem is not None:
-            return _failed(source, cid, 0, id_problem, ttl_s, now)
-        blob = store_obj.get(cid.storage_key)
+        try:
+            blob = store_obj.get(cid.storage_key)
+        except CheckpointNotFound as exc:
+            if id_problem is None:
+                raise
+            # Neither signed by a key here nor naming a checkpoint: most likely mistyped (a forged or foreign ID
+            # that names a stored checkpoint is reported below, as failing verification).
+            raise CheckpointNotFound(
+                f"no checkpoint with this ID in {store_obj.url}, and its signature matches no key here: the ID is "
+                "mistyped (an ID is copied whole, as dump() or `snapcell head` prints it) or from another store",
+                checkpoint_id=cid.raw,
+                key=cid.storage_key,
+            ) from exc
     if id_problem is not None and cid is not None:
         return _failed(source, cid, len(blob), id_problem, ttl_s, now)
 
     if keyring is not None and cid is not None:
         try:
-            body = keyring.verify(blob, cid)
+            body, signer = keyring.verify_with_key(blob, cid)
         except CheckpointCorrupt as exc:
             problem = str(exc)
             expected = cid.storage_key.rsplit("/", 1)[-1]
             if path is not None and Path(path).name != expected:
                 problem += f" (this ID's checkpoint is stored as {expected!r}, not {Path(path).name!r})"
             return _failed(source, cid, len(blob), problem, ttl_s, now)
-        verification = "verified: the ID and the checkpoint's HMAC match the signing key"
+        verification = f"verified: the ID and the checkpoint's HMAC match {keyring.describe(signer)}"
     else:
         body = memoryview(blob)[:-MAC_BYTES] if len(blob) > MAC_BYTES else memoryview(b"")
         verification = "NOT CHECKED (--no-verify): these bytes may have been altered or forged"
@@ -403,10 +416,20 @@ def _span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def _raw_total(sections: tuple[SectionInfo, ...]) -> str:
+def _size(total: int, sections: tuple[SectionInfo, ...], manifest: Manifest | None) -> str:
+    """The size row: the checkpoint in the store, split into its variables' sections and the rest."""
     if not sections:
-        return ""
-    return f" stored, {format_bytes(sum(s.raw_bytes for s in sections))} uncompressed"
+        return format_bytes(total)
+    stored = sum(s.stored_bytes for s in sections)
+    text = (
+        f"{format_bytes(total)} in the store: {format_bytes(stored)} of variables "
+        f"({format_bytes(sum(s.raw_bytes for s in sections))} before compression) + "
+        f"{format_bytes(total - stored)} of manifest, header and signature"
+    )
+    blobs = getattr(manifest, "blobs", None) or []
+    if blobs:
+        text += f"; blobs stored apart: {format_bytes(sum(ref.stored_bytes for ref in blobs))}"
+    return text
 
 
 def _render_header(header: Header, manifest: Manifest | None) -> list[str]:

@@ -168,6 +168,20 @@ class Policy:
         """True when ``name`` (or the package it belongs to) may be imported."""
         return not self.restricted or module_allowed(name, self.modules)
 
+    def refuses_import(self, name: str) -> bool:
+        """True when a script's import of ``name`` is refused: not allowed, and its top-level module is installed.
+
+        A module that is not installed is left to fail as in any Python, with `ModuleNotFoundError`: allowing it
+        would not help, so "not allowed" would name the wrong cause (numpy on a host without numpy).
+        """
+        return not self.allows_module(name) and not _not_installed(name)
+
+    def missing_modules(self) -> frozenset[str]:
+        """The allowed top-level modules that are not installed in this interpreter (none when unrestricted)."""
+        if not self.restricted:
+            return frozenset()
+        return frozenset(m for m in self.modules if _not_installed(m))
+
     # ---------------------------------------------------------------- before the run
 
     def check(self, tree: ast.Module, source: str, filename: str) -> None:
@@ -255,6 +269,8 @@ class Policy:
             if name in _C_IMPORTS and not level and not fromlist:
                 importlib.import_module(name)
                 return None  # C callers (PyImport_Import) read sys.modules themselves
+            if not level and type(name) is str and not self.allows_module(name) and _not_installed(name):
+                raise _missing_module(name)
             if level or type(name) is not str or not self.allows_module(name):
                 raise runtime_policy_error(f"import of {name!r}", self.import_error(str(name)).hint)
             view = self.view(name)
@@ -285,6 +301,8 @@ class Policy:
 
         def subimport(name: str) -> ModuleView:
             if not self.allows_module(name):
+                if _not_installed(name):
+                    raise _refused(f"the checkpoint imports module {name!r}, which is not installed here")
                 raise _refused(f"the checkpoint imports module {name!r}, which the policy does not allow")
             return self.view(name)
 
@@ -365,6 +383,23 @@ def _path_open(
     if not isinstance(file, str | bytes | os.PathLike):
         raise runtime_policy_error("open()", "open() takes a file path relative to the workspace, such as 'data.csv'.")
     return open(os.fspath(file), mode, buffering, encoding, errors, newline, closefd)
+
+
+def _not_installed(name: str) -> bool:
+    """True when the top-level module of ``name`` cannot be found; looks it up without importing anything."""
+    top = name.partition(".")[0]
+    if not top.isidentifier() or top in sys.modules:
+        return False  # not a module name (never a path to probe), or imported already
+    try:
+        return importlib.util.find_spec(top) is None
+    except (ImportError, ValueError):
+        return False
+
+
+def _missing_module(name: str) -> ModuleNotFoundError:
+    """What a script's import of a module that is not installed raises (so ``except ImportError`` works)."""
+    top = name.partition(".")[0]
+    return ModuleNotFoundError(f"No module named {top!r}: it is not installed where this session runs", name=top)
 
 
 def _blocked_builtin(name: str, reason: str) -> Callable[..., Any]:

@@ -25,9 +25,9 @@ __all__ = ["Checker", "ImportRule", "plans"]
 
 
 class ImportRule(Protocol):
-    """What the check asks of the policy (`Policy` is one): which modules a script may import, and the error."""
+    """What the check asks of the policy (`Policy` is one): which imports it refuses, and the error."""
 
-    def allows_module(self, name: str) -> bool: ...
+    def refuses_import(self, name: str) -> bool: ...
 
     def import_error(self, name: str, *, lineno: int | None = None, line: str = "") -> PolicyError: ...
 
@@ -123,7 +123,7 @@ class Checker(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            if not self.policy.allows_module(alias.name):
+            if self.policy.refuses_import(alias.name):
                 raise self.policy.import_error(alias.name, lineno=node.lineno, line=_line(self.source, node.lineno))
             self.asyncio_run.note_import(alias)
 
@@ -131,7 +131,7 @@ class Checker(ast.NodeVisitor):
         module = node.module or ""
         if node.level:
             raise self.fail(node, "relative imports", "Import allowed modules by their full name.")
-        if not self.policy.allows_module(module):
+        if self.policy.refuses_import(module):
             raise self.policy.import_error(module, lineno=node.lineno, line=_line(self.source, node.lineno))
         for alias in node.names:
             self.asyncio_run.note_import(alias, module)

@@ -234,6 +234,10 @@ class LocalStore:
                     found += 1
         return found
 
+    def secret_path(self, name: str = "signing-key") -> Path:
+        """Where the store's secret ``name`` lives (it may not exist yet: `secret` makes it)."""
+        return self._root / f".snapcell-{name}"
+
     def secret(self, name: str = "signing-key", size: int = 32) -> bytes:
         """Return the store's secret ``name``, generating ``size`` random bytes on first use.
 
@@ -257,7 +261,7 @@ class LocalStore:
             raise ConfigError(f"secret name must be letters, digits, '_' or '-', not {name!r}")
         if size < 16:
             raise ConfigError(f"a secret must be at least 16 bytes, not {size}")
-        path = self._root / f".snapcell-{name}"
+        path = self.secret_path(name)
         with map_exceptions(_OS_ERRORS, f"cannot read or create the secret {path}"):
             try:
                 data = _read_private(path)

@@ -33,12 +33,17 @@ def open_store(
     client: object | None = None,
     now: Callable[[], float] | None = None,
     storage_timeout_s: float | None = None,
+    create: bool = False,
 ) -> Store:
     """Open the store a URL names.
 
     ``file:///abs/path`` and ``file://rel/path`` (relative to the working directory) and plain paths open a
     `LocalStore`; ``s3://bucket/prefix`` an `S3Store`; ``memory://`` or ``memory://name`` a new, empty
     `MemoryStore`. An S3 URL may carry the deadline as a query: ``s3://bucket/prefix?storage_timeout_s=5``.
+
+    A local store's directory must exist unless ``create`` is True, so a mistyped path (``"memory"`` without
+    ``://``, ``".snapcel"``) is an error rather than a new, empty store. ``~`` is not expanded (a URL is not a
+    shell): a path starting with it is refused.
 
     Args:
         url: Where the store lives.
@@ -49,18 +54,21 @@ def open_store(
         now: Memory only: the clock stamping ``created_at``.
         storage_timeout_s: Deadline of each store call in seconds (S3: default 10, enforced by the store itself;
             local: none by default, enforced for async callers by `AsyncStore`). Overrides the URL's and ``s3``'s.
+        create: Local only: make the directory (and its parents) when it does not exist, for a new store.
 
     Returns:
         The store; close it with ``close()`` when done.
 
     Raises:
-        ConfigError: Unknown scheme, malformed URL, an option the backend does not take, an invalid timeout, or
-            boto3 missing for S3.
+        ConfigError: Unknown scheme, malformed URL, an option the backend does not take, an invalid timeout,
+            boto3 missing for S3, a local directory that does not exist (without ``create``) or is a file, or a
+            local path starting with ``~``.
     """
     check_timeout_s(storage_timeout_s)
     if not isinstance(url, str) or not url:
         raise ConfigError(f"store URL must be a non-empty string; valid forms: {_SCHEMES}")
     scheme, sep, rest = url.partition("://")
+    plain = not sep
     if not sep:
         if url.startswith(("s3:", "file:", "memory:")):
             raise ConfigError(f"malformed store URL {url!r}; valid forms: {_SCHEMES}")
@@ -91,13 +99,42 @@ def open_store(
 
         if not rest:
             raise ConfigError(f"file store URL {url!r} has no path")
-        return LocalStore(Path(unquote(rest)), timeout_s=storage_timeout_s)
+        path = unquote(rest)
+        if path.startswith("~"):
+            raise ConfigError(
+                f"the store path {path!r} starts with '~', which is not expanded in a store URL; "
+                "write the absolute path instead (file:///home/me/store)"
+            )
+        store = LocalStore(Path(path), timeout_s=storage_timeout_s)
+        _check_directory(url, store.root, create=create, plain=plain)
+        return store
     if scheme == "memory":
         _refuse(url, s3_options=s3_options, storage_timeout_s=storage_timeout_s is not None)
         from ._memory import MemoryStore
 
         return MemoryStore(rest, now=now or time.time)
     raise ConfigError(f"unknown store scheme {scheme!r} in {url!r}; valid forms: {_SCHEMES}")
+
+
+def _check_directory(url: str, root: Path, *, create: bool, plain: bool) -> None:
+    """Refuse a local store whose directory does not exist (unless ``create``: make it) or is not a directory."""
+    if root.is_dir():
+        return
+    if root.exists() or root.is_symlink():
+        raise ConfigError(f"the store {url!r} is not a directory: {root} is a file or a broken link")
+    if create:
+        from ._local import _make_dirs
+
+        try:
+            _make_dirs(root)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the store {url!r} at {root}: {exc.strerror or exc}") from exc
+        return
+    hint = f" (did you mean {url}:// ?)" if plain and url.lower() in ("memory", "s3") else ""
+    raise ConfigError(
+        f"no store at file://{root}{hint}: the directory {root} does not exist, so it is not a snapcell store; "
+        "check the path, or make a new store there with create=True (on the command line: --create)"
+    )
 
 
 def _query_timeout(url: str, query: str) -> float:

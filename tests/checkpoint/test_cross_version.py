@@ -70,7 +70,10 @@ def test_a_checkpoint_loads_under_a_newer_python(
     if isinstance(python, str):
         pytest.skip(python)
     store = tmp_path / "store"
-    with Pool(str(store), signing_keys=[KEY], isolation="inline") as pool, pool.checkout() as session:
+    with (
+        Pool(str(store), create_store=True, signing_keys=[KEY], isolation="inline") as pool,
+        pool.checkout() as session,
+    ):
         session.feed_run(WRITE)
         checkpoint_id = session.dump()
         expected = session.run(READ).value

@@ -32,7 +32,7 @@ async def main(root: str, hook: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = FileConversationStore(os.path.join(root, "conversations"))
-    async with AsyncPool(f"file://{root}/store", isolation="inline") as pool:
+    async with AsyncPool(f"file://{root}/store", create_store=True, isolation="inline") as pool:
         tool = CodeTool(pool, tools={"tick": tick}, holder_id="writer")
         conversation = Conversation(id="crash")
         await store.add_messages(conversation, [{"role": "user", "content": "count"}, call("c1", "n = 1")])

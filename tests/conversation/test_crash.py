@@ -33,7 +33,7 @@ def test_sigkill_between_message_save_and_head_move_leaves_both_consistent(tmp_p
 
     async def recover() -> None:
         store = FileConversationStore(tmp_path / "conversations")
-        async with AsyncPool(f"file://{tmp_path}/store", isolation="inline") as pool:
+        async with AsyncPool(f"file://{tmp_path}/store", create_store=True, isolation="inline") as pool:
             tool = CodeTool(pool, tools={"tick": lambda: ticks.append(1)}, holder_id="writer")
             conversation = await store.load("crash")
             assert conversation is not None

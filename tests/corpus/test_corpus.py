@@ -167,7 +167,7 @@ _TURN_SCRIPT = textwrap.dedent(
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     conversations = dict(CORPUS)
     report = {}
-    with Pool(store, isolation="inline", policy=Policy.process_default()) as pool:
+    with Pool(store, isolation="inline", policy=Policy.process_default(), create_store=True) as pool:
         for name in sys.argv[4:]:
             turns = conversations[name]
             if number >= len(turns):

@@ -215,7 +215,7 @@ class Driver:
             bucket, _, prefix = self.config.store.partition("/")
             config = S3Config(endpoint_url=self.config.endpoint, region_name=TEST_REGION, **TEST_CREDENTIALS)
             return S3Store(bucket, prefix, config=config)
-        return open_store(f"file://{self.config.store}")
+        return open_store(f"file://{self.config.store}", create=True)
 
     async def run(self) -> None:
         first = next_turns(self.state, self.config.conversations)

@@ -41,7 +41,7 @@ _READ_HEAD = (
 
 def test_two_head_stores_in_a_process_lose_no_turn_when_another_process_closes_the_file(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    with Pool(f"file://{store}", isolation="inline", signing_keys=[KEY]) as pool:
+    with Pool(f"file://{store}", create_store=True, isolation="inline", signing_keys=[KEY]) as pool:
         first = SyncCodeTool(pool)  # default heads: <store>/.heads.sqlite3
         first.run_code("c", "n = 0")
         second = SyncCodeTool(pool)  # a second head store on the same file, in the same process

@@ -442,7 +442,7 @@ from snapcell import Pool, SyncCodeTool
 from snapcell.heads import PostgresHeads
 url, store, holder, turns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 answers = []
-with Pool(store, isolation="inline", signing_keys=["pg-servers-signing-key-0123456789"]) as pool:
+with Pool(store, isolation="inline", signing_keys=["pg-servers-signing-key-0123456789"], create_store=True) as pool:
     print("ready", flush=True)
     sys.stdin.readline()
     heads = PostgresHeads(url)  # all servers at once, on a database without the table yet

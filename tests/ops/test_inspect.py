@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from snapcell import CheckpointNotFound, ConfigError, Pool
+from snapcell import CheckpointCorrupt, CheckpointNotFound, ConfigError, Pool
 from snapcell.checkpoint import dump_namespace
 from snapcell.cli import main
 from snapcell.ops._inspect import inspect_checkpoint
@@ -38,7 +38,7 @@ def store_dir(tmp_path: Path) -> Path:
 
 def _checkpoint(store_dir: Path, code: str, *, extra: dict[str, Any] | None = None, setup: str = "") -> str:
     """Run code in an inline session over a local store, dump it and return the checkpoint ID in hex."""
-    with Pool(f"file://{store_dir}", isolation="inline") as pool, pool.checkout() as session:
+    with Pool(f"file://{store_dir}", create_store=True, isolation="inline") as pool, pool.checkout() as session:
         if setup:
             session.run(setup, setup=True)
         session.run(code)
@@ -231,3 +231,50 @@ def test_inspect_never_creates_a_signing_key(
     err = capsys.readouterr().err
     assert "ConfigError" in err and ".snapcell-signing-key" in err and "--signing-key" in err
     assert sorted(p.name for p in (tmp_path / "docs").rglob("*")) == ["2024", "checkpoints", "notes.bin"]
+
+
+def test_a_mistyped_id_is_reported_as_such_not_as_corrupt(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint = _checkpoint(store_dir, "a = 1")
+    store = f"file://{store_dir}"
+    # One hex digit of the token changed: no checkpoint has this ID.
+    typo = checkpoint[:30] + ("0" if checkpoint[30] != "0" else "1") + checkpoint[31:]
+    with pytest.raises(CheckpointNotFound) as info:
+        inspect_checkpoint(typo, store=store)
+    assert "no checkpoint with this ID" in str(info.value) and "mistyped" in str(info.value)
+    assert main(["inspect", typo, "--store", store]) == 1
+    err = capsys.readouterr().err
+    assert "CheckpointNotFound" in err and "forged" not in err and "Corrupt" not in err
+    # Not an ID at all (too short, not hex) and not a file either.
+    for target in (checkpoint[:40], "zz" * 41, "abcd"):
+        assert main(["inspect", target, "--store", store]) == 2
+        err = capsys.readouterr().err
+        assert "is not a checkpoint ID" in err and "82 hex digits" in err and "Corrupt" not in err
+
+
+def test_an_id_from_another_process_memory_store_names_the_cause(tmp_path: Path) -> None:
+    from snapcell.checkpoint import Keyring
+
+    elsewhere = Keyring([b"another process's random key"]).new_id().raw  # what a memory store elsewhere made
+    with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
+        with pytest.raises(CheckpointCorrupt) as info:
+            session.load_session(elsewhere)
+    assert "memory://" in str(info.value) and "made in another process" in str(info.value)
+
+
+def test_the_size_line_says_what_each_figure_is(store_dir: Path) -> None:
+    from snapcell.checkpoint import Keyring
+    from snapcell.ops._cleanup import format_bytes
+
+    checkpoint = _checkpoint(store_dir, "a = 1\nnames = ['x'] * 3")  # small: the manifest outweighs the variables
+    report = inspect_checkpoint(checkpoint, store=f"file://{store_dir}")
+    (line,) = [row for row in report.render().splitlines() if row.startswith("size")]
+    stored = sum(s.stored_bytes for s in report.sections)
+    raw = sum(s.raw_bytes for s in report.sections)
+    assert raw < report.checkpoint_bytes  # the reading that looked wrong: less "uncompressed" than "stored"
+    assert "uncompressed" not in line
+    assert f"{format_bytes(report.checkpoint_bytes)} in the store" in line
+    assert f"{format_bytes(stored)} of variables ({format_bytes(raw)} before compression)" in line
+    assert f"{format_bytes(report.checkpoint_bytes - stored)} of manifest, header and signature" in line
+    # Which key verified it, by key ID and origin.
+    key_id = Keyring([(store_dir / ".snapcell-signing-key").read_bytes()]).key_id()
+    assert f"key {key_id} (the store's key file" in report.verification

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import snapcell
 from snapcell import Policy
 from snapcell.errors import ConfigError, PolicyError
 
@@ -312,11 +313,11 @@ def test_dynamic_access_raises_policy_error_at_runtime(run, code, fragment):
 
 
 def test_blocked_import_names_the_module_and_lists_allowed_ones(run):
-    error = run("import numpy_not_here").error
+    error = run("import sqlite3").error
     assert isinstance(error, PolicyError)
-    assert "'numpy_not_here'" in str(error)
+    assert "'sqlite3'" in str(error)
     assert "Allowed modules:" in error.hint and "json" in error.hint and "math" in error.hint
-    assert "import numpy_not_here" in error.for_model()
+    assert "import sqlite3" in error.for_model()
 
 
 @pytest.mark.parametrize(
@@ -465,3 +466,44 @@ def test_warmed_guarded_builtins_are_copied_fresh_without_walking_the_builtins_a
     assert one == two == built and one is not two  # each session gets a dict of its own
     one["len"] = None  # a session changing its own builtins changes nobody else's
     assert _guard.guarded_builtins()["len"] is len
+
+
+MISSING = "snapcell_no_such_module"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [f"import {MISSING}", f"import {MISSING}.sub as s", f"from {MISSING} import x", f"from {MISSING}.sub import x"],
+)
+def test_a_module_that_is_not_installed_is_reported_missing_not_refused(pool, code):
+    # The policy would refuse it, but even allowing it would not help: the real cause is that it is missing (as
+    # numpy is for the default policy on a host without numpy).
+    with pool.checkout() as session:
+        error = session.run(code).error
+        assert error is not None and not isinstance(error, PolicyError)
+        assert error.exc_type == "ModuleNotFoundError"
+        assert f"No module named {MISSING!r}" in str(error) and "not installed" in str(error)
+        # As with any missing module, a script can test for it and carry on.
+        assert session.feed_run(f"try:\n    {code}\nexcept ImportError:\n    found = False\nfound") is False
+        assert isinstance(session.run("import os").error, PolicyError)  # installed and refused: still a refusal
+
+
+def test_a_policy_allowing_a_missing_module_warns_once(caplog):
+    import logging
+
+    policy = Policy(extra_modules={MISSING, "json"})
+    assert policy.missing_modules() == {MISSING}
+    assert not Policy.stdlib_only().missing_modules() and not Policy.unrestricted().missing_modules()
+    with caplog.at_level(logging.WARNING, logger="snapcell"):
+        snapcell.Pool(isolation="inline", policy=policy).close()
+        snapcell.Pool(isolation="inline", policy=policy).close()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "snapcell" and MISSING in r.getMessage()]
+    assert len(warnings) == 1 and "not installed" in warnings[0]
+
+
+def test_a_checkpoint_naming_a_module_that_is_not_installed_says_so() -> None:
+    from snapcell.checkpoint._rule import module_refusal
+
+    refuse_all = lambda _module: False  # noqa: E731  (as the default policy on a host without the module)
+    assert module_refusal(f"{MISSING}.sub", refuse_all) == "a module that is not installed here"
+    assert module_refusal("sqlite3", refuse_all) == "a module the policy does not allow"

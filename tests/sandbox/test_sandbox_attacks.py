@@ -370,7 +370,7 @@ def test_a_busy_c_loop_hits_the_cpu_limit_and_the_session_recovers():
 
 def test_worker_cannot_read_a_local_stores_signing_key(attack_pool, tmp_path):
     store_dir = tmp_path / "store"
-    with snapcell.Pool(f"file://{store_dir}", isolation="inline"):
+    with snapcell.Pool(f"file://{store_dir}", create_store=True, isolation="inline"):
         pass
     keys = [p for p in store_dir.rglob("*") if "key" in p.name]
     assert keys, list(store_dir.rglob("*"))

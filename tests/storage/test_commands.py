@@ -352,7 +352,7 @@ def test_cleanup_keeps_the_heads_next_to_a_local_store_without_being_told(
 
     monkeypatch.delenv("SNAPCELL_SIGNING_KEY", raising=False)
     root = tmp_path / "store"
-    with snapcell.Pool(f"file://{root}", isolation="inline") as pool:
+    with snapcell.Pool(f"file://{root}", create_store=True, isolation="inline") as pool:
         tool = snapcell.SyncCodeTool(pool)
         tool.run_code("c", "x = [1] * 1000")
         tool.close()

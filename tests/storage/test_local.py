@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from snapcell import Pool
 from snapcell.errors import CheckpointNotFound, ConfigError, InvalidKey, ObjectExists, StorageError, StorageUnavailable
 from snapcell.storage import LocalStore, _local, open_store
 
@@ -208,14 +209,61 @@ def test_a_read_only_store_reads_but_refuses_writes_clearly(tmp_path: Path) -> N
 
 def test_open_store_local_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    absolute = open_store(f"file://{tmp_path}/abs")
-    relative = open_store("file://rel/dir")
-    plain = open_store("plain/dir")
+    absolute = open_store(f"file://{tmp_path}/abs", create=True)
+    relative = open_store("file://rel/dir", create=True)
+    plain = open_store("plain/dir", create=True)
     assert isinstance(absolute, LocalStore) and absolute.root == tmp_path / "abs"
     assert isinstance(relative, LocalStore) and relative.root == tmp_path / "rel/dir"
     assert isinstance(plain, LocalStore) and plain.root == tmp_path / "plain/dir"
     relative.put("k", b"v")
     assert (tmp_path / "rel/dir/k").read_bytes() == b"v"
+
+
+@pytest.mark.parametrize(
+    "url", ["memory", ".snapcell typo", "file://.snapcell typo", "{tmp}/no/such/store", "file://{tmp}/x"]
+)
+def test_a_local_store_that_does_not_exist_is_refused_unless_created(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = url.format(tmp=tmp_path)
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        open_store(url)
+    assert "create=True" in str(info.value)
+    assert os.listdir(tmp_path) == []  # nothing was made on the way
+    if url == "memory":
+        assert "memory://" in str(info.value)  # the likely meaning
+    created = open_store(url, create=True)
+    assert isinstance(created, LocalStore) and created.root.is_dir()
+    assert isinstance(open_store(url), LocalStore)  # it exists now
+
+
+def test_a_file_where_the_store_should_be_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"")
+    for create in (False, True):
+        with pytest.raises(ConfigError, match="not a directory"):
+            open_store(f"file://{tmp_path}/f", create=create)
+
+
+@pytest.mark.parametrize("url", ["file://~/store", "~/store", "file://~root/store"])
+def test_a_home_directory_in_a_store_url_is_refused_not_expanded(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for create in (False, True):
+        with pytest.raises(ConfigError, match="~") as info:
+            open_store(url, create=create)
+        assert "absolute path" in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_pool_refuses_a_store_url_that_does_not_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        Pool(f"file://{tmp_path}/typo", isolation="inline")
+    assert not (tmp_path / "typo").exists()
+    with Pool(f"file://{tmp_path}/new", isolation="inline", create_store=True) as pool:
+        assert isinstance(pool.store, LocalStore) and pool.store.root == tmp_path / "new"
 
 
 @pytest.mark.parametrize("url", ["ftp://x", "gs://bucket", "s3:bucket", "", "file://"])

@@ -30,7 +30,7 @@ def test_a_file_named_to_forge_lines_is_neither_an_artifact_nor_listed_nor_saved
         f"open('out/' + {FORGING!r}, 'w').write('x')\n"
         "open('out/ok.txt', 'w').write('fine')\n"
     )
-    with Pool(f"file://{tmp_path}/store", signing_keys=[KEY]) as pool, pool.checkout() as session:
+    with Pool(f"file://{tmp_path}/store", create_store=True, signing_keys=[KEY]) as pool, pool.checkout() as session:
         result = session.run(script)
         assert result.error is None, result.error
         assert [f.path for f in result.files] == ["out/ok.txt"]

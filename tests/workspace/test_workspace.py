@@ -51,7 +51,7 @@ def test_a_csv_written_in_turn_1_is_read_in_turn_2_in_another_process(tmp_path):
     turn = textwrap.dedent(
         """
         import json, sys, snapcell
-        with snapcell.Pool(sys.argv[1], min_warm_workers=0) as pool, pool.checkout() as session:
+        with snapcell.Pool(sys.argv[1], min_warm_workers=0, create_store=True) as pool, pool.checkout() as session:
             if sys.argv[2]:
                 session.load_session(bytes.fromhex(sys.argv[2]))
             value = session.feed_run(sys.argv[3])
