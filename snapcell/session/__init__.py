@@ -10,11 +10,16 @@ from typing import TYPE_CHECKING
 from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
+    from snapcell.session._pause import Answer, check_pausing
     from snapcell.session._session import DEFAULT_MAX_CLOCK_SKEW_S, AsyncSession, SessionConfig
     from snapcell.session._sync import Session
     from snapcell.session._verify import Verifier
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "snapcell.session._pause": (
+        "Answer",
+        "check_pausing",
+    ),
     "snapcell.session._session": (
         "DEFAULT_MAX_CLOCK_SKEW_S",
         "AsyncSession",
@@ -26,10 +31,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 
 __all__ = [
     "DEFAULT_MAX_CLOCK_SKEW_S",
+    "Answer",
     "AsyncSession",
     "Session",
     "SessionConfig",
     "Verifier",
+    "check_pausing",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

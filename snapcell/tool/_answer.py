@@ -14,7 +14,7 @@ from snapcell._support import is_async_callable
 from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.heads import TurnRecord
-from snapcell.interpreter import DROPPED_PREFIX, Artifact, HostCall, RunResult, dropped_note
+from snapcell.interpreter import DROPPED_PREFIX, Artifact, HostCall, PausedCall, RunResult, dropped_note
 from snapcell.policy import DEFAULT_MODULES, Policy, with_file_access
 from snapcell.wire import MAX_ASSIGNED, MAX_ASSIGNED_CHARS
 
@@ -23,6 +23,8 @@ __all__ = [
     "lost_note",
     "modules_text",
     "cut_answer",
+    "paused_text",
+    "pausing_text",
     "dropped_in_turn",
     "failed_host_call",
     "host_text",
@@ -128,6 +130,8 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
             )
         if isinstance(result.error, TimeLimitExceeded):  # the error says it already
             run_notes = tuple(note for note in run_notes if not note.startswith("stopped after "))
+    if result.paused is not None:
+        parts.append(paused_text(result.paused))
     if result.files:
         # Paths are checked on the host already (no control characters); escaping what is shown is the last line.
         shown = ", ".join(f"{_inert(f.path)} ({f.media_type}, {f.size_bytes:,} bytes)" for f in result.files[:20])
@@ -138,6 +142,19 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
     if memory:
         parts.append(f"[note] {memory}")
     return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
+
+
+def paused_text(call: PausedCall) -> str:
+    """What the model reads of a run that paused: the call it waits at, and that the script goes on from there."""
+    shown = [repr(a) for a in call.args] + [f"{k}={v!r}" for k, v in call.kwargs.items()]
+    text = _inert(f"{call.name}({', '.join(shown)})")
+    if len(text) > 500:
+        text = text[:497] + "..."
+    return (
+        f"[paused] the script is waiting at {text} for an answer from the application (a person may take hours). "
+        "When it comes, the script continues from that call, which returns the answer; the next answer shows the "
+        "script's whole output. Nothing after the call has run yet."
+    )
 
 
 def _inert(text: str) -> str:
@@ -228,6 +245,20 @@ def host_text(signatures: list[str]) -> str:
     if types:
         text += "\n\nTypes in their signatures (for reference, not defined in the session):\n" + "\n".join(types)
     return text
+
+
+def pausing_text(names: Collection[str]) -> str:
+    """The description's part on the host functions that pause a script (empty without any)."""
+    if not names:
+        return ""
+    listed = ", ".join(f"{name}()" for name in sorted(names))
+    return (
+        f"\n\nPausing host functions: {listed}. A call of one pauses the script until the application answers "
+        "(a person may take hours): the answer ends there and says what the script waits for; once answered, the "
+        "script continues from that call, which returns the answer, and the next answer shows the whole output. "
+        "Code before the call runs again on resume with the same host results, so keep it free of side effects "
+        "other than host calls."
+    )
 
 
 def _signature_line(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:

@@ -43,6 +43,7 @@ class TurnContext:
         keeper: Stores the conversations turns are given, or None (the application stores them).
         hold_on_host_error: A turn whose host function raised an error the script did not catch leaves the head
             where it was (``on_host_error="hold"``).
+        pausing: Host functions whose call pauses the run (`CodeTool.resume` goes on from it).
     """
 
     pool: AsyncPool
@@ -54,6 +55,7 @@ class TurnContext:
     new_session: Callable[[], AbstractAsyncContextManager[AsyncSession]]
     keeper: ConversationKeeper | None = None
     hold_on_host_error: bool = False
+    pausing: frozenset[str] = frozenset()
 
     @property
     def storage_timeout_s(self) -> float | None:

@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from snapcell.conversation import Conversation, ConversationStore
@@ -30,6 +30,7 @@ from snapcell.heads import (
 from snapcell.interpreter import validate_lookup
 from snapcell.limits import Limits
 from snapcell.pool import AsyncPool, Pool
+from snapcell.session import Answer, check_pausing
 from snapcell.telemetry import conversation_context, trace_turn
 from snapcell.tool._answer import (
     MIN_ANSWER_CHARS,
@@ -37,6 +38,7 @@ from snapcell.tool._answer import (
     cut_answer,
     host_text,
     modules_text,
+    pausing_text,
     render_answer,
     stub_signatures,
     tool_signatures,
@@ -141,6 +143,10 @@ class CodeTool:
         on_host_error: ``"advance"`` (default): a turn whose host function raised an error the script did not
             catch is saved like any other. ``"hold"``: it is not saved, the head stays where it was (the failed
             run can be inspected before the conversation goes on), and the answer says so.
+        pausing: Names of host functions whose call pauses the script until the application answers (a person's
+            approval, say): the turn saves a paused checkpoint and its answer says what the script waits for;
+            `resume` goes on from the call. They need no entry in ``tools`` (one there gives the description its
+            signature, and is never called). See the docs' "Pause and resume".
 
     Raises:
         ConfigError: A setting is invalid, or the pool's store has no default head store.
@@ -169,6 +175,7 @@ class CodeTool:
         conversations: ConversationStore | None = None,
         durability: Durability = "sync",
         on_host_error: str = "advance",
+        pausing: Collection[str] | None = None,
     ) -> None:
         if not isinstance(max_answer_chars, int) or max_answer_chars < MIN_ANSWER_CHARS:
             raise ConfigError(f"max_answer_chars must be an integer >= {MIN_ANSWER_CHARS}, not {max_answer_chars!r}")
@@ -199,6 +206,7 @@ class CodeTool:
             raise ConfigError(f"limits must be a snapcell Limits(...) or None, not {type(limits).__name__}")
         # Checked now, not on the first turn: a bad name would otherwise fail only after a lease was taken.
         tools = validate_lookup(tools, what="tools")
+        self.pausing = check_pausing(pausing)
         self.pool = pool
         self.heads: HeadStore = heads if heads is not None else default_heads(pool.store)
         self._owns_heads = heads is None
@@ -226,6 +234,7 @@ class CodeTool:
             f"{_DESCRIPTION} {modules_text(pool.policy, file_access=process)}"
             + (_FILES if process else " There is no file access (open() is not available).")
             + host_text(host)
+            + pausing_text(self.pausing)
         )
         self._warm = WarmSessions(
             keep_warm_s=float(keep_warm_s), max_sessions=max_warm_sessions, max_bytes=max_warm_bytes
@@ -247,6 +256,7 @@ class CodeTool:
             new_session=functools.partial(pool.checkout, **checkout),
             keeper=keeper,
             hold_on_host_error=on_host_error == "hold",
+            pausing=self.pausing,
         )
 
     @property
@@ -355,6 +365,50 @@ class CodeTool:
         For a client that shows more than text: an MCP server marks a failed run as an error and attaches the
         charts a run wrote under ``out/``. Raises what `run_code` raises.
         """
+        return await self._turn(conversation_id, code, setup, turn_id, None)
+
+    async def resume(
+        self,
+        conversation_id: str | Conversation,
+        value: Any = None,
+        *,
+        error: BaseException | None = None,
+        turn_id: str | None = None,
+    ) -> str:
+        """Resume the conversation's paused script with the application's answer, as a turn; return its answer.
+
+        The head's checkpoint holds a run that paused at a pausing host call (see ``pausing``). Like a `run_code`
+        turn (lease, load, dump, head move, turn record), but instead of new code the paused script goes on: the
+        paused call returns ``value`` (or raises ``error``) and the answer is the whole script's, as if it had never
+        paused (it may pause again). Host functions called before the pause are not called again.
+        Exactly once as a turn: called again with a ``turn_id`` already committed, it returns that answer and
+        nothing runs. A fork of a paused conversation can be resumed with another answer.
+
+        Args:
+            conversation_id: The conversation (or a `Conversation`, as for `run_code`).
+            value: What the paused call returns (plain data).
+            error: An exception the paused call raises in the script instead.
+            turn_id: The turn's idempotency key; default: a new random one.
+
+        Raises:
+            SessionError: The conversation's state holds no paused run; nothing ran and the head did not move.
+            ResumeDiverged: The replay of the script left its log (its host functions answered otherwise, say); the
+                head did not move: the conversation is still paused.
+            ConfigError: The answer is not plain data; nothing ran.
+            Also what `run_code` raises.
+        """
+        answer = await self._turn(conversation_id, "", False, turn_id, Answer.checked(value, error))
+        return answer.text
+
+    async def _turn(
+        self,
+        conversation_id: str | Conversation,
+        code: str,
+        setup: bool,
+        turn_id: str | None,
+        resume: Answer | None,
+    ) -> TurnAnswer:
+        """A turn of `run_turn`, or of `resume` with the answer of the paused call."""
         conversation: Conversation | None
         if isinstance(conversation_id, Conversation):
             conversation, key = conversation_id, conversation_id.id
@@ -369,7 +423,8 @@ class CodeTool:
                 with conversation_context(key), trace_turn(code):
                     if conversation is None and self._keeper is not None:
                         conversation = await self._keeper.load(key)
-                    turn = Turn(self._context, lease, turn_id, conversation)
+                    answer = None if resume is None else (resume.value, resume.error)
+                    turn = Turn(self._context, lease, turn_id, conversation, answer=answer)
                     text = await turn.run(code, setup)
                     return TurnAnswer(text=text, result=turn.result, saved=turn.saved)
         finally:
@@ -590,6 +645,7 @@ class SyncCodeTool:
         conversations: ConversationStore | None = None,
         durability: Durability = "sync",
         on_host_error: str = "advance",
+        pausing: Collection[str] | None = None,
     ) -> None:
         if not isinstance(pool, Pool):
             raise ConfigError(f"pool must be a Pool (use CodeTool with an AsyncPool), not {type(pool).__name__}")
@@ -614,6 +670,7 @@ class SyncCodeTool:
             conversations=conversations,
             durability=durability,
             on_host_error=on_host_error,
+            pausing=pausing,
         )
 
     @property
@@ -648,6 +705,18 @@ class SyncCodeTool:
     ) -> TurnAnswer:
         """See `CodeTool.run_turn`."""
         answer: TurnAnswer = self._pool.call(self._inner.run_turn(conversation_id, code, setup, turn_id=turn_id))
+        return answer
+
+    def resume(
+        self,
+        conversation_id: str | Conversation,
+        value: Any = None,
+        *,
+        error: BaseException | None = None,
+        turn_id: str | None = None,
+    ) -> str:
+        """See `CodeTool.resume`."""
+        answer: str = self._pool.call(self._inner.resume(conversation_id, value, error=error, turn_id=turn_id))
         return answer
 
     def rewind(self, conversation_id: str, turns: int = 1, *, turn_id: str | None = None) -> bytes | None:

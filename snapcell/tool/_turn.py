@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from snapcell.conversation import Conversation
 from snapcell.errors import (
@@ -68,6 +68,8 @@ class Turn:
         turn_id: The turn's idempotency key, recorded in the head with its answer.
         conversation: The application's `Conversation`, if given: the state starts from its checkpoints, and its
             usage and new checkpoint are recorded in it.
+        answer: ``(value, error)`` for a turn that resumes the paused run of the conversation's state with that
+            answer (`AsyncSession.resume`) instead of running code.
 
     Attributes:
         conversation_id: The conversation (the lease's).
@@ -81,9 +83,16 @@ class Turn:
     """
 
     def __init__(
-        self, context: TurnContext, lease: Lease, turn_id: str, conversation: Conversation | None = None
+        self,
+        context: TurnContext,
+        lease: Lease,
+        turn_id: str,
+        conversation: Conversation | None = None,
+        *,
+        answer: tuple[Any, BaseException | None] | None = None,
     ) -> None:
         self.context = context
+        self.answer = answer
         self.lease = lease
         self.conversation_id = lease.conversation_id
         self.turn_id = turn_id
@@ -143,9 +152,18 @@ class Turn:
             try:
                 # The answer of the turn whose dump dropped a variable named it; the run would name it again.
                 # The dump always follows a run that ends: asked for with it, it costs no round trip of its own.
-                run = await session.run(
-                    code, external_lookup=context.tools, setup=setup, then_dump=True, raise_on_lost=True
-                )
+                if self.answer is not None:
+                    value, error = self.answer
+                    run = await session.resume(value, error=error, external_lookup=context.tools)
+                else:
+                    run = await session.run(
+                        code,
+                        external_lookup=context.tools,
+                        setup=setup,
+                        then_dump=True,
+                        raise_on_lost=True,
+                        pausing=context.pausing,
+                    )
                 result = self.result = without_dropped_notes(run)
             except RunCancelled as exc:
                 result, cancelled = without_dropped_notes(exc.result), exc
