@@ -53,6 +53,7 @@ def test_the_answer_says_what_the_script_waits_for_and_resume_runs_once_per_turn
     assert "def approve(amount: int) -> bool" in code_tool.description
     paused = code_tool.run_code("c1", SCRIPT, turn_id="t1")
     assert "asking about o-9" in paused and "[paused] the script is waiting at approve(30)" in paused
+    assert "the paused state is kept for 7 days" in paused
     with pytest.raises(SessionError, match="paused at approve"):
         code_tool.run_code("c1", "1 + 1")
     done = code_tool.resume("c1", True, turn_id="t2")

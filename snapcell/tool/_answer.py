@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from snapcell._support import is_async_callable
+from snapcell._support import duration, is_async_callable
 from snapcell.checkpoint import Manifest
 from snapcell.errors import ConfigError, ScriptError, TimeLimitExceeded, WorkerLost
 from snapcell.heads import TurnRecord
@@ -23,6 +23,7 @@ __all__ = [
     "lost_note",
     "modules_text",
     "cut_answer",
+    "pause_ttl_note",
     "paused_text",
     "pausing_text",
     "dropped_in_turn",
@@ -142,6 +143,14 @@ def render_answer(result: RunResult, notes: Iterable[str] = (), *, max_chars: in
     if memory:
         parts.append(f"[note] {memory}")
     return cut_answer("\n".join(parts) if parts else "(no output)", max_chars)
+
+
+def pause_ttl_note(ttl_s: float) -> str:
+    """The note of a turn that paused: how long the pause may last."""
+    return (
+        f"the paused state is kept for {duration(ttl_s)} (the checkpoint's ttl); an answer after that finds it "
+        "expired and the script does not continue"
+    )
 
 
 def paused_text(call: PausedCall) -> str:

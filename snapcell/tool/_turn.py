@@ -28,6 +28,7 @@ from snapcell.tool._answer import (
     dropped_in_turn,
     failed_host_call,
     lost_note,
+    pause_ttl_note,
     render_answer,
     replayed,
     without_dropped_notes,
@@ -165,6 +166,8 @@ class Turn:
                         pausing=context.pausing,
                     )
                 result = self.result = without_dropped_notes(run)
+                if result.paused is not None:
+                    self.notes.append(pause_ttl_note(context.pool.ttl_s))
             except RunCancelled as exc:
                 result, cancelled = without_dropped_notes(exc.result), exc
                 self.result = result
