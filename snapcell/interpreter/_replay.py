@@ -37,7 +37,9 @@ PAUSE_ERROR = "SnapcellPause"
 _HASH_PROBE = "snapcell:hash-probe"
 # Most values of one kind a record holds: a script reading the clock in a loop stops being replayed past this.
 _MAX_VALUES = 10_000
-_MAX_URANDOM_BYTES = 1 << 20
+# Most bytes of ``os.urandom`` a record keeps (it travels in the run's reply and in the checkpoint); past it the
+# bytes are live, so a replay reads other ones there (a difference the host sees only if they reach a host call).
+_MAX_URANDOM_BYTES = 64 * 1024
 
 
 class ScriptPaused(BaseException):
@@ -69,6 +71,8 @@ class Inputs:
             ok = type(values) is list and all(type(v) in types for v in values)
             self.streams[kind] = list(values) if ok else []  # type: ignore[arg-type]
         self._at = dict.fromkeys(self.streams, 0)
+        self.urandom_bytes = sum(len(v) for v in self.streams["urandom"])
+        self.urandom_full = False
         self.recorded_hash = given.get("hash")
 
     def take(self, kind: str, live: Callable[[], Any], check: Callable[[Any], bool] | None = None) -> Any:
@@ -81,6 +85,10 @@ class Inputs:
         if at == len(stream) and len(stream) < _MAX_VALUES:
             stream.append(value)
         return value
+
+    def has_next(self, kind: str) -> bool:
+        """Whether the record holds a next value of ``kind`` (else the next one is live)."""
+        return self._at[kind] < len(self.streams[kind])
 
     def start(self) -> None:
         """Seed the module-level random sources; called as the cell starts."""
@@ -123,8 +131,13 @@ register_stand_in("time", "time_ns", pickled_helper(recorded_time_ns))
 
 def _urandom(size: int, /) -> bytes:
     inputs = _current.get()
-    if inputs is None or size > _MAX_URANDOM_BYTES:
+    if inputs is None:
         return _live_urandom(size)
+    if not inputs.has_next("urandom"):
+        if inputs.urandom_full or inputs.urandom_bytes + size > _MAX_URANDOM_BYTES:
+            inputs.urandom_full = True  # the record ends here: past it, bytes are live
+            return _live_urandom(size)
+        inputs.urandom_bytes += size
     data: bytes = inputs.take("urandom", lambda: _live_urandom(size), lambda v: len(v) == size)
     return data
 

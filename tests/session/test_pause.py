@@ -21,11 +21,11 @@ KEY = "pause-test-key-0123456789abcdef0123456789"
 
 # Host calls, output and random draws before the pause; more of each after it.
 CELL = """
-import random, uuid
-print("before the pause")
+import random, secrets, time, uuid
 order = fetch("o-1")
 drawn = [random.random() for _ in range(3)]
-token = str(uuid.uuid4())
+token = f"{uuid.uuid4()} {secrets.token_hex(8)} {time.time()}"
+print("before the pause", token)
 try:
     answer = approve(order["total"], reason="refund")
 except Exception:
@@ -93,7 +93,7 @@ def test_a_paused_run_resumes_in_another_process(pool: Pool) -> None:
         paused = session.run(CELL, external_lookup=host.lookup(), pausing={"approve"})
         assert paused.status == "paused" and paused.error is None and paused.value is None
         assert paused.paused == snapcell.interpreter.PausedCall(name="approve", args=(42,), kwargs={"reason": "refund"})
-        assert paused.stdout == "before the pause\n"
+        assert paused.stdout.startswith("before the pause ")
         assert paused.inputs is not None
         seed = paused.inputs["seed"]
         checkpoint_id = session.dump()
@@ -111,7 +111,9 @@ def test_a_paused_run_resumes_in_another_process(pool: Pool) -> None:
     uninterrupted = random.Random(seed)
     assert value["drawn"] == [uninterrupted.random() for _ in range(3)]
     assert value["after"] == [uninterrupted.random() for _ in range(3)]
-    assert resumed["stdout"] == "before the pause\nanswered yes\n"
+    # Printed once; the replay read the same uuid, secrets and clock.
+    assert resumed["stdout"] == paused.stdout + "answered yes\n"
+    assert paused.stdout == f"before the pause {value['token']}\n"
 
 
 def test_two_pauses_in_one_cell_an_error_answer_and_the_namespace(pool: Pool) -> None:
@@ -161,7 +163,7 @@ def test_resume_in_the_same_session_and_at_its_first_pause(pool: Pool) -> None:
         assert result.status == "paused"
         done = session.resume("ok", external_lookup=host.lookup())
         assert done.status == "ok" and done.value["answer"] == "ok"
-        assert done.stdout.count("before the pause") == 1
+        assert done.stdout.count("before the pause") == 1 and done.stdout.startswith(result.stdout)
         assert session.run("answer").value == "ok"
     assert host.calls == [("fetch", "o-1"), ("note", "ok")]
 
