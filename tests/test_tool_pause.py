@@ -90,3 +90,36 @@ def test_an_error_answer_and_a_diverged_replay_leave_the_head_paused(tool: tuple
     with pytest.raises(ResumeDiverged, match="host call 1"):
         code_tool.resume("c4", True)
     assert code_tool.head("c4") == head
+
+
+def test_cleanup_keeps_a_paused_head_whole(clock: Any) -> None:
+    from snapcell.checkpoint import Keyring, blob_keys_of
+    from snapcell.ops import cleanup
+    from snapcell.storage import MemoryStore
+
+    key = "cleanup-pause-key-0123456789abcdef0123"
+    store = MemoryStore(now=clock)
+    heads = MemoryHeads(clock=clock, max_history=1)
+    keyring = Keyring([key])
+    with Pool(store, isolation="inline", clock=clock, signing_keys=[key]) as pool:
+        tool = SyncCodeTool(pool, heads=heads, pausing={"approve"})
+        try:
+            tool.run_code("c", "data = bytes(range(256)) * 20_000")  # large: a blob of its own
+            tool.run_code("c", "n = 1")
+            tool.run_code("c", "ok = approve(len(data))")
+            clock.now += 3 * 86400
+            report = cleanup(
+                store,
+                now=clock.now,
+                quota_bytes=0,
+                heads=heads,
+                key_of=lambda checkpoint_id: keyring.parse_id(checkpoint_id).storage_key,
+                blob_refs=blob_keys_of,
+                grace_s=0,
+                force=True,
+            )
+            assert report.deleted_keys  # the first turn's checkpoint: no head needs it
+            tool.resume("c", "yes")
+            assert tool.run_code("c", "ok, len(data), n").startswith("('yes', 5120000, 1)")
+        finally:
+            tool.close()
