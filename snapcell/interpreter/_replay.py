@@ -5,7 +5,8 @@ namespace it started with. For that second run to take the same path, what the s
 must read the same: `Inputs` holds it, and `recording` installs it for the run.
 
 - ``random``'s module-level functions are seeded with a recorded seed at the start of the cell (and
-  ``numpy.random``'s legacy global state, when numpy is already imported): the draws are the same, and cost no log.
+  ``numpy.random``'s legacy global state, when numpy is already imported), and put back as they were after it: the
+  draws are the same, and cost no log.
 - ``time.time`` / ``time.time_ns`` (as the policy's module views give them to scripts) and ``os.urandom`` (which
   ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom`` read) are recorded as they return and replayed in order;
   past the end of the record they are live again.
@@ -90,14 +91,30 @@ class Inputs:
         """Whether the record holds a next value of ``kind`` (else the next one is live)."""
         return self._at[kind] < len(self.streams[kind])
 
-    def start(self) -> None:
-        """Seed the module-level random sources; called as the cell starts."""
+    def start(self) -> Callable[[], None]:
+        """Seed the module-level random sources as the cell starts; returns what puts their states back after it.
+
+        Put back, because in inline mode they are the host process's own.
+        """
         import random
 
+        state = random.getstate()
         random.seed(self.seed)
         numpy = sys.modules.get("numpy.random")
+        if numpy is None and "numpy" in sys.modules:  # numpy imports its random module on first use
+            import importlib
+
+            numpy = importlib.import_module("numpy.random")
+        numpy_state = numpy.get_state() if numpy is not None else None
         if numpy is not None:
             numpy.seed(self.seed % 2**32)
+
+        def restore() -> None:
+            random.setstate(state)
+            if numpy is not None:
+                numpy.set_state(numpy_state)
+
+        return restore
 
     def export(self) -> dict[str, Any]:
         """The record as plain data, for the log (the values read, replayed or live, in order)."""
@@ -166,11 +183,12 @@ def recording(inputs: Inputs) -> Iterator[None]:
     """Give the code run in this context ``inputs`` as its clocks and random sources."""
     _install()
     token = _current.set(inputs)
+    restore = inputs.start()
     try:
-        inputs.start()
         yield
     finally:
         _current.reset(token)
+        restore()
 
 
 @contextmanager

@@ -1,0 +1,63 @@
+"""A pausable run's clocks and random sources: recorded on the first run, the same on a run with that record."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from snapcell.interpreter import LocalBridge, Runner
+from snapcell.limits import Limits
+from snapcell.policy import Policy
+
+CELL = """
+import random, secrets, time, uuid
+values = [random.random(), secrets.token_hex(4), str(uuid.uuid4()), time.time(), time.time_ns()]
+values
+"""
+
+
+def _run(code: str, inputs: dict[str, Any] | None, policy: Policy | None = None) -> Any:
+    runner = Runner(policy=policy or Policy(), limits=Limits(wall_time_s=None))
+    return asyncio.run(runner.run(code, bridge=LocalBridge({}, max_calls=None), host_names=(), inputs=inputs))
+
+
+def test_a_run_with_the_record_reads_what_the_first_run_read() -> None:
+    first = _run(CELL, {})
+    assert first.error is None and first.inputs is not None
+    assert first.inputs["seed"] > 0 and len(first.inputs["urandom"]) == 2  # secrets, then uuid4
+    again = _run(CELL, first.inputs)
+    assert again.value == first.value
+    assert _run(CELL, None).value != first.value  # a run that cannot pause reads the live sources
+    # Past the record, the sources are live again (and recorded).
+    longer = _run(CELL + "\nvalues + [secrets.token_hex(4)]", first.inputs)
+    assert longer.value[:5] == first.value and len(longer.inputs["urandom"]) == 3
+
+
+def test_the_host_processes_random_state_is_put_back_after_the_run() -> None:
+    random.seed(7)
+    expected = [random.random() for _ in range(2)]
+    random.seed(7)
+    _run("import random\nrandom.random()", {})
+    assert [random.random() for _ in range(2)] == expected
+
+
+def test_numpy_imported_before_the_cell_is_seeded_too() -> None:
+    pytest.importorskip("numpy")
+    import numpy  # noqa: F401  (imported before the cell, as an earlier cell would)
+
+    policy = Policy().with_modules(["numpy"])
+    code = "import numpy as np\n[float(v) for v in np.random.rand(3)]"
+    first = _run(code, {}, policy)
+    assert first.error is None
+    assert _run(code, first.inputs, policy).value == first.value
+
+
+def test_the_urandom_record_is_bounded() -> None:
+    big = "import secrets\n[secrets.token_bytes(40_000) for _ in range(3)]"
+    first = _run(big, {})
+    assert len(first.inputs["urandom"]) == 1  # the second one would take the record past its bound
+    again = _run(big, first.inputs).value
+    assert again[0] == first.value[0] and again[1:] != first.value[1:]
