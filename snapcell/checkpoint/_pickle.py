@@ -62,6 +62,7 @@ from snapcell.checkpoint.helpers import (
     rebuild_datetime_array,
     rebuild_lru_cache,
     rebuild_recursive_repr,
+    rebuild_str_array,
     session_namespace,
 )
 from snapcell.checkpoint.scan import PLAIN_UNREFUSED_BYTES, compile_patterns, scan_pickle, scan_pickle_data
@@ -109,6 +110,30 @@ def _datetime_array_reduce(array: Any) -> tuple[Callable[..., Any], tuple[Any, .
     if numpy is None or type(array) is not numpy.ndarray or not array.flags.c_contiguous or array.dtype.itemsize != 8:
         return None
     return rebuild_datetime_array, (pickle.PickleBuffer(array.view(numpy.int64)), array.dtype.str, array.shape)
+
+
+# Separator of a string array's joined text: a character text rarely holds (an array where one does goes as usual).
+_STR_SEPARATOR = "\x00"
+
+
+def _str_array_reduce(array: Any) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+    """An object array of exact strings (a pandas text column) as one joined text, split again at load.
+
+    numpy pickles an object array as one pickled object per element: a 100k-row text column is 100k strings in
+    the stream, in the pickler's memo (copied for `shared_ids`), in the host's scan and in the trial restore. Joined,
+    it is one string. Strings carry no identity a script can rely on (`_frames` counts them as atoms).
+    """
+    numpy = sys.modules.get("numpy")
+    if numpy is None or type(array) is not numpy.ndarray or array.size < 2:
+        return None
+    fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
+    items = array.ravel(order="F" if fortran else "C").tolist()
+    if set(map(type, items)) != {str}:
+        return None
+    joined = _STR_SEPARATOR.join(items)
+    if joined.count(_STR_SEPARATOR) != len(items) - 1:
+        return None  # an element holds the separator
+    return rebuild_str_array, (joined, _STR_SEPARATOR, array.shape, fortran)
 
 
 class _RefusedGlobal(Exception):
@@ -160,8 +185,9 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             # cloudpickle renames every code object <dynamic-code>; the cell name keeps restored tracebacks readable.
             constructor, args = cloudpickle.cloudpickle._code_reduce(obj)
             return code_in_cell, (constructor, args, obj.co_filename)
-        if type(obj).__name__ == "ndarray" and getattr(obj, "dtype", None) is not None and obj.dtype.kind in "mM":  # type: ignore[attr-defined]
-            reduced = _datetime_array_reduce(obj)
+        if type(obj).__name__ == "ndarray" and getattr(obj, "dtype", None) is not None and obj.dtype.kind in "mMO":  # type: ignore[attr-defined]
+            kind = obj.dtype.kind  # type: ignore[attr-defined]
+            reduced = _str_array_reduce(obj) if kind == "O" else _datetime_array_reduce(obj)
             if reduced is not None:
                 return reduced
         if isinstance(obj, types.FunctionType) and obj.__code__ in _RECURSIVE_REPR_CODES and obj.__closure__:

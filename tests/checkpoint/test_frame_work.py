@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import DumpOptions, _frames, _pickle, dump_namespace
+from snapcell.checkpoint import DumpOptions, _frames, _pickle, dump_namespace, load_namespace, make_find_global
 from snapcell.checkpoint._pickle import _pickle_part
 from snapcell.checkpoint.scan import _scan, _scanplain
 from snapcell.checkpoint.scan._scan import scan_pickle_data
@@ -24,6 +24,7 @@ from snapcell.errors import ConfigError
 from snapcell.interpreter._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())  # numpy is not allowed: an array's pickle is refused
+POLICY = Policy().with_modules(["numpy", "pandas"])
 CHECKED = DumpOptions(rule=RULE)
 
 
@@ -34,9 +35,9 @@ def _frame_names(dumped: Any) -> list[list[str]]:
 def test_the_identity_pass_takes_one_verdict_per_type_and_reads_no_library_class_dict(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    df = pd.DataFrame(
-        {"id": range(1000), "name": [f"row-{i}" for i in range(1000)], "v": [i * 0.5 for i in range(1000)]}
-    )
+    # One None keeps the text column pickled string by string (a column of strings alone goes as one joined text).
+    names = [f"row-{i}" if i else None for i in range(1000)]
+    df = pd.DataFrame({"id": range(1000), "name": names, "v": [i * 0.5 for i in range(1000)]})
     verdicts: list[type] = []
     internals: list[object] = []
     type_matters, add_internals = _frames._type_matters, _frames._add_internals
@@ -258,3 +259,35 @@ def test_a_list_is_cut_into_slices_of_the_part_size_in_order(length: int) -> Non
 def test_dump_options_are_checked_when_made(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         DumpOptions(**options)
+
+
+def test_a_text_column_is_one_joined_text_not_a_pickle_and_memo_entry_per_row() -> None:
+    """An object array of strings (a pandas text column) goes as one string: the memo, scan and restore stay small."""
+    np = pytest.importorskip("numpy")
+    df = pd.DataFrame({"name": [f"item-{i % 50}" for i in range(20_000)], "v": range(20_000)})
+    grid = np.array([["a", "b\u00e9", "\ud800"], ["", "c", "dd"]], dtype=object)
+    arrays = {
+        "df": df,
+        "grid": grid,
+        "fortran": np.asfortranarray(grid),
+        "held_nul": np.array(["a\x00b", "c"], dtype=object),  # holds the separator: pickled item by item
+        "mixed": np.array(["a", 1, None], dtype=object),
+    }
+    part = _pickle_part((df,), {})
+    assert len(part.keep) < 1000 and b"item-0\x00item-1\x00item-2" in part.data  # 20k rows, one text
+    dumped = dump_namespace(arrays, namespace={}, created_at=0.0, options=DumpOptions(rule=checkpoint_rule(POLICY)))
+    assert not dumped.manifest.dropped
+    loaded = load_namespace(
+        dumped.body,
+        namespace={"__builtins__": {}},
+        find_global=make_find_global(checkpoint_rule(POLICY), POLICY.find_global_overrides()),
+        blobs=dumped.new_blobs,
+    )
+    assert not loaded.failed
+    restored = loaded.variables
+    pd.testing.assert_frame_equal(restored["df"], df)
+    for name in ("grid", "fortran", "held_nul", "mixed"):
+        value = restored[name]
+        assert value.dtype == object and value.shape == arrays[name].shape and value.tolist() == arrays[name].tolist()
+        assert value.flags.writeable and value.flags.f_contiguous == arrays[name].flags.f_contiguous
+    assert scan_pickle_data(part.data, checkpoint_rule(POLICY))[0] is None
