@@ -291,3 +291,27 @@ def test_a_text_column_is_one_joined_text_not_a_pickle_and_memo_entry_per_row() 
         assert value.dtype == object and value.shape == arrays[name].shape and value.tolist() == arrays[name].tolist()
         assert value.flags.writeable and value.flags.f_contiguous == arrays[name].flags.f_contiguous
     assert scan_pickle_data(part.data, checkpoint_rule(POLICY))[0] is None
+
+
+def test_variables_framed_together_are_scanned_together_not_each_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each variable is pickled alone to find what it shares; only the frames kept are scanned."""
+    scans = _count_scans(monkeypatch)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def f(x):\n    return x\nhandlers = {'h': f}\nclass K:\n    pass\nk = K()\n", namespace)
+    variables = {name: namespace[name] for name in ("f", "handlers", "K", "k")}
+    dumped = dump_namespace(variables, namespace=namespace, created_at=0.0, options=CHECKED)
+    assert _frame_names(dumped) == [["f", "handlers"], ["K"], ["k"]]
+    assert len(scans) == 3  # the joint frame once, not f and handlers each as well
+
+
+def test_a_refused_variable_of_a_group_is_dropped_alone_and_the_others_stay_together() -> None:
+    np = pytest.importorskip("numpy")  # not allowed by RULE: a frame holding an array is refused
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def f(x):\n    return x\n", namespace)
+    f = namespace["f"]
+    shared: list[Any] = [f]
+    variables = {"f": f, "handlers": {"h": f}, "with_array": (f, np.arange(3)), "log": shared, "again": shared}
+    dumped = dump_namespace(variables, namespace=namespace, created_at=0.0, options=CHECKED)
+    assert [d.name for d in dumped.manifest.dropped] == ["with_array"]
+    assert "refuses" in dumped.manifest.dropped[0].reason
+    assert _frame_names(dumped) == [["f", "handlers", "log", "again"]]
