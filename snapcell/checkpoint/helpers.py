@@ -110,15 +110,25 @@ def rebuild_str_array(joined: str, separator: str, shape: tuple[int, ...], fortr
     """
     import numpy
 
-    items = joined.split(separator)
+    count = _str_array_count(joined, separator, shape)
+    array = numpy.empty(count, dtype=object)
+    array[:] = joined.split(separator)
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+def _str_array_count(joined: str, separator: str, shape: tuple[int, ...]) -> int:
+    """The number of strings `rebuild_str_array` makes, checked against the text (the dump's trial checks the same).
+
+    Raises:
+        ValueError: The text does not hold one string per element of ``shape``, or the separator is not one
+            character.
+    """
     count = 1
     for size in shape:
         count *= size
-    if len(separator) != 1 or len(items) != count:
-        raise ValueError(f"{len(items)} strings for an array of shape {shape}")
-    array = numpy.empty(count, dtype=object)
-    array[:] = items
-    return array.reshape(shape, order="F" if fortran else "C")
+    if type(separator) is not str or len(separator) != 1 or joined.count(separator) + 1 != count:
+        raise ValueError(f"the text does not hold one string per element of an array of shape {shape}")
+    return int(count)
 
 
 # The layers above registered theirs when they were imported; later ones are set here as they register.

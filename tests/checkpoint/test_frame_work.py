@@ -16,8 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import DumpOptions, _frames, _pickle, dump_namespace, load_namespace, make_find_global
+from snapcell.checkpoint import (
+    DumpOptions,
+    _frames,
+    _pickle,
+    dump_namespace,
+    load_namespace,
+    make_find_global,
+    make_trial_load,
+)
 from snapcell.checkpoint._pickle import _pickle_part
+from snapcell.checkpoint.helpers import rebuild_str_array
 from snapcell.checkpoint.scan import _scan, _scanplain
 from snapcell.checkpoint.scan._scan import scan_pickle_data
 from snapcell.errors import ConfigError
@@ -315,3 +324,16 @@ def test_a_refused_variable_of_a_group_is_dropped_alone_and_the_others_stay_toge
     assert [d.name for d in dumped.manifest.dropped] == ["with_array"]
     assert "refuses" in dumped.manifest.dropped[0].reason
     assert _frame_names(dumped) == [["f", "handlers", "log", "again"]]
+
+
+def test_the_trial_checks_a_string_array_as_the_load_does_without_making_its_strings() -> None:
+    np = pytest.importorskip("numpy")
+    trial = make_trial_load(make_find_global(checkpoint_rule(POLICY), POLICY.find_global_overrides()), {})
+    part = _pickle_part((np.array(["a", "b", "c"], dtype=object),), {})
+    (value,) = trial(part.data, [])
+    assert value.shape == (3,) and value.dtype == object and value.tolist() == [None, None, None]
+    two_strings = part.data.replace(b"a\x00b\x00c", b"a\x00b\x01c")  # same length: only the count is wrong
+    with pytest.raises(ValueError):
+        trial(two_strings, [])
+    with pytest.raises(ValueError):
+        rebuild_str_array("a\x00b\x01c", "\x00", (3,), False)  # the load refuses it alike
