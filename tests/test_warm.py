@@ -370,3 +370,30 @@ def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_sessi
     assert "c ran" in answer
     assert "1" in again
     assert loads == []  # "a" ran warm again: nothing was loaded
+
+
+def test_a_warm_turn_sees_process_state_a_load_does_not_restore_so_warm_is_off_by_default() -> None:
+    """Why `keep_warm_s` defaults to 0: a warm turn differs from a cold one in what lives in the worker beside the
+    namespace. Here a random seed set in one turn: a warm next turn draws from the seeded stream, a cold one (a
+    fresh worker, reseeded from the OS, with the namespace loaded) does not."""
+    code = ("import random\nrandom.seed(7)\nx = 1", "import random\nrandom.random()")
+
+    async def main() -> tuple[str, str, float]:
+        pool = _process_pool(2)
+        async with pool:
+            heads = MemoryHeads()
+            warm, cold = CodeTool(pool, heads=heads, keep_warm_s=60), CodeTool(pool, heads=heads)
+            answers = []
+            for tool, conversation in ((warm, "warm"), (cold, "cold")):
+                for cell in code:
+                    answer = await tool.run_code(conversation, cell)
+                answers.append(answer.strip())
+            default = cold._warm.keep_warm_s
+            await warm.aclose()
+            await cold.aclose()
+        return answers[0], answers[1], default
+
+    warm, cold, default = asyncio.run(main())
+    seeded = repr(__import__("random").Random(7).random())
+    assert warm == seeded and cold != seeded, (warm, cold)
+    assert default == 0  # off until a warm turn cannot be told apart from a cold one
