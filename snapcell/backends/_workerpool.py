@@ -152,6 +152,7 @@ class WorkerPool:
             others gets a worker from a zygote of its own.
         settle: The (policy, limits) most checkouts use (the pool's own): warm workers get them, and so apply
             their sandbox, ahead of time; a checkout with other settings gets a worker of its own.
+        pretouch: Let a worker set up ahead walk a throwaway turn while it waits (see `snapcell.worker._pretouch`).
     """
 
     def __init__(
@@ -166,6 +167,7 @@ class WorkerPool:
         zygote: bool = True,
         preload: Sequence[str] = (),
         settle: tuple[Policy, Limits] | None = None,
+        pretouch: bool = False,
     ) -> None:
         if min_warm < 0 or max_workers < 1 or min_warm > max_workers:
             raise ConfigError(f"need 0 <= min_warm ({min_warm}) <= max_workers ({max_workers}) and max_workers >= 1")
@@ -182,6 +184,7 @@ class WorkerPool:
         # The shared zygotes this pool holds a reference to, by preloaded modules.
         self._zygotes: dict[tuple[str, ...], _SharedZygote] = {}
         self.settle = settle
+        self.pretouch = pretouch
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
         self.min_warm = min_warm
@@ -234,7 +237,7 @@ class WorkerPool:
             if self.settle is not None:
                 self._starting += 1  # still counted while it sets up
                 try:
-                    await worker.init(policy=self.settle[0], limits=self.settle[1])
+                    await worker.init(policy=self.settle[0], limits=self.settle[1], pretouch=self.pretouch)
                 except (SandboxError, ConfigError, SessionError, _Died) as exc:
                     # A checkout with these settings will fail the same way, and say why: stop settling ahead.
                     log.debug("snapcell: a warm worker could not be set up ahead of time: %s", exc)
