@@ -21,7 +21,16 @@ Side by side in one event loop, alternating every repetition:
   the synced SQLite head write that names it. No worker, no run, no load: the least a durable turn costs here,
   which monty's turn (state kept as bytes in the host's memory) does not pay.
 
-Ratios are to monty's ``turn`` (x > 1: slower than monty). Run from the repository root:
+- ``cpu_per_turn``: CPU seconds per turn of ``CPU_TURNS`` back-to-back small turns of one conversation, cold and
+  warm, of this process and every process under it (`tree_cpu_s`: the host's threads, the zygote, every worker,
+  and the workers the zygote has reaped), each run ended once its turns' check-ins, reaping and the pool's refill are
+  done; beside monty's turns (this process and monty's worker processes) and the durable writes alone.
+
+Ratios are to monty's ``turn`` (x > 1: slower than monty), and ``cpu_per_turn``'s to monty's. Targets, printed with
+the floors beside them (and as ``verdict`` lines for ``python -m benchmarks``): a turn's time beyond the durable
+writes (measured alone in the same run) at most 2x monty's turn, 1.5x warm, 5x with the DataFrame; CPU per cold turn
+at most 3x monty's turn plus the same writes, 1.5x warm; the load at least 60 turns/s with p99 at most 1 s, nothing
+lost. Run from the repository root:
 ``python -m benchmarks.bench_turns [--quick]``; JSON lines go to ``benchmarks/results/turns.jsonl``.
 """
 
