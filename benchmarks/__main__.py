@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these scripts (e.g. runner namespaces)")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
+    verdicts: list[str] = []
     failed = []
     total = time.perf_counter()
     for path in scripts(args.only):
@@ -163,14 +164,21 @@ def main() -> None:
             failed.append(path.stem)
             print(output, file=sys.stderr)
         for record in new_records(before, path):
-            rows.extend(rows_of(record))
+            if "verdict" in record:  # a target's verdict line, printed after the table
+                verdicts.append(str(record["verdict"]))
+            else:
+                rows.extend(rows_of(record))
     probe = describe_probe(machine_probe())
     print(f"\n{machine_description()}; {'--quick, ' if args.quick else ''}{time.perf_counter() - total:.0f} s")
     print(f"{probe}\n")
     print_table(rows, COLUMNS)
     print("\nx snapcell: this row's median over snapcell's in the same case and run (x < 1: faster or smaller)")
+    if verdicts:
+        print("\ntargets (medians of this run; the floors beside them are what any design pays):")
+        print("\n".join(f"  {line}" for line in verdicts))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "summary.md").write_text(f"{machine_description()}; {probe}\n\n{markdown(rows)}")
+    targets = "".join(f"- {line}\n" for line in verdicts)
+    (RESULTS_DIR / "summary.md").write_text(f"{machine_description()}; {probe}\n\n{markdown(rows)}\n{targets}")
     image = chart.render()
     if image is not None:
         print(f"chart: {image.relative_to(ROOT)}; Markdown table: {(RESULTS_DIR / 'summary.md').relative_to(ROOT)}")

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import subprocess
@@ -272,3 +273,56 @@ def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, 
         print("  ".join(text.rjust(width) if is_number else text.ljust(width) for text, width, is_number in cells))
         if index == 0:
             print("  ".join("-" * width for width in widths))
+
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                found += [int(child) for child in listing.read().split()]
+    except OSError:  # gone meanwhile: its CPU is in its parent's reaped-children time once reaped
+        pass
+    return found
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds of a live process: its own (every live thread's, from schedstat, in ns) and its reaped children's.
+
+    A process's own time is read from each thread's ``schedstat`` (nanoseconds) rather than ``stat``'s clock ticks,
+    which cost a short warm turn a tick's worth of rounding per process; the children it has reaped are only in
+    ``stat`` (``cutime``/``cstime``, ticks), which are summed once per process for all of them.
+    """
+    total = 0.0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0]) / 1e9
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += (int(fields[13]) + int(fields[14])) * _TICK_S  # cutime, cstime (fields 16 and 17 of stat)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return total
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and every process under it, reaped ones included.
+
+    This process's own time and its reaped children's come from ``getrusage`` (every thread, live or ended); each
+    live descendant's from `_process_cpu_s`. A descendant that ends between two readings moves from its own figure
+    to its parent's reaped-children time, whole, so the difference of two readings is the CPU the tree used between
+    them (to a clock tick per process that reaped children meanwhile).
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    pending = _children(os.getpid())
+    while pending:
+        pid = pending.pop()
+        total += _process_cpu_s(pid)
+        pending += _children(pid)
+    return total

@@ -17,7 +17,12 @@ Then a full turn (checkout, load, run a cell, dump, check in) in process mode on
 stores (S3 is a moto server on loopback, started here: it measures the client stack and HTTP, not AWS).
 
 Ratios are to ``snapcell`` (x < 1: faster or smaller than snapcell); ``namespace_bytes`` is the size of the
-variables as one uncompressed pickle (dill for functions), the x axis of ``docs/assets/chart.png``.
+variables as one uncompressed pickle (dill for functions), the x axis of ``docs/assets/chart.png``. Each snapcell
+dump is a first dump: a fresh session, an empty store, and a host that has scanned none of its pickles before.
+
+Then the checkpoint path's targets, each with snapcell's median and the baseline's from the same run and a verdict
+(``target`` rows): 50 functions and classes dump within dill.dump_module's time; 3 small dicts dump and load within
+3x monty's; the DataFrame's first dump within 3x pickle+zstd.
 
 Run from the repository root: ``python -m benchmarks.bench_namespaces [--quick]`` (``--quick`` replaces the
 1M-row DataFrame and the 200 MB array with 100k rows and 20 MB, and takes fewer repetitions); JSON lines go to
@@ -43,6 +48,7 @@ import zstandard
 from benchmarks._common import alternate, metric_fields, parse_args, print_table, timed, wait_warm_sync, write_jsonl
 from benchmarks.bench_storage import open_backends
 from snapcell import Limits, Policy, Pool
+from snapcell.checkpoint import PassedFrames
 
 try:
     import pydantic_monty
@@ -150,6 +156,8 @@ class Methods:
         store = self.pool.store
         for info in list(store.scan()):  # an empty store, so blobs are neither shared nor left out of the size
             store.delete(info.key)
+        # A first dump: the host has scanned none of its pickles before (a pool remembers the streams it passed).
+        self.pool._inner._passed_frames = PassedFrames()
         wait_warm_sync(self.pool)
         with self.pool.checkout() as session:
             result = session.run(self.ns.script)
@@ -249,6 +257,55 @@ def checkpoint_rows(quick: bool) -> list[dict[str, Any]]:
             if monty is not None:
                 monty.__exit__(None, None, None)
     return rows
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target of the checkpoint path: snapcell's median ``metric`` at most ``bound`` times ``baseline``'s."""
+
+    namespace: str
+    metric: str
+    baseline: str
+    bound: float
+
+    def describe(self) -> str:
+        what = "first dump" if self.namespace.startswith("DataFrame") else self.metric
+        return f"{what} <= {self.bound:g}x {self.baseline}"
+
+
+def targets(quick: bool) -> list[Target]:
+    frame = next(ns.name for ns in namespaces(quick) if ns.name.startswith("DataFrame"))
+    return [
+        Target(f"{2 * N_DEFS} functions+classes", "dump", "dill", 1.0),
+        Target("3 small dicts", "dump", "monty", 3.0),
+        Target("3 small dicts", "load", "monty", 3.0),
+        Target(frame, "dump", "pickle+zstd", 3.0),
+    ]
+
+
+def target_rows(rows: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
+    """Each target's verdict, with snapcell's and the baseline's medians from the same run beside it."""
+    medians = {
+        (row["namespace"], row["method"], metric): row[f"{metric}_ms"]["median"]
+        for row in rows
+        for metric in ("dump", "load")
+        if f"{metric}_ms" in row
+    }
+    out = []
+    for target in targets(quick):
+        record: dict[str, Any] = {"method": "target", "namespace": target.namespace, "target": target.describe()}
+        mine = medians.get((target.namespace, "snapcell", target.metric))
+        theirs = medians.get((target.namespace, target.baseline, target.metric))
+        if mine is None or theirs is None:
+            out.append({**record, "note": f"n/a: no {target.baseline if theirs is None else 'snapcell'} row"})
+            continue
+        ratio = mine / theirs
+        record["verdict"] = "met" if ratio <= target.bound else "missed"
+        record[f"snapcell_{target.metric}_ms"] = mine
+        record[f"baseline_{target.metric}_ms"] = theirs
+        record["ratio_to_baseline"] = round(ratio, 2)
+        out.append(record)
+    return out
 
 
 class Turns:
@@ -357,7 +414,28 @@ def main() -> None:
             ("x memory", "full_turn_ratio"),
         ],
     )
-    path = write_jsonl("namespaces", rows + turns)
+    verdicts = target_rows(rows, args.quick)
+    print()
+    print_table(
+        [
+            {
+                **row,
+                "mine": row.get("snapcell_dump_ms", row.get("snapcell_load_ms")),
+                "theirs": row.get("baseline_dump_ms", row.get("baseline_load_ms")),
+                "verdict": row.get("verdict", row.get("note")),
+            }
+            for row in verdicts
+        ],
+        [
+            ("target", "target"),
+            ("namespace", "namespace"),
+            ("snapcell ms", "mine"),
+            ("baseline ms", "theirs"),
+            ("x baseline", "ratio_to_baseline"),
+            ("verdict", "verdict"),
+        ],
+    )
+    path = write_jsonl("namespaces", rows + turns + verdicts)
     print(f"\nratios are to snapcell (x < 1: faster or smaller); full turns to the memory store; appended to {path}")
 
 

@@ -21,7 +21,16 @@ Side by side in one event loop, alternating every repetition:
   the synced SQLite head write that names it. No worker, no run, no load: the least a durable turn costs here,
   which monty's turn (state kept as bytes in the host's memory) does not pay.
 
-Ratios are to monty's ``turn`` (x > 1: slower than monty). Run from the repository root:
+- ``cpu_per_turn``: CPU seconds per turn of ``CPU_TURNS`` back-to-back small turns of one conversation, cold and
+  warm, of this process and every process under it (`tree_cpu_s`: the host's threads, the zygote, every worker,
+  and the workers the zygote has reaped), each run ended once its turns' check-ins, reaping and the pool's refill are
+  done; beside monty's turns (this process and monty's worker processes) and the durable writes alone.
+
+Ratios are to monty's ``turn`` (x > 1: slower than monty), and ``cpu_per_turn``'s to monty's. Targets, printed with
+the floors beside them (and as ``verdict`` lines for ``python -m benchmarks``): a turn's time beyond the durable
+writes (measured alone in the same run) at most 2x monty's turn, 1.5x warm, 5x with the DataFrame; CPU per cold turn
+at most 3x monty's turn plus the same writes, 1.5x warm; the load at least 60 turns/s with p99 at most 1 s, nothing
+lost. Run from the repository root:
 ``python -m benchmarks.bench_turns [--quick]``; JSON lines go to ``benchmarks/results/turns.jsonl``.
 """
 
@@ -36,7 +45,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import alternate_async, parse_args, print_table, ratio, summarize_ms, wait_warm, write_jsonl
+from benchmarks._common import (
+    alternate_async,
+    parse_args,
+    print_table,
+    ratio,
+    summarize_ms,
+    tree_cpu_s,
+    wait_warm,
+    write_jsonl,
+)
 from snapcell import AsyncPool, CodeTool, Policy
 from snapcell.heads import SQLiteHeads
 from snapcell.storage import LocalStore
@@ -66,6 +84,16 @@ DF_TURN = "turns += 1\ntotal = float(df['v'].sum())\n[turns, total]"
 BASELINE = "monty"
 FLOOR = "floor: durable writes"
 CHECKPOINT_BYTES = 2048  # about what a small turn's checkpoint weighs (signed, compressed)
+CPU_TURNS = 12  # back-to-back turns of one conversation per CPU measurement
+COLD_CPU = "CPU per turn: snapcell cold"
+WARM_CPU = "CPU per turn: snapcell warm"
+# Targets: a turn's time beyond the durable writes, over monty's turn; CPU per turn over monty's plus the writes';
+# the load's turns per second and p99.
+TURN_TARGETS = {"turn": 2.0, "turn_warm": 1.5, "turn_dataframe": 5.0}
+CPU_COLD_BOUND = 3.0
+CPU_WARM_BOUND = 1.5
+MIN_TURNS_PER_S = 60
+MAX_P99_MS = 1000.0
 
 
 class Tools:
@@ -118,6 +146,37 @@ class Tools:
                 raise RuntimeError(f"{metric}: {answer}")
         return out
 
+    async def settled(self) -> None:
+        """Wait until every finished turn's check-in, worker kill and reaping is done and the pool has refilled.
+
+        What a cold turn leaves running (its worker's teardown, the fork and set-up of the worker replacing it) is
+        part of that turn's CPU.
+        """
+        for _ in range(3):
+            await asyncio.gather(*self.cold._warm._closing, *self.warm._warm._closing, return_exceptions=True)
+            workers = self.pool._workers
+            if workers is not None:
+                await asyncio.gather(*workers._reaping, return_exceptions=True)
+            await wait_warm(self.pool)
+            await asyncio.sleep(SETTLE_S)
+
+    async def cpu_trial(self, tool: CodeTool, conversation: str) -> dict[str, float]:
+        """CPU seconds per turn of `CPU_TURNS` back-to-back small turns (host, zygote and workers, reaped ones too)."""
+        await self.settled()
+        start = tree_cpu_s()
+        for _ in range(CPU_TURNS):
+            answer = await tool.run_code(conversation, TURN_CODE)
+            if "Error" in answer:
+                raise RuntimeError(answer)
+        await self.settled()
+        return {"cpu_per_turn": (tree_cpu_s() - start) / CPU_TURNS}
+
+    async def cpu_cold(self) -> dict[str, float]:
+        return await self.cpu_trial(self.cold, "cold-small")
+
+    async def cpu_warm(self) -> dict[str, float]:
+        return await self.cpu_trial(self.warm, "warm-small")
+
 
 class DurableWrites:
     """A turn's durable writes alone (see the module docstring): a checkpoint-sized put, then the head write."""
@@ -140,6 +199,13 @@ class DurableWrites:
             self.heads.compare_and_set, "floor", self.version, key.encode(), history=[key.encode()]
         )
         return {"turn": time.perf_counter() - start}
+
+    async def cpu_trial(self) -> dict[str, float]:
+        """CPU seconds per turn of `CPU_TURNS` durable writes back to back (this process and its threads only)."""
+        start = tree_cpu_s()
+        for _ in range(CPU_TURNS):
+            await self.trial()
+        return {"cpu_per_turn": (tree_cpu_s() - start) / CPU_TURNS}
 
 
 class Monty:
@@ -165,6 +231,14 @@ class Monty:
             await session.feed_run(TURN_CODE)
             self.state = await session.dump()
         return {"turn": time.perf_counter() - start}
+
+    async def cpu_trial(self) -> dict[str, float]:
+        """CPU seconds per turn of `CPU_TURNS` turns back to back (this process and monty's worker processes)."""
+        start = tree_cpu_s()
+        for _ in range(CPU_TURNS):
+            await self.trial()
+        await asyncio.sleep(SETTLE_S)
+        return {"cpu_per_turn": (tree_cpu_s() - start) / CPU_TURNS}
 
 
 def _memory(pid: int) -> dict[str, int]:
@@ -282,12 +356,17 @@ async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[flo
     monty = Monty()
     floor = DurableWrites(root / "floor")
     trials: dict[str, Callable[[], Any]] = {"snapcell process": tools.trial, FLOOR: floor.trial}
+    cpu: dict[str, Callable[[], Any]] = {COLD_CPU: tools.cpu_cold, WARM_CPU: tools.cpu_warm, FLOOR: floor.cpu_trial}
+    reps = QUICK_REPS if quick else REPS
     try:
         await tools.open()
         if monty.pool is not None:
             await monty.open()
             trials["monty"] = monty.trial
-        samples = await alternate_async(trials, QUICK_REPS if quick else REPS, warmup=WARMUP)
+            cpu["monty"] = monty.cpu_trial
+        samples = await alternate_async(trials, reps, warmup=WARMUP)
+        for name, metrics in (await alternate_async(cpu, max(3, reps // 2), warmup=1)).items():
+            samples.setdefault(name, {}).update(metrics)
     finally:
         floor.close()
         await tools.close()
@@ -299,22 +378,54 @@ async def measure(quick: bool, root: Path) -> tuple[dict[str, dict[str, list[flo
     return samples, loads
 
 
+def verdicts(samples: dict[str, dict[str, list[float]]], loads: list[dict[str, Any]]) -> list[str]:
+    """One line per target: the figure, the bound, met or MISSED, and the floors beside it."""
+    med = {name: {k: summarize_ms(v)["median"] for k, v in metrics.items()} for name, metrics in samples.items()}
+    lines = []
+    if BASELINE in med:
+        monty, writes = med[BASELINE]["turn"], med[FLOOR]["turn"]
+        for metric, bound in TURN_TARGETS.items():
+            ours = med["snapcell process"][metric]
+            times = (ours - writes) / monty
+            lines.append(
+                f"target {metric}: ({ours:.2f} ms - durable writes {writes:.2f} ms) / monty's turn {monty:.2f} ms = "
+                f"{times:.1f}x (at most {bound}x): {'met' if times <= bound else 'MISSED'}; "
+                f"floor: the writes alone are {writes / monty:.1f}x monty's turn"
+            )
+        monty_cpu, writes_cpu = med[BASELINE]["cpu_per_turn"], med[FLOOR]["cpu_per_turn"]
+        for name, bound in ((COLD_CPU, CPU_COLD_BOUND), (WARM_CPU, CPU_WARM_BOUND)):
+            ours = med[name]["cpu_per_turn"]
+            times = ours / (monty_cpu + writes_cpu)
+            lines.append(
+                f"target {name}: {ours:.2f} ms / (monty's turn {monty_cpu:.2f} ms + durable writes {writes_cpu:.2f} ms "
+                f"of CPU) = {times:.1f}x (at most {bound}x): {'met' if times <= bound else 'MISSED'}"
+            )
+    for load in loads:
+        met = load["turns_per_s"] >= MIN_TURNS_PER_S and (load["p99_ms"] or 1e9) <= MAX_P99_MS and not load["lost"]
+        lines.append(
+            f"target throughput ({load['pool']} pool): {load['turns_per_s']} turns/s (at least {MIN_TURNS_PER_S}), "
+            f"p99 {load['p99_ms']} ms (at most {MAX_P99_MS:g}), {load['lost']} lost: {'met' if met else 'MISSED'}"
+        )
+    return lines
+
+
 def main() -> None:
     args = parse_args(__doc__, "fewer repetitions")
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
         samples, loads = asyncio.run(measure(args.quick, Path(tmp)))
-    base = summarize_ms(samples[BASELINE]["turn"])["median"] if BASELINE in samples else None
     rows, records = [], []
     for name, metrics in samples.items():
         for metric, seconds in metrics.items():
             summary = summarize_ms(seconds)
-            x = ratio(summary["median"], base) if base else None
+            # CPU per turn is compared with monty's CPU per turn; every time with monty's turn.
+            own = samples.get(BASELINE, {}).get("cpu_per_turn" if metric == "cpu_per_turn" else "turn")
+            x = ratio(summary["median"], summarize_ms(own)["median"]) if own else None
             rows.append({"metric": metric, "method": name, **summary, "ratio": x})
             records.append({"method": name, "metric": metric, f"{metric}_ms": summary, "monty_ratio": x})
     print_table(
         rows,
         [("metric", "metric"), ("method", "method"), ("min ms", "min"), ("median", "median"), ("max", "max")]
-        + [("x monty turn", "ratio")],
+        + [("x monty", "ratio")],
     )
     for load in loads:
         print(
@@ -325,6 +436,10 @@ def main() -> None:
             f"(zygote RSS {load['zygote_rss_mb']} MB)"
         )
         records.append({"method": "snapcell process", "metric": "throughput", **load})
+    print()
+    for line in verdicts(samples, loads):
+        print(line)
+        records.append({"verdict": line})
     path = write_jsonl("turns", [r | {"reps": QUICK_REPS if args.quick else REPS} for r in records])
     print(f"\nratios are to monty's turn (checkout+load+run+dump); results appended to {path}")
 

@@ -1,6 +1,6 @@
 """What does a checkout's first request cost over its later ones, and on which side?
 
-Each checkout gets a worker set up ahead, idle for ``GAP_S`` (its pretouch done), then runs ``feed_run("1+1")``
+Each checkout gets a worker set up ahead, idle for ``GAP_S``, then runs ``feed_run("1+1")``
 ``CALLS`` times. Per call: wall time, the host's CPU (this thread's ``thread_time``: the event loop's own work) and
 the worker's CPU (its main thread's run time from ``/proc/PID/schedstat``, in nanoseconds, read before and after).
 Medians over ``CHECKOUTS`` checkouts (the first is left out: its worker was not set up ahead).

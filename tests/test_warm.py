@@ -404,3 +404,30 @@ def test_a_cold_load_reruns_the_setup_cells_that_rebuild_a_dropped_value_with_on
     notes = [line for line in second.splitlines() if line.startswith("[note]")]
     assert len(notes) == 1 and "setup cell" in notes[0] and "stream" in notes[0], second
     assert second.splitlines()[0] == "0", second
+
+
+def test_a_warm_turn_sees_process_state_a_load_does_not_restore_so_warm_is_off_by_default() -> None:
+    """Why `keep_warm_s` defaults to 0: a warm turn differs from a cold one in what lives in the worker beside the
+    namespace. Here a random seed set in one turn: a warm next turn draws from the seeded stream, a cold one (a
+    fresh worker, reseeded from the OS, with the namespace loaded) does not."""
+    code = ("import random\nrandom.seed(7)\nx = 1", "import random\nrandom.random()")
+
+    async def main() -> tuple[str, str, float]:
+        pool = _process_pool(2)
+        async with pool:
+            heads = MemoryHeads()
+            warm, cold = CodeTool(pool, heads=heads, keep_warm_s=60), CodeTool(pool, heads=heads)
+            answers = []
+            for tool, conversation in ((warm, "warm"), (cold, "cold")):
+                for cell in code:
+                    answer = await tool.run_code(conversation, cell)
+                answers.append(answer.strip())
+            default = cold._warm.keep_warm_s
+            await warm.aclose()
+            await cold.aclose()
+        return answers[0], answers[1], default
+
+    warm, cold, default = asyncio.run(main())
+    seeded = repr(__import__("random").Random(7).random())
+    assert warm == seeded and cold != seeded, (warm, cold)
+    assert default == 0  # off until a warm turn cannot be told apart from a cold one

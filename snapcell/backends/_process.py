@@ -220,10 +220,13 @@ class WorkerProcess(ChannelIO):
             return False
         return pid == self.process.pid or parent_of(pid) == self.process.pid
 
-    async def init(self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None) -> None:
+    async def init(
+        self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None, pretouch: bool = False
+    ) -> None:
         """Give the worker its session settings; it applies its sandbox and reports the layers.
 
-        ``mounts`` (name to a checked host directory) appear read-only in the worker's workspace.
+        ``mounts`` (name to a checked host directory) appear read-only in the worker's workspace. ``pretouch``: the
+        worker walks a throwaway turn while no request comes (see `snapcell.worker._pretouch`).
         """
         self.scratch_dir = tempfile.mkdtemp(prefix="session-", dir=self._scratch_root)
         if self.pid is not None:
@@ -241,6 +244,7 @@ class WorkerProcess(ChannelIO):
                 "limits": plain_limits,
                 "scratch_dir": self.scratch_dir,
                 "mounts": dict(mounts or {}),
+                "pretouch": pretouch,
                 **sandbox_settings,
             }
         )

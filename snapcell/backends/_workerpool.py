@@ -160,6 +160,7 @@ class WorkerOptions:
             their sandbox, ahead of time; a checkout with other settings gets a worker of its own.
         worker_command: The interpreter and module a worker is started as (tests start stand-ins); given, every
             worker is spawned with it (no zygote). The default is ``python -I -m snapcell.worker._worker``.
+        pretouch: Let a worker set up ahead walk a throwaway turn while it waits (see `snapcell.worker._pretouch`).
 
     Raises:
         ConfigError: A count or a time out of range.
@@ -174,6 +175,7 @@ class WorkerOptions:
     preload: tuple[str, ...] = ()
     settle: tuple[Policy, Limits] | None = None
     worker_command: tuple[str, ...] | None = None
+    pretouch: bool = False
 
     def __post_init__(self) -> None:
         if not _whole(self.max_workers, 1):
@@ -209,6 +211,7 @@ class WorkerPool:
         # The shared zygotes this pool holds a reference to, by preloaded modules.
         self._zygotes: dict[tuple[str, ...], _SharedZygote] = {}
         self.settle = options.settle
+        self.pretouch = options.pretouch
         # Workers between checkouts, already set up for one (policy, limits); reused by `acquire`.
         self._idle: dict[tuple[Policy, Limits], list[WorkerProcess]] = {}
         self.min_warm = options.min_warm
@@ -261,7 +264,7 @@ class WorkerPool:
             if self.settle is not None:
                 self._starting += 1  # still counted while it sets up
                 try:
-                    await worker.init(policy=self.settle[0], limits=self.settle[1])
+                    await worker.init(policy=self.settle[0], limits=self.settle[1], pretouch=self.pretouch)
                 except (SandboxError, ConfigError, SessionError, _Died) as exc:
                     # A checkout with these settings will fail the same way, and say why: stop settling ahead.
                     log.debug("snapcell: a warm worker could not be set up ahead of time: %s", exc)

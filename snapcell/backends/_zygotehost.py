@@ -4,14 +4,14 @@ The zygote is trusted-clean (it never runs script code), but its children are ho
 ``forked`` reply names is checked with ``pidfd_open`` and ``/proc/<pid>/status`` (its parent must be
 the zygote) before the host believes it, and the child is killed through that pidfd, which cannot name
 a recycled pid. The zygote reaps its children and reports their exit status and peak RSS, which the
-host uses as it uses ``wait4`` for a spawned worker.
+host uses as it uses ``wait4`` for a spawned worker. Its reports are messages in the wire's format, read with
+`snapcell.wire.decode` within a small item budget, as every message between snapcell's processes is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -23,7 +23,7 @@ from typing import Any
 
 from snapcell.backends._procstat import parent_of
 from snapcell.backends._stderrtail import StderrTail
-from snapcell.wire import THREAD_ENV
+from snapcell.wire import THREAD_ENV, decode
 
 __all__ = ["ForkedChild", "Zygote", "ZygoteError"]
 
@@ -34,6 +34,8 @@ _FORK_TIMEOUT_S = 30.0
 # CPU (on a busy machine; an idle one runs them on another core). Later children fork between its steps either way.
 _PRELOAD_DELAY_S = 0.05
 _MAX_REPLY_BYTES = 4096
+# Values a report may hold: a handful of fields and the names of the heavy modules.
+_MAX_REPLY_ITEMS = 64
 
 
 class ZygoteError(Exception):
@@ -163,7 +165,7 @@ class Zygote:
         try:
             async with asyncio.timeout(_STARTUP_TIMEOUT_S):
                 data = await loop.sock_recv(host, _MAX_REPLY_BYTES)
-            ready = json.loads(data) if data else {}
+            ready = decode(data, max_items=_MAX_REPLY_ITEMS) if data else {}
         except (TimeoutError, OSError, ValueError) as exc:
             await self.close()
             raise ZygoteError(f"the zygote did not start: {exc!r}{self._stderr_tail()}") from None
@@ -191,10 +193,7 @@ class Zygote:
                 data = await loop.sock_recv(ctrl, _MAX_REPLY_BYTES)
                 if not data:
                     break
-                message = json.loads(data)
-                if type(message) is not dict:
-                    break
-                self._dispatch(message, loop)
+                self._dispatch(decode(data, max_items=_MAX_REPLY_ITEMS), loop)
         except (OSError, ValueError):
             pass
         finally:

@@ -62,6 +62,7 @@ from snapcell.checkpoint.helpers import (
     rebuild_datetime_array,
     rebuild_lru_cache,
     rebuild_recursive_repr,
+    rebuild_str_array,
     session_namespace,
 )
 from snapcell.checkpoint.scan import PLAIN_UNREFUSED_BYTES, compile_patterns, scan_pickle, scan_pickle_data
@@ -109,6 +110,30 @@ def _datetime_array_reduce(array: Any) -> tuple[Callable[..., Any], tuple[Any, .
     if numpy is None or type(array) is not numpy.ndarray or not array.flags.c_contiguous or array.dtype.itemsize != 8:
         return None
     return rebuild_datetime_array, (pickle.PickleBuffer(array.view(numpy.int64)), array.dtype.str, array.shape)
+
+
+# Separator of a string array's joined text: a character text rarely holds (an array where one does goes as usual).
+_STR_SEPARATOR = "\x00"
+
+
+def _str_array_reduce(array: Any) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+    """An object array of exact strings (a pandas text column) as one joined text, split again at load.
+
+    numpy pickles an object array as one pickled object per element: a 100k-row text column is 100k strings in
+    the stream, in the pickler's memo (copied for `shared_ids`), in the host's scan and in the trial restore. Joined,
+    it is one string. Strings carry no identity a script can rely on (`_frames` counts them as atoms).
+    """
+    numpy = sys.modules.get("numpy")
+    if numpy is None or type(array) is not numpy.ndarray or array.size < 2:
+        return None
+    fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
+    items = array.ravel(order="F" if fortran else "C").tolist()
+    if set(map(type, items)) != {str}:
+        return None
+    joined = _STR_SEPARATOR.join(items)
+    if joined.count(_STR_SEPARATOR) != len(items) - 1:
+        return None  # an element holds the separator
+    return rebuild_str_array, (joined, _STR_SEPARATOR, array.shape, fortran)
 
 
 class _RefusedGlobal(Exception):
@@ -160,8 +185,9 @@ class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             # cloudpickle renames every code object <dynamic-code>; the cell name keeps restored tracebacks readable.
             constructor, args = cloudpickle.cloudpickle._code_reduce(obj)
             return code_in_cell, (constructor, args, obj.co_filename)
-        if type(obj).__name__ == "ndarray" and getattr(obj, "dtype", None) is not None and obj.dtype.kind in "mM":  # type: ignore[attr-defined]
-            reduced = _datetime_array_reduce(obj)
+        if type(obj).__name__ == "ndarray" and getattr(obj, "dtype", None) is not None and obj.dtype.kind in "mMO":  # type: ignore[attr-defined]
+            kind = obj.dtype.kind  # type: ignore[attr-defined]
+            reduced = _str_array_reduce(obj) if kind == "O" else _datetime_array_reduce(obj)
             if reduced is not None:
                 return reduced
         if isinstance(obj, types.FunctionType) and obj.__code__ in _RECURSIVE_REPR_CODES and obj.__closure__:
@@ -323,6 +349,7 @@ class _Builder:
     scanned: set[bytes] | None = None
     failed: dict[str, Exception] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
+    passed: set[str] = field(default_factory=set)  # variables whose alone frame passed the rule
 
     def single(self, name: str, value: object) -> Frame | None:
         """``value`` alone as a frame (cut into item parts when large), or None when it cannot be pickled."""
@@ -341,16 +368,36 @@ class _Builder:
         except Exception as exc:  # __reduce__ of script objects may raise anything
             self.failed[name] = exc
             return None
-        if self.rule is not None:
-            for part in parts:
-                if part.plain and len(part.data) <= PLAIN_UNREFUSED_BYTES:
-                    continue  # the rule refuses nothing in plain data (the host scans it before signing)
-                refusal, part.plain = self.scan(part.data, self.rule)
-                if refusal is not None:
-                    self.failed[name] = _RefusedGlobal(refusal)
-                    return None
         self.sizes[name] = sum(_part_bytes(part) for part in parts)
         return Frame([name], layout, parts)
+
+    def refusal(self, frame: Frame) -> Refusal | None:
+        """The rule's first refusal in the frame's parts (None: all pass), scanning only the frames a dump keeps.
+
+        A variable that shares objects with others is pickled alone first, only to find what it shares, and then
+        again with them: its alone pickle is scanned only when their joint one is refused (`frames`).
+        """
+        if self.rule is None:
+            return None
+        for part in frame.parts:
+            if part.plain and len(part.data) <= PLAIN_UNREFUSED_BYTES:
+                continue  # the rule refuses nothing in plain data (the host scans it before signing)
+            refusal, part.plain = self.scan(part.data, self.rule)
+            if refusal is not None:
+                return refusal
+        return None
+
+    def passes(self, name: str, frame: Frame) -> bool:
+        """Whether a variable's alone frame passes the rule; one that does not is dropped (named, with why)."""
+        if name in self.failed or name in self.passed:
+            return name in self.passed
+        refusal = self.refusal(frame)
+        if refusal is not None:
+            self.failed[name] = _RefusedGlobal(refusal)
+            self.sizes.pop(name, None)
+            return False
+        self.passed.add(name)
+        return True
 
     def _by_bytes(self, value: dict[Any, Any] | list[Any], whole: list[Part], layout: str) -> tuple[list[Part], str]:
         """A large value of few items as parts of about `PART_BYTES` (``whole`` when its items share objects)."""
@@ -406,25 +453,37 @@ class _Builder:
             frame = self.single(name, value)
             if frame is not None:
                 alone[name] = frame
-        names = list(alone)
+        frames = self._framed(list(alone), alone, variables)
+        for frame in frames:  # the memo objects were kept alive only for grouping
+            for part in frame.parts:
+                part.keep = []
+        return frames
+
+    def _framed(self, names: list[str], alone: dict[str, Frame], variables: Mapping[str, object]) -> list[Frame]:
+        """The frames of ``names``: one per group of variables that share objects, each scanned and restored."""
         groups = group_names(names, {n: [p.ids for p in alone[n].parts] for n in names})
         frames: list[Frame] = []
         for group in groups:
             if len(group) > 1:
                 joint = self.together(group, variables)
-                if joint is not None and self.restores(joint) is None:
+                if joint is not None and self.refusal(joint) is not None:
+                    # Which variable holds the refused global: it is dropped alone and the others grouped again.
+                    passing = [name for name in group if self.passes(name, alone[name])]
+                    if len(passing) < len(group):
+                        frames += self._framed(passing, alone, variables)
+                        continue
+                elif joint is not None and self.restores(joint) is None:
                     frames.append(joint)
                     continue
             for name in group:  # apart, so one value that does not restore costs only itself
+                if not self.passes(name, alone[name]):
+                    continue
                 problem = self.restores(alone[name])
                 if problem is None:
                     frames.append(alone[name])
                 else:
                     self.failed[name] = _Unrestorable(problem)
                     self.sizes.pop(name, None)
-        for frame in frames:  # the memo objects were kept alive only for grouping
-            for part in frame.parts:
-                part.keep = []
         return frames
 
 

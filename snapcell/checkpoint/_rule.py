@@ -125,7 +125,7 @@ HELPERS: dict[tuple[str, str], str] = {
         for name in (
             "session_namespace", "rebuild_datetime_array", "rebuild_lru_cache", "rebuild_recursive_repr",
             "code_in_cell", "host_function", "sliced_sleep", "guarded_getattr", "guarded_hasattr", "guarded_setattr",
-            "guarded_delattr", "guarded_dir", "guarded_vars",
+            "guarded_delattr", "guarded_dir", "guarded_vars", "rebuild_str_array",
         )
     },
     # Standard-library and data-library internals that their own classes pickle through.

@@ -6,9 +6,9 @@ it would change the checkpoint format whenever that module moved. Every helper t
 layer defines it:
 
 - The checkpoint code's own reconstruction helpers are defined below (``session_namespace``, ``rebuild_lru_cache``,
-  ``code_in_cell``, ``rebuild_recursive_repr``, ``rebuild_datetime_array``), and the standard-library value
-  helpers (``rebuild_lock``, ``rebuild_queue``, ``rebuild_stringio``, ...) are imported from `_stdvalues`, which
-  keeps them beside the rule for their arguments.
+  ``code_in_cell``, ``rebuild_recursive_repr``, ``rebuild_datetime_array``, ``rebuild_str_array``), and the
+  standard-library value helpers (``rebuild_lock``, ``rebuild_queue``, ``rebuild_stringio``, ...) are imported
+  from `_stdvalues`, which keeps them beside the rule for their arguments.
 - Helpers of the layers above are registered by the module that owns them when it is imported, into the table of
   `snapcell._support` (``pickled_helper``), and appear here: the interpreter's host-function proxy
   (``host_function``), the policy's guarded builtins (``guarded_getattr``, ``guarded_setattr``, ``sliced_sleep``, ...)
@@ -60,6 +60,7 @@ __all__ = [
     "rebuild_queue",
     "rebuild_recursive_repr",
     "rebuild_semaphore",
+    "rebuild_str_array",
     "rebuild_stringio",
     "rebuild_zoneinfo",
     "session_namespace",
@@ -98,6 +99,36 @@ def rebuild_datetime_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> A
     import numpy
 
     return numpy.frombuffer(buffer, dtype=numpy.int64).reshape(shape).view(numpy.dtype(dtype))
+
+
+@pickled_helper
+def rebuild_str_array(joined: str, separator: str, shape: tuple[int, ...], fortran: bool) -> Any:
+    """A numpy object array of strings from their text joined by ``separator`` (which none of them holds).
+
+    Raises:
+        ValueError: The text does not hold one string per element of ``shape``.
+    """
+    import numpy
+
+    count = _str_array_count(joined, separator, shape)
+    array = numpy.empty(count, dtype=object)
+    array[:] = joined.split(separator)
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+def _str_array_count(joined: str, separator: str, shape: tuple[int, ...]) -> int:
+    """The number of strings `rebuild_str_array` makes, checked against the text (the dump's trial checks the same).
+
+    Raises:
+        ValueError: The text does not hold one string per element of ``shape``, or the separator is not one
+            character.
+    """
+    count = 1
+    for size in shape:
+        count *= size
+    if type(separator) is not str or len(separator) != 1 or joined.count(separator) + 1 != count:
+        raise ValueError(f"the text does not hold one string per element of an array of shape {shape}")
+    return int(count)
 
 
 # The layers above registered theirs when they were imported; later ones are set here as they register.

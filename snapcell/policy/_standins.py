@@ -52,11 +52,26 @@ from snapcell.policy._guard import (
     store_target,
 )
 from snapcell.policy._rewrite import STORE_TARGET_NAME, TYPE_CALL_NAME, TYPED_NAMES
-from snapcell.policy._typehints import get_type_hints
 
 __all__ = ["stand_in_builtins"]
 
 _FORMAT_NAMES = ("format", "format_map")
+
+
+def get_type_hints(obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> dict[str, Any]:
+    """`typing.get_type_hints`, resolving string annotations in the session without evaluating code (`_typehints`,
+    imported on the first call: few scripts ask, and a zygote says ready without it).
+
+    Raises:
+        PolicyError: Called with namespaces, from outside the script's code, or an annotation needs evaluating.
+    """
+    if globalns is not None or localns is not None:
+        raise runtime_policy_error(
+            "typing.get_type_hints with namespaces", "Call typing.get_type_hints(obj): names resolve in the session."
+        )
+    from snapcell.policy._typehints import resolve_type_hints
+
+    return resolve_type_hints(obj, sys._getframe(1).f_globals, include_extras)
 
 
 def _final(cls: type) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import functools
 import operator
-import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from typing import Any
 from snapcell.policy._guard import check_attr, runtime_policy_error
 from snapcell.policy._rewrite import FORMAT_ATTR_NAME
 
-__all__ = ["get_type_hints"]
+__all__ = ["resolve_type_hints"]
 
 # Longest string annotation resolved, and how deep annotations (and strings within them) may nest.
 _MAX_TEXT = 2_000
@@ -113,18 +112,15 @@ def _strip(value: Any) -> Any:
     return typing._strip_annotations(value)  # type: ignore[attr-defined]
 
 
-def get_type_hints(obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> dict[str, Any]:
-    """`typing.get_type_hints`, resolving string annotations in the session without evaluating code.
+def resolve_type_hints(obj: Any, namespace: dict[str, Any], include_extras: bool = False) -> dict[str, Any]:
+    """`typing.get_type_hints` of ``obj`` called from code whose globals are ``namespace``, resolving string
+    annotations there without evaluating code (the stand-in scripts call is `_standins.get_type_hints`).
 
     Raises:
-        PolicyError: Called with namespaces, or an annotation needs more than names, public attributes,
-            subscripts and ``|`` (a call, a private or special name), or a forward reference names a module.
+        PolicyError: The caller is not the script's own code, or an annotation needs more than names, public
+            attributes, subscripts and ``|`` (a call, a private or special name), or a forward reference names a
+            module.
     """
-    if globalns is not None or localns is not None:
-        raise runtime_policy_error(
-            "typing.get_type_hints with namespaces", "Call typing.get_type_hints(obj): names resolve in the session."
-        )
-    namespace = sys._getframe(1).f_globals
     table = namespace.get("__builtins__")
     if not isinstance(table, dict) or FORMAT_ATTR_NAME not in table:
         raise runtime_policy_error("typing.get_type_hints outside the script's own code", _HINT)

@@ -10,10 +10,10 @@ checkout) skips it all, and so does one forked before the zygote's warm-up impor
 an event loop (see `_loopfree`), which the throwaway turn's would. Otherwise the loop it makes is the one the
 session's runs use. The session's own runner and workspace are never touched; the code run is fixed, not a script's.
 
-Measured on a fresh worker of a small cold turn: the pretouch costs about 4 ms of CPU (part of it the event loop
-and faults the first request would have paid anyway) and takes its load, run and dump from about 5 ms of CPU and
-~760 page faults to under 3 ms and ~120. A second run and dump, or a DataFrame in the cell, cost more (up to 14 ms)
-than they saved.
+Measured on a fresh worker of a small cold turn: the walk costs about 7 ms of CPU and takes the turn's load, run
+and dump from about 6 ms of CPU and ~880 page faults to about 3 ms and ~60: the turn is about 3 ms faster, but each
+worker spends about 4 ms more CPU in all. So a worker walks only when its pool asks for it
+(``pretouch_workers=True``), for servers that would rather pay that CPU than a cold turn's latency.
 """
 
 from __future__ import annotations

@@ -572,7 +572,8 @@ def serve_session(sock: _socket.socket, *, parent_pid: int | None, host_pid: int
     worker = Worker(channel, runner, workspace)
     start_watchdog()  # threads only now that the sandbox is in place; the first run does not wait for it
     channel.send({"op": "ready", "sandbox": report})
-    pretouch(worker)  # while no request comes: the first turn's copy-on-write faults, taken now
+    if settings.get("pretouch") is True:  # asked for by the pool: it costs more CPU than it saves
+        pretouch(worker)  # while no request comes: the first turn's copy-on-write faults, taken now
     worker.serve()
     return 0
 

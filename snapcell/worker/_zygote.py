@@ -16,7 +16,9 @@ socket:
   fork: its own uid (derived by the host from the child's pid), Landlock, a seccomp filter naming the
   child's pid, rlimits, pdeathsig on the zygote. The zygote closes both descriptors.
 - host -> zygote: ``P``, once: import the heavy modules now, between fork requests.
-- zygote -> host: ``{"op": "ready", "preload": [...], "modules": N, ...}`` first (N: the modules it has imported);
+- zygote -> host, one datagram each, in the wire's format (`snapcell.wire.encode`, the format of every message
+  between snapcell's processes): ``{"op": "ready", "preload": [...], "modules": N, ...}`` first (N: the modules
+  it has imported);
   ``{"op": "preloaded", "preloaded": [...], "threads": T}`` when the heavy modules are in;
   ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}`` per fork, in order;
   ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped (the zygote is the parent: only
@@ -56,7 +58,7 @@ import sys
 from typing import Any
 
 from snapcell.sandbox import namespace_init_pid, start_pid_namespace
-from snapcell.wire import HEAVY_MODULES
+from snapcell.wire import HEAVY_MODULES, encode
 
 __all__ = ["import_worker", "main", "reseed"]
 
@@ -101,23 +103,24 @@ def reseed() -> None:
 
 
 def _send(ctrl: _socket.socket, message: dict[str, Any]) -> None:
-    ctrl.send(json.dumps(message).encode())
+    ctrl.send(encode(message))
 
 
 @functools.lru_cache(maxsize=8)
 def _names(names: tuple[str, ...]) -> str:
-    return json.dumps(list(names))
+    """A list of module names as `encode` writes it (module names hold no character JSON escapes)."""
+    return json.dumps(list(names), separators=(",", ":"))
 
 
 def _send_forked(ctrl: _socket.socket, pid: int, rss: int, preloaded: list[str]) -> None:
-    """`_send` of a "forked" report, formatted directly: each page the zygote writes right after a fork is copied
-    (its child still shares it), and json's encoder wrote ~25 of them per fork."""
-    ctrl.send(f'{{"op": "forked", "pid": {pid:d}, "rss": {rss:d}, "preloaded": {_names(tuple(preloaded))}}}'.encode())
+    """`_send` of a "forked" report, formatted directly as `encode` writes it: each page the zygote writes right
+    after a fork is copied (its child still shares it), and the encoder wrote ~25 of them per fork."""
+    ctrl.send(f'{{"op":"forked","pid":{pid:d},"rss":{rss:d},"preloaded":{_names(tuple(preloaded))}}}'.encode())
 
 
 def _send_exited(ctrl: _socket.socket, pid: int, status: int, maxrss: int) -> None:
     """`_send` of an "exited" report, formatted directly (see `_send_forked`)."""
-    ctrl.send(f'{{"op": "exited", "pid": {pid:d}, "status": {status:d}, "maxrss": {maxrss:d}}}'.encode())
+    ctrl.send(f'{{"op":"exited","pid":{pid:d},"status":{status:d},"maxrss":{maxrss:d}}}'.encode())
 
 
 def _recv_fds(ctrl: _socket.socket, size: int, max_fds: int) -> tuple[bytes, list[int]]:

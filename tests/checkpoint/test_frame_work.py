@@ -16,14 +16,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapcell import Policy
-from snapcell.checkpoint import DumpOptions, _frames, _pickle, dump_namespace
+from snapcell.checkpoint import (
+    DumpOptions,
+    _frames,
+    _pickle,
+    dump_namespace,
+    load_namespace,
+    make_find_global,
+    make_trial_load,
+)
 from snapcell.checkpoint._pickle import _pickle_part
+from snapcell.checkpoint.helpers import rebuild_str_array
 from snapcell.checkpoint.scan import _scan, _scanplain
 from snapcell.checkpoint.scan._scan import scan_pickle_data
 from snapcell.errors import ConfigError
 from snapcell.interpreter._runner import checkpoint_rule
 
 RULE = checkpoint_rule(Policy())  # numpy is not allowed: an array's pickle is refused
+POLICY = Policy().with_modules(["numpy", "pandas"])
 CHECKED = DumpOptions(rule=RULE)
 
 
@@ -34,9 +44,9 @@ def _frame_names(dumped: Any) -> list[list[str]]:
 def test_the_identity_pass_takes_one_verdict_per_type_and_reads_no_library_class_dict(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    df = pd.DataFrame(
-        {"id": range(1000), "name": [f"row-{i}" for i in range(1000)], "v": [i * 0.5 for i in range(1000)]}
-    )
+    # One None keeps the text column pickled string by string (a column of strings alone goes as one joined text).
+    names = [f"row-{i}" if i else None for i in range(1000)]
+    df = pd.DataFrame({"id": range(1000), "name": names, "v": [i * 0.5 for i in range(1000)]})
     verdicts: list[type] = []
     internals: list[object] = []
     type_matters, add_internals = _frames._type_matters, _frames._add_internals
@@ -258,3 +268,72 @@ def test_a_list_is_cut_into_slices_of_the_part_size_in_order(length: int) -> Non
 def test_dump_options_are_checked_when_made(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         DumpOptions(**options)
+
+
+def test_a_text_column_is_one_joined_text_not_a_pickle_and_memo_entry_per_row() -> None:
+    """An object array of strings (a pandas text column) goes as one string: the memo, scan and restore stay small."""
+    np = pytest.importorskip("numpy")
+    df = pd.DataFrame({"name": [f"item-{i % 50}" for i in range(20_000)], "v": range(20_000)})
+    grid = np.array([["a", "b\u00e9", "\ud800"], ["", "c", "dd"]], dtype=object)
+    arrays = {
+        "df": df,
+        "grid": grid,
+        "fortran": np.asfortranarray(grid),
+        "held_nul": np.array(["a\x00b", "c"], dtype=object),  # holds the separator: pickled item by item
+        "mixed": np.array(["a", 1, None], dtype=object),
+    }
+    part = _pickle_part((df,), {})
+    assert len(part.keep) < 1000 and b"item-0\x00item-1\x00item-2" in part.data  # 20k rows, one text
+    dumped = dump_namespace(arrays, namespace={}, created_at=0.0, options=DumpOptions(rule=checkpoint_rule(POLICY)))
+    assert not dumped.manifest.dropped
+    loaded = load_namespace(
+        dumped.body,
+        namespace={"__builtins__": {}},
+        find_global=make_find_global(checkpoint_rule(POLICY), POLICY.find_global_overrides()),
+        blobs=dumped.new_blobs,
+    )
+    assert not loaded.failed
+    restored = loaded.variables
+    pd.testing.assert_frame_equal(restored["df"], df)
+    for name in ("grid", "fortran", "held_nul", "mixed"):
+        value = restored[name]
+        assert value.dtype == object and value.shape == arrays[name].shape and value.tolist() == arrays[name].tolist()
+        assert value.flags.writeable and value.flags.f_contiguous == arrays[name].flags.f_contiguous
+    assert scan_pickle_data(part.data, checkpoint_rule(POLICY))[0] is None
+
+
+def test_variables_framed_together_are_scanned_together_not_each_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each variable is pickled alone to find what it shares; only the frames kept are scanned."""
+    scans = _count_scans(monkeypatch)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def f(x):\n    return x\nhandlers = {'h': f}\nclass K:\n    pass\nk = K()\n", namespace)
+    variables = {name: namespace[name] for name in ("f", "handlers", "K", "k")}
+    dumped = dump_namespace(variables, namespace=namespace, created_at=0.0, options=CHECKED)
+    assert _frame_names(dumped) == [["f", "handlers"], ["K"], ["k"]]
+    assert len(scans) == 3  # the joint frame once, not f and handlers each as well
+
+
+def test_a_refused_variable_of_a_group_is_dropped_alone_and_the_others_stay_together() -> None:
+    np = pytest.importorskip("numpy")  # not allowed by RULE: a frame holding an array is refused
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def f(x):\n    return x\n", namespace)
+    f = namespace["f"]
+    shared: list[Any] = [f]
+    variables = {"f": f, "handlers": {"h": f}, "with_array": (f, np.arange(3)), "log": shared, "again": shared}
+    dumped = dump_namespace(variables, namespace=namespace, created_at=0.0, options=CHECKED)
+    assert [d.name for d in dumped.manifest.dropped] == ["with_array"]
+    assert "refuses" in dumped.manifest.dropped[0].reason
+    assert _frame_names(dumped) == [["f", "handlers", "log", "again"]]
+
+
+def test_the_trial_checks_a_string_array_as_the_load_does_without_making_its_strings() -> None:
+    np = pytest.importorskip("numpy")
+    trial = make_trial_load(make_find_global(checkpoint_rule(POLICY), POLICY.find_global_overrides()), {})
+    part = _pickle_part((np.array(["a", "b", "c"], dtype=object),), {})
+    (value,) = trial(part.data, [])
+    assert value.shape == (3,) and value.dtype == object and value.tolist() == [None, None, None]
+    two_strings = part.data.replace(b"a\x00b\x00c", b"a\x00b\x01c")  # same length: only the count is wrong
+    with pytest.raises(ValueError):
+        trial(two_strings, [])
+    with pytest.raises(ValueError):
+        rebuild_str_array("a\x00b\x01c", "\x00", (3,), False)  # the load refuses it alike

@@ -48,7 +48,7 @@ async def main(root: str, durability: str, hook: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = HookedStore(os.path.join(root, "conversations"), hook)
-    async with AsyncPool(f"file://{root}/store", isolation="inline") as pool:
+    async with AsyncPool(f"file://{root}/store", isolation="inline", create_store=True) as pool:
         tool = CodeTool(pool, tools={"tick": tick}, holder_id="writer", conversations=store, durability=durability)
         conversation = Conversation(id="crash")
         await store.add_messages(conversation, [{"role": "user", "content": "count"}, call("c1", CODE_1)])

@@ -63,7 +63,7 @@ def test_a_request_already_arriving_is_served_without_pretouching(worker: tuple[
 
 
 def test_a_worker_set_up_ahead_starts_its_session_clean_after_pretouching() -> None:
-    with Pool("memory://", isolation="process", policy=UNRESTRICTED, min_warm_workers=1) as pool:
+    with Pool("memory://", isolation="process", policy=UNRESTRICTED, min_warm_workers=1, pretouch_workers=True) as pool:
         for _ in range(10):
             time.sleep(0.2)  # the worker set up ahead is idle meanwhile: it pretouches
             with pool.checkout() as session:
@@ -77,3 +77,14 @@ def test_a_worker_set_up_ahead_starts_its_session_clean_after_pretouching() -> N
                 break
         else:
             pytest.fail("no worker set up ahead pretouched in 10 checkouts")
+
+
+def test_a_default_pools_worker_set_up_ahead_does_not_pretouch() -> None:
+    """The walk costs a worker more CPU than it saves its first turn (docs/performance.md): off unless asked for."""
+    with Pool("memory://", isolation="process", policy=UNRESTRICTED, min_warm_workers=1) as pool:
+        steps = []
+        for _ in range(3):
+            time.sleep(0.2)  # the worker set up ahead is idle meanwhile: it would pretouch now
+            with pool.checkout() as session:
+                steps.append(session.feed_run("import sys\nsys.modules['snapcell.worker._pretouch'].steps_run()"))
+    assert steps == [0, 0, 0]

@@ -248,6 +248,24 @@ def test_the_per_fork_reports_are_the_json_they_stand_for() -> None:
     assert exited == {"op": "exited", "pid": 4321, "status": -9, "maxrss": 123_456}
 
 
+def test_the_zygotes_reports_are_the_wires_messages() -> None:
+    """One message format between snapcell's processes: each report the zygote sends (hand-formatted or not) is
+    byte for byte what `snapcell.wire.encode` writes for it, and the host reads it with `snapcell.wire.decode`."""
+    from snapcell.backends import _zygotehost
+    from snapcell.wire import decode, encode
+    from snapcell.worker import _zygote
+
+    one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with one, two:
+        _zygote._send(one, {"op": "ready", "pid": 7, "preload": ["numpy"], "preloaded": [], "threads": 1})
+        _zygote._send_forked(one, 4321, 56_789_000, ["numpy", "pandas"])
+        _zygote._send_exited(one, 4321, -9, 123_456)
+        _zygote._send(one, {"op": "fork_failed", "error": "no memory"})
+        sent = [two.recv(4096) for _ in range(4)]
+    assert all(data == encode(decode(data)) for data in sent), sent
+    assert _zygotehost.decode is decode  # the host's reader
+
+
 def test_the_zygotes_peak_rss_is_read_from_its_status() -> None:
     from snapcell.worker import _zygote
 
