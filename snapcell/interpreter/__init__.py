@@ -11,30 +11,37 @@ from typing import TYPE_CHECKING
 from snapcell._support import lazy_exports
 
 if TYPE_CHECKING:
-    from snapcell.interpreter._host import CallCounter, HostCall, HostFunction, LocalBridge, validate_lookup
+    from snapcell.interpreter._host import (
+        PAUSE_ERROR,
+        CallCounter,
+        HostCall,
+        HostFunction,
+        LocalBridge,
+        PauseRequested,
+        ScriptPaused,
+        validate_lookup,
+    )
     from snapcell.interpreter._interrupt import Watchdog, start_watchdog
-    from snapcell.interpreter._replay import PAUSE_ERROR, PauseRequested, ScriptPaused, inputs_off
+    from snapcell.interpreter._replay import inputs_off
     from snapcell.interpreter._result import Artifact, PausedCall, RunResult
     from snapcell.interpreter._runner import DROPPED_PREFIX, Runner, checkpoint_rule, dropped_note, lost_at_load
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.interpreter._host": (
+        "PAUSE_ERROR",
         "CallCounter",
         "HostCall",
         "HostFunction",
         "LocalBridge",
+        "PauseRequested",
+        "ScriptPaused",
         "validate_lookup",
     ),
     "snapcell.interpreter._interrupt": (
         "Watchdog",
         "start_watchdog",
     ),
-    "snapcell.interpreter._replay": (
-        "PAUSE_ERROR",
-        "PauseRequested",
-        "ScriptPaused",
-        "inputs_off",
-    ),
+    "snapcell.interpreter._replay": ("inputs_off",),
     "snapcell.interpreter._result": (
         "Artifact",
         "PausedCall",

@@ -1,4 +1,8 @@
-"""Host functions as seen by scripts: name-only proxies routed to the current run's bridge."""
+"""Host functions as seen by scripts: name-only proxies routed to the current run's bridge.
+
+Also what a pausable run needs as soon as a worker starts: the signals that stop a script at a pausing call, and the
+wall clock scripts read (a pausable run's record of it, `snapcell.interpreter._replay`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from snapcell._support import is_async_callable, pickled_helper
 from snapcell.errors import ConfigError, OutputLimitExceeded
-from snapcell.interpreter._replay import PauseRequested, ScriptPaused
+from snapcell.policy import register_stand_in
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
@@ -18,14 +22,58 @@ else:  # the same classes, made without compiling source text (a zygote's start-
     from snapcell._support import dataclass
 
 __all__ = [
+    "PAUSE_ERROR",
     "HostBridge",
     "HostCall",
     "HostFunction",
     "LocalBridge",
+    "PauseRequested",
+    "ScriptPaused",
     "close_unstarted",
+    "current_inputs",
     "host_function",
     "validate_lookup",
 ]
+
+
+# The error type a host reports for a call that pauses the run (a worker raises `ScriptPaused` for it).
+PAUSE_ERROR = "SnapcellPause"
+
+
+class ScriptPaused(BaseException):
+    """Stops a script at a pausing host call.
+
+    A BaseException, so a script's ``except Exception`` does not catch it; it goes through ``asyncio.gather``
+    and tasks as any exception does.
+    """
+
+
+class PauseRequested(Exception):
+    """Raised by a host-side function to pause the run at this call (the bridge turns it into `ScriptPaused`)."""
+
+
+# The record of the pausable run in this context (a `snapcell.interpreter._replay.Inputs`), or None.
+current_inputs: ContextVar[Any] = ContextVar("snapcell_inputs", default=None)
+_live_time = time.time
+_live_time_ns = time.time_ns
+
+
+def recorded_time() -> float:
+    """``time.time`` as scripts see it: the run's record in a pausable run, else the clock."""
+    inputs = current_inputs.get()
+    return _live_time() if inputs is None else float(inputs.take("time", _live_time))
+
+
+def recorded_time_ns() -> int:
+    """``time.time_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
+    inputs = current_inputs.get()
+    return _live_time_ns() if inputs is None else int(inputs.take("time_ns", _live_time_ns))
+
+
+# Scripts read the wall clock through the module views the policy gives them (registered before any view is
+# built); the process's own ``time`` is left alone, and an unrestricted policy's scripts get the live clock.
+register_stand_in("time", "time", pickled_helper(recorded_time))
+register_stand_in("time", "time_ns", pickled_helper(recorded_time_ns))
 
 
 @dataclass(frozen=True, slots=True)

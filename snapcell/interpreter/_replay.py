@@ -7,9 +7,11 @@ must read the same: `Inputs` holds it, and `recording` installs it for the run.
 - ``random``'s module-level functions are seeded with a recorded seed at the start of the cell (and
   ``numpy.random``'s legacy global state, when numpy is already imported), and put back as they were after it: the
   draws are the same, and cost no log.
-- ``time.time`` / ``time.time_ns`` (as the policy's module views give them to scripts) and ``os.urandom`` (which
+- ``time.time`` / ``time.time_ns`` (as the policy's module views give them to scripts: the stand-ins in `_host`,
+  imported with every worker) and ``os.urandom`` (which
   ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom`` read) are recorded as they return and replayed in order;
-  past the end of the record they are live again.
+  past the end of the record they are live again. What a module reads while it is imported is not recorded: a
+  process imports it once, so a resume in the same process would not read it again.
 - String hashing is fixed when an interpreter starts: the hash of a probe string is recorded, so a resumed run can
   say when its set and dict orders may differ.
 
@@ -22,37 +24,23 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from types import FrameType
 from typing import Any
 
-from snapcell._support import pickled_helper
-from snapcell.policy import register_stand_in
+from snapcell.interpreter._host import current_inputs as _current
 
-__all__ = ["PAUSE_ERROR", "Inputs", "PauseRequested", "ScriptPaused", "inputs_off", "recording"]
+__all__ = ["Inputs", "inputs_off", "recording"]
 
-# The error type a host reports for a call that pauses the run (a worker raises `ScriptPaused` for it).
-PAUSE_ERROR = "SnapcellPause"
 _HASH_PROBE = "snapcell:hash-probe"
 # Most values of one kind a record holds: a script reading the clock in a loop stops being replayed past this.
 _MAX_VALUES = 10_000
 # Most bytes of ``os.urandom`` a record keeps (it travels in the run's reply and in the checkpoint); past it the
 # bytes are live, so a replay reads other ones there (a difference the host sees only if they reach a host call).
 _MAX_URANDOM_BYTES = 64 * 1024
-
-
-class ScriptPaused(BaseException):
-    """Stops a script at a pausing host call.
-
-    A BaseException, so a script's ``except Exception`` does not catch it; it goes through ``asyncio.gather``
-    and tasks as any exception does.
-    """
-
-
-class PauseRequested(Exception):
-    """Raised by a host-side function to pause the run at this call (the bridge turns it into `ScriptPaused`)."""
+# How far up the stack a read of the OS's randomness looks for an import in progress.
+_MAX_FRAMES = 64
 
 
 class Inputs:
@@ -121,34 +109,25 @@ class Inputs:
         return {"seed": self.seed, **{k: v[: self._at[k]] for k, v in self.streams.items()}, "hash": hash(_HASH_PROBE)}
 
 
-_current: ContextVar[Inputs | None] = ContextVar("snapcell_inputs", default=None)
-_live_time = time.time
-_live_time_ns = time.time_ns
 _live_urandom = os.urandom
 _installed = False
 
 
-def recorded_time() -> float:
-    """``time.time`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = _current.get()
-    return _live_time() if inputs is None else float(inputs.take("time", _live_time))
-
-
-def recorded_time_ns() -> int:
-    """``time.time_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = _current.get()
-    return _live_time_ns() if inputs is None else int(inputs.take("time_ns", _live_time_ns))
-
-
-# Scripts read the wall clock through the module views the policy gives them; the process's own ``time`` is left
-# alone (an unrestricted policy's scripts get the real module, and so the live clock).
-register_stand_in("time", "time", pickled_helper(recorded_time))
-register_stand_in("time", "time_ns", pickled_helper(recorded_time_ns))
+def _importing() -> bool:
+    """Whether a module is being imported: its import-time reads happen in one run of a process only."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _urandom(size: int, /) -> bytes:
     inputs = _current.get()
-    if inputs is None:
+    if inputs is None or _importing():
         return _live_urandom(size)
     if not inputs.has_next("urandom"):
         if inputs.urandom_full or inputs.urandom_bytes + size > _MAX_URANDOM_BYTES:
@@ -182,8 +161,8 @@ def _install() -> None:
 def recording(inputs: Inputs) -> Iterator[None]:
     """Give the code run in this context ``inputs`` as its clocks and random sources."""
     _install()
+    restore = inputs.start()  # before the record is current: importing numpy.random reads the OS's randomness
     token = _current.set(inputs)
-    restore = inputs.start()
     try:
         yield
     finally:

@@ -29,10 +29,16 @@ from snapcell.interpreter._capture import capture_output
 from snapcell.interpreter._cellcache import CellCache
 from snapcell.interpreter._compile import RESULT_NAME, register_source
 from snapcell.interpreter._definitions import Definitions, cell_bindings, setup_cells_assigning
-from snapcell.interpreter._host import HostBridge, HostFunction, bind_bridge, close_unstarted, unbind_bridge
+from snapcell.interpreter._host import (
+    HostBridge,
+    HostFunction,
+    ScriptPaused,
+    bind_bridge,
+    close_unstarted,
+    unbind_bridge,
+)
 from snapcell.interpreter._interrupt import Watchdog, cancelled_error, reap_tasks, running_tasks
 from snapcell.interpreter._memory import make_memory, serving_status
-from snapcell.interpreter._replay import ScriptPaused
 from snapcell.interpreter._result import RunResult
 from snapcell.interpreter._stack import script_recursion_limit
 from snapcell.interpreter._summary import summarize_namespace
