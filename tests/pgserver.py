@@ -19,6 +19,7 @@ needs psycopg.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import glob
 import os
 import pwd
@@ -46,6 +47,9 @@ __all__ = [
 _STARTUP_TIMEOUT_S = 60.0
 _SUPERUSER = "postgres"
 _NEEDED = ("initdb", "postgres", "pg_ctl", "pg_isready")
+_OWNER_LOCK = "owner.lock"
+# The owner locks of the clusters this process made and has not removed, by directory.
+_OWNED: dict[Path, int] = {}
 
 
 def find_postgres_binaries() -> Path | None:
@@ -100,31 +104,45 @@ def _server_user() -> dict[str, Any]:
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process runs with this ID (a zombie, dead but not yet reaped, does not count)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
 def remove_stale_clusters() -> list[Path]:
-    """Remove the directories of earlier servers whose run was killed (their postmaster is gone); return them.
+    """Remove the directories of earlier servers whose run has ended (killed: its clean-up never ran); return them.
 
-    A killed run's server dies with it, but its directory stays behind; the next run removes it. A directory
-    without a ``postmaster.pid`` (a cluster being created by a run in progress) is left alone.
+    A run holds an exclusive lock on its directory's ``owner.lock`` from the moment it makes the directory until it
+    removes it, and the kernel lets go of the lock when the run ends, however it ends. A directory whose lock is
+    held belongs to a live run, whatever its server is doing (``initdb`` starts and stops several backends, each
+    leaving a ``postmaster.pid`` of a process that is gone); one without a lock file is left alone too.
     """
     removed = []
     for root in sorted(Path(tempfile.gettempdir()).glob("snapcell-pg-*")):
         try:
-            pid = int((root / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
-        except (OSError, ValueError):
+            fd = os.open(root / _OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
             continue
-        if not _alive(pid):
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its run is alive
             shutil.rmtree(root, ignore_errors=True)
             removed.append(root)
+        finally:
+            os.close(fd)
     return removed
+
+
+def _claim(root: Path) -> None:
+    """Hold ``root``'s owner lock for as long as this process lives or until `_let_go` (see `remove_stale_clusters`)."""
+    fd = os.open(root / _OWNER_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _OWNED[root] = fd
+
+
+def _let_go(root: Path) -> None:
+    """Remove ``root`` and give up its owner lock, in that order (a sweep never sees it unlocked and half-removed)."""
+    shutil.rmtree(root, ignore_errors=True)
+    fd = _OWNED.pop(root, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def start_postgres_server(*, timeout_s: float = _STARTUP_TIMEOUT_S) -> tuple[str, Callable[[], None]]:
@@ -143,6 +161,7 @@ def start_postgres_server(*, timeout_s: float = _STARTUP_TIMEOUT_S) -> tuple[str
     as_server = _server_user()
     remove_stale_clusters()
     root = Path(tempfile.mkdtemp(prefix="snapcell-pg-"))
+    _claim(root)
     if as_server:
         os.chown(root, as_server["user"], as_server["group"])
     data = root / "data"
@@ -158,15 +177,15 @@ def start_postgres_server(*, timeout_s: float = _STARTUP_TIMEOUT_S) -> tuple[str
             **as_server,
         )
     except subprocess.CalledProcessError as exc:
-        shutil.rmtree(root, ignore_errors=True)
+        _let_go(root)
         raise RuntimeError(f"initdb failed: {exc.stderr.decode(errors='replace')}") from None
     for _ in range(3):  # another process may take the free port before the server binds it
         port = _free_port()
         started = _start(binaries, data, port, as_server, timeout_s)
         if started is not None:
             return f"postgresql://{_SUPERUSER}@127.0.0.1:{port}/postgres", started
-    shutil.rmtree(root, ignore_errors=True)
     log = (root / "server.log").read_text(errors="replace") if (root / "server.log").exists() else ""
+    _let_go(root)
     raise RuntimeError(f"PostgreSQL did not start: {log[-2000:]}")
 
 
@@ -209,7 +228,7 @@ def _start(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        _let_go(root)
 
     deadline = time.monotonic() + timeout_s
     while True:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,5 +113,46 @@ def test_a_postgres_server_does_not_outlive_a_run_that_ends_without_cleaning_up(
     assert servers() == []
     # Its directory is left behind; the next run's server removes it before it starts (or another run on this
     # machine already did): afterwards no directory of a dead server is left.
+    left = [
+        root
+        for root in Path(tempfile.gettempdir()).glob("snapcell-pg-*")
+        if f"-p {port} " in f"{_read(root / 'data' / 'postmaster.opts')} "
+    ]
     remove_stale_clusters()
     assert remove_stale_clusters() == []
+    assert not any(root.exists() for root in left)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().replace('"', "")
+    except OSError:
+        return ""
+
+
+def test_a_cluster_of_a_live_run_is_never_swept_whatever_its_server_is_doing(tmp_path: Path) -> None:
+    """``initdb`` starts and stops backends that leave a ``postmaster.pid`` naming a process that is gone: a
+    concurrent run's sweep must go by whether the directory's run lives, not by that file."""
+    from tests.pgserver import remove_stale_clusters
+
+    root = Path(tempfile.mkdtemp(prefix="snapcell-pg-"))
+    (root / "data").mkdir()
+    (root / "data" / "postmaster.pid").write_text("999999999\n")  # a backend that has exited
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()",
+            str(root / "owner.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "locked"
+        assert root not in remove_stale_clusters() and root.exists()
+    finally:
+        owner.communicate("", timeout=60)  # the run ends: the kernel lets go of its lock
+    assert root in remove_stale_clusters() and not root.exists()
