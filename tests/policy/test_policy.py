@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 import snapcell
@@ -491,13 +493,16 @@ def test_a_module_that_is_not_installed_is_reported_missing_not_refused(pool, co
 def test_a_policy_allowing_a_missing_module_warns_once(caplog):
     import logging
 
-    policy = Policy(extra_modules={MISSING, "json"})
-    assert policy.missing_modules() == {MISSING}
+    # A name no other test uses: the warning is once per process, and another test's pool may have given it for
+    # a name they share.
+    missing = f"{MISSING}_{uuid.uuid4().hex}"
+    policy = Policy(extra_modules={missing, "json"})
+    assert policy.missing_modules() == {missing}
     assert not Policy.stdlib_only().missing_modules() and not Policy.unrestricted().missing_modules()
     with caplog.at_level(logging.WARNING, logger="snapcell"):
         snapcell.Pool(isolation="inline", policy=policy).close()
         snapcell.Pool(isolation="inline", policy=policy).close()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "snapcell" and MISSING in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "snapcell" and missing in r.getMessage()]
     assert len(warnings) == 1 and "not installed" in warnings[0]
 
 
