@@ -93,7 +93,7 @@ def test_checking_after_load_in_a_new_process(tmp_path: Path) -> None:
 
 
 def test_missing_checker_is_a_clear_error(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    import snapcell.typecheck as typecheck
+    import snapcell.typecheck._checker as typecheck
 
     def missing() -> str:
         raise ConfigError("ty is not installed; pip install 'snapcell[typecheck]'")

@@ -14,8 +14,6 @@ along; their own diagnostics are never reported.
 from __future__ import annotations
 
 import ast
-import builtins
-import inspect
 import itertools
 import json
 import os
@@ -24,19 +22,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snapcell._support import is_async_callable
 from snapcell.errors import ConfigError, TimeLimitExceeded, TypingError
+from snapcell.typecheck._declarations import SIMPLE_NAMES, STUBS_MODULE
 
-__all__ = ["Diagnostic", "TypeChecker", "declarations_from_namespace", "find_ty", "stubs_from_functions"]
+__all__ = ["Diagnostic", "TypeChecker", "find_ty"]
 
-_STUBS_MODULE = "__snapcell_stubs__"
+
 _INSTALL_HINT = "pip install 'snapcell[typecheck]'"
 # Diagnostics that only say the cell is not inside an async function: a cell may await at top level.
 _TOP_LEVEL_ASYNC = re.compile(
@@ -153,7 +150,7 @@ class TypeChecker:
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self._counter = itertools.count()
         (self._dir / "ty.toml").write_text("", encoding="utf-8")
-        (self._dir / f"{_STUBS_MODULE}.pyi").write_text(stubs, encoding="utf-8")
+        (self._dir / f"{STUBS_MODULE}.pyi").write_text(stubs, encoding="utf-8")
         self._base_command = [
             ty_path,
             "check",
@@ -196,7 +193,7 @@ class TypeChecker:
     ) -> tuple[list[Diagnostic], dict[str, str]]:
         n = next(self._counter)
         decls, prior, cell = f"__snapcell_decls_{n}__", f"__snapcell_prior_{n}__", f"__snapcell_cell_{n}__.py"
-        header = f"import asyncio; from {decls} import *; from {prior} import *; from {_STUBS_MODULE} import *\n"
+        header = f"import asyncio; from {decls} import *; from {prior} import *; from {STUBS_MODULE} import *\n"
         declared = _declarations_module(declarations)
         names = _revealable(code) if reveal and self._stub_classes else []
         # Asked after the script, so ty says what each name it bound holds at its end (lines past the script's).
@@ -338,7 +335,7 @@ class TypeChecker:
             path, line, column = Path(where.group(1)).name, int(where.group(2)), int(where.group(3))
             if key is None and path == cell:
                 key = (primary, line - 1, column)
-            elif key is not None and path == f"{_STUBS_MODULE}.pyi":
+            elif key is not None and path == f"{STUBS_MODULE}.pyi":
                 notes.setdefault(key, line)
         stub_names = _stub_definitions(self.stubs)
         result = []
@@ -416,7 +413,7 @@ def _static_type(text: str, stub_classes: frozenset[str], shadowed: set[str]) ->
         if isinstance(node, ast.Name):
             if node.id in stub_classes:
                 used.add(node.id)
-            elif node.id not in _SIMPLE_NAMES or node.id == "Any":
+            elif node.id not in SIMPLE_NAMES or node.id == "Any":
                 return None
         elif not isinstance(node, ast.Expression | ast.Load | ast.Subscript | ast.Tuple | ast.BinOp | ast.BitOr):
             if not (isinstance(node, ast.Constant) and node.value in (None, Ellipsis)):
@@ -428,7 +425,7 @@ def _static_type(text: str, stub_classes: frozenset[str], shadowed: set[str]) ->
         def visit_Name(self, node: ast.Name) -> ast.AST:
             if node.id not in used:
                 return node
-            return ast.Attribute(value=ast.Name(id=_STUBS_MODULE, ctx=ast.Load()), attr=node.id, ctx=ast.Load())
+            return ast.Attribute(value=ast.Name(id=STUBS_MODULE, ctx=ast.Load()), attr=node.id, ctx=ast.Load())
 
     return ast.unparse(_Qualify().visit(tree))
 
@@ -504,7 +501,7 @@ def _declarations_module(declarations: str) -> str:
         raise ConfigError(f"declarations do not parse: {exc}") from exc
     names = _bound_names(tree.body)
     exports = f"__all__ = {sorted(names | _SESSION_BUILTINS)!r}\n" if names is not None else ""
-    return f"from typing import Any\nimport {_STUBS_MODULE}\n{exports}{_SESSION_BUILTINS_STUB}{declarations}\n"
+    return f"from typing import Any\nimport {STUBS_MODULE}\n{exports}{_SESSION_BUILTINS_STUB}{declarations}\n"
 
 
 def _prior_module(prior_cells: Sequence[str]) -> str:
@@ -515,7 +512,7 @@ def _prior_module(prior_cells: Sequence[str]) -> str:
         except SyntaxError:
             found = set()
         names = None if found is None or names is None else names | found
-    header = f"import asyncio\nfrom {_STUBS_MODULE} import *\n"
+    header = f"import asyncio\nfrom {STUBS_MODULE} import *\n"
     exports = f"__all__ = {sorted(names)!r}\n" if names else ""
     return header + "\n".join(prior_cells) + "\n" + exports
 
@@ -549,375 +546,3 @@ def _bound_names(body: Iterable[ast.stmt]) -> set[str] | None:
             names.add(node.rest)
         pending.extend(ast.iter_child_nodes(node))
     return {name for name in names if name != "__all__"}
-
-
-# ------------------------------------------------------------- declarations
-
-
-class _Text:
-    """An annotation or default that `inspect.Signature` prints verbatim."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-_PLAIN = {int: "int", str: "str", float: "float", bool: "bool", bytes: "bytes", complex: "complex"}
-_SAMPLE = 200
-_MAX_DEPTH = 4
-
-
-def declarations_from_namespace(ns: Mapping[str, object], *, types: Mapping[str, str] | None = None) -> str:
-    """Write stub declarations that make a live namespace's names known to the checker.
-
-    Plain values get their types (containers with element types when those agree,
-    ``Any`` otherwise), functions their signatures where the annotations are
-    simple, classes a permissive stub, modules an import, and objects importable
-    from a module an import of them. Names starting and ending with ``__`` are left out.
-
-    Args:
-        ns: The namespace, name to value; nothing in it is called or changed.
-        types: Static types of names, as `TypeChecker.check_with_types` reported them when the value was made;
-            one is declared instead of the value's own type while the value still agrees with it (a list is still
-            a list, a TypedDict still a dict).
-
-    Returns:
-        Declarations text, stable for equal namespaces, for `TypeChecker.check` ``declarations``.
-    """
-    classes = {id(v): k for k, v in ns.items() if isinstance(v, type) and _importable(v) is None}
-    imports: dict[str, str] = {}
-    lines = []
-    for name in sorted(ns):
-        if not name.isidentifier() or (name.startswith("__") and name.endswith("__")):
-            continue
-        static = types.get(name) if types else None
-        if static is not None and _agrees(ns[name], static):
-            lines.append(f"{name}: {static}")
-            continue
-        lines.extend(_declare(name, ns[name], classes, imports))
-    head = [f"import {module} as {alias}" for module, alias in sorted(imports.items())]
-    return "\n".join(head + lines) + "\n"
-
-
-_RUNTIME_TYPES: dict[str, type] = {t.__name__: t for t in (list, dict, set, frozenset, tuple)}
-
-
-def _agrees(value: object, static: str) -> bool:
-    """Whether a value still is what its static type (a container of stub classes, or one) says at the top."""
-    try:
-        tree = ast.parse(static, mode="eval").body
-    except SyntaxError:
-        return False
-    outer = tree.value if isinstance(tree, ast.Subscript) else tree
-    if isinstance(outer, ast.Name):
-        return type(value) is _RUNTIME_TYPES.get(outer.id)
-    if isinstance(outer, ast.Attribute) and isinstance(outer.value, ast.Name) and outer.value.id == _STUBS_MODULE:
-        return type(value) is dict or type(value).__name__ == outer.attr
-    return False
-
-
-def _declare(name: str, value: object, classes: dict[int, str], imports: dict[str, str]) -> list[str]:
-    if isinstance(value, types.ModuleType):
-        module = value.__name__
-        return [f"import {module}" if module == name else f"import {module} as {name}"]
-    origin = _importable(value)
-    if origin is not None:
-        module, qualname = origin
-        return [f"from {module} import {qualname}" + ("" if qualname == name else f" as {name}")]
-    if isinstance(value, type):
-        return [
-            f"class {name}:",
-            "    def __init__(self, *args: Any, **kwargs: Any) -> None: ...",
-            "    def __getattr__(self, name: str) -> Any: ...",
-        ]
-    if callable(value) and _type_expr(value, 0, classes, imports) == "Any":
-        keyword = "async def" if is_async_callable(value) else "def"
-        return [f"{keyword} {name}{_signature(value)}: ..."]
-    return [f"{name}: {_type_expr(value, 0, classes, imports)}"]
-
-
-def _importable(value: object) -> tuple[str, str] | None:
-    """The module and name ``value`` can be imported under, if it is a function or class defined in one."""
-    if not isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
-        return None
-    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
-    if not isinstance(module, str) or module in ("__main__", "builtins") or module.startswith("__snapcell"):
-        return None
-    if "." in qualname or sys.modules.get(module) is None:
-        return None
-    return (module, qualname) if getattr(sys.modules[module], qualname, None) is value else None
-
-
-def _type_expr(value: object, depth: int, classes: dict[int, str], imports: dict[str, str]) -> str:
-    kind = type(value)
-    if value is None:
-        return "None"
-    if kind in _PLAIN:
-        return _PLAIN[kind]
-    if depth >= _MAX_DEPTH:
-        return "Any"
-    if isinstance(value, list | set | frozenset | tuple) and kind in (list, set, frozenset, tuple):
-        if kind is tuple and len(value) <= 8:
-            parts = [_type_expr(v, depth + 1, classes, imports) for v in value]
-            return f"tuple[{', '.join(parts)}]" if parts else "tuple[()]"
-        items = itertools.islice(value, _SAMPLE)
-        element = _common(_type_expr(v, depth + 1, classes, imports) for v in items)
-        return f"tuple[{element}, ...]" if kind is tuple else f"{kind.__name__}[{element}]"
-    if isinstance(value, dict) and kind is dict:
-        pairs = list(itertools.islice(value.items(), _SAMPLE))
-        keys = _common(_type_expr(k, depth + 1, classes, imports) for k, _ in pairs)
-        values = _common(_type_expr(v, depth + 1, classes, imports) for _, v in pairs)
-        return f"dict[{keys}, {values}]"
-    if id(kind) in classes:
-        return classes[id(kind)]
-    if kind.__module__ == "builtins" and getattr(builtins, kind.__qualname__, None) is kind:
-        return str(kind.__qualname__)
-    origin = _importable(kind)
-    if origin is None:
-        return "Any"
-    module, qualname = origin
-    alias = imports.setdefault(module, f"__snapcell_m{len(imports)}__")
-    return f"{alias}.{qualname}"
-
-
-def _common(exprs: Iterable[str]) -> str:
-    distinct = set(exprs)
-    return distinct.pop() if len(distinct) == 1 else "Any"
-
-
-def _signature(func: Callable[..., object]) -> str:
-    fallback = "(*args: Any, **kwargs: Any) -> Any"
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError, NameError, AttributeError):
-        return fallback
-    params = [
-        param.replace(
-            annotation=_Text(_annotation(param.annotation)),
-            default=param.empty if param.default is param.empty else _Text("..."),
-        )
-        for param in signature.parameters.values()
-    ]
-    try:
-        return str(
-            signature.replace(parameters=params, return_annotation=_Text(_annotation(signature.return_annotation)))
-        )
-    except ValueError:
-        return fallback
-
-
-def _annotation(annotation: object) -> str:
-    """Spell an annotation if it only uses builtins, ``None`` and ``Any``; otherwise ``Any``."""
-    if isinstance(annotation, str):
-        return _string_annotation(annotation)
-    if annotation is None or annotation is type(None):
-        return "None"
-    if annotation in _PLAIN or annotation in (list, dict, set, frozenset, tuple, object, type):
-        return annotation.__name__
-    args = getattr(annotation, "__args__", None)
-    origin = getattr(annotation, "__origin__", None)
-    if isinstance(annotation, types.UnionType) and args:
-        return " | ".join(_annotation(a) for a in args)
-    if isinstance(annotation, types.GenericAlias) and origin in (list, dict, set, frozenset, tuple, type) and args:
-        return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else _annotation(a) for a in args)}]"
-    return "Any"
-
-
-_SIMPLE_NAMES = frozenset(
-    {*_PLAIN.values(), "list", "dict", "set", "frozenset", "tuple", "object", "type", "None", "Any"}
-)
-
-
-def _string_annotation(text: str) -> str:
-    """Keep a postponed annotation if it is made of builtin names only; otherwise ``Any``."""
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        return "Any"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id not in _SIMPLE_NAMES:
-            return "Any"
-        if not isinstance(
-            node, ast.Expression | ast.Name | ast.Load | ast.Subscript | ast.Tuple | ast.BinOp | ast.BitOr
-        ):
-            if not (isinstance(node, ast.Constant) and node.value in (None, Ellipsis)):
-                return "Any"
-    return ast.unparse(tree)
-
-
-# ------------------------------------------------------------- stubs of host functions
-
-_TYPING_NAMES = ("Any", "Literal", "NotRequired", "TypedDict")
-_GENERIC_BUILTINS = (list, dict, set, frozenset, tuple, type)
-_BUILTIN_TYPES = {t: t.__name__ for t in (*_PLAIN, object, bytearray, range, slice, *_GENERIC_BUILTINS)}
-_LITERAL_TYPES = (str, int, bool, bytes, type(None))
-
-
-def stubs_from_functions(functions: Mapping[str, Callable[..., Any]]) -> str:
-    """Write type-checker stubs of host functions from their signatures, for ``type_check_stubs``.
-
-    Each function becomes a stub under the name it is given by, with its parameters (simple defaults kept, others
-    ``...``), its return type and its docstring's first line. TypedDicts its annotations use become stub classes
-    with their fields (the keys a script may use), other classes an import of their module when they have one
-    (``datetime.date``), and whatever cannot be spelled ``Any``, so a check is never stricter than the functions.
-
-    Args:
-        functions: Host functions by name, as passed to ``external_lookup`` or ``CodeTool(tools=...)``.
-
-    Returns:
-        Python stub text.
-    """
-    return _StubWriter(set(functions)).write(functions)
-
-
-class _StubWriter:
-    def __init__(self, taken: set[str]) -> None:
-        self._taken = taken | set(_TYPING_NAMES)
-        self._classes: dict[type, str] = {}
-        self._class_text: list[str] = []
-        self._modules: dict[str, str] = {}
-
-    def write(self, functions: Mapping[str, Callable[..., Any]]) -> str:
-        defs = [self._function(name, func) for name, func in functions.items()]
-        head = [f"from typing import {', '.join(_TYPING_NAMES)}"]
-        head += [
-            f"import {m}" if m == alias else f"import {m} as {alias}" for m, alias in sorted(self._modules.items())
-        ]
-        return "\n".join(head) + "\n\n" + "".join(text + "\n" for text in (*self._class_text, *defs))
-
-    def _function(self, name: str, func: Callable[..., Any]) -> str:
-        try:
-            try:
-                signature = inspect.signature(func, eval_str=True)
-            except Exception:  # evaluating the host's own annotations may raise anything; use them as written
-                signature = inspect.signature(func)
-        except (TypeError, ValueError):
-            signature = inspect.Signature(
-                [
-                    inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-                    inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
-                ]
-            )
-        params = [
-            param.replace(annotation=_Text(self._type(param.annotation)), default=self._default(param.default))
-            for param in signature.parameters.values()
-        ]
-        text = str(
-            signature.replace(parameters=params, return_annotation=_Text(self._type(signature.return_annotation)))
-        )
-        keyword = "async def" if is_async_callable(func) else "def"
-        doc = (inspect.getdoc(func) or "").strip().splitlines()
-        body = f"\n    {doc[0]!r}" if doc else " ..."
-        return f"{keyword} {name}{text}:{body}"
-
-    @staticmethod
-    def _default(default: object) -> object:
-        if default is inspect.Parameter.empty:
-            return default
-        if type(default) in (int, float, bool, type(None)) or (type(default) is str and len(default) <= 40):
-            return _Text(repr(default))
-        return _Text("...")
-
-    def _type(self, annotation: object, depth: int = 0) -> str:
-        if annotation is inspect.Parameter.empty or depth > _MAX_DEPTH * 2:
-            return "Any"
-        if annotation is None or annotation is type(None):
-            return "None"
-        if annotation is Any:
-            return "Any"
-        if isinstance(annotation, str):
-            return _string_annotation(annotation)
-        if isinstance(annotation, type) and annotation in _BUILTIN_TYPES:
-            return _BUILTIN_TYPES[annotation]
-        import typing  # the host's side only
-
-        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-        if origin is not None:
-            return self._generic(origin, args, depth)
-        if isinstance(annotation, type):
-            return self._class(annotation, depth)
-        return "Any"
-
-    def _generic(self, origin: object, args: tuple[Any, ...], depth: int) -> str:
-        import collections.abc
-        import typing
-
-        if origin in (typing.Union, types.UnionType):
-            return " | ".join(self._type(a, depth + 1) for a in args)
-        if origin is typing.Literal:
-            if all(type(a) in _LITERAL_TYPES for a in args):
-                return f"Literal[{', '.join(repr(a) for a in args)}]"
-            return "Any"
-        if origin is typing.Annotated:
-            return self._type(args[0], depth + 1)
-        if origin is collections.abc.Callable:
-            if len(args) == 2 and isinstance(args[0], list):
-                params = ", ".join(self._type(a, depth + 1) for a in args[0])
-                return f"{self._module_name('collections.abc')}.Callable[[{params}], {self._type(args[1], depth + 1)}]"
-            return f"{self._module_name('collections.abc')}.Callable[..., Any]"
-        if isinstance(origin, type) and (origin in _GENERIC_BUILTINS or origin.__module__ == "collections.abc"):
-            base = (
-                origin.__name__
-                if origin in _GENERIC_BUILTINS
-                else f"{self._module_name('collections.abc')}.{origin.__name__}"
-            )
-            if origin is tuple and args == ():
-                return "tuple[()]"
-            inner = ", ".join("..." if a is Ellipsis else self._type(a, depth + 1) for a in args)
-            return f"{base}[{inner}]" if inner else base
-        return "Any"
-
-    def _class(self, cls: type, depth: int) -> str:
-        import typing
-
-        if cls in self._classes:
-            return self._classes[cls]
-        if typing.is_typeddict(cls):
-            return self._typeddict(cls, depth)
-        origin = _importable(cls)
-        if origin is None:
-            return "Any"
-        module, qualname = origin
-        return f"{self._module_name(module)}.{qualname}"
-
-    def _typeddict(self, cls: type, depth: int) -> str:
-        import typing
-
-        name = cls.__name__ if cls.__name__.isidentifier() else "TypedDict_"
-        while name in self._taken:
-            name += "_"
-        self._taken.add(name)
-        self._classes[cls] = name
-        try:
-            fields = typing.get_type_hints(cls, include_extras=True)
-        except Exception:  # the host's own annotations may fail to evaluate in any way; keep them as written
-            fields = dict(getattr(cls, "__annotations__", {}))
-        optional = set(getattr(cls, "__optional_keys__", frozenset()))
-        for key, annotation in list(fields.items()):
-            # Postponed annotations hide NotRequired from __optional_keys__ (before 3.12): read the markers here.
-            while typing.get_origin(annotation) in (typing.NotRequired, typing.Required):
-                (optional.add if typing.get_origin(annotation) is typing.NotRequired else optional.discard)(key)
-                annotation = typing.get_args(annotation)[0]
-            fields[key] = annotation
-        lines = [f"class {name}(TypedDict):"]
-        doc = (cls.__doc__ or "").strip().splitlines()
-        if doc and cls.__doc__ != typing.TypedDict.__doc__:
-            lines.append(f"    {doc[0]!r}")
-        for key, annotation in fields.items():
-            if not key.isidentifier():
-                continue  # a key a class body cannot spell: the stub stays total-free of it
-            spelled = self._type(annotation, depth + 1)
-            lines.append(f"    {key}: {f'NotRequired[{spelled}]' if key in optional else spelled}")
-        if len(lines) == 1 or (len(lines) == 2 and doc):
-            lines.append("    pass")
-        self._class_text.append("\n".join(lines) + "\n")
-        return name
-
-    def _module_name(self, module: str) -> str:
-        if module not in self._modules:
-            top = module.partition(".")[0]
-            self._modules[module] = module if top not in self._taken else f"__snapcell_m{len(self._modules)}__"
-        alias = self._modules[module]
-        return alias
