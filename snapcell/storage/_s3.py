@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -45,6 +46,13 @@ _RETRIED_CODES = frozenset(
     }
 )
 _DEADLINE_KEY = "snapcell_deadline"
+# boto3 sessions by explicit credentials and region: a new session reads botocore's service data again (about 60 ms
+# of CPU), a client from a kept one takes a few. Sessions from the default credential chain are not kept, so a
+# store made later sees credentials changed meanwhile (the environment, a profile). Sessions are not thread-safe:
+# clients are made under the lock.
+_SESSIONS: dict[tuple[str | None, ...], Any] = {}
+_SESSIONS_LOCK = threading.Lock()
+_MAX_SESSIONS = 16
 _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
 _EXISTS = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
 _UNAVAILABLE = {
@@ -180,12 +188,6 @@ class S3Store:
         boto3 = _import("boto3")
         botocore_config = _import("botocore.config")
         cfg = self.config
-        session = boto3.session.Session(
-            aws_access_key_id=cfg.aws_access_key_id,
-            aws_secret_access_key=cfg.aws_secret_access_key,
-            aws_session_token=cfg.aws_session_token,
-            region_name=cfg.region_name,
-        )
         connect_s, read_s = _attempt_timeouts(cfg)
         client_config = botocore_config.Config(
             connect_timeout=connect_s,
@@ -194,7 +196,22 @@ class S3Store:
             retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": cfg.addressing_style},
         )
-        return session.client("s3", endpoint_url=cfg.endpoint_url, config=client_config)
+        key = (cfg.aws_access_key_id, cfg.aws_secret_access_key, cfg.aws_session_token, cfg.region_name)
+        with _SESSIONS_LOCK:
+            session = _SESSIONS.get(key) if cfg.aws_access_key_id else None
+            if session is None:
+                session = boto3.session.Session(
+                    aws_access_key_id=cfg.aws_access_key_id,
+                    aws_secret_access_key=cfg.aws_secret_access_key,
+                    aws_session_token=cfg.aws_session_token,
+                    region_name=cfg.region_name,
+                )
+                if cfg.aws_access_key_id:
+                    if len(_SESSIONS) >= _MAX_SESSIONS:
+                        del _SESSIONS[next(iter(_SESSIONS))]  # the oldest
+                    _SESSIONS[key] = session
+            # Each client has its own copy of the session's event hooks: this store's hooks stay its own.
+            return session.client("s3", endpoint_url=cfg.endpoint_url, config=client_config)
 
     # ------------------------------------------------------------ deadline and retries
 
