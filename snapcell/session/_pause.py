@@ -248,15 +248,7 @@ class Replayer:
                 entry, logged = self._enter(name, args, kwargs)
                 if logged:
                     return _replay(entry)
-                try:
-                    with inputs_off():
-                        value = await func(*args, **kwargs)
-                    entry.value = _result(value)
-                except Exception as exc:
-                    entry.error, entry.done = (type(exc).__name__, str(exc)), True
-                    raise
-                entry.done = True
-                return entry.value
+                return await _finish(entry, func(*args, **kwargs))
 
             return call_async
 

@@ -561,23 +561,12 @@ class AsyncSession:
             except WorkerLost:
                 await self._restore("dump")
                 raise
-            body, manifest = dumped.body, dumped.manifest
-            note_checkpoint(body)
-            cid = config.keyring.new_id(now)
-            if len(body) > HMAC_THREAD_BYTES:
-                blob = await asyncio.to_thread(config.keyring.sign, body, cid)
-            else:
-                blob = config.keyring.sign(body, cid)
-            await config.store.put(cid.storage_key, blob, expires_at=now + config.ttl_s)
-            self.bytes_stored = len(blob) + sum(len(data) for data in dumped.new_blobs.values())
-            self.checkpoint_id = cid.raw
-            self.checkpoint_bytes = len(blob)
-            self.manifest = manifest
+            note_checkpoint(dumped.body)
+            checkpoint_id = await self._sign_and_store(dumped, now)
             self._setup_since_checkpoint = []
             self._changed = False
-            self._blobs = {ref.hash: ref for ref in manifest.blobs}
             self._verifier.dump_signed()
-            return cid.raw
+            return checkpoint_id
         finally:
             self._busy = False
 
@@ -608,17 +597,26 @@ class AsyncSession:
                 dumped = Dumped(body=body, manifest=manifest, new_blobs=blobs)
             if not await self._blob_io.store(dumped, now + config.ttl_s):
                 raise SessionError("a blob of the paused run's checkpoint is gone from the store; it cannot be saved")
-            cid = config.keyring.new_id(now)
-            blob = config.keyring.sign(body, cid)
-            await config.store.put(cid.storage_key, blob, expires_at=now + config.ttl_s)
-            self.bytes_stored = len(blob) + sum(len(data) for data in dumped.new_blobs.values())
-            self.checkpoint_id = cid.raw
-            self.checkpoint_bytes = len(blob)
-            self.manifest = manifest
-            self._blobs = {ref.hash: ref for ref in refs}
-            return cid.raw
+            return await self._sign_and_store(dumped, now)
         finally:
             self._busy = False
+
+    async def _sign_and_store(self, dumped: Dumped, now: float) -> bytes:
+        """Sign a dump's body under a new ID and store it; the session stands on it from now. Its new ID."""
+        config = self._config
+        body = dumped.body
+        cid = config.keyring.new_id(now)
+        if len(body) > HMAC_THREAD_BYTES:  # a large body is hashed off the event loop
+            blob = await asyncio.to_thread(config.keyring.sign, body, cid)
+        else:
+            blob = config.keyring.sign(body, cid)
+        await config.store.put(cid.storage_key, blob, expires_at=now + config.ttl_s)
+        self.bytes_stored = len(blob) + sum(len(data) for data in dumped.new_blobs.values())
+        self.checkpoint_id = cid.raw
+        self.checkpoint_bytes = len(blob)
+        self.manifest = dumped.manifest
+        self._blobs = {ref.hash: ref for ref in dumped.manifest.blobs}
+        return cid.raw
 
     async def write_file(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
         """Write a file into the session's workspace, replacing any file at ``path`` (process mode).
