@@ -7,6 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests import procs
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,8 +45,6 @@ def test_the_ctrl_c_tests_pass_when_pytest_starts_with_sigint_ignored() -> None:
 
 
 def test_an_s3_server_does_not_outlive_a_run_that_ends_without_cleaning_up() -> None:
-    import os
-    import time
 
     script = (
         "import os, sys\n"
@@ -57,26 +57,10 @@ def test_an_s3_server_does_not_outlive_a_run_that_ends_without_cleaning_up() -> 
     port = done.stdout.strip().rsplit(":", 1)[-1]
     assert port.isdigit(), done.stdout + done.stderr
 
-    def servers() -> list[str]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"moto.server" in argv and port.encode() in argv:
-                found.append(pid)
-        return found
-
-    deadline = time.monotonic() + 30  # a hang guard for a loaded machine, not a measurement
-    while servers() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert servers() == []
+    assert _servers_left((b"moto.server", port.encode())) == []
 
 
 def test_a_postgres_server_does_not_outlive_a_run_that_ends_without_cleaning_up() -> None:
-    import os
-    import time
 
     import pytest
 
@@ -95,22 +79,7 @@ def test_a_postgres_server_does_not_outlive_a_run_that_ends_without_cleaning_up(
     port = done.stdout.strip().rsplit(":", 1)[-1].partition("/")[0]
     assert port.isdigit(), done.stdout + done.stderr
 
-    def servers() -> list[str]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-            except (OSError, IndexError):
-                continue
-            if b"-p" in argv and port.encode() in argv and state != "Z":
-                found.append(pid)
-        return found
-
-    deadline = time.monotonic() + 30  # a hang guard for a loaded machine, not a measurement
-    while servers() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert servers() == []
+    assert _servers_left((b"-p", port.encode())) == []
     # Its directory is left behind; the next run's server removes it before it starts (or another run on this
     # machine already did): afterwards no directory of a dead server is left.
     left = [
@@ -156,3 +125,26 @@ def test_a_cluster_of_a_live_run_is_never_swept_whatever_its_server_is_doing(tmp
     finally:
         owner.communicate("", timeout=60)  # the run ends: the kernel lets go of its lock
     assert root in remove_stale_clusters() and not root.exists()
+
+
+def _servers_left(words: tuple[bytes, ...]) -> list[str]:
+    """The pids of running processes whose command line holds all of ``words``, once there are none or after a
+    hang guard for a loaded machine (a killed run's server exits when the kernel gets to it)."""
+    import os
+    import time
+
+    def servers() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if all(word in argv for word in words) and procs.alive(int(pid)):
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 30
+    while servers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return servers()

@@ -192,11 +192,9 @@ def test_touch_of_a_missing_key(s3_store: S3Store) -> None:
         s3_store.touch("checkpoints/missing")
 
 
-def test_stores_with_the_same_explicit_credentials_share_one_boto3_session(
-    s3_server: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A store's client comes from a kept session (a new one reads botocore's service data again); each client
-    keeps its own event hooks, so one store's deadline and retry hooks never run for another's calls."""
+@pytest.fixture
+def sessions_made(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The boto3 sessions made from now on (their keyword arguments)."""
     import boto3
 
     made: list[object] = []
@@ -207,13 +205,21 @@ def test_stores_with_the_same_explicit_credentials_share_one_boto3_session(
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(boto3.session, "Session", counted)
+    return made
+
+
+def test_stores_with_the_same_explicit_credentials_share_one_boto3_session(
+    s3_server: str, s3_bucket: str, sessions_made: list[object]
+) -> None:
+    """A store's client comes from a kept session (a new one reads botocore's service data again); each client
+    keeps its own event hooks, so one store's deadline and retry hooks never run for another's calls."""
     # Credentials no other test uses: the kept sessions are the process's.
     keys = {"aws_access_key_id": f"key-{uuid.uuid4().hex}", "aws_secret_access_key": "secret"}
     config = S3Config(endpoint_url=s3_server, region_name=TEST_REGION, **keys)
     first, second = S3Store(s3_bucket, "a", config=config), S3Store(s3_bucket, "b", config=config)
     other = S3Store(s3_bucket, "c", config=S3Config(endpoint_url=s3_server, region_name="eu-west-1", **keys))
     try:
-        assert len(made) == 2  # one session for the first two stores, one for the other region
+        assert len(sessions_made) == 2  # one session for the first two stores, one for the other region
         assert first.client.meta.events is not second.client.meta.events
         first.put("k", b"1")  # moto takes any credentials
         assert first.get("k") == b"1"
@@ -225,22 +231,12 @@ def test_stores_with_the_same_explicit_credentials_share_one_boto3_session(
 
 
 def test_stores_from_the_default_credential_chain_each_read_it_again(
-    s3_server: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    s3_server: str, s3_bucket: str, sessions_made: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import boto3
-
-    made: list[object] = []
-    real = boto3.session.Session
-
-    def counted(*args: object, **kwargs: object) -> object:
-        made.append(kwargs)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(boto3.session, "Session", counted)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_CREDENTIALS["aws_access_key_id"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_CREDENTIALS["aws_secret_access_key"])
     config = S3Config(endpoint_url=s3_server, region_name=TEST_REGION)
     stores = [S3Store(s3_bucket, "a", config=config), S3Store(s3_bucket, "b", config=config)]
     for store in stores:
         store.close()
-    assert len(made) == 2  # credentials changed in the environment would be seen by the next store
+    assert len(sessions_made) == 2  # credentials changed in the environment would be seen by the next store
