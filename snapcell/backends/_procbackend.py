@@ -547,6 +547,12 @@ def _run_result(
     )
 
 
+# What a pausable run's record may hold (`snapcell.interpreter._replay.Inputs.export`).
+_INPUT_KEYS = frozenset(
+    {"seed", "time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "urandom", "hash"}
+)
+
+
 def _inputs(given: Any) -> dict[str, Any] | None:
     """A pausable run's record of its clocks and random sources (only replayed to the same cell's script).
 
@@ -555,7 +561,7 @@ def _inputs(given: Any) -> dict[str, Any] | None:
     """
     if given is None:
         return None
-    if type(given) is not dict or not set(given) <= {"seed", "time", "time_ns", "urandom", "hash"}:
+    if type(given) is not dict or not set(given) <= _INPUT_KEYS:
         raise MalformedMessage("inputs must be a record of clocks and random sources")
     return given
 

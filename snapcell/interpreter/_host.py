@@ -6,6 +6,7 @@ wall clock scripts read (a pausable run's record of it, `snapcell.interpreter._r
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from snapcell._support import is_async_callable, pickled_helper
 from snapcell.errors import ConfigError, OutputLimitExceeded
-from snapcell.policy import register_stand_in
+from snapcell.policy import register_recording_hooks, register_stand_in
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
@@ -70,10 +71,97 @@ def recorded_time_ns() -> int:
     return _live_time_ns() if inputs is None else int(inputs.take("time_ns", _live_time_ns))
 
 
-# Scripts read the wall clock through the module views the policy gives them (registered before any view is
-# built); the process's own ``time`` is left alone, and an unrestricted policy's scripts get the live clock.
+_live_monotonic = time.monotonic
+_live_monotonic_ns = time.monotonic_ns
+_live_perf_counter = time.perf_counter
+_live_perf_counter_ns = time.perf_counter_ns
+
+
+def recorded_monotonic() -> float:
+    """``time.monotonic`` as scripts see it: the run's record in a pausable run, else the clock."""
+    inputs = current_inputs.get()
+    return _live_monotonic() if inputs is None else float(inputs.take("monotonic", _live_monotonic))
+
+
+def recorded_monotonic_ns() -> int:
+    """``time.monotonic_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
+    inputs = current_inputs.get()
+    return _live_monotonic_ns() if inputs is None else int(inputs.take("monotonic_ns", _live_monotonic_ns))
+
+
+def recorded_perf_counter() -> float:
+    """``time.perf_counter`` as scripts see it: the run's record in a pausable run, else the clock."""
+    inputs = current_inputs.get()
+    return _live_perf_counter() if inputs is None else float(inputs.take("perf_counter", _live_perf_counter))
+
+
+def recorded_perf_counter_ns() -> int:
+    """``time.perf_counter_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
+    inputs = current_inputs.get()
+    return _live_perf_counter_ns() if inputs is None else int(inputs.take("perf_counter_ns", _live_perf_counter_ns))
+
+
+# Scripts read the clocks through the module views the policy gives them (registered before any view is built);
+# the process's own ``time`` is left alone, and an unrestricted policy's scripts get the live clocks.
 register_stand_in("time", "time", pickled_helper(recorded_time))
 register_stand_in("time", "time_ns", pickled_helper(recorded_time_ns))
+register_stand_in("time", "monotonic", pickled_helper(recorded_monotonic))
+register_stand_in("time", "monotonic_ns", pickled_helper(recorded_monotonic_ns))
+register_stand_in("time", "perf_counter", pickled_helper(recorded_perf_counter))
+register_stand_in("time", "perf_counter_ns", pickled_helper(recorded_perf_counter_ns))
+
+
+class RecordedClock:
+    """``datetime.now`` / ``today`` / ``utcnow`` of a class, as a pausable run reads them: from its ``time.time``.
+
+    ``datetime``'s class methods read the C clock directly; the policy routes loads of these names here
+    (`snapcell.policy._guard.class_clock`) while a pausable run is current. Pickled (a checkpoint of a variable
+    that holds one), it is the class's own method again.
+    """
+
+    __slots__ = ("_cls", "_name")
+
+    def __init__(self, cls: type, name: str) -> None:
+        self._cls, self._name = cls, name
+
+    def __call__(self, tz: Any = None) -> Any:
+        cls, name = self._cls, self._name
+        if name == "now":
+            return cls.fromtimestamp(recorded_time(), tz)  # type: ignore[attr-defined]
+        if tz is not None:
+            raise TypeError(f"{cls.__name__}.{name}() takes no arguments (1 given)")
+        if name == "today":
+            return cls.fromtimestamp(recorded_time())  # type: ignore[attr-defined]
+        if sys.version_info >= (3, 12):
+            import warnings
+
+            warnings.warn(
+                "datetime.datetime.utcnow() is deprecated and scheduled for removal in a future version. Use "
+                "timezone-aware objects to represent datetimes in UTC: datetime.datetime.now(datetime.UTC).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        utc = sys.modules["datetime"].timezone.utc
+        return cls.fromtimestamp(recorded_time(), utc).replace(tzinfo=None)  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple[Any, tuple[type, str]]:
+        return getattr, (self._cls, self._name)
+
+    def __repr__(self) -> str:
+        return f"<built-in method {self._name} of type object {self._cls.__qualname__}, recorded>"
+
+
+def _class_clock(cls: type, name: str, live: Any) -> Any:
+    return live if current_inputs.get() is None else RecordedClock(cls, name)
+
+
+def _first_import(name: str) -> None:
+    inputs = current_inputs.get()
+    if inputs is not None:
+        inputs.imported(name)
+
+
+register_recording_hooks(class_clock=_class_clock, first_import=_first_import)
 
 
 @dataclass(frozen=True, slots=True)

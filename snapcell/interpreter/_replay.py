@@ -5,10 +5,11 @@ namespace it started with. For that second run to take the same path, what the s
 must read the same: `Inputs` holds it, and `recording` installs it for the run.
 
 - ``random``'s module-level functions are seeded with a recorded seed at the start of the cell (and
-  ``numpy.random``'s legacy global state, when numpy is already imported), and put back as they were after it: the
-  draws are the same, and cost no log.
-- ``time.time`` / ``time.time_ns`` (as the policy's module views give them to scripts: the stand-ins in `_host`,
-  imported with every worker) and ``os.urandom`` (which
+  ``numpy.random``'s legacy global state, when numpy is imported before or during the cell), and put back as they
+  were after it: the draws are the same, and cost no log.
+- ``time.time`` / ``time_ns`` / ``monotonic`` / ``perf_counter`` (and their ``_ns`` twins, as the policy's module
+  views give them to scripts: the stand-ins in `_host`, imported with every worker), ``datetime``'s class clocks
+  (``now``, ``today``, ``utcnow``: read from the recorded ``time.time``) and ``os.urandom`` (which
   ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom`` read) are recorded as they return and replayed in order;
   past the end of the record they are live again. What a module reads while it is imported is not recorded: a
   process imports it once, so a resume in the same process would not read it again.
@@ -16,8 +17,8 @@ must read the same: `Inputs` holds it, and `recording` installs it for the run.
   say when its set and dict orders may differ.
 
 Only the run's own context reads the record (a ``ContextVar``): other runs and threads of the process (inline mode)
-see the live clocks. What is not covered: ``datetime.now()`` and ``time.monotonic()`` / ``perf_counter()`` (C
-clocks with no Python hook), ``random.Random()`` instances seeded by the OS, numpy imported during the cell.
+see the live clocks. What is not covered: ``random.Random()`` instances seeded by the OS (C code reads the OS), and
+clocks of other classes (pandas' ``Timestamp.now``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ from snapcell.interpreter._host import current_inputs as _current
 __all__ = ["Inputs", "inputs_off", "recording"]
 
 _HASH_PROBE = "snapcell:hash-probe"
+# The values a record holds, by kind, and the types each kind's values must have (a log is read back from a checkpoint).
+_KINDS = (
+    ("time", (float,)),
+    ("time_ns", (int,)),
+    ("monotonic", (float,)),
+    ("monotonic_ns", (int,)),
+    ("perf_counter", (float,)),
+    ("perf_counter_ns", (int,)),
+    ("urandom", (bytes,)),
+)
 # Most values of one kind a record holds: a script reading the clock in a loop stops being replayed past this.
 _MAX_VALUES = 10_000
 # Most bytes of ``os.urandom`` a record keeps (it travels in the run's reply and in the checkpoint); past it the
@@ -55,7 +66,7 @@ class Inputs:
         seed = given.get("seed")
         self.seed: int = seed if type(seed) is int else int.from_bytes(_live_urandom(8), "big")
         self.streams: dict[str, list[Any]] = {}
-        for kind, types in (("time", (float,)), ("time_ns", (int,)), ("urandom", (bytes,))):
+        for kind, types in _KINDS:
             values = given.get(kind)
             ok = type(values) is list and all(type(v) in types for v in values)
             self.streams[kind] = list(values) if ok else []  # type: ignore[arg-type]
@@ -63,6 +74,8 @@ class Inputs:
         self.urandom_bytes = sum(len(v) for v in self.streams["urandom"])
         self.urandom_full = False
         self.recorded_hash = given.get("hash")
+        self._restores: list[Callable[[], None]] = []
+        self._numpy_seeded = False
 
     def take(self, kind: str, live: Callable[[], Any], check: Callable[[Any], bool] | None = None) -> Any:
         """The next value of ``kind``: the recorded one while there is one, else a live one, recorded."""
@@ -88,21 +101,35 @@ class Inputs:
 
         state = random.getstate()
         random.seed(self.seed)
-        numpy = sys.modules.get("numpy.random")
-        if numpy is None and "numpy" in sys.modules:  # numpy imports its random module on first use
-            import importlib
-
-            numpy = importlib.import_module("numpy.random")
-        numpy_state = numpy.get_state() if numpy is not None else None
-        if numpy is not None:
-            numpy.seed(self.seed % 2**32)
+        self._restores = [lambda: random.setstate(state)]
+        self._numpy_seeded = False
+        if "numpy" in sys.modules:
+            self._seed_numpy()
 
         def restore() -> None:
-            random.setstate(state)
-            if numpy is not None:
-                numpy.set_state(numpy_state)
+            for undo in reversed(self._restores):
+                undo()
+            self._restores = []
 
         return restore
+
+    def imported(self, name: str) -> None:
+        """A module the cell's import brought into the process: numpy's global state is seeded as at the start.
+
+        So a run whose process imports numpy in the cell draws what a run whose process had it already draws.
+        """
+        if not self._numpy_seeded and "numpy" in sys.modules:
+            self._seed_numpy()
+
+    def _seed_numpy(self) -> None:
+        import importlib
+
+        # numpy imports its random module on first use; importing it reads the OS's randomness (not recorded).
+        numpy = importlib.import_module("numpy.random")
+        state = numpy.get_state()
+        numpy.seed(self.seed % 2**32)
+        self._restores.append(lambda: numpy.set_state(state))
+        self._numpy_seeded = True
 
     def export(self) -> dict[str, Any]:
         """The record as plain data, for the log (the values read, replayed or live, in order)."""

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         attribute_problem,
         is_dunder,
         name_denied,
+        register_recording_hooks,
         register_stand_in,
         warm_guarded_builtins,
     )
@@ -32,6 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "attribute_problem",
         "is_dunder",
         "name_denied",
+        "register_recording_hooks",
         "register_stand_in",
         "warm_guarded_builtins",
     ),
@@ -64,6 +66,7 @@ __all__ = [
     "instrument",
     "is_dunder",
     "name_denied",
+    "register_recording_hooks",
     "register_stand_in",
     "tick",
     "warm_guarded_builtins",

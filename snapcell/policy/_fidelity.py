@@ -7,6 +7,7 @@
   class or outside it, when ``other`` is one of the script's own objects (``self._c < other._c``, ``t._c``): a
   method of the script's class could read it anyway. Loads of these names are rewritten to `typed_attr`, and
   ``getattr``/``hasattr`` apply the same rule (``attrgetter``/``methodcaller`` to the names of `TYPED_NAMES`).
+  ``now`` / ``today`` / ``utcnow`` are typed too: ``datetime``'s own class clocks are recorded in a pausable run.
 - ``globals()`` returns the session's variables (`SessionGlobals`): a live mapping over the namespace that
   hides and refuses dunder names (``__builtins__`` holds the guard's own functions).
 - ``asyncio.run(coro)`` at the top level of a script awaits ``coro`` in the run's task, as top-level
@@ -28,6 +29,7 @@ from snapcell.policy._guard import (
     attribute_hint,
     attribute_problem,
     check_attr,
+    class_clock,
     exact_str,
     guarded_getattr,
     guarded_hasattr,
@@ -38,7 +40,13 @@ from snapcell.policy._guard import (
     script_function,
     shared_problem,
 )
-from snapcell.policy._rewrite import ASYNC_RUN_NAME, FORMAT_ATTR_NAME, TYPED_ATTR_NAME, TYPED_NAMES
+from snapcell.policy._rewrite import (
+    ASYNC_RUN_NAME,
+    CLASS_CLOCK_NAMES,
+    FORMAT_ATTR_NAME,
+    TYPED_ATTR_NAME,
+    TYPED_NAMES,
+)
 
 __all__ = ["SessionGlobals", "fidelity_builtins", "typed_attr"]
 
@@ -75,6 +83,8 @@ def _namedtuple(obj: Any) -> bool:
 def typed_attr(obj: Any, name: str, /) -> Any:
     """``obj.name`` for a name in `TYPED_NAMES`, when the object's type allows it; else `PolicyError`."""
     name = exact_str(name)
+    if name in CLASS_CLOCK_NAMES:
+        return class_clock(obj, name)
     if name == "replace":
         if isinstance(obj, types.CodeType):
             raise _refuse(name)

@@ -465,6 +465,46 @@ def register_stand_in(module: str, name: str, value: Any) -> None:
     GUARD_GLOBALS[(HELPERS_MODULE, value.__name__)] = pickled_helper(value)
 
 
+class RecordingHooks:
+    """What a pausable run's record (`snapcell.interpreter._replay`, which the policy cannot import) asks the guard.
+
+    Attributes:
+        class_clock: ``(cls, name, live)`` -> what a script reads for ``cls.now`` / ``today`` / ``utcnow`` of
+            ``datetime``'s own classes (``live`` outside a pausable run).
+        first_import: Called after a script's import brought a module into the process.
+    """
+
+    class_clock: Callable[[type, str, Any], Any] | None = None
+    first_import: Callable[[str], None] | None = None
+
+
+def register_recording_hooks(
+    *, class_clock: Callable[[type, str, Any], Any], first_import: Callable[[str], None]
+) -> None:
+    """Let a pausable run's record see the clocks of ``datetime`` and the modules a script imports first."""
+    RecordingHooks.class_clock = class_clock
+    RecordingHooks.first_import = first_import
+
+
+def class_clock(obj: Any, name: str) -> Any:
+    """``obj.name`` for a name of `CLASS_CLOCK_NAMES`: recorded in a pausable run when it is ``datetime``'s own clock.
+
+    A class that defines its own ``now`` (pandas' ``Timestamp``, a script's class) keeps it: only the class methods
+    of ``datetime.date`` and ``datetime.datetime`` are known to read the wall clock and nothing else.
+    """
+    value = getattr(obj, name)
+    hook, datetime = RecordingHooks.class_clock, sys.modules.get("datetime")
+    if hook is None or datetime is None:
+        return value
+    cls = obj if isinstance(obj, type) else type(obj)
+    for klass in type.__dict__["__mro__"].__get__(cls):
+        if name in type.__dict__["__dict__"].__get__(klass):
+            if klass is datetime.datetime or klass is datetime.date:
+                return hook(cls, name, value)
+            return value
+    return value
+
+
 def special_value(module: str, name: str, value: Any) -> Any:
     """The guarded stand-in for ``module.name`` when there is one (``operator.attrgetter``), else ``value``."""
     return _SPECIAL.get((module, name), value)

@@ -60,6 +60,7 @@ from snapcell.policy._fidelity import fidelity_builtins
 from snapcell.policy._guard import (
     GUARD_GLOBALS,
     ModuleView,
+    RecordingHooks,
     attach_submodule,
     attribute_problem,
     exact_str,
@@ -254,7 +255,10 @@ class Policy:
         """
         if not self.allows_module(name):
             raise runtime_policy_error(f"import of {name!r}", self.import_error(name).hint)
+        fresh = name not in sys.modules
         module = importlib.import_module(name)
+        if fresh and RecordingHooks.first_import is not None:
+            RecordingHooks.first_import(name)
         view = module_view(module, self.modules)
         parent_name, _, _ = name.rpartition(".")
         if parent_name:

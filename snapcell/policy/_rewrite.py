@@ -19,6 +19,7 @@ else:  # the same classes, made without compiling source text (a zygote's start-
 __all__ = [
     "ASYNC_RUN_NAME",
     "AsyncioRunNames",
+    "CLASS_CLOCK_NAMES",
     "Plan",
     "FORMAT_ATTR_NAME",
     "TYPED_ATTR_NAME",
@@ -43,7 +44,12 @@ STORE_TARGET_NAME = "__snapcell_store_target__"
 TYPE_CALL_NAME = "__snapcell_type_call__"
 # Replaces loads of attributes whose rule depends on the object (`TYPED_NAMES`): ``__snapcell_typed_attr__(x, name)``.
 TYPED_ATTR_NAME = "__snapcell_typed_attr__"
-TYPED_NAMES = frozenset({"replace", "__dict__", "_replace", "_asdict", "_fields", "_make", "_field_defaults"})
+# The class clocks of ``datetime.date`` and ``datetime.datetime``, which a pausable run records: loads of them are
+# typed attributes too (`snapcell.policy._guard.class_clock` decides by the object).
+CLASS_CLOCK_NAMES = frozenset({"now", "today", "utcnow"})
+TYPED_NAMES = (
+    frozenset({"replace", "__dict__", "_replace", "_asdict", "_fields", "_make", "_field_defaults"}) | CLASS_CLOCK_NAMES
+)
 # Replaces a top-level ``asyncio.run(coro)``: ``await __snapcell_asyncio_run__(asyncio.run, coro)``.
 ASYNC_RUN_NAME = "__snapcell_asyncio_run__"
 

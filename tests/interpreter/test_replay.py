@@ -62,3 +62,64 @@ def test_the_urandom_record_is_bounded() -> None:
     assert [len(b) for b in first.inputs["urandom"]].count(40_000) == 1
     again = _run(big, first.inputs).value
     assert again[0] == first.value[0] and again[1:] != first.value[1:]
+
+
+CLOCKS = """
+import datetime, time
+from datetime import date, datetime as DT, timezone
+now = datetime.datetime.now
+values = [
+    str(now()), str(DT.now(timezone.utc)), str(DT.today()), str(date.today()), str(getattr(DT, "now")()),
+    time.monotonic(), time.monotonic_ns(), time.perf_counter(), time.perf_counter_ns(),
+]
+values
+"""
+
+
+def test_datetime_and_the_monotonic_clocks_are_replayed() -> None:
+    first = _run(CLOCKS, {})
+    assert first.error is None, first.error
+    again = _run("import time\ntime.sleep(0.002)\n" + CLOCKS, first.inputs)
+    assert again.value == first.value
+    assert _run(CLOCKS, None).value != first.value  # live outside a pausable run
+
+
+def test_a_clock_of_a_class_that_is_not_datetimes_own_is_left_alone() -> None:
+    code = """
+class Clock:
+    @staticmethod
+    def now():
+        return "mine"
+    today = "a value"
+[Clock.now(), Clock.today]
+"""
+    assert _run(code, {}).value == ["mine", "a value"]
+
+
+def test_numpy_imported_during_the_cell_is_seeded_as_if_it_had_been_imported_before() -> None:
+    pytest.importorskip("numpy")
+    # The first run in a process that has not imported numpy (a worker whose zygote did not preload it); the
+    # resume in one that has (this one, or a zygote that preloads it).
+    script = (
+        "import asyncio, json, sys\n"
+        "from snapcell.interpreter import LocalBridge, Runner\n"
+        "from snapcell.limits import Limits\n"
+        "from snapcell.policy import Policy\n"
+        "assert 'numpy' not in sys.modules\n"
+        "runner = Runner(policy=Policy().with_modules(['numpy']), limits=Limits(wall_time_s=None))\n"
+        "code = 'import numpy as np\\n[float(v) for v in np.random.rand(3)]'\n"
+        "r = asyncio.run(runner.run(code, bridge=LocalBridge({}, max_calls=None), host_names=(), inputs={}))\n"
+        "assert r.error is None, r.error\n"
+        "print(json.dumps({'value': r.value, 'seed': r.inputs['seed']}))\n"
+    )
+    import json
+    import subprocess
+    import sys
+
+    import numpy  # noqa: F401
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    first = json.loads(out)
+    policy = Policy().with_modules(["numpy"])
+    code = "import numpy as np\n[float(v) for v in np.random.rand(3)]"
+    assert _run(code, {"seed": first["seed"]}, policy).value == first["value"]

@@ -21,10 +21,10 @@ KEY = "pause-test-key-0123456789abcdef0123456789"
 
 # Host calls, output and random draws before the pause; more of each after it.
 CELL = """
-import random, secrets, time, uuid
+import datetime, random, secrets, time, uuid
 order = fetch("o-1")
 drawn = [random.random() for _ in range(3)]
-token = f"{uuid.uuid4()} {secrets.token_hex(8)} {time.time()}"
+token = f"{uuid.uuid4()} {secrets.token_hex(8)} {time.time()} {datetime.datetime.now()} {time.monotonic()}"
 print("before the pause", token)
 try:
     answer = approve(order["total"], reason="refund")
@@ -111,7 +111,7 @@ def test_a_paused_run_resumes_in_another_process(pool: Pool) -> None:
     uninterrupted = random.Random(seed)
     assert value["drawn"] == [uninterrupted.random() for _ in range(3)]
     assert value["after"] == [uninterrupted.random() for _ in range(3)]
-    # Printed once; the replay read the same uuid, secrets and clock.
+    # Printed once; the replay read the same uuid, secrets and clocks.
     assert resumed["stdout"] == paused.stdout + "answered yes\n"
     assert paused.stdout == f"before the pause {value['token']}\n"
 
@@ -170,8 +170,8 @@ def test_resume_in_the_same_session_and_at_its_first_pause(pool: Pool) -> None:
 
 def test_a_replay_whose_host_call_arguments_differ_diverges(pool: Pool) -> None:
     host = Host()
-    # perf_counter is not replayed (it measures, it does not date): the replay calls fetch with another number.
-    cell = "import time\nfetch(time.perf_counter_ns())\napprove('go')"
+    # A random.Random() seeded by the OS is not replayed: the replay calls fetch with another number.
+    cell = "import random\nfetch(random.Random().random())\napprove('go')"
     with pool.checkout() as session:
         assert session.run(cell, external_lookup=host.lookup(), pausing={"approve"}).status == "paused"
         pid = session.dump()
@@ -252,3 +252,14 @@ def test_resume_without_a_pause_and_bad_answers_are_refused(pool: Pool) -> None:
 def test_old_checkpoints_have_no_paused_field() -> None:
     manifest = snapcell.checkpoint.Manifest(created_at=1.0, python="3.11", libraries={}, variables=[])
     assert b"paused" not in manifest.to_json()
+
+
+def test_a_recorded_clock_kept_in_the_namespace_is_the_live_one_after_a_load(pool: Pool) -> None:
+    with pool.checkout() as session:
+        session.run("base = 1")
+        result = session.run("import datetime\nnow = datetime.datetime.now\nfirst = now()", pausing={"approve"})
+        assert result.status == "ok", result.error
+        checkpoint_id = session.dump()
+    with pool.checkout() as session:
+        session.load_session(checkpoint_id)
+        assert session.run("now() >= first, 'recorded' in repr(now)").value == (True, False)
