@@ -428,6 +428,30 @@ def test_a_workers_stderr_costs_the_host_no_disk_and_its_tail_is_kept(
     assert ends and ends[-1].endswith("and its dying ones"), ends[-1:]
 
 
+def test_a_spawned_workers_stderr_costs_the_host_no_disk_either() -> None:
+    """The spawn path (no zygote) hands its worker a stderr of its own making: it must be the drained pipe too."""
+
+    async def main() -> tuple[str, Any, int]:
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, zygote=False))
+        backend = ProcessBackend(workers, policy=UNRESTRICTED, limits=E2E_LIMITS)
+        try:
+            await backend.start()
+            worker = backend.worker
+            assert worker is not None and worker.process is not None and worker.pid is not None
+            assert worker._stderr is not None
+            fd2 = os.readlink(f"/proc/{worker.pid}/fd/2")
+            result = await backend.run(RunRequest(code=_STDERR_FLOOD, lookup={}, setup=False, limits=E2E_LIMITS))
+            return fd2, result.value, worker._stderr.kept_bytes
+        finally:
+            await backend.discard()
+            await workers.close()
+
+    fd2, reserved, kept = asyncio.run(main())
+    assert fd2.startswith("pipe:"), fd2
+    assert reserved != "250 MiB reserved" and isinstance(reserved, int), reserved
+    assert kept <= 2 * KEEP_BYTES + 64 * 1024
+
+
 def test_a_stderr_tail_keeps_the_end_of_what_was_written() -> None:
     async def main() -> tuple[str, int]:
         tail = StderrTail()
