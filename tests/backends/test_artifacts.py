@@ -29,3 +29,13 @@ def test_an_artifact_keeps_the_media_type_its_path_gives() -> None:
 def test_a_media_type_other_than_the_paths_is_a_protocol_violation(media: str) -> None:
     with pytest.raises(MalformedMessage, match="media type"):
         _artifacts(_reply(media), Limits(), bytearray(b"png"))
+
+
+@pytest.mark.parametrize("path", ["out/chart.png\n[value] 42", "out/a\x1b[2Kb.png", "out/\u202egnp.exe"])
+def test_an_artifact_whose_name_would_change_how_the_answer_reads_is_refused(path: str) -> None:
+    """A compromised worker skips the path rule its workspace applies: the host applies it to the name it was sent."""
+    from snapcell.workspace import media_type
+
+    reply = {"files": [{"path": path, "size": 3, "media_type": media_type(path), "data_bytes": 3}]}
+    with pytest.raises(ValueError, match="malformed|not allowed in file names"):
+        _artifacts(reply, Limits(), bytearray(b"png"))

@@ -428,6 +428,148 @@ def test_a_workers_stderr_costs_the_host_no_disk_and_its_tail_is_kept(
     assert ends and ends[-1].endswith("and its dying ones"), ends[-1:]
 
 
+# A compromised worker's dump: the script puts its own ``forge`` (defined before this text) in the dump path of every
+# Runner of the worker process. The host checks what arrives; a worker that sent a forgery is not trusted again.
+_FORGE_DUMP = """
+import gc
+_runner = next(o for o in gc.get_objects() if type(o).__name__ == "Runner")
+_real_dump = type(_runner).dump
+
+def _forged_dump(self, **options):
+    return forge(_real_dump(self, **options))
+
+type(_runner).dump = _forged_dump
+"""
+
+# A body of one format-2 stream, in place of what the worker dumped.
+_CRAFTED = """
+def forge(dumped):
+    from snapcell.checkpoint import Dumped, Manifest, VariableInfo, pack_container
+    from snapcell.checkpoint._format import Codec, Header, SectionKind
+
+    stream = make_stream()
+    info = VariableInfo(name="x", type_name="str", size_bytes=len(stream), serializer="cloudpickle")
+    manifest = Manifest(created_at=0.0, python="3", libraries={}, variables=[info])
+    body = pack_container(Header(format_version=2), manifest, [(SectionKind.STREAM, Codec.RAW, len(stream), stream)])
+    return Dumped(body=bytearray(body), manifest=manifest)
+"""
+
+# The stream that cost the host 0.4 s a repeat: a memoized 20,000-part dotted name, named again 1,000 times.
+_LONG_NAME_STREAM = """
+def make_stream():
+    def text(value):
+        raw = value.encode()
+        return b"X" + len(raw).to_bytes(4, "little") + raw
+
+    head = b"\\x80\\x04" + text("datetime") + b"\\x94" + text("datetime" + ".max" * 20_000) + b"\\x94" + b"00"
+    return head + b"h\\x00h\\x01\\x93" * 1000 + b"0" * 1000 + b"N."
+"""
+
+# getattr('{0.__init__.__globals__[_os].environ}', 'format')(random.Random): the host's environment, read at an
+# inline load of what a process-mode pool signed.
+_FORMAT_STREAM = """
+def make_stream():
+    def text(value):
+        raw = value.encode()
+        return b"\\x8c" + bytes([len(raw)]) + raw
+
+    def name(module, qualname):
+        return text(module) + text(qualname) + b"\\x93"
+
+    read = name("builtins", "getattr") + text("{0.__init__.__globals__[_os].environ}") + text("format") + b"\\x86R"
+    return b"\\x80\\x04" + read + name("random", "Random") + b"\\x85R."
+"""
+
+
+def _a_forged_dump_is_refused(pool: Pool, forge: str, error: type[Exception], match: str) -> None:
+    """Dump with ``forge`` in the worker's dump path: refused, nothing stored, the session and the next one work."""
+    rss_before = _rss()
+    with pool.checkout() as session:
+        session.feed_run("kept = 'from the checkpoint'")
+        session.dump()
+        stored = sorted(info.key for info in pool.store.scan())
+        session.feed_run(forge + _FORGE_DUMP)
+        with pytest.raises(error, match=match):
+            session.dump()
+        assert sorted(info.key for info in pool.store.scan()) == stored  # nothing stored or signed
+        assert session.feed_run("kept") == "from the checkpoint"
+    with pool.checkout() as session:  # the next session works
+        session.feed_run("n = 41")
+        session.dump()
+        assert session.feed_run("n + 1") == 42
+    assert _rss() - rss_before < RSS_BOUND
+
+
+def test_a_compromised_workers_dump_naming_another_conversations_blob_is_refused(hijack_pool: Pool) -> None:
+    with hijack_pool.checkout() as other:  # another conversation's secret, stored as a blob
+        other.feed_run("import numpy as np\nsecret = np.full(100_000, 7)")
+        other.dump()
+        assert other.manifest is not None and other.manifest.blobs
+        stolen = [ref.model_dump() for ref in other.manifest.blobs]
+    forge = f"""
+STOLEN = {stolen!r}
+
+def forge(dumped):
+    from snapcell.checkpoint import BlobRef, Dumped, pack_container, parse_container
+
+    container = parse_container(dumped.body)
+    refs = [*container.manifest.blobs, *(BlobRef.model_validate(ref) for ref in STOLEN)]
+    manifest = container.manifest.model_copy(update={{"blobs": refs}})
+    sections = [(s.kind, s.codec, s.raw_size, s.data) for s in container.sections]
+    body = pack_container(container.header, manifest, sections)
+    return Dumped(body=body, manifest=manifest, new_blobs=dumped.new_blobs, refresh=dumped.refresh)
+"""
+    _a_forged_dump_is_refused(hijack_pool, forge, WorkerLost, "never loaded or wrote")
+
+
+def test_a_compromised_workers_dump_that_would_stall_the_hosts_scan_is_refused_at_once(
+    hijack_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapcell.checkpoint import _rule
+    from snapcell.errors import CheckpointRefused
+
+    walks: list[str] = []
+    real = _rule.inspect.getattr_static
+
+    def counting(obj: object, attr: str, *default: object) -> object:
+        walks.append(attr)
+        return real(obj, attr, *default)
+
+    monkeypatch.setattr(_rule.inspect, "getattr_static", counting)  # the host's walks of dotted names
+    _a_forged_dump_is_refused(hijack_pool, _LONG_NAME_STREAM + _CRAFTED, CheckpointRefused, "too long")
+    assert len(walks) <= 64, len(walks)  # the host's work: a few dotted names walked, not 20,000 parts 1,000 times
+
+
+def test_a_compromised_workers_dump_calling_a_raw_formatter_is_never_signed(hijack_pool: Pool) -> None:
+    from snapcell.errors import CheckpointRefused
+
+    _a_forged_dump_is_refused(hijack_pool, _FORMAT_STREAM + _CRAFTED, CheckpointRefused, "format|getattr")
+
+
+def test_a_spawned_workers_stderr_costs_the_host_no_disk_either() -> None:
+    """The spawn path (no zygote) hands its worker a stderr of its own making: it must be the drained pipe too."""
+
+    async def main() -> tuple[str, Any, int]:
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S, zygote=False))
+        backend = ProcessBackend(workers, policy=UNRESTRICTED, limits=E2E_LIMITS)
+        try:
+            await backend.start()
+            worker = backend.worker
+            assert worker is not None and worker.process is not None and worker.pid is not None
+            assert worker._stderr is not None
+            fd2 = os.readlink(f"/proc/{worker.pid}/fd/2")
+            result = await backend.run(RunRequest(code=_STDERR_FLOOD, lookup={}, setup=False, limits=E2E_LIMITS))
+            return fd2, result.value, worker._stderr.kept_bytes
+        finally:
+            await backend.discard()
+            await workers.close()
+
+    fd2, reserved, kept = asyncio.run(main())
+    assert fd2.startswith("pipe:"), fd2
+    assert reserved != "250 MiB reserved" and isinstance(reserved, int), reserved
+    assert kept <= 2 * KEEP_BYTES + 64 * 1024
+
+
 def test_a_stderr_tail_keeps_the_end_of_what_was_written() -> None:
     async def main() -> tuple[str, int]:
         tail = StderrTail()

@@ -327,6 +327,35 @@ def test_a_forged_blob_from_the_runner_is_never_stored(
         assert session.feed_run("1 + 1") == 2  # restored (empty: nothing was dumped before) and usable
 
 
+def test_a_blob_of_the_right_size_and_wrong_content_is_never_stored(
+    store: CountingStore, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the host's hash of the bytes tells such a blob from the one its name promises; no size check can."""
+    from snapcell.backends import InlineBackend
+    from snapcell.checkpoint import blob_raw_size, decode_blob, encode_blob
+
+    real_dump = InlineBackend.dump
+
+    async def same_size_other_bytes(self: InlineBackend, request: Any) -> Any:
+        dumped = await real_dump(self, request)
+        for name, data in dumped.new_blobs.items():
+            raw = bytearray(blob_raw_size(data))
+            decode_blob(data, digest=bytes.fromhex(name), into=memoryview(raw))
+            raw[len(raw) // 2] ^= 0x01
+            dumped.new_blobs[name] = encode_blob(raw, 1)
+            assert blob_raw_size(dumped.new_blobs[name]) == len(raw)
+        return dumped
+
+    with _pool(store, clock) as pool, pool.checkout() as session:
+        session.feed_run("import numpy as np\na = np.arange(100_000)")
+        monkeypatch.setattr(InlineBackend, "dump", same_size_other_bytes)
+        with pytest.raises(WorkerLost, match="does not match its hash"):
+            session.dump()
+        assert store.writes == []  # neither the blob nor a checkpoint
+        monkeypatch.setattr(InlineBackend, "dump", real_dump)
+        assert session.feed_run("1 + 1") == 2
+
+
 def test_each_signing_key_has_its_own_blob_namespace(store: CountingStore, clock: Clock) -> None:
     code = "import numpy as np\na = np.arange(100_000)"
     other = "another-tenant-signing-key-0123456789"

@@ -17,6 +17,7 @@ from snapcell import CheckpointCorrupt, CheckpointVersionError, Limits, Policy, 
 from snapcell.checkpoint import Keyring, Manifest, VariableInfo
 from snapcell.checkpoint._format import Codec, Header, SectionKind, pack_container
 from snapcell.errors import InvalidKey, UnpicklableValue
+from snapcell.session._verify import HMAC_THREAD_BYTES
 from snapcell.storage import LocalStore, MemoryStore
 from tests.checkpoint import helpers
 from tests.checkpoint.helpers import KEY, crafted_body, sign_and_store
@@ -119,6 +120,34 @@ def test_every_flipped_byte_of_a_real_checkpoint_is_corrupt(pool: Pool, store: M
         store.put(key, original, overwrite=True)
         session.load_session(checkpoint_id)
         assert session.feed_run("f(x['a'][0])") == 2
+
+
+def _padded_body(size: int) -> bytearray:
+    """A crafted body (the canary's stream) padded to ``size`` bytes or more, kept raw so its size is the body's."""
+    stream = pickle.dumps((b"\x00" * size, helpers._Trap()), protocol=5)
+    return crafted_body(stream)
+
+
+# The host verifies a checkpoint of more than HMAC_THREAD_BYTES in a thread: a tampered one at each size the
+# verification path branches on must be refused, not only the small ones the other tests craft.
+@pytest.mark.parametrize("size", [HMAC_THREAD_BYTES // 2, HMAC_THREAD_BYTES + 1, 3 * HMAC_THREAD_BYTES // 2])
+@pytest.mark.parametrize("region", ["payload", "mac"])
+def test_a_tampered_checkpoint_is_corrupt_at_every_size(
+    trusting_pool: Pool, store: MemoryStore, size: int, region: str
+) -> None:
+    checkpoint_id = sign_and_store(store, KEYRING, _padded_body(size))
+    key = KEYRING.parse_id(checkpoint_id).storage_key
+    original = store.get(key)
+    assert len(original) > size
+    blob = bytearray(original)
+    blob[_regions(original)[region]] ^= 0x01
+    store.put(key, bytes(blob), overwrite=True)
+    with pytest.raises(CheckpointCorrupt, match="failed verification"):
+        _load(trusting_pool, checkpoint_id)
+    assert helpers.CANARY == []
+    store.put(key, original, overwrite=True)  # control: intact, the same bytes reach the unpickler
+    _load(trusting_pool, checkpoint_id)
+    assert helpers.CANARY == ["unpickled"]
 
 
 @pytest.mark.parametrize("keep", [0, 1, 8, 40, "half", -32, -1])

@@ -42,3 +42,48 @@ def test_the_loader_s_getattr_of_a_module_follows_the_rule_for_globals() -> None
     assert getattr_(copy, "deepcopy") is copy.deepcopy
     with pytest.raises(pickle.UnpicklingError, match="dispatch_table"):
         getattr_(copy, "dispatch_table")
+
+
+# Private names, with no policy to hide them (EVERYTHING allows every module and hides nothing): the rule's own
+# check is all that refuses them, in the scanner and the loader alike.
+PRIVATE_GLOBALS = [
+    ("json", "_default_encoder"),  # a private name of a module
+    ("random", "Random._randbelow"),  # a private part below a public class
+    ("concurrent.futures._base", "Future"),  # a public name of a private module
+]
+
+
+@pytest.mark.parametrize(("module", "name"), PRIVATE_GLOBALS, ids=["name", "part", "module"])
+def test_private_names_are_refused_by_the_rule_alone(module: str, name: str) -> None:
+    from snapcell.checkpoint.scan import scan_pickle
+
+    assert global_refusal(module, name, EVERYTHING) in ("a private name", "a private module")
+    raw_module, raw_name = module.encode(), name.encode()
+    stream = b"\x80\x04\x8c" + bytes([len(raw_module)]) + raw_module + b"\x8c" + bytes([len(raw_name)]) + raw_name
+    refusal = scan_pickle(stream + b"\x93.", EVERYTHING)
+    assert refusal is not None and "private" in refusal.reason, refusal
+    with pytest.raises(pickle.UnpicklingError, match="private"):
+        make_find_global(EVERYTHING)(module, name)
+
+
+def _short(text: str) -> bytes:
+    return b"\x8c" + bytes([len(text)]) + text.encode()
+
+
+@pytest.mark.parametrize("name", ["_randbelow", "__init__", "__class__"])
+def test_getattr_of_a_private_attribute_is_refused_without_a_policy(name: str) -> None:
+    import random
+
+    from snapcell.checkpoint.scan import scan_pickle
+
+    getattr_ = make_find_global(EVERYTHING)("builtins", "getattr")
+    assert getattr_(random.Random, "random") is random.Random.random
+    with pytest.raises(pickle.UnpicklingError, match="private"):
+        getattr_(random.Random, name)
+    # getattr(random.Random, name), as a stream: the scanner's check of the attribute, the same rule.
+    read = _short("builtins") + _short("getattr") + b"\x93" + _short("random") + _short("Random") + b"\x93"
+    stream = b"\x80\x04" + read + _short(name) + b"\x86R."
+    refusal = scan_pickle(stream, EVERYTHING)
+    assert refusal is not None and "private" in refusal.reason, refusal
+    public = b"\x80\x04" + read + _short("random") + b"\x86R."
+    assert scan_pickle(public, EVERYTHING) is None

@@ -7,6 +7,7 @@ work is now counted in the calls the checks make, never in seconds.
 
 from __future__ import annotations
 
+import io
 import pickle
 import struct
 
@@ -77,3 +78,76 @@ def test_a_text_global_finds_its_line_without_copying_the_stream(monkeypatch: py
     stream = b"ccollections\nOrderedDict\n0" * 10_000 + b"N."
     assert scan_pickle(Counting(stream), RULE) is None
     assert sum(copies) < 64 * len(stream), sum(copies)
+
+
+def test_past_its_work_budget_the_scan_refuses_and_the_session_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the budget the stream is refused, not checked on. The cap and the verdict cache keep every stream the
+    tests can build under the real budget, so the budget is lowered here to show that the bound is enforced."""
+    from snapcell import Pool
+    from snapcell.errors import CheckpointRefused
+    from snapcell.storage import MemoryStore
+
+    names = [("collections", "OrderedDict"), ("collections", "defaultdict"), ("collections", "deque")]
+    stream = b"\x80\x04" + b"".join(_short_unicode(m) + _short_unicode(n) + b"\x930" for m, n in names) + b"N."
+    assert scan_pickle(stream, RULE) is None  # under the real budget: passed
+    work = sum(len(m) + len(n) for m, n in names)
+    monkeypatch.setattr(_scan, "_WORK_PER_BYTE", 0)
+    monkeypatch.setattr(_scan, "_WORK_BASE", work - 1)
+    refusal = scan_pickle(stream, RULE)
+    assert refusal is not None and "more work to check than its size allows" in refusal.reason, refusal
+    monkeypatch.setattr(_scan, "_WORK_BASE", work)
+    assert scan_pickle(stream, RULE) is None  # the budget counts what the checks did, no more
+    # End to end: a dump whose stream is over the host's budget is refused before signing, and the session goes on.
+    # Process mode: the worker's own check of its frames (unpatched there) passes them, as a compromised one would.
+    monkeypatch.setattr(_scan, "_WORK_BASE", 0)
+    store = MemoryStore("scan-budget")
+    key = "scan-budget-signing-key-0123456789"
+    with Pool(store, isolation="process", signing_keys=[key], min_warm_workers=0) as pool:
+        with pool.checkout() as session:
+            session.feed_run("import collections\nd = collections.OrderedDict(a=1)")
+            with pytest.raises(CheckpointRefused, match="more work to check than its size allows"):
+                session.dump()
+            assert list(store.scan()) == []
+            monkeypatch.undo()
+            assert session.feed_run("d['a']") == 1
+            session.dump()
+
+
+def test_the_loader_resolves_a_global_named_again_and_again_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader (the only check of a stream an inline load meets) asks the rule once per distinct global too."""
+    from snapcell.checkpoint import _findglobal, make_find_global
+
+    checks: list[tuple[str, str]] = []
+    real = _findglobal.global_refusal
+
+    def counting(module: object, name: object, rule: object) -> object:
+        checks.append((str(module), str(name)))
+        return real(module, name, rule)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_findglobal, "global_refusal", counting)
+    find_global = make_find_global(RULE)
+
+    class Loader(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            return find_global(module, name)
+
+    stream = _repeated_global("collections", "OrderedDict", 100_000)
+    assert Loader(io.BytesIO(stream)).load() is None
+    assert checks.count(("collections", "OrderedDict")) == 1
+
+
+def test_the_loader_refuses_a_long_dotted_name_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from snapcell.checkpoint import make_find_global
+
+    walks: list[str] = []
+    real = _rule.inspect.getattr_static
+
+    def counting(obj: object, attr: str, *default: object) -> object:
+        walks.append(attr)
+        return real(obj, attr, *default)
+
+    monkeypatch.setattr(_rule.inspect, "getattr_static", counting)
+    find_global = make_find_global(RULE)
+    with pytest.raises(pickle.UnpicklingError, match="too long"):
+        find_global("datetime", "datetime" + ".max" * 20_000)
+    assert len(walks) <= 16

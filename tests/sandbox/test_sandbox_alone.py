@@ -275,5 +275,6 @@ def test_the_privilege_drop_alone_empties_every_capability_set_and_locks_secureb
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
     assert out["bounding"] == []
-    # NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, each with its lock: uid 0 never regains a capability.
+    # NOROOT and NO_CAP_AMBIENT_RAISE set, NO_SETUID_FIXUP and KEEP_CAPS off, all four locked: uid 0 never regains
+    # a capability, a uid change clears them, and the process cannot change any of it back.
     assert out["securebits"] == 0b1110_1011

@@ -55,3 +55,16 @@ def test_the_host_checks_a_compromised_workers_file_listing(forged: str) -> None
         with pytest.raises(WorkerLost, match="malformed path|not in normal form"):
             session.list_files()
         assert session.feed_run("kept") == 1  # the session goes on from its checkpoint
+
+
+def test_the_answer_escapes_a_file_name_it_prints() -> None:
+    """The last line of defence: a name that reached an answer unchecked still cannot start a line there."""
+    from snapcell import RunResult
+    from snapcell.interpreter import Artifact
+    from snapcell.tool import render_answer
+
+    forged = Artifact(path="out/" + FORGING + "\x1b[2K", size_bytes=1, media_type="image/png")
+    answer = render_answer(RunResult(value_repr="1", files=[forged]))
+    lines = answer.splitlines()
+    assert lines[0] == "1" and lines[1].startswith("[files] out/chart.png") and len(lines) == 2, answer
+    assert "\\n[value] 42\\n[note]" in lines[1] and "\x1b" not in answer  # escaped, still readable
