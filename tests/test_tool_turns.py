@@ -155,7 +155,7 @@ MOVES = {
 }
 
 
-@pytest.mark.parametrize(
+FAILURES = pytest.mark.parametrize(
     "failure",
     [
         StorageUnavailable("connection reset by peer"),
@@ -164,6 +164,9 @@ MOVES = {
     ],
     ids=["reset", "retry-refused", "timeout"],
 )
+
+
+@FAILURES
 @pytest.mark.parametrize("move", sorted(MOVES))
 def test_a_head_move_whose_write_landed_reports_success_whatever_its_answer_said(
     move: str, failure: BaseException, request: pytest.FixtureRequest
@@ -195,6 +198,28 @@ def test_a_head_move_whose_write_landed_reports_success_whatever_its_answer_said
             assert result == before.checkpoint_id == forked.checkpoint_id
         else:
             assert result == head.checkpoint_id and head.history == (before.checkpoint_id, *before.history)
+    finally:
+        tool.close()
+
+
+@FAILURES
+def test_a_turn_whose_write_landed_answers_whatever_its_write_said(failure: BaseException, pool: Pool) -> None:
+    """The turn's own head move, as rewind, fork and put_file's: a write that landed although it reported a
+    failure is the turn's success (its answer, its code run once), never a `Conflict` or a `StorageError`."""
+    heads, ran = LandsThenFails(), Ran()
+    tool = SyncCodeTool(pool, heads=heads, tools={"mark": ran}, storage_timeout_s=5)
+    try:
+        tool.run_code("c", APPEND.format(tag="t1"), turn_id="call-1")
+        before = heads.get("c")
+        assert before is not None
+        heads.failure = failure
+        answer = tool.run_code("c", APPEND.format(tag="t2"), turn_id="call-2")
+        assert heads.failure is None and answer == "['t1', 't2']"  # the failure was reported, after the write
+        head = heads.get("c")
+        assert head is not None and head.turn("call-2") is not None and head.lease_owner is None
+        assert head.history == (before.checkpoint_id, *before.history)
+        assert tool.run_code("c", APPEND.format(tag="t2"), turn_id="call-2") == answer  # replayed, not run
+        assert ran.tags == ["t1", "t2"]
     finally:
         tool.close()
 
