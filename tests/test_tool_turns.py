@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -658,3 +660,14 @@ def test_a_turn_reads_its_head_with_the_lease(pool: Pool) -> None:
         assert tool.run_code("c", "x += 1\nx", turn_id="t") == "3"  # the head read with the lease replays it
     finally:
         tool.close()
+
+
+def test_the_turns_page_says_what_every_error_of_a_turn_or_head_move_leaves_behind() -> None:
+    """Each error the turn methods document is a row of the outcome tables (the state, the host functions)."""
+    page = (Path(__file__).parents[1] / "docs" / "tool.md").read_text()
+    tables = page.split("## Turns: retries, leases and failures", 1)[1].split("**Leases.**", 1)[0]
+    for method in (CodeTool.run_code, CodeTool.resume, CodeTool.rewind, CodeTool.fork, CodeTool.put_file):
+        raises = (inspect.getdoc(method) or "").split("Raises:", 1)[1]
+        for name in re.findall(r"^    (\w+):", raises, re.MULTILINE):
+            rows = [line for line in tables.splitlines() if line.startswith("| ") and f"`{name}`" in line]
+            assert rows, f"{method.__name__} raises {name}, which the outcome tables of docs/tool.md do not list"
