@@ -464,6 +464,57 @@ def test_a_turn_whose_head_store_stops_answering_fails_within_the_documented_bou
         tool.close()
 
 
+class ReadBackFailsThenHangs(Hanging):
+    """With ``failing`` set, the next head write fails without landing; the first read after it fails at once, and
+    every read after that hangs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failing = False
+        self._fail_reads = 0
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
+        if self.failing:
+            self.failing, self._fail_reads = False, 1
+            raise StorageUnavailable("connection reset by peer")
+        return super().compare_and_set(*args, **kwargs)
+
+    def get(self, conversation_id: str) -> Head | None:
+        if self._fail_reads:
+            self._fail_reads, self.hang = 0, {"get"}
+            raise StorageUnavailable("connection refused")
+        return super().get(conversation_id)
+
+
+def test_a_read_back_retried_after_a_failure_keeps_to_one_storage_deadline(pool: Pool) -> None:
+    """The read-back's attempts share one ``storage_timeout_s``: one made after a failed attempt and a pause gets
+    what is left of it, not a whole one (else the documented bound of a failed turn would not hold)."""
+    timeout_s = 1.0  # room for the failed read and the pause before the second one on a busy machine
+    heads = ReadBackFailsThenHangs()
+    tool = SyncCodeTool(pool, heads=heads, storage_timeout_s=timeout_s)
+    leases = tool.inner._leases
+    expired: list[float] = []
+    bounded = leases.bounded
+
+    async def counted(call: Any, limit: float | None = None) -> Any:
+        try:
+            return await bounded(call, limit)
+        except StorageTimeout as exc:
+            expired.append(exc.timeout_s)
+            raise
+
+    leases.bounded = counted  # type: ignore[method-assign]
+    try:
+        tool.run_code("c", "x = 1")
+        heads.failing = True
+        with pytest.raises(TurnOutcomeUnknown, match="reading the head back failed too"):
+            tool.run_code("c", "x = 2")
+        assert len(expired) == 1 and expired[0] < timeout_s, expired  # the second read: what was left
+    finally:
+        heads.release.set()
+        tool.close()
+
+
 def test_a_late_lease_take_of_a_timed_out_turn_does_not_fail_the_next_turn(pool: Pool) -> None:
     """The timed-out take lands while the tool's next turn runs: it must not take that turn's lease over (same
     holder), or the turn's save is refused with Conflict although no other turn ran."""
