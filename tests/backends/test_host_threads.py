@@ -7,6 +7,8 @@ import contextvars
 import threading
 from pathlib import Path
 
+import pytest
+
 import snapcell
 from snapcell.storage import MemoryStore
 
@@ -58,10 +60,14 @@ def test_a_sync_host_function_sees_the_callers_context_and_its_failures_reach_th
     assert asyncio.run(main()) == ("request-7", "no such customer")
 
 
-def test_sync_host_functions_run_in_at_most_max_host_threads_at_once() -> None:
+def test_sync_host_functions_run_in_at_most_max_host_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst of blocking calls gets the documented number of threads, not one each: the rest wait for a thread,
     then all finish."""
+    from snapcell.backends import _hostcalls
     from snapcell.backends._hostcalls import MAX_HOST_THREADS, PendingCall, call_host, finish_call
+
+    # A pool of threads of this test's own: a host function an earlier test left running holds none of them.
+    monkeypatch.setattr(_hostcalls, "_threads", None)
 
     count = MAX_HOST_THREADS + 8
     lock = threading.Lock()
@@ -95,6 +101,8 @@ def test_sync_host_functions_run_in_at_most_max_host_threads_at_once() -> None:
         assert asyncio.run(main()) == list(range(count))
     finally:
         release.set()
+        if _hostcalls._threads is not None:
+            _hostcalls._threads.shutdown(wait=True)
     assert peak == MAX_HOST_THREADS
     quickstart = (Path(__file__).parents[2] / "docs" / "quickstart.md").read_text()
     assert f"at most {MAX_HOST_THREADS} at once per process" in " ".join(quickstart.split())
