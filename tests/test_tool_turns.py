@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -155,7 +157,7 @@ MOVES = {
 }
 
 
-@pytest.mark.parametrize(
+FAILURES = pytest.mark.parametrize(
     "failure",
     [
         StorageUnavailable("connection reset by peer"),
@@ -164,6 +166,9 @@ MOVES = {
     ],
     ids=["reset", "retry-refused", "timeout"],
 )
+
+
+@FAILURES
 @pytest.mark.parametrize("move", sorted(MOVES))
 def test_a_head_move_whose_write_landed_reports_success_whatever_its_answer_said(
     move: str, failure: BaseException, request: pytest.FixtureRequest
@@ -195,6 +200,28 @@ def test_a_head_move_whose_write_landed_reports_success_whatever_its_answer_said
             assert result == before.checkpoint_id == forked.checkpoint_id
         else:
             assert result == head.checkpoint_id and head.history == (before.checkpoint_id, *before.history)
+    finally:
+        tool.close()
+
+
+@FAILURES
+def test_a_turn_whose_write_landed_answers_whatever_its_write_said(failure: BaseException, pool: Pool) -> None:
+    """The turn's own head move, as rewind, fork and put_file's: a write that landed although it reported a
+    failure is the turn's success (its answer, its code run once), never a `Conflict` or a `StorageError`."""
+    heads, ran = LandsThenFails(), Ran()
+    tool = SyncCodeTool(pool, heads=heads, tools={"mark": ran}, storage_timeout_s=5)
+    try:
+        tool.run_code("c", APPEND.format(tag="t1"), turn_id="call-1")
+        before = heads.get("c")
+        assert before is not None
+        heads.failure = failure
+        answer = tool.run_code("c", APPEND.format(tag="t2"), turn_id="call-2")
+        assert heads.failure is None and answer == "['t1', 't2']"  # the failure was reported, after the write
+        head = heads.get("c")
+        assert head is not None and head.turn("call-2") is not None and head.lease_owner is None
+        assert head.history == (before.checkpoint_id, *before.history)
+        assert tool.run_code("c", APPEND.format(tag="t2"), turn_id="call-2") == answer  # replayed, not run
+        assert ran.tags == ["t1", "t2"]
     finally:
         tool.close()
 
@@ -437,6 +464,57 @@ def test_a_turn_whose_head_store_stops_answering_fails_within_the_documented_bou
         tool.close()
 
 
+class ReadBackFailsThenHangs(Hanging):
+    """With ``failing`` set, the next head write fails without landing; the first read after it fails at once, and
+    every read after that hangs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failing = False
+        self._fail_reads = 0
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> str:
+        if self.failing:
+            self.failing, self._fail_reads = False, 1
+            raise StorageUnavailable("connection reset by peer")
+        return super().compare_and_set(*args, **kwargs)
+
+    def get(self, conversation_id: str) -> Head | None:
+        if self._fail_reads:
+            self._fail_reads, self.hang = 0, {"get"}
+            raise StorageUnavailable("connection refused")
+        return super().get(conversation_id)
+
+
+def test_a_read_back_retried_after_a_failure_keeps_to_one_storage_deadline(pool: Pool) -> None:
+    """The read-back's attempts share one ``storage_timeout_s``: one made after a failed attempt and a pause gets
+    what is left of it, not a whole one (else the documented bound of a failed turn would not hold)."""
+    timeout_s = 1.0  # room for the failed read and the pause before the second one on a busy machine
+    heads = ReadBackFailsThenHangs()
+    tool = SyncCodeTool(pool, heads=heads, storage_timeout_s=timeout_s)
+    leases = tool.inner._leases
+    expired: list[float] = []
+    bounded = leases.bounded
+
+    async def counted(call: Any, limit: float | None = None) -> Any:
+        try:
+            return await bounded(call, limit)
+        except StorageTimeout as exc:
+            expired.append(exc.timeout_s)
+            raise
+
+    leases.bounded = counted  # type: ignore[method-assign]
+    try:
+        tool.run_code("c", "x = 1")
+        heads.failing = True
+        with pytest.raises(TurnOutcomeUnknown, match="reading the head back failed too"):
+            tool.run_code("c", "x = 2")
+        assert len(expired) == 1 and expired[0] < timeout_s, expired  # the second read: what was left
+    finally:
+        heads.release.set()
+        tool.close()
+
+
 def test_a_late_lease_take_of_a_timed_out_turn_does_not_fail_the_next_turn(pool: Pool) -> None:
     """The timed-out take lands while the tool's next turn runs: it must not take that turn's lease over (same
     holder), or the turn's save is refused with Conflict although no other turn ran."""
@@ -633,3 +711,14 @@ def test_a_turn_reads_its_head_with_the_lease(pool: Pool) -> None:
         assert tool.run_code("c", "x += 1\nx", turn_id="t") == "3"  # the head read with the lease replays it
     finally:
         tool.close()
+
+
+def test_the_turns_page_says_what_every_error_of_a_turn_or_head_move_leaves_behind() -> None:
+    """Each error the turn methods document is a row of the outcome tables (the state, the host functions)."""
+    page = (Path(__file__).parents[1] / "docs" / "tool.md").read_text()
+    tables = page.split("## Turns: retries, leases and failures", 1)[1].split("**Leases.**", 1)[0]
+    for method in (CodeTool.run_code, CodeTool.resume, CodeTool.rewind, CodeTool.fork, CodeTool.put_file):
+        raises = (inspect.getdoc(method) or "").split("Raises:", 1)[1]
+        for name in re.findall(r"^    (\w+):", raises, re.MULTILINE):
+            rows = [line for line in tables.splitlines() if line.startswith("| ") and f"`{name}`" in line]
+            assert rows, f"{method.__name__} raises {name}, which the outcome tables of docs/tool.md do not list"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from pathlib import Path
+
+import pytest
 
 import snapcell
 from snapcell.storage import MemoryStore
@@ -55,3 +58,51 @@ def test_a_sync_host_function_sees_the_callers_context_and_its_failures_reach_th
                 return seen, caught
 
     assert asyncio.run(main()) == ("request-7", "no such customer")
+
+
+def test_sync_host_functions_run_in_at_most_max_host_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of blocking calls gets the documented number of threads, not one each: the rest wait for a thread,
+    then all finish."""
+    from snapcell.backends import _hostcalls
+    from snapcell.backends._hostcalls import MAX_HOST_THREADS, PendingCall, call_host, finish_call
+
+    # A pool of threads of this test's own: a host function an earlier test left running holds none of them.
+    monkeypatch.setattr(_hostcalls, "_threads", None)
+
+    count = MAX_HOST_THREADS + 8
+    lock = threading.Lock()
+    release = threading.Event()
+    running = peak = entered = 0
+
+    def block(index: int) -> int:
+        nonlocal running, peak, entered
+        with lock:
+            running, entered = running + 1, entered + 1
+            peak = max(peak, running)
+        try:
+            assert release.wait(60), "hang guard"
+            return index
+        finally:
+            with lock:
+                running -= 1
+
+    async def main() -> list[object]:
+        pending = [call_host({"id": i, "name": "block", "args": [i]}, {"block": block}, None) for i in range(count)]
+        assert all(isinstance(call, PendingCall) for call in pending)
+        deadline = asyncio.get_running_loop().time() + 60  # a hang guard: fewer threads than documented never fill
+        while entered < MAX_HOST_THREADS and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # room for a call past the bound to start, were there no bound
+        release.set()
+        replies = await asyncio.gather(*(finish_call(call, None) for call in pending if isinstance(call, PendingCall)))
+        return [reply.get("value") for reply in replies]
+
+    try:
+        assert asyncio.run(main()) == list(range(count))
+    finally:
+        release.set()
+        if _hostcalls._threads is not None:
+            _hostcalls._threads.shutdown(wait=True)
+    assert peak == MAX_HOST_THREADS
+    quickstart = (Path(__file__).parents[2] / "docs" / "quickstart.md").read_text()
+    assert f"at most {MAX_HOST_THREADS} at once per process" in " ".join(quickstart.split())
