@@ -14,6 +14,7 @@ from snapcell._support import _lazy
 if TYPE_CHECKING:
     from snapcell._support._callables import is_async_callable
     from snapcell._support._cancelled import RunCancelled
+    from snapcell._support._durable import fsync_dir, make_dirs
     from snapcell._support._durations import ago, duration
     from snapcell._support._lazy import lazy_exports
     from snapcell._support._pickled import HELPERS_MODULE, pickled_helper, pickled_helpers
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell._support._callables": ("is_async_callable",),
     "snapcell._support._cancelled": ("RunCancelled",),
+    "snapcell._support._durable": (
+        "fsync_dir",
+        "make_dirs",
+    ),
     "snapcell._support._durations": (
         "ago",
         "duration",
@@ -51,8 +56,10 @@ __all__ = [
     "dataclass",
     "duration",
     "field",
+    "fsync_dir",
     "is_async_callable",
     "lazy_exports",
+    "make_dirs",
     "pickled_helper",
     "pickled_helpers",
 ]

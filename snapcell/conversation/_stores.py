@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic_core import PydanticSerializationError
 
+from snapcell._support import fsync_dir, make_dirs
 from snapcell.conversation._model import Conversation, storage_name, validate_conversation_key
 from snapcell.errors import ConfigError, Conflict, ConversationFormatError, StorageError, map_exceptions
 
@@ -409,7 +410,7 @@ class FileConversationStore(LogConversationStore):
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         with map_exceptions([(OSError, StorageError)], f"creating the conversation directory {self.directory}"):
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.directory)
 
     def path(self, conversation_id: str) -> Path:
         """The file of a conversation."""
@@ -459,7 +460,7 @@ class FileConversationStore(LogConversationStore):
                     with contextlib.suppress(OSError):
                         os.unlink(temp)
                     raise
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
                 return
             fd = os.open(path, os.O_WRONLY)
             try:
@@ -482,12 +483,3 @@ class FileConversationStore(LogConversationStore):
 
     def __repr__(self) -> str:
         return f"FileConversationStore({str(self.directory)!r})"
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

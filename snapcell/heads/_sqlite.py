@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from snapcell._support import fsync_dir, make_dirs
 from snapcell.errors import ConfigError, HeadCorrupt, StorageError, StorageUnavailable, map_exceptions
 
 from ._heads import (
@@ -244,7 +245,7 @@ def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
             )
         with map_exceptions(_ERRORS, f"cannot open the head store {path}{_open_hint(path)}"):
             if create:
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                make_dirs(path.parent)
             # create: SQLite creates the file itself; otherwise never create it, even if it vanished just now.
             # Autocommit mode: transactions are explicit, so BEGIN IMMEDIATE means what it says.
             target = str(path) if create else path.as_uri() + "?mode=rw"
@@ -256,6 +257,7 @@ def _attach(path: Path, *, create: bool, busy_timeout_s: float) -> _SharedDB:
                     # A new file: private before anything is written to it (the WAL and SHM files copy its mode).
                     db.execute("PRAGMA schema_version").fetchone()
                     os.chmod(path, 0o600)
+                    fsync_dir(path.parent)  # SQLite syncs the file, not its new name in the directory
                 db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
                 _set_wal(db, busy_timeout_s)
                 db.execute("PRAGMA synchronous = NORMAL")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from snapcell._support import fsync_dir, make_dirs
 from snapcell.errors import (
     CheckpointNotFound,
     ConfigError,
@@ -377,7 +378,7 @@ def _write_atomic(path: Path, data: bytes | bytearray, *, overwrite: bool, what:
             os.unlink(tmp)
         except FileNotFoundError:
             pass  # os.replace consumed it
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _open_temp(directory: Path) -> tuple[int, Path]:
@@ -386,40 +387,10 @@ def _open_temp(directory: Path) -> tuple[int, Path]:
     for attempt in range(4):
         if attempt:
             # Missing, or pruned by a concurrent delete between mkdir and open: create it (again).
-            _make_dirs(directory)
+            make_dirs(directory, _DIR_MODE)
         tmp = directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             return os.open(tmp, flags, _FILE_MODE), tmp
         except FileNotFoundError:
             continue
     raise OSError(errno.ENOENT, "directory keeps disappearing", str(directory))
-
-
-def _make_dirs(directory: Path) -> None:
-    """Create ``directory`` and its missing parents, syncing each new one's parent so the new entry is durable.
-
-    A file's own sync and its directory's keep the file, but a directory made for it (the first checkpoint of a
-    day, a new blob prefix) is itself an entry in its parent: without the parent's sync, a power loss can take
-    the directory, and the file in it, on file systems that do not order metadata as ext4 does.
-    """
-    missing = []
-    at = directory
-    while not at.exists() and at.parent != at:
-        missing.append(at)
-        at = at.parent
-    directory.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
-    for new in reversed(missing):  # top down: an entry is synced once the directory holding it is
-        _fsync_dir(new.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not supported on this platform or filesystem; the data itself is already synced
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

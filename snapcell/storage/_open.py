@@ -123,10 +123,10 @@ def _check_directory(url: str, root: Path, *, create: bool, plain: bool) -> None
     if root.exists() or root.is_symlink():
         raise ConfigError(f"the store {url!r} is not a directory: {root} is a file or a broken link")
     if create:
-        from ._local import _make_dirs
+        from snapcell._support import make_dirs
 
         try:
-            _make_dirs(root)
+            make_dirs(root)
         except OSError as exc:
             raise ConfigError(f"cannot create the store {url!r} at {root}: {exc.strerror or exc}") from exc
         return

@@ -80,7 +80,10 @@ def test_sqlite_heads_never_open_the_file_themselves(tmp_path: Path, monkeypatch
     (tmp_path / "link.db").symlink_to(path)
     two = SQLiteHeads(tmp_path / "link.db")  # another spelling of the same file: the same connection
     monkeypatch.undo()
-    assert not [name for name in opened if name.startswith(str(tmp_path))]
+    # Closing a descriptor of the database file would drop SQLite's POSIX locks; its directory (synced once the new
+    # file is made) is another file.
+    assert not [name for name in opened if name.startswith(str(tmp_path)) and not Path(name).is_dir()]
+    assert str(tmp_path) in opened
     assert one._shared is two._shared and one._shared is not None and one._shared.refs == 2
     assert path.stat().st_mode & 0o777 == 0o600
     version = one.compare_and_set("c", None, A)

@@ -16,7 +16,8 @@ import pytest
 
 from snapcell import Pool
 from snapcell.errors import CheckpointNotFound, ConfigError, InvalidKey, ObjectExists, StorageError, StorageUnavailable
-from snapcell.storage import LocalStore, _local, open_store
+from snapcell.storage import LocalStore, open_store
+from tests.dirsync import assert_made_durably, record_directory_syncs
 
 
 def _files(root: Path) -> list[str]:
@@ -474,17 +475,9 @@ def test_a_directory_made_for_a_write_is_synced_into_its_parent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first checkpoint of a day makes its day's directory: that new entry is synced in its parent as well."""
-    synced: list[Path] = []
-    real = _local._fsync_dir
-
-    def recording(directory: Path) -> None:
-        synced.append(Path(directory))
-        real(directory)
-
-    monkeypatch.setattr(_local, "_fsync_dir", recording)
+    synced = record_directory_syncs(monkeypatch)
     store = LocalStore(tmp_path / "store")
     store.put("checkpoints/2026-12-06/abc", b"data")
     made = [tmp_path / "store", tmp_path / "store" / "checkpoints", tmp_path / "store" / "checkpoints" / "2026-12-06"]
-    for directory in made:
-        assert directory.parent in synced, f"{directory} was made but its parent was never synced"
+    assert_made_durably(made, synced)
     assert made[-1] in synced  # and the file's own directory, as before
