@@ -207,6 +207,15 @@ class PausedRun(BaseModel):
     setup: bool = False
     pausing: list[str] = []
     log: str = Field(description="The run's host calls, the paused call and its clocks and random sources (wire JSON).")
+    # PYTHONHASHSEED's range: anything else would stop the interpreter a resume starts with it.
+    hash_seed: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**32 - 1,
+        strict=True,
+        description="The PYTHONHASHSEED of the worker the run paused in (None: unknown, inline mode); a resume runs "
+        "under it, so sets of strings come out in the same order.",
+    )
 
 
 class Manifest(BaseModel):
