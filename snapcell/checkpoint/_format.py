@@ -327,7 +327,12 @@ def parse_manifest(raw: bytes) -> Manifest:
     try:
         manifest = Manifest.model_validate_json(raw)
     except ValidationError as exc:
-        raise CheckpointCorrupt(f"the checkpoint manifest is invalid: {exc.error_count()} problem(s)") from exc
+        first = exc.errors(include_url=False, include_input=False)[0]
+        # Named, so the problem can be told (a seed out of range, say); bounded, as a key in the path may be long.
+        where = ".".join(map(str, first["loc"]))[:200]
+        raise CheckpointCorrupt(
+            f"the checkpoint manifest is invalid: {exc.error_count()} problem(s), the first at {where}: {first['msg']}"
+        ) from exc
     if len({ref.hash for ref in manifest.blobs}) != len(manifest.blobs):
         # Each blob is listed once; a list repeating one blob would make a loader fetch and hold it again and again.
         raise CheckpointCorrupt("the checkpoint manifest lists a blob more than once")

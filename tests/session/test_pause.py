@@ -326,7 +326,7 @@ def test_an_inline_pause_records_no_hash_seed_and_a_seed_out_of_range_is_refused
     paused = snapcell.checkpoint.PausedRun(cell="approve(1)", log="{}", hash_seed=2**32 - 1)
     for seed in (-1, 2**32, "7", 7.0, True):
         record = paused.model_dump_json().replace(f'"hash_seed":{2**32 - 1}', f'"hash_seed":{json.dumps(seed)}')
-        with pytest.raises(snapcell.CheckpointCorrupt):
+        with pytest.raises(snapcell.CheckpointCorrupt, match=r"at paused\.hash_seed: Input should be"):
             snapcell.checkpoint.parse_manifest(
                 f'{{"created_at":1.0,"python":"3.11","libraries":{{}},"variables":[],"paused":{record}}}'.encode()
             )
