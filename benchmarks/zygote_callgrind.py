@@ -1,9 +1,10 @@
 """How many instructions does a zygote run from exec to "ready", and with how many modules? (cold start)
 
 Wall time is noisy on a shared machine; callgrind's instruction count is not. The zygote is started as
-`snapcell.backends._zygotehost.Zygote` starts it (``python -I -m snapcell.worker._zygote CTRL_FD HOST_PID``, an
-empty environment but the thread limits, ``cwd=/``) under ``valgrind --tool=callgrind``; its ready message is read,
-then its channel closed, so it exits without a second stage. Needs valgrind; not run by ``python -m benchmarks``.
+`snapcell.backends._zygotehost.Zygote` starts it (``python -s -P -m snapcell.worker._zygote CTRL_FD HOST_PID``, an
+empty environment but the thread limits and a hash seed, here a fixed one, ``cwd=/``) under
+``valgrind --tool=callgrind``; its ready message is read, then its channel closed, so it exits without a second stage.
+Needs valgrind; not run by ``python -m benchmarks``.
 
 Usage, from the repository root: ``python -m benchmarks.zygote_callgrind [--runs N]``; prints one JSON line a run.
 """
@@ -35,14 +36,19 @@ def measure() -> dict[str, int | None]:
             "--trace-children=no",
             f"--callgrind-out-file={os.path.join(tmp, 'callgrind.out')}",
             sys.executable,
-            "-I",
+            "-s",
+            "-P",
             "-m",
             "snapcell.worker._zygote",
             str(child.fileno()),
             str(os.getpid()),
         ]
         proc = subprocess.Popen(
-            command, pass_fds=[child.fileno()], env=dict(THREAD_ENV), cwd="/", stderr=subprocess.PIPE
+            command,
+            pass_fds=[child.fileno()],
+            env={**THREAD_ENV, "PYTHONHASHSEED": "0"},
+            cwd="/",
+            stderr=subprocess.PIPE,
         )
         child.close()
         try:

@@ -125,6 +125,24 @@ class Backend(Protocol):
         """Throw the runner away (it misbehaved); the next request starts a new one."""
         ...
 
+    @property
+    def hash_seed(self) -> int | None:
+        """The seed the runner's interpreter hashes strings with (``PYTHONHASHSEED``), or None if not known."""
+        ...
+
+    async def use_hash_seed(self, seed: int) -> bool:
+        """Run from now on in an interpreter that hashes strings with ``seed`` (a resumed run's, for its set orders).
+
+        Returns:
+            True when the runner was replaced for it: its namespace is empty (the caller loads one). False when the
+            runner hashes with ``seed`` already, or the backend cannot choose (inline mode: the host's interpreter).
+
+        Raises:
+            ConfigError: ``seed`` is not a ``PYTHONHASHSEED`` value.
+            SessionError: No runner of that seed could start (the runner is gone; the next request starts one).
+        """
+        ...
+
     async def ping(self) -> bool:
         """Whether the runner is alive and answers a request that changes nothing.
 
@@ -207,6 +225,13 @@ class InlineBackend:
 
     async def discard(self) -> None:
         self.runner = Runner(policy=self._policy, limits=self._limits)
+
+    @property
+    def hash_seed(self) -> int | None:
+        return None  # the host process's: fixed when it started, and not readable back
+
+    async def use_hash_seed(self, seed: int) -> bool:
+        return False
 
     async def ping(self) -> bool:
         return True  # the runner is this process

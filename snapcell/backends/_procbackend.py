@@ -76,9 +76,25 @@ class ProcessBackend:
         # A dump asked for with the last run (its ``then``): the worker, the request, and what it was asked.
         self._then: tuple[WorkerProcess, dict[str, Any], DumpRequest] | None = None
 
-    async def start(self) -> None:
-        """Acquire the session's worker."""
-        self.worker = await self._pool.acquire(policy=self._policy, limits=self._limits, mounts=self.mounts)
+    async def start(self, *, hash_seed: int | None = None) -> None:
+        """Acquire the session's worker (one whose interpreter hashes strings with ``hash_seed``, if given)."""
+        self.worker = await self._pool.acquire(
+            policy=self._policy, limits=self._limits, mounts=self.mounts, hash_seed=hash_seed
+        )
+
+    @property
+    def hash_seed(self) -> int | None:
+        """The ``PYTHONHASHSEED`` the current worker was started with (None before there is one)."""
+        return self.worker.hash_seed if self.worker is not None else None
+
+    async def use_hash_seed(self, seed: int) -> bool:
+        """See `Backend.use_hash_seed`: a new worker, unless the current one hashes with ``seed`` already."""
+        worker = self.worker
+        if worker is not None and not worker.dead and worker.hash_seed == seed:
+            return False
+        await self.discard()
+        await self.start(hash_seed=seed)
+        return True
 
     async def _request(
         self,

@@ -1,7 +1,8 @@
 """The host side of one worker process: spawn, talk, kill (the pool and the backend build on it).
 
-A worker is a fresh interpreter (``python -I -m snapcell.worker._worker``) started with an empty
-environment, no inherited descriptors but its socket, and its own scratch directory. The host never
+A worker is a fresh interpreter (``python -s -P -m snapcell.worker._worker``, see `_zygotehost.python_command`)
+started with an environment the host builds whole (nothing of its own but a few locale settings and the hash seed it
+chose), no inherited descriptors but its socket, and its own scratch directory. The host never
 unpickles what a worker sends (see `_wire`), and it kills a worker that overruns its wall time plus
 grace, or that the pool no longer needs.
 
@@ -30,7 +31,6 @@ import resource
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -39,7 +39,7 @@ from snapcell.backends._hostcalls import PendingCall, call_host, finish_call
 from snapcell.backends._hostchannel import ChannelIO, Died, send_now
 from snapcell.backends._procstat import ProcStat, parent_of
 from snapcell.backends._stderrtail import StderrTail
-from snapcell.backends._zygotehost import ForkedChild, Zygote
+from snapcell.backends._zygotehost import ForkedChild, Zygote, child_env, new_hash_seed, python_command
 from snapcell.errors import OutputLimitExceeded, SessionError
 from snapcell.interpreter import CallCounter, HostCall
 from snapcell.limits import Limits
@@ -97,15 +97,28 @@ def plain_settings(policy: Policy, limits: Limits) -> tuple[dict[str, Any], dict
 
 
 class WorkerProcess(ChannelIO):
-    """One worker process and the channel to it. Use `start`, then `init`, then requests."""
+    """One worker process and the channel to it. Use `start`, then `init`, then requests.
+
+    Args:
+        scratch_root: Where its scratch directory is made.
+        command: The interpreter and module to spawn (`python_command` of the worker by default).
+        zygote: Fork it from this zygote instead of spawning it.
+        hash_seed: The ``PYTHONHASHSEED`` a spawned worker starts with (random by default); a forked one has its
+            zygote's.
+    """
 
     def __init__(
-        self, scratch_root: str, *, command: Sequence[str] | None = None, zygote: Zygote | None = None
+        self,
+        scratch_root: str,
+        *,
+        command: Sequence[str] | None = None,
+        zygote: Zygote | None = None,
+        hash_seed: int | None = None,
     ) -> None:
         # The interpreter and module to start; the socket's descriptor and the host's pid are appended.
-        self._command = (
-            list(command) if command is not None else [sys.executable, "-I", "-m", "snapcell.worker._worker"]
-        )
+        self._command = list(command) if command is not None else python_command("snapcell.worker._worker")
+        # The seed its interpreter hashes strings with (as the host set it: a command given may ignore it).
+        self.hash_seed = zygote.hash_seed if zygote is not None else new_hash_seed() if hash_seed is None else hash_seed
         self._scratch_root = scratch_root
         self.scratch_dir = ""
         # Forked by this zygote instead of spawned (then `process` stays None and `forked` names the child).
@@ -176,7 +189,7 @@ class WorkerProcess(ChannelIO):
                 stderr=stderr.write_fd,
                 pass_fds=(child.fileno(),),
                 close_fds=True,
-                env=_ENV,
+                env=child_env(_ENV, self.hash_seed),
                 cwd=self._scratch_root,
                 start_new_session=True,
             )

@@ -8,6 +8,12 @@ first zygote starts (the host only waits then), before its first spawned worker,
 
 The pools of one event loop share their zygotes, one per set of preloaded modules (see `_SharedZygote`): a second
 pool's first worker costs a fork, not an interpreter start.
+
+Each zygote hashes strings with a random seed of its own, which its children share. A checkout may name another seed
+(a paused run resumed under the seed it ran with, which its checkpoint records): it gets a worker of that seed that
+is warm already, or a worker spawned for it alone. A seed from a checkpoint serves a resume or two, where a zygote pays
+off over many forks: a zygote per seed would cost the same interpreter start and then hold memory for nothing, and
+its count would follow what checkpoints hold.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from snapcell.backends._process import _ENV, _KILL_WAIT_S, _REFILL_DELAY_S, WorkerProcess, _Died, log
-from snapcell.backends._zygotehost import Zygote, ZygoteError
+from snapcell.backends._zygotehost import MAX_HASH_SEED, Zygote, ZygoteError
 from snapcell.errors import ConfigError, Overloaded, SandboxError, SessionError
 from snapcell.limits import Limits
 from snapcell.policy import Policy
@@ -159,7 +165,8 @@ class WorkerOptions:
         settle: The (policy, limits) most checkouts use (the pool's own): warm workers get them, and so apply
             their sandbox, ahead of time; a checkout with other settings gets a worker of its own.
         worker_command: The interpreter and module a worker is started as (tests start stand-ins); given, every
-            worker is spawned with it (no zygote). The default is ``python -I -m snapcell.worker._worker``.
+            worker is spawned with it (no zygote). The default is ``python -s -P -m snapcell.worker._worker``; the
+            hash seed is in its environment (``PYTHONHASHSEED``), which a command with ``-I`` or ``-E`` ignores.
         pretouch: Let a worker set up ahead walk a throwaway turn while it waits (see `snapcell.worker._pretouch`).
 
     Raises:
@@ -336,10 +343,19 @@ class WorkerPool:
         self._zygotes.clear()
         await asyncio.gather(*(z.close() for z in closing))
 
-    async def _start_worker(self, preload: tuple[str, ...]) -> WorkerProcess:
-        """Fork a worker from the zygote for ``preload``, or spawn one if that is not possible."""
+    def _seeded_zygote(self, preload: tuple[str, ...], hash_seed: int) -> Zygote | None:
+        """The running zygote for ``preload`` that this pool uses, if it hashes with ``hash_seed`` (none is started)."""
+        shared = self._zygotes.get(preload)
+        zygote = shared.zygote if shared is not None and not self._closed else None
+        return zygote if zygote is not None and zygote.alive and zygote.hash_seed == hash_seed else None
+
+    async def _start_worker(self, preload: tuple[str, ...], hash_seed: int | None = None) -> WorkerProcess:
+        """Fork a worker from the zygote for ``preload``, or spawn one if that is not possible.
+
+        With ``hash_seed``, only a zygote of that seed forks it; else it is spawned with that seed.
+        """
         for attempt in range(2):  # a zygote found dead while forking is restarted once
-            zygote = await self._zygote(preload)
+            zygote = await self._zygote(preload) if hash_seed is None else self._seeded_zygote(preload, hash_seed)
             if zygote is None:
                 break
             worker = WorkerProcess(self.scratch_root, zygote=zygote)
@@ -355,7 +371,7 @@ class WorkerPool:
                 await asyncio.shield(worker.kill())
                 raise
         self._reclaim()
-        worker = WorkerProcess(self.scratch_root, command=self._worker_command)
+        worker = WorkerProcess(self.scratch_root, command=self._worker_command, hash_seed=hash_seed)
         try:
             await worker.start()
         except BaseException:
@@ -363,10 +379,12 @@ class WorkerPool:
             raise
         return worker
 
-    async def _spawn(self, preload: tuple[str, ...] | None = None) -> WorkerProcess | None:
+    async def _spawn(
+        self, preload: tuple[str, ...] | None = None, hash_seed: int | None = None
+    ) -> WorkerProcess | None:
         self._starting += 1
         try:
-            return await self._start_worker(self.preload if preload is None else preload)
+            return await self._start_worker(self.preload if preload is None else preload, hash_seed)
         except (SessionError, _Died) as exc:  # the worker was killed; cancelled mid-start, too (pool closing)
             log.warning("snapcell: a worker process failed to start: %s", exc)
             return None
@@ -389,19 +407,34 @@ class WorkerPool:
         self.queue.leave()
 
     async def acquire(
-        self, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None
+        self,
+        *,
+        policy: Policy,
+        limits: Limits,
+        mounts: Mapping[str, str] | None = None,
+        hash_seed: int | None = None,
     ) -> WorkerProcess:
         """Take a warm worker (or start one), give it its settings, and mark it busy.
 
         A worker with ``mounts`` (read-only host directories in its workspace) is never reused.
 
+        Args:
+            policy: The session's policy.
+            limits: The session's limits.
+            mounts: Read-only host directories in its workspace, by name.
+            hash_seed: The ``PYTHONHASHSEED`` its interpreter must hash strings with (a resumed run's): a warm
+                worker of that seed, else one spawned with it. None: any.
+
         Raises:
+            ConfigError: ``hash_seed`` is not an integer from 0 to 2**32 - 1.
             SessionError: No worker became free within ``checkout_timeout_s``, or one failed to start.
         """
         if self._closed:
             raise SessionError("the pool is closed")
+        if hash_seed is not None and not (type(hash_seed) is int and 0 <= hash_seed <= MAX_HASH_SEED):
+            raise ConfigError(f"a hash seed must be an integer from 0 to {MAX_HASH_SEED}, not {hash_seed!r}")
         preload = self.preload_for(policy)
-        reused = None if mounts else self._idle.get((policy, limits))
+        reused = None if mounts or hash_seed is not None else self._idle.get((policy, limits))
         while reused:
             again = reused.pop(0)
             if again.gone():  # it died while idle: its checkout's first request would be lost, code or not
@@ -416,7 +449,7 @@ class WorkerPool:
         try:
             async with asyncio.timeout(self.checkout_timeout_s):
                 # A session with mounts needs a worker not yet set up: mounts are attached before the privilege drop.
-                worker = await self._claim(preload, None if mounts else (policy, limits))
+                worker = await self._claim(preload, None if mounts else (policy, limits), hash_seed)
         except TimeoutError:
             raise SessionError(
                 f"no worker process became free within {self.checkout_timeout_s:g} s "
@@ -442,15 +475,22 @@ class WorkerPool:
                 log.warning("snapcell: sandbox layer %s is %s", layer, state)
         return worker
 
-    async def _claim(self, preload: tuple[str, ...], settings: tuple[Policy, Limits] | None) -> WorkerProcess:
-        """Take a warm worker fit for ``settings`` (from the zygote for ``preload``), or start one in a free slot.
+    async def _claim(
+        self, preload: tuple[str, ...], settings: tuple[Policy, Limits] | None, hash_seed: int | None = None
+    ) -> WorkerProcess:
+        """Take a warm worker fit for ``settings`` (from the zygote for ``preload``, and of ``hash_seed`` if one is
+        named), or start one in a free slot.
 
         Raises:
             SessionError: A worker failed to start.
         """
         async with self._changed:
             while True:
-                fit = [w for w in self._warm if w.settled in (None, settings)] if preload == self.preload else []
+                fit = (
+                    [w for w in self._warm if w.settled in (None, settings) and hash_seed in (None, w.hash_seed)]
+                    if preload == self.preload
+                    else []
+                )
                 if fit:
                     warm = fit[0]
                     self._warm.remove(warm)
@@ -468,7 +508,7 @@ class WorkerPool:
                     continue
                 await self._changed.wait()
         self._starting -= 1
-        worker = await self._spawn(preload)
+        worker = await self._spawn(preload, hash_seed)
         if worker is None:
             raise SessionError("a worker process failed to start; see the snapcell log")
         return worker

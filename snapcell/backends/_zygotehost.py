@@ -6,6 +6,10 @@ the zygote) before the host believes it, and the child is killed through that pi
 a recycled pid. The zygote reaps its children and reports their exit status and peak RSS, which the
 host uses as it uses ``wait4`` for a spawned worker. Its reports are messages in the wire's format, read with
 `snapcell.wire.decode` within a small item budget, as every message between snapcell's processes is.
+
+The zygote and spawned workers start as ``python -s -P -m ...`` (`python_command`) with an environment the host
+builds whole (`child_env`), which holds the hash seed the host chose for the interpreter: string hashing, so the
+order of a set of strings, is fixed when an interpreter starts, and a paused run must be resumed under its own.
 """
 
 from __future__ import annotations
@@ -18,14 +22,25 @@ import socket
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from snapcell.backends._procstat import parent_of
 from snapcell.backends._stderrtail import StderrTail
 from snapcell.wire import THREAD_ENV, decode
 
-__all__ = ["ForkedChild", "Zygote", "ZygoteError"]
+__all__ = [
+    "MAX_HASH_SEED",
+    "ForkedChild",
+    "Zygote",
+    "ZygoteError",
+    "child_env",
+    "new_hash_seed",
+    "python_command",
+]
+
+# The largest seed ``PYTHONHASHSEED`` takes (it takes 0 to 2**32 - 1; anything else stops the interpreter at start).
+MAX_HASH_SEED = 2**32 - 1
 
 _STARTUP_TIMEOUT_S = 60.0
 _FORK_TIMEOUT_S = 30.0
@@ -36,6 +51,29 @@ _PRELOAD_DELAY_S = 0.05
 _MAX_REPLY_BYTES = 4096
 # Values a report may hold: a handful of fields and the names of the heavy modules.
 _MAX_REPLY_ITEMS = 64
+
+
+def python_command(module: str) -> list[str]:
+    """How the host starts an interpreter that runs ``module``: a worker or the zygote (its arguments follow).
+
+    Not ``python -I``: it is ``-E -s -P``, and ``-E`` would ignore the ``PYTHONHASHSEED`` the host sets. ``-s`` (no
+    user site directory) and ``-P`` (neither the working directory nor a script's directory on ``sys.path``) keep
+    the rest of it; ``-E``'s part is the environment's, built whole by `child_env`: none of the host's ``PYTHON*``
+    variables (``PYTHONPATH``, ``PYTHONSTARTUP``, ``PYTHONINSPECT``, ...) reaches the interpreter.
+    """
+    return [sys.executable, "-s", "-P", "-m", module]
+
+
+def child_env(env: Mapping[str, str], hash_seed: int) -> dict[str, str]:
+    """The whole environment of a worker's or the zygote's interpreter: ``env`` (the host's fixed one, never
+    `os.environ`) without any ``PYTHON*`` variable, and ``PYTHONHASHSEED``, the only one the interpreter reads."""
+    kept = {name: value for name, value in env.items() if not name.startswith("PYTHON")}
+    return {**kept, "PYTHONHASHSEED": str(hash_seed)}
+
+
+def new_hash_seed() -> int:
+    """A random hash seed for a new interpreter (a zygote, or a worker spawned without one named)."""
+    return int.from_bytes(os.urandom(4), "big")
 
 
 class ZygoteError(Exception):
@@ -81,12 +119,16 @@ class Zygote:
         preload: Heavy modules the zygote imports (see `snapcell.wire.preload_modules`).
         cwd: Its working directory (the pool's scratch root).
         env: Its environment (the workers' empty one); the thread limits of `snapcell.wire.THREAD_ENV` are added.
+        hash_seed: The ``PYTHONHASHSEED`` it starts with, which every child it forks shares; a random one by default.
     """
 
-    def __init__(self, preload: tuple[str, ...], *, cwd: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, preload: tuple[str, ...], *, cwd: str, env: Mapping[str, str], hash_seed: int | None = None
+    ) -> None:
         self.preload = preload
         self._cwd = cwd
-        self._env = {**env, **THREAD_ENV}
+        self.hash_seed = new_hash_seed() if hash_seed is None else hash_seed
+        self._env = child_env({**env, **THREAD_ENV}, self.hash_seed)
         self.process: subprocess.Popen[bytes] | None = None
         self.pid = 0
         # The heavy modules it imports after "ready" (those installed), and those it has imported so far.
@@ -133,7 +175,7 @@ class Zygote:
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._stderr = stderr = StderrTail()
         stderr.watch()
-        command = [sys.executable, "-I", "-m", "snapcell.worker._zygote", str(child.fileno()), str(os.getpid())]
+        command = [*python_command("snapcell.worker._zygote"), str(child.fileno()), str(os.getpid())]
         try:
             self.process = subprocess.Popen(
                 [*command, ",".join(self.preload)],

@@ -207,6 +207,15 @@ class PausedRun(BaseModel):
     setup: bool = False
     pausing: list[str] = []
     log: str = Field(description="The run's host calls, the paused call and its clocks and random sources (wire JSON).")
+    # PYTHONHASHSEED's range: anything else would stop the interpreter a resume starts with it.
+    hash_seed: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**32 - 1,
+        strict=True,
+        description="The PYTHONHASHSEED of the worker the run paused in (None: unknown, inline mode); a resume runs "
+        "under it, so sets of strings come out in the same order.",
+    )
 
 
 class Manifest(BaseModel):
@@ -318,7 +327,12 @@ def parse_manifest(raw: bytes) -> Manifest:
     try:
         manifest = Manifest.model_validate_json(raw)
     except ValidationError as exc:
-        raise CheckpointCorrupt(f"the checkpoint manifest is invalid: {exc.error_count()} problem(s)") from exc
+        first = exc.errors(include_url=False, include_input=False)[0]
+        # Named, so the problem can be told (a seed out of range, say); bounded, as a key in the path may be long.
+        where = ".".join(map(str, first["loc"]))[:200]
+        raise CheckpointCorrupt(
+            f"the checkpoint manifest is invalid: {exc.error_count()} problem(s), the first at {where}: {first['msg']}"
+        ) from exc
     if len({ref.hash for ref in manifest.blobs}) != len(manifest.blobs):
         # Each blob is listed once; a list repeating one blob would make a loader fetch and hold it again and again.
         raise CheckpointCorrupt("the checkpoint manifest lists a blob more than once")

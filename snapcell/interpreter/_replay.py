@@ -13,8 +13,9 @@ must read the same: `Inputs` holds it, and `recording` installs it for the run.
   ``secrets``, ``uuid.uuid4`` and ``random.SystemRandom`` read) are recorded as they return and replayed in order;
   past the end of the record they are live again. What a module reads while it is imported is not recorded: a
   process imports it once, so a resume in the same process would not read it again.
-- String hashing is fixed when an interpreter starts: the hash of a probe string is recorded, so a resumed run can
-  say when its set and dict orders may differ.
+- String hashing is fixed when an interpreter starts, so it is the host's to replay: it records the seed it started
+  the worker with, and resumes in a worker started with the same (not in inline mode, which runs in the host's
+  interpreter). The hash of a probe string is recorded too, so a resumed run can say when its set orders may differ.
 
 Only the run's own context reads the record (a ``ContextVar``): other runs and threads of the process (inline mode)
 see the live clocks. What is not covered: ``random.Random()`` instances seeded by the OS (C code reads the OS), and

@@ -164,7 +164,7 @@ def _reap_all() -> None:
 def launch_worker(host_pid: int | None) -> int | None:
     """Run a spawned worker in a pid namespace of its own: fork it, and wait here as its launcher.
 
-    Called first thing in a spawned worker process (``python -I -m snapcell.worker._worker``), before it reads its
+    Called first thing in a spawned worker process (``python -s -P -m snapcell.worker._worker``), before it reads its
     channel or starts a thread. This process arms pdeathsig on the host, makes the namespace and its init, and forks
     the worker, which returns from here; the launcher waits for the worker, ends the namespace and exits as the
     worker did (its exit code, or its signal), so the host's ``wait4`` sees the worker's end and peak memory. Where

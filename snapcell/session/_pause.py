@@ -59,6 +59,7 @@ class Pause:
         calls: The host calls before the paused one, in the order they started.
         call: The paused call.
         inputs: What the worker's clocks and random sources returned (the runner's record).
+        hash_seed: The seed the run's interpreter hashed strings with (``PYTHONHASHSEED``); None if not known.
     """
 
     cell: str
@@ -67,6 +68,7 @@ class Pause:
     calls: tuple[LoggedCall, ...]
     call: PausedCall
     inputs: dict[str, Any] | None
+    hash_seed: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -300,7 +302,13 @@ def pause_record(pause: Pause) -> PausedRun:
         "call": [call.name, list(call.args), call.kwargs],
         "inputs": pause.inputs,
     }
-    return PausedRun(cell=pause.cell, setup=pause.setup, pausing=sorted(pause.pausing), log=encode(log).decode())
+    return PausedRun(
+        cell=pause.cell,
+        setup=pause.setup,
+        pausing=sorted(pause.pausing),
+        log=encode(log).decode(),
+        hash_seed=pause.hash_seed,
+    )
 
 
 def pause_from_record(record: PausedRun) -> Pause:
@@ -327,4 +335,5 @@ def pause_from_record(record: PausedRun) -> Pause:
         calls=calls,
         call=call,
         inputs=inputs if isinstance(inputs, dict) else None,
+        hash_seed=record.hash_seed,
     )

@@ -279,6 +279,7 @@ class AsyncSession:
                 calls=tuple(replayer.calls),
                 call=replayer.paused,
                 inputs=result.inputs,
+                hash_seed=self._backend.hash_seed,
             )
             return _paused_result(result, replayer)
         return result
@@ -296,7 +297,8 @@ class AsyncSession:
 
         The cell runs again from the namespace it started with. Each host call it made before the pause is answered
         from the log (its name and arguments checked against it; the function is not called again), its clocks and
-        random sources return what they returned, the paused call returns the answer, and from there the cell goes
+        random sources return what they returned (in process mode, in a worker that hashes strings with the run's seed,
+        so sets of strings come out in the same order), the paused call returns the answer, and from there the cell goes
         on live. It may pause again (status ``"paused"``; each resume adds to the log). The result is the whole
         cell's: what it printed before the pause appears once.
 
@@ -323,20 +325,24 @@ class AsyncSession:
             raise SessionError("nothing to resume: this session holds no paused run (load a paused checkpoint)")
         answer = Answer.checked(value, error)
         replayer = Replayer(validate_lookup(external_lookup), pause.pausing, pause, answer)
-        if self._changed:  # the paused run, or a diverged replay, changed the namespace: back to the cell's start
-            self._start()
-            try:
+        self._start()
+        try:
+            # The replay hashes strings as the run did (sets of strings in the same order): in process mode, in a
+            # worker started with the run's seed, whose namespace is then loaded.
+            moved = pause.hash_seed is not None and await self._backend.use_hash_seed(pause.hash_seed)
+            # The paused run, or a diverged replay, changed the namespace: back to the cell's start.
+            if self._changed or moved:
                 checkpoint_id = self.checkpoint_id
                 if checkpoint_id is None:
                     raise SessionError("the paused run's checkpoint is gone")
                 manifest = self.manifest
                 await self._load(checkpoint_id)
                 self.manifest = manifest  # a paused checkpoint's own manifest, not its base's
-            except WorkerLost:
-                await self._restore("load")
-                raise
-            finally:
-                self._busy = False
+        except WorkerLost:
+            await self._restore("load")
+            raise
+        finally:
+            self._busy = False
         result = await self._run(
             pause.cell,
             replayer.functions(),
@@ -380,6 +386,7 @@ class AsyncSession:
                 calls=tuple(replayer.calls),
                 call=replayer.paused,
                 inputs=result.inputs,
+                hash_seed=self._backend.hash_seed,
             )
             return _paused_result(result, replayer)
         self._paused = None

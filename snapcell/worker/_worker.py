@@ -1,6 +1,6 @@
-"""The worker process: one session's runner behind a socket, started as ``python -I -m snapcell.worker._worker FD``.
+"""The worker process: one session's runner behind a socket, started as ``python -s -P -m snapcell.worker._worker FD``.
 
-It is spawned fresh (never forked from the host) with an empty environment, imports what it needs,
+It is spawned fresh (never forked from the host) with none of the host's environment, imports what it needs,
 waits for its session's settings, applies the sandbox, and then serves requests one at a time.
 It holds no signing key and no storage client: checkpoints leave it as unsigned bytes.
 """

@@ -1,7 +1,7 @@
 """The zygote: a clean interpreter that has imported the worker and forks one worker per checkout.
 
-Started as ``python -I -m snapcell.worker._zygote CTRL_FD HOST_PID [MODULE,...]`` exactly like a spawned
-worker (empty environment, no key, no credentials, no session data, BLAS/OpenMP pools limited to one
+Started as ``python -s -P -m snapcell.worker._zygote CTRL_FD HOST_PID [MODULE,...]`` exactly like a spawned
+worker (nothing of the host's environment, no key, no credentials, no session data, BLAS/OpenMP pools limited to one
 thread so that fork is safe), it imports the worker (what a first run needs, not the checkpoint code) and says
 "ready": the first fork waits for nothing more. It never runs script code. snapcell's deferred modules
 (`DEFERRED_MODULES`: pydantic and the picklers), the policy's heavy modules (numpy, pandas) and snapcell's own
@@ -36,8 +36,9 @@ namespace: the pids it reports are the host's. An init that dies alone takes the
 reaches the zygote but its exit status: after its sandbox it cannot signal, trace or open anything outside itself.
 
 Hash randomization is fixed when an interpreter starts, so every child of one zygote shares its
-``PYTHONHASHSEED``; `random` and `numpy.random`'s global state are reseeded from the OS in each child,
-and `secrets`, `os.urandom` and `uuid` read the OS anyway.
+``PYTHONHASHSEED``, which the host chose (its environment's one ``PYTHON*`` variable; the ``-E`` of ``-I`` would
+ignore it, which is why the zygote starts with ``-s -P`` and not ``-I``); `random` and `numpy.random`'s global
+state are reseeded from the OS in each child, and `secrets`, `os.urandom` and `uuid` read the OS anyway.
 """
 
 from __future__ import annotations

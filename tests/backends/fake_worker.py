@@ -1,4 +1,4 @@
-"""A hostile stand-in for ``python -I -m snapcell.worker._worker``: it speaks the wire protocol and then lies.
+"""A hostile stand-in for ``python -s -P -m snapcell.worker._worker``: it speaks the wire protocol and then lies.
 
 Started by the host as ``python -I fake_worker.py ATTACK [ARGUMENT] FD HOST_PID``. It starts and becomes ready like a
 real worker (unless the attack is about start-up), then answers the first request the attack is about

@@ -1,7 +1,7 @@
 """A compromised worker: whatever it sends, the host answers with a snapcell error, in bounded time and memory.
 
 Part one drives the real host code (`WorkerPool`, `WorkerProcess`, `ProcessBackend`) against a fake worker
-(`fake_worker.py`, started in place of ``python -I -m snapcell.worker._worker``) that sends malformed,
+(`fake_worker.py`, started in place of ``python -s -P -m snapcell.worker._worker``) that sends malformed,
 oversized and lying frames. Part two takes over a real worker from inside a script (the unrestricted policy
 lets a script reach the worker's channel) and replays the attacks on a worker end to end, in process mode.
 """

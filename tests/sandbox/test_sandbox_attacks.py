@@ -394,12 +394,75 @@ def test_lazy_stdlib_imports_work_after_the_privilege_drop(attack_pool):
             sqlite3.connect(":memory:").execute("select 40 + 2").fetchone()[0],
             str(decimal.Decimal("1.1") + decimal.Decimal("2.2")),
         ]
-        lazy, values, sys.flags.isolated
+        lazy, values, [sys.flags.no_user_site, sys.flags.safe_path]
         """
     )
     result = attack(attack_pool, code)
     assert result.error is None, result.error
-    lazy, values, isolated = result.value
+    lazy, values, flags = result.value
     assert lazy == ["statistics", "colorsys", "termios"]  # imported for the first time after the sandbox
     assert values == [(0.0, 1.0, 1.0), 13, 2, "1", "Europe/Paris", 42, "3.3"]
-    assert isolated == 1  # the worker runs as python -I
+    assert flags == [1, True]  # the worker runs as python -s -P: no user site, no working directory on sys.path
+
+
+# What a worker reports of its start: the planted modules it imported, its sys.path, its flags and PYTHON* variables.
+_START_PROBE = """
+import os, sys
+planted = sorted(name for name in ("planted", "sitecustomize", "usercustomize", "startup") if name in sys.modules)
+[planted, sys.path, os.getcwd(), sys.flags.inspect, sys.flags.no_user_site, sys.flags.safe_path,
+ sorted(name for name in os.environ if name.startswith("PYTHON")), hash("snapcell")]
+"""
+
+
+def test_the_hosts_python_variables_do_not_reach_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers start without -E (it would ignore the hash seed the host sets), so the environment they get is the
+    host's own construction: none of the host's PYTHON* variables is honoured, by a forked worker or a spawned one."""
+    import asyncio
+
+    from snapcell.backends import ProcessBackend, RunRequest, WorkerOptions, WorkerPool
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "imported"
+    for name in ("planted", "sitecustomize", "usercustomize", "startup"):
+        (planted / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    user_site = planted / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text(f"open({str(marker)!r}, 'a').write('user site')\n")
+    for name, value in {
+        "PYTHONPATH": str(planted),
+        "PYTHONSTARTUP": str(planted / "startup.py"),
+        "PYTHONINSPECT": "1",
+        "PYTHONUSERBASE": str(planted),
+        "PYTHONHOME": str(planted),  # honoured, it would keep the interpreter from starting at all
+        "PYTHONHASHSEED": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+    async def probe(zygote: bool) -> tuple[list[object], int | None]:
+        workers = WorkerPool(WorkerOptions(max_workers=1, min_warm=0, zygote=zygote, checkout_timeout_s=HANG_GUARD_S))
+        backend = ProcessBackend(workers, policy=UNRESTRICTED, limits=snapcell.Limits())
+        try:
+            await backend.start()
+            result = await backend.run(RunRequest(code=_START_PROBE, lookup={}, setup=False, limits=snapcell.Limits()))
+            assert result.error is None, result.error
+            assert backend.start_path.startswith("zygote" if zygote else "spawn")
+            return result.value, backend.hash_seed
+        finally:
+            await workers.close()
+
+    for zygote in (True, False):
+        (modules, path, cwd, inspect, no_user_site, safe_path, variables, hashed), seed = asyncio.run(probe(zygote))
+        assert modules == [] and not marker.exists()
+        assert not any(entry == "" or entry == cwd or str(planted) in entry for entry in path), path
+        assert (inspect, no_user_site, safe_path) == (0, 1, True)
+        assert variables == ["PYTHONHASHSEED"]  # the one the host sets: its own seed, not the host's variable
+        assert seed is not None
+        reference = subprocess.run(
+            [sys.executable, "-c", "print(hash('snapcell'))"],
+            env={"PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert hashed == int(reference.stdout)  # the worker hashes with the seed the host chose and knows

@@ -263,3 +263,70 @@ def test_a_recorded_clock_kept_in_the_namespace_is_the_live_one_after_a_load(poo
     with pool.checkout() as session:
         session.load_session(checkpoint_id)
         assert session.run("now() >= first, 'recorded' in repr(now)").value == (True, False)
+
+
+# Twenty strings: two hash seeds put them in one set order about never (a chance near 1 in 20!).
+WORDS = [f"word-{i}" for i in range(20)]
+SET_CELL = f"""
+order = list({{{", ".join(map(repr, WORDS))}}})
+print(order)
+note(order)  # a host call whose arguments follow the set order
+approve(len(order))
+order
+"""
+
+
+def test_a_resume_in_a_fresh_pool_orders_sets_of_strings_as_the_paused_run_did(pool: Pool) -> None:
+    if pool.aio.isolation == "inline":
+        pytest.skip("inline mode runs in the host process, whose hash seed was fixed when it started")
+    host = Host()
+    with pool.checkout() as session:
+        paused = session.run(SET_CELL, external_lookup=host.lookup(), pausing={"approve"})
+        assert paused.status == "paused", paused.error
+        pid = session.dump()
+        assert session.manifest is not None and session.manifest.paused is not None
+        seed = session.manifest.paused.hash_seed  # the paused checkpoint records the run's hash seed
+    (order,) = (text for name, text in host.calls if name == "note")
+    assert paused.stdout == f"{order}\n"
+    assert _set_order(seed) == order  # it is the seed the run hashed with
+
+    # A fresh pool is a host of its own: its zygote hashes strings with another seed.
+    root = pool.root  # type: ignore[attr-defined]
+    with Pool(f"file://{root}", signing_keys=[KEY], isolation="process", min_warm_workers=0) as fresh:
+        with fresh.checkout() as session:
+            assert session.feed_run(SET_CELL.splitlines()[1] + "\norder") != order  # its own workers' order
+            session.load_session(pid)
+            resumed = session.resume("yes", external_lookup=host.lookup())
+            assert resumed.status == "ok", resumed.error
+            assert resumed.value == order and resumed.stdout == paused.stdout
+            assert not any("another seed" in note for note in resumed.notes), resumed.notes
+            assert session.run("order").value == order
+    assert host.calls == [("note", order)]  # before the pause only: the resume replayed it
+
+
+def _set_order(seed: Any) -> list[str]:
+    """``list`` of the cell's set in an interpreter that hashes with ``seed``."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import json\n{SET_CELL.splitlines()[1]}\nprint(json.dumps(order))"],
+        env={"PYTHONHASHSEED": str(seed)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    order: list[str] = json.loads(done.stdout)
+    return order
+
+
+def test_an_inline_pause_records_no_hash_seed_and_a_seed_out_of_range_is_refused() -> None:
+    with Pool("memory://", isolation="inline") as pool, pool.checkout() as session:
+        assert session.run("approve(1)", pausing={"approve"}).status == "paused"
+        session.dump()
+        assert session.manifest is not None and session.manifest.paused is not None
+        assert session.manifest.paused.hash_seed is None  # the host process's seed: not known, not chosen
+    paused = snapcell.checkpoint.PausedRun(cell="approve(1)", log="{}", hash_seed=2**32 - 1)
+    for seed in (-1, 2**32, "7", 7.0, True):
+        record = paused.model_dump_json().replace(f'"hash_seed":{2**32 - 1}', f'"hash_seed":{json.dumps(seed)}')
+        with pytest.raises(snapcell.CheckpointCorrupt, match=r"at paused\.hash_seed: Input should be"):
+            snapcell.checkpoint.parse_manifest(
+                f'{{"created_at":1.0,"python":"3.11","libraries":{{}},"variables":[],"paused":{record}}}'.encode()
+            )

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from snapcell import Limits, Policy, Pool, WorkerLost
+from snapcell import ConfigError, Limits, Policy, Pool, WorkerLost
 from snapcell.backends import RunRequest
 from snapcell.backends._procbackend import ProcessBackend
 from snapcell.backends._procstat import parent_of
@@ -172,6 +172,47 @@ def test_worker_command_bypasses_the_zygote() -> None:
             await workers.close()
 
     assert asyncio.run(main()) == ("spawn", 2)
+
+
+def test_a_checkout_may_name_a_hash_seed_which_a_worker_of_another_zygote_gets() -> None:
+    """Children share their zygote's seed; a checkout naming another (a resume's) gets a worker spawned with it."""
+
+    async def main() -> tuple[int, int, list[object]]:
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1, checkout_timeout_s=HANG_GUARD_S))
+        backend = ProcessBackend(workers, policy=Policy(), limits=Limits())
+        hashed = []
+        try:
+            await backend.start()
+            assert backend.start_path.startswith("zygote")
+            own = backend.hash_seed
+            assert own is not None
+            assert not await backend.use_hash_seed(own)  # the zygote's own seed: the worker is kept
+            other = (own + 1) % 2**32
+            for seed in (other, own):
+                assert await backend.use_hash_seed(seed)  # a new worker, with an empty namespace
+                assert backend.hash_seed == seed
+                hashed.append(backend.start_path)
+                result = await backend.run(RunRequest(code="hash('snapcell')", lookup={}, setup=False, limits=Limits()))
+                hashed.append(result.value)
+            for bad in (-1, 2**32, True, "1"):
+                with pytest.raises(ConfigError, match="hash seed"):
+                    await workers.acquire(policy=Policy(), limits=Limits(), hash_seed=bad)  # type: ignore[arg-type]
+            return own, other, hashed
+        finally:
+            await workers.close()
+
+    own, other, hashed = asyncio.run(main())
+    # Another seed: spawned (no zygote of that seed is started for it); the zygote's own: forked again.
+    assert hashed[0] == "spawn" and str(hashed[2]).startswith("zygote")
+    for seed, value in ((other, hashed[1]), (own, hashed[3])):
+        reference = subprocess.run(
+            [sys.executable, "-c", "print(hash('snapcell'))"],
+            env={"PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert value == int(reference.stdout)
 
 
 def test_a_zygote_that_cannot_start_falls_back_to_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
