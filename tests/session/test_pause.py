@@ -276,9 +276,10 @@ order
 """
 
 
+# Process mode only: inline mode runs in the host process, whose hash seed was fixed when it started (the inline
+# pause records none: test_an_inline_pause_records_no_hash_seed_and_a_seed_out_of_range_is_refused).
+@pytest.mark.parametrize("pool", ["process"], indirect=True)
 def test_a_resume_in_a_fresh_pool_orders_sets_of_strings_as_the_paused_run_did(pool: Pool) -> None:
-    if pool.aio.isolation == "inline":
-        pytest.skip("inline mode runs in the host process, whose hash seed was fixed when it started")
     host = Host()
     with pool.checkout() as session:
         paused = session.run(SET_CELL, external_lookup=host.lookup(), pausing={"approve"})
