@@ -10,7 +10,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, TypeVar
 
@@ -102,6 +102,22 @@ def _check_options(*, limits: object, policy: object) -> None:
         raise ConfigError(f"limits must be a snapcell Limits(...) or None, not {type(limits).__name__}")
     if policy is not None and not isinstance(policy, Policy):
         raise ConfigError(f"policy must be a snapcell Policy(...) or None, not {type(policy).__name__}")
+
+
+def _checked_modules(modules: object) -> frozenset[str] | None:
+    """A checkout's ``modules_hint`` as a set of names (None: no hint).
+
+    Raises:
+        ConfigError: It is not None or a collection of module names.
+    """
+    if modules is None:
+        return None
+    if isinstance(modules, str | bytes) or not isinstance(modules, Collection):
+        raise ConfigError(f"modules_hint must be a collection of module names or None, not {type(modules).__name__}")
+    names = frozenset(modules)
+    if not all(isinstance(name, str) for name in names):
+        raise ConfigError("modules_hint must hold module names (str)")
+    return names
 
 
 class AsyncPool:
@@ -265,12 +281,14 @@ class AsyncPool:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _backend(self, policy: Policy, limits: Limits, mounts: dict[str, str]) -> Backend:
+    async def _backend(
+        self, policy: Policy, limits: Limits, mounts: dict[str, str], modules: frozenset[str] | None = None
+    ) -> Backend:
         if self.isolation == "inline":
             if mounts:
                 raise ConfigError('mounts need a workspace, which only isolation="process" has')
             return InlineBackend(policy=policy, limits=limits)
-        backend = ProcessBackend(self._worker_pool(), policy=policy, limits=limits, mounts=mounts)
+        backend = ProcessBackend(self._worker_pool(), policy=policy, limits=limits, mounts=mounts, modules=modules)
         await backend.start()
         return backend
 
@@ -283,6 +301,7 @@ class AsyncPool:
         limits: Limits | None = None,
         policy: Policy | None = None,
         mounts: Mapping[str, str] | None = None,
+        modules_hint: Collection[str] | None = None,
     ) -> AsyncIterator[AsyncSession]:
         """Check out a fresh session with an empty namespace; it is checked in when the block ends.
 
@@ -293,6 +312,10 @@ class AsyncPool:
             policy: Policy for this session instead of the pool's.
             mounts: Host directories readable (never writable, never saved) in the session's workspace, by name:
                 ``{"data": "/srv/datasets"}`` shows ``/srv/datasets`` at ``data/`` (process mode only).
+            modules_hint: Modules the session is expected to import (process mode; None, the default: unknown). If
+                none of the heavy modules the policy allows (numpy, pandas) is among them, the session's worker is
+                forked from a zygote that did not import them, which costs less CPU to fork and to end. Only a hint:
+                a session that imports one anyway gets it, on demand (slower, same result).
 
         Raises:
             ConfigError: An argument has the wrong type, a mount is not an existing absolute directory (or the pool
@@ -311,11 +334,12 @@ class AsyncPool:
             )
         _check_options(limits=limits, policy=policy)
         checked_mounts = check_mounts(mounts)
+        modules = _checked_modules(modules_hint)
         limits = limits or self.limits
         async with self._admitted():
             checker = TypeChecker(type_check_stubs) if type_check else None
             try:
-                backend = await self._backend(policy or self.policy, limits, checked_mounts)
+                backend = await self._backend(policy or self.policy, limits, checked_mounts, modules)
             except BaseException:
                 if checker is not None:
                     checker.close()
@@ -476,12 +500,18 @@ class Pool:
         limits: Limits | None = None,
         policy: Policy | None = None,
         mounts: Mapping[str, str] | None = None,
+        modules_hint: Collection[str] | None = None,
     ) -> Iterator[Session]:
         """See `AsyncPool.checkout`."""
         if self._closed:
             raise SessionError("the pool is closed; create a new pool")
         manager = self._inner.checkout(
-            type_check=type_check, type_check_stubs=type_check_stubs, limits=limits, policy=policy, mounts=mounts
+            type_check=type_check,
+            type_check_stubs=type_check_stubs,
+            limits=limits,
+            policy=policy,
+            mounts=mounts,
+            modules_hint=modules_hint,
         )
         inner = self._call(manager.__aenter__())
         try:

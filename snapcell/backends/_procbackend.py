@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from snapcell._support import is_async_callable
@@ -64,12 +64,20 @@ class ProcessBackend:
     """A session's runner in a worker process; replaces the worker when it dies."""
 
     def __init__(
-        self, pool: WorkerPool, *, policy: Policy, limits: Limits, mounts: Mapping[str, str] | None = None
+        self,
+        pool: WorkerPool,
+        *,
+        policy: Policy,
+        limits: Limits,
+        mounts: Mapping[str, str] | None = None,
+        modules: Collection[str] | None = None,
     ) -> None:
         self._pool = pool
         self._policy = policy
         self._limits = limits
         self.mounts = dict(mounts or {})
+        # The modules the session is expected to import (see `WorkerPool.acquire`); a replacement worker's too.
+        self._modules = None if modules is None else frozenset(modules)
         self.worker: WorkerProcess | None = None
         # The worker's CPU seconds read after the last run, with that worker and its request count then.
         self._cpu_mark: tuple[WorkerProcess, int, float] | None = None
@@ -79,7 +87,11 @@ class ProcessBackend:
     async def start(self, *, hash_seed: int | None = None) -> None:
         """Acquire the session's worker (one whose interpreter hashes strings with ``hash_seed``, if given)."""
         self.worker = await self._pool.acquire(
-            policy=self._policy, limits=self._limits, mounts=self.mounts, hash_seed=hash_seed
+            policy=self._policy,
+            limits=self._limits,
+            mounts=self.mounts,
+            hash_seed=hash_seed,
+            modules=self._modules,
         )
 
     @property

@@ -24,7 +24,7 @@ import math
 import os
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from snapcell.backends._process import _ENV, _KILL_WAIT_S, _REFILL_DELAY_S, WorkerProcess, _Died, log
@@ -215,6 +215,9 @@ class WorkerPool:
         self._worker_command = options.worker_command
         self.use_zygote = options.zygote and options.worker_command is None
         self.preload = tuple(name for name in HEAVY_MODULES if name in options.preload)
+        # The zygote warm workers are forked from: the pool's, or none of its heavy modules once a checkout asked for
+        # a worker without them (see `acquire`), so that the next checkouts like it find one started.
+        self._warm_preload = self.preload
         # The shared zygotes this pool holds a reference to, by preloaded modules.
         self._zygotes: dict[tuple[str, ...], _SharedZygote] = {}
         self.settle = options.settle
@@ -384,7 +387,7 @@ class WorkerPool:
     ) -> WorkerProcess | None:
         self._starting += 1
         try:
-            return await self._start_worker(self.preload if preload is None else preload, hash_seed)
+            return await self._start_worker(self._warm_preload if preload is None else preload, hash_seed)
         except (SessionError, _Died) as exc:  # the worker was killed; cancelled mid-start, too (pool closing)
             log.warning("snapcell: a worker process failed to start: %s", exc)
             return None
@@ -413,6 +416,7 @@ class WorkerPool:
         limits: Limits,
         mounts: Mapping[str, str] | None = None,
         hash_seed: int | None = None,
+        modules: Collection[str] | None = None,
     ) -> WorkerProcess:
         """Take a warm worker (or start one), give it its settings, and mark it busy.
 
@@ -424,6 +428,10 @@ class WorkerPool:
             mounts: Read-only host directories in its workspace, by name.
             hash_seed: The ``PYTHONHASHSEED`` its interpreter must hash strings with (a resumed run's): a warm
                 worker of that seed, else one spawned with it. None: any.
+            modules: The modules the session is expected to import (None: unknown). When none of the policy's heavy
+                modules is among them, the worker comes from a zygote that did not preload them (or is a warm one
+                that did, if none of those is ready): a smaller process to fork and to end. A session that imports
+                them anyway does so on demand.
 
         Raises:
             ConfigError: ``hash_seed`` is not an integer from 0 to 2**32 - 1.
@@ -434,6 +442,9 @@ class WorkerPool:
         if hash_seed is not None and not (type(hash_seed) is int and 0 <= hash_seed <= MAX_HASH_SEED):
             raise ConfigError(f"a hash seed must be an integer from 0 to {MAX_HASH_SEED}, not {hash_seed!r}")
         preload = self.preload_for(policy)
+        if modules is not None and preload and not any(name in modules for name in preload):
+            # At most one zygote more per preload set: the one that preloads nothing.
+            preload = ()
         reused = None if mounts or hash_seed is not None else self._idle.get((policy, limits))
         while reused:
             again = reused.pop(0)
@@ -446,6 +457,8 @@ class WorkerPool:
             self._busy.add(again)
             again.checkouts += 1
             return again
+        if set(preload) <= set(self.preload):
+            self._warm_preload = preload  # the workers started ahead from now on are like the one this checkout needs
         try:
             async with asyncio.timeout(self.checkout_timeout_s):
                 # A session with mounts needs a worker not yet set up: mounts are attached before the privilege drop.
@@ -486,10 +499,16 @@ class WorkerPool:
         """
         async with self._changed:
             while True:
-                fit = (
-                    [w for w in self._warm if w.settled in (None, settings) and hash_seed in (None, w.hash_seed)]
-                    if preload == self.preload
-                    else []
+                # A worker whose zygote preloaded more serves too (its own zygote's first: it costs less to end).
+                fit = sorted(
+                    (
+                        w
+                        for w in self._warm
+                        if w.settled in (None, settings)
+                        and hash_seed in (None, w.hash_seed)
+                        and set(preload) <= set(self._preloaded(w))
+                    ),
+                    key=lambda w: self._preloaded(w) != preload,
                 )
                 if fit:
                     warm = fit[0]
@@ -512,6 +531,10 @@ class WorkerPool:
         if worker is None:
             raise SessionError("a worker process failed to start; see the snapcell log")
         return worker
+
+    def _preloaded(self, worker: WorkerProcess) -> tuple[str, ...]:
+        """The heavy modules ``worker``'s zygote preloads (a spawned worker counts as the pool's own)."""
+        return self.preload if worker.zygote is None else worker.zygote.preload
 
     async def release(
         self, worker: WorkerProcess, *, reuse_for: tuple[Policy, Limits] | None = None, reap_later: bool = False

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from snapcell.errors import Conflict, StorageError, TurnOutcomeUnknown
 from snapcell.tool._lease import describe
+from snapcell.tool._modules import ModuleHints
 
 if TYPE_CHECKING:
     from snapcell.heads import AsyncHeads, Head
@@ -39,11 +40,13 @@ class TurnContext:
         heads: The head store, async.
         leases: Takes and gives back the conversations' leases; bounds head-store calls by the deadline.
         warm: The sessions kept warm after their turns.
-        new_session: Checks out a new session with the tool's settings (limits, mounts, type checking).
+        new_session: Checks out a new session with the tool's settings (limits, mounts, type checking); takes
+            `AsyncPool.checkout`'s ``modules_hint``.
         keeper: Stores the conversations turns are given, or None (the application stores them).
         hold_on_host_error: A turn whose host function raised an error the script did not catch leaves the head
             where it was (``on_host_error="hold"``).
         pausing: Host functions whose call pauses the run (`CodeTool.resume` goes on from it).
+        modules: The heavy modules recent checkpoints name, for each turn's ``modules_hint``.
     """
 
     pool: AsyncPool
@@ -52,10 +55,11 @@ class TurnContext:
     heads: AsyncHeads
     leases: TurnLeases
     warm: WarmSessions
-    new_session: Callable[[], AbstractAsyncContextManager[AsyncSession]]
+    new_session: Callable[..., AbstractAsyncContextManager[AsyncSession]]
     keeper: ConversationKeeper | None = None
     hold_on_host_error: bool = False
     pausing: frozenset[str] = frozenset()
+    modules: ModuleHints = field(default_factory=ModuleHints)
 
     @property
     def storage_timeout_s(self) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -144,11 +145,15 @@ class Turn:
         at = self.start.checkpoint_id if self.start is not None else None
         cancelled: BaseException | None = None
         context = self.context
-        async with context.warm.turn(
-            self.conversation_id, at, context.new_session, room_needed=context.pool_full
-        ) as warm:
+        # A lighter worker when neither the code nor the checkpoint (a paused run's cell included) names numpy or
+        # pandas, as far as this tool has seen the checkpoint (see `ModuleHints`).
+        hint = context.modules.hint(at, code)
+        checkout = context.new_session if hint is None else functools.partial(context.new_session, modules_hint=hint)
+        async with context.warm.turn(self.conversation_id, at, checkout, room_needed=context.pool_full) as warm:
             session = warm.session
             await self._load(warm)
+            if not warm.reused:
+                context.modules.learn(session)
             dropped_before = frozenset(d.name for d in session.manifest.dropped) if session.manifest else frozenset()
             try:
                 # The answer of the turn whose dump dropped a variable named it; the run would name it again.
@@ -271,6 +276,7 @@ class Turn:
         try:
             new_id = await session.dump()
             warm.dumped(new_id, result.memory_bytes)
+            self.context.modules.learn(session)
             dropped = dropped_in_turn(session.manifest, dropped_before, result)
             if dropped is not None:
                 self.notes.append(dropped)  # this turn's answer says what was not saved

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
         split_parts,
         to_plain,
     )
-    from snapcell.wire._zygote import HEAVY_MODULES, THREAD_ENV, preload_modules
+    from snapcell.wire._zygote import HEAVY_MODULES, THREAD_ENV, heavy_modules_named, preload_modules
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.wire._budget": (
@@ -95,6 +95,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "snapcell.wire._zygote": (
         "HEAVY_MODULES",
         "THREAD_ENV",
+        "heavy_modules_named",
         "preload_modules",
     ),
 }
@@ -130,6 +131,7 @@ __all__ = [
     "encode",
     "error_from_plain",
     "error_to_plain",
+    "heavy_modules_named",
     "imports_library",
     "preload_modules",
     "reply_budget",

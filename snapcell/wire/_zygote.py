@@ -7,8 +7,10 @@ to the same list. Neither side imports the other's code for it.
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Iterable
 
-__all__ = ["HEAVY_MODULES", "THREAD_ENV", "preload_modules"]
+__all__ = ["HEAVY_MODULES", "THREAD_ENV", "heavy_modules_named", "preload_modules"]
 
 # Thread pools of numerical libraries are started at import: with one thread each, nothing runs in the
 # zygote but its main thread, and a fork copies no lock held by another thread.
@@ -21,6 +23,7 @@ THREAD_ENV = {
 }
 # Modules worth importing in the zygote when the policy allows them (costly to import on every checkout).
 HEAVY_MODULES = ("numpy", "pandas")
+_HEAVY_NAME = re.compile(r"\b(?:" + "|".join(HEAVY_MODULES) + r")\b")
 
 
 @functools.lru_cache(maxsize=64)
@@ -33,3 +36,18 @@ def preload_modules(allowed: frozenset[str]) -> tuple[str, ...]:
     import importlib.util
 
     return tuple(name for name in HEAVY_MODULES if name in allowed and importlib.util.find_spec(name) is not None)
+
+
+def heavy_modules_named(texts: Iterable[str]) -> frozenset[str]:
+    """The heavy modules whose names appear, as words, in any of ``texts`` (code, a manifest's cells and types).
+
+    A session whose code and checkpoint name none of them is served from a zygote that did not import them (see
+    `snapcell.backends.WorkerPool.acquire`): a guess, never a rule, since a session that imports one anyway gets it
+    on demand.
+    """
+    found: set[str] = set()
+    for text in texts:
+        found.update(_HEAVY_NAME.findall(text))
+        if len(found) == len(HEAVY_MODULES):
+            break
+    return frozenset(found)

@@ -153,6 +153,23 @@ def test_the_host_dying_takes_the_zygote_and_its_children_with_it() -> None:
     assert _wait_gone([zygote, child]) == []
 
 
+def test_a_checkout_hinted_away_from_the_heavy_modules_forks_from_a_zygote_without_them(numpy_pool: Pool) -> None:
+    heavy = WorkerPool.preload_for(NUMPY)
+    # The first may take a warm worker of the pool's own zygote (it serves too); the workers started from then on,
+    # and so the second's, come from the zygote that preloads nothing.
+    for _ in range(2):
+        with numpy_pool.checkout(modules_hint=["json"]) as light:
+            assert light.feed_run("import json\njson.dumps([1])") == "[1]"
+            worker = light._inner._backend.worker
+    assert worker.zygote is not None and worker.zygote.preload == ()
+    with numpy_pool.checkout(modules_hint={"numpy"}) as session:
+        worker = session._inner._backend.worker
+        assert worker.zygote is not None and worker.zygote.preload == heavy
+    with numpy_pool.checkout() as session:  # no hint: the pool's own zygote
+        worker = session._inner._backend.worker
+        assert worker.zygote is not None and worker.zygote.preload == heavy
+
+
 def test_worker_command_bypasses_the_zygote() -> None:
     async def main() -> tuple[str, int]:
         workers = WorkerPool(
