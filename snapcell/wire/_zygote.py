@@ -45,9 +45,4 @@ def heavy_modules_named(texts: Iterable[str]) -> frozenset[str]:
     `snapcell.backends.WorkerPool.acquire`): a guess, never a rule, since a session that imports one anyway gets it
     on demand.
     """
-    found: set[str] = set()
-    for text in texts:
-        found.update(_HEAVY_NAME.findall(text))
-        if len(found) == len(HEAVY_MODULES):
-            break
-    return frozenset(found)
+    return frozenset(_HEAVY_NAME.findall("\n".join(texts)))
