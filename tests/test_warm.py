@@ -275,8 +275,8 @@ def _watch_checkins(tool: CodeTool, events: list[str], release: asyncio.Event | 
     """Make the tool's checkouts say in ``events`` when their check-in starts and ends (held until ``release``)."""
 
     @contextlib.asynccontextmanager
-    async def watched() -> AsyncIterator[AsyncSession]:
-        async with tool.pool.checkout() as session:
+    async def watched(**options: Any) -> AsyncIterator[AsyncSession]:
+        async with tool.pool.checkout(**options) as session:
             yield session
             events.append("checkin started")
             if release is not None:
@@ -345,8 +345,8 @@ def test_a_slot_being_checked_in_is_waited_for_rather_than_evicting_a_warm_sessi
             tool = CodeTool(pool, heads=MemoryHeads(), keep_warm_s=60)
 
             @contextlib.asynccontextmanager
-            async def held_checkin() -> AsyncIterator[AsyncSession]:
-                async with pool.checkout() as session:
+            async def held_checkin(**options: Any) -> AsyncIterator[AsyncSession]:
+                async with pool.checkout(**options) as session:
                     yield session
                     await release.wait()
 
