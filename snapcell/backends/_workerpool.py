@@ -347,10 +347,20 @@ class WorkerPool:
         await asyncio.gather(*(z.close() for z in closing))
 
     def _seeded_zygote(self, preload: tuple[str, ...], hash_seed: int) -> Zygote | None:
-        """The running zygote for ``preload`` that this pool uses, if it hashes with ``hash_seed`` (none is started)."""
-        shared = self._zygotes.get(preload)
-        zygote = shared.zygote if shared is not None and not self._closed else None
-        return zygote if zygote is not None and zygote.alive and zygote.hash_seed == hash_seed else None
+        """A running zygote this pool uses that hashes with ``hash_seed`` and preloads at least ``preload`` (none is
+        started): a resumed run's seed may be that of the zygote for other modules than its checkout's hint names."""
+        if self._closed:
+            return None
+        for shared in self._zygotes.values():
+            zygote = shared.zygote
+            if (
+                zygote is not None
+                and zygote.alive
+                and zygote.hash_seed == hash_seed
+                and set(preload) <= set(zygote.preload)
+            ):
+                return zygote
+        return None
 
     async def _start_worker(self, preload: tuple[str, ...], hash_seed: int | None = None) -> WorkerProcess:
         """Fork a worker from the zygote for ``preload``, or spawn one if that is not possible.

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -155,19 +156,49 @@ def test_the_host_dying_takes_the_zygote_and_its_children_with_it() -> None:
 
 def test_a_checkout_hinted_away_from_the_heavy_modules_forks_from_a_zygote_without_them(numpy_pool: Pool) -> None:
     heavy = WorkerPool.preload_for(NUMPY)
-    # The first may take a warm worker of the pool's own zygote (it serves too); the workers started from then on,
-    # and so the second's, come from the zygote that preloads nothing.
-    for _ in range(2):
+    # The first ones may take warm workers of the pool's own zygote (they serve too, and one may be starting
+    # already); the workers started from then on come from the zygote that preloads nothing. Bounded: at most
+    # max_workers of the pool's own can be warm or starting.
+    preloads = []
+    for _ in range(5):
         with numpy_pool.checkout(modules_hint=["json"]) as light:
             assert light.feed_run("import json\njson.dumps([1])") == "[1]"
-            worker = light._inner._backend.worker
-    assert worker.zygote is not None and worker.zygote.preload == ()
+            zygote = light._inner._backend.worker.zygote
+            assert zygote is not None
+            preloads.append(zygote.preload)
+        if preloads[-1] == ():
+            break
+    assert preloads[-1] == (), preloads
     with numpy_pool.checkout(modules_hint={"numpy"}) as session:
         worker = session._inner._backend.worker
         assert worker.zygote is not None and worker.zygote.preload == heavy
     with numpy_pool.checkout() as session:  # no hint: the pool's own zygote
         worker = session._inner._backend.worker
         assert worker.zygote is not None and worker.zygote.preload == heavy
+
+
+def test_a_resumed_runs_seed_is_found_in_any_zygote_that_preloads_what_the_checkout_needs() -> None:
+    async def main() -> list[object]:
+        workers = WorkerPool(WorkerOptions(min_warm=0, max_workers=1))
+        light = SimpleNamespace(alive=True, hash_seed=11, preload=())
+        heavy = SimpleNamespace(alive=True, hash_seed=22, preload=("numpy", "pandas"))
+        workers._zygotes = {  # type: ignore[assignment]
+            (): SimpleNamespace(zygote=light),
+            ("numpy", "pandas"): SimpleNamespace(zygote=heavy),
+        }
+        try:
+            return [
+                workers._seeded_zygote((), 22),  # a light checkout, paused in a worker of the other zygote
+                workers._seeded_zygote((), 11),
+                workers._seeded_zygote(("numpy", "pandas"), 11),  # that zygote lacks numpy: spawned instead
+                workers._seeded_zygote((), 33),
+            ]
+        finally:
+            workers._zygotes = {}
+            await workers.close()
+
+    light_or_heavy = asyncio.run(main())
+    assert [getattr(z, "hash_seed", None) for z in light_or_heavy] == [22, 11, None, None]
 
 
 def test_worker_command_bypasses_the_zygote() -> None:
