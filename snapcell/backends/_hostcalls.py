@@ -47,34 +47,53 @@ class _Threads:
 
     Lighter than `concurrent.futures.ThreadPoolExecutor` (no future per job, no semaphore to release after it): the
     fewer Python steps a thread takes around a job, the fewer times it holds the GIL the event loop waits for.
-    Threads are started as needed and stay for the process's life, waiting for jobs; they are daemon threads, so
-    one waiting (or a host function that never returns) does not hold up the interpreter's exit.
+    Threads are started as needed and wait for jobs for the process's life; at the interpreter's exit, as an
+    executor's threads do, they end once the jobs given them are done (a host function still running is waited for).
     """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         # Threads waiting for a job and not yet promised one; threads started; jobs queued with no thread promised.
         self._idle = self._started = self._backlog = 0
+        self._exiting = False
 
     def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` in a thread (it must not raise)."""
+        """Run ``job`` in a thread (it must not raise).
+
+        Raises:
+            RuntimeError: The interpreter is exiting.
+        """
         with self._lock:
+            if self._exiting:
+                raise RuntimeError("cannot call a sync host function after the interpreter's shutdown began")
             if self._idle:
                 self._idle -= 1
             elif self._started < self._limit:
+                if not self._started:
+                    # The hook `concurrent.futures` uses: it runs before the interpreter joins its threads.
+                    threading._register_atexit(self._exit)  # type: ignore[attr-defined]
                 self._started += 1
-                name = f"snapcell-host-function-{self._started}"
-                threading.Thread(target=self._serve, name=name, daemon=True).start()
+                threading.Thread(target=self._serve, name=f"snapcell-host-function-{self._started}").start()
             else:
                 self._backlog += 1
         self._jobs.put(job)
+
+    def _exit(self) -> None:
+        """End every thread once the jobs given to it are done (at the interpreter's exit)."""
+        with self._lock:
+            self._exiting = True
+            started = self._started
+        for _ in range(started):
+            self._jobs.put(None)
 
     def _serve(self) -> None:
         get, lock = self._jobs.get, self._lock
         while True:
             job = get()
+            if job is None:
+                return
             try:
                 job()
             except Exception:  # a bug in snapcell's answer: logged, and the thread stays for the next call
