@@ -11,7 +11,8 @@ The hop to the thread and back is as light as the event loop allows, because eac
 between the loop's thread and the function's: the thread is given the call itself (no executor future, no task
 waiting on one), and once the function returns, the same thread settles the call and hands the reply to the
 caller's ``answer`` (`ThreadedCall`), which sends it to the worker from that thread when nothing else is being sent.
-The event loop then turns twice per call (the call's frame read, and the request's step that hands it over).
+The event loop then turns at most twice per call (the call's frame read, and the request's step that hands it
+over).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class _Threads:
         # Threads waiting for a job and not yet promised one; threads started; jobs queued with no thread promised.
         self._idle = self._started = self._backlog = 0
         self._exiting = False
+        self._running: list[threading.Thread] = []
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` in a thread (it must not raise).
@@ -75,18 +77,29 @@ class _Threads:
                     # The hook `concurrent.futures` uses: it runs before the interpreter joins its threads.
                     threading._register_atexit(self._exit)  # type: ignore[attr-defined]
                 self._started += 1
-                threading.Thread(target=self._serve, name=f"snapcell-host-function-{self._started}").start()
+                thread = threading.Thread(target=self._serve, name=f"snapcell-host-function-{self._started}")
+                thread.start()
+                self._running.append(thread)
             else:
                 self._backlog += 1
         self._jobs.put(job)
 
     def _exit(self) -> None:
         """End every thread once the jobs given to it are done (at the interpreter's exit)."""
+        self.shutdown(wait=False)
+
+    def shutdown(self, *, wait: bool = True) -> None:
+        """Take no more jobs; end every thread once the jobs given to it are done (``wait``: wait for that)."""
         with self._lock:
+            first = not self._exiting
             self._exiting = True
-            started = self._started
-        for _ in range(started):
-            self._jobs.put(None)
+            running = list(self._running)
+        if first:
+            for _ in running:
+                self._jobs.put(None)
+        if wait:
+            for thread in running:
+                thread.join()
 
     def _serve(self) -> None:
         get, lock = self._jobs.get, self._lock
@@ -106,7 +119,16 @@ class _Threads:
                     self._idle += 1
 
 
-_threads = _Threads(MAX_HOST_THREADS)
+_threads: _Threads | None = None
+_threads_lock = threading.Lock()
+
+
+def _host_threads() -> _Threads:
+    global _threads
+    with _threads_lock:
+        if _threads is None:
+            _threads = _Threads(MAX_HOST_THREADS)
+        return _threads
 
 
 @dataclasses.dataclass(slots=True)
@@ -173,11 +195,13 @@ def call_host(
             call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
             threaded = ThreadedCall(reply, name, start)
             if answer is not None:
-                _threads.submit(functools.partial(_in_thread, call, answer, threaded))
+                _host_threads().submit(functools.partial(_in_thread, call, answer, threaded))
                 return threaded
             loop = asyncio.get_running_loop()
             future: asyncio.Future[Any] = loop.create_future()
-            _threads.submit(functools.partial(_in_thread, call, functools.partial(_to_loop, loop, future), threaded))
+            _host_threads().submit(
+                functools.partial(_in_thread, call, functools.partial(_to_loop, loop, future), threaded)
+            )
             return PendingCall(reply, name, start, future)
         value = func(*args, **kwargs)
     except Exception as exc:  # a host function's failure goes to the script, which may catch it
