@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import socket
+import threading
 from typing import Any
 
 __all__ = ["ChannelIO", "Died", "send_now"]
@@ -56,6 +57,13 @@ class ChannelIO:
         self._filling = False
         self._ended: OSError | None = None
         self._send_lock = asyncio.Lock()
+        # Frames are sent by the event loop's thread, and by a sync host function's thread for its result (see
+        # `WorkerProcess._answer`). Every send on the socket, and its closing, happens under `_wire`; a frame is
+        # begun only by a holder of `_send_lock`, or under `_wire` while nobody holds it and nothing is owed. The
+        # rest of a frame begun without the send lock that the socket did not take is owed: the next holder of the
+        # send lock sends it before anything else.
+        self._wire = threading.Lock()
+        self._owed = b""
         # The run request in flight: the task it serves, its deadline and its grace period (see `serve_run`).
         self._caller: asyncio.Task[Any] | None = None
         self._deadline: asyncio.Timeout | None = None
@@ -121,13 +129,15 @@ class ChannelIO:
 
     async def _sendall(self, sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
         """Send all of ``data``, waiting for room when the socket's buffer is full."""
-        sent = send_now(sock, data)
+        with self._wire:
+            sent = send_now(sock, data)
         if sent == len(data):
             return
         with memoryview(data) as view:
             while sent < len(view):
                 await self._wait_writable(sock)
-                sent += send_now(sock, view[sent:])
+                with self._wire:
+                    sent += send_now(sock, view[sent:])
 
     async def _wait_writable(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()

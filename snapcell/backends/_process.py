@@ -32,10 +32,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from snapcell.backends._hostcalls import PendingCall, call_host, finish_call
+from snapcell.backends._hostcalls import PendingCall, ThreadedCall, answer_threaded, call_host, finish_call
 from snapcell.backends._hostchannel import ChannelIO, Died, send_now
 from snapcell.backends._procstat import ProcStat, parent_of
 from snapcell.backends._stderrtail import StderrTail
@@ -285,14 +286,19 @@ class WorkerProcess(ChannelIO):
         frame = FRAME.pack(len(payload), sum(map(len, parts)) if parts else 0) + payload
         try:
             if not parts and not self._send_lock.locked():
-                # Nobody is mid-frame: a frame the socket takes whole needs no lock, as nothing can come between.
-                sent = send_now(sock, frame)
-                if sent == len(frame):
-                    return
-                frame = frame[sent:]  # the rest under the lock, which is free: taking it does not yield
+                with self._wire:
+                    if not self._owed:
+                        # Nobody is mid-frame: a frame the socket takes whole needs no lock, as nothing can come
+                        # between; its rest is owed, and sent next under the lock.
+                        sent = send_now(sock, frame)
+                        if sent == len(frame):
+                            return
+                        self._owed, frame = frame[sent:], b""
             await self._lock_for_send()  # frames from concurrent host-call results must not interleave
             try:
-                await self._sendall(sock, frame)
+                await self._pay_owed(sock)
+                if frame:
+                    await self._sendall(sock, frame)
                 for part in parts:
                     if part:
                         await self._sendall(sock, part)
@@ -300,6 +306,74 @@ class WorkerProcess(ChannelIO):
                 self._send_lock.release()
         except (ConnectionError, OSError) as exc:
             raise _Died(await self._death_reason(), str(exc)) from exc
+
+    async def _pay_owed(self, sock: socket.socket) -> None:
+        """Send the rest of a frame begun without the send lock, if any (the caller holds the send lock)."""
+        with self._wire:
+            owed, self._owed = self._owed, b""
+        if owed:
+            await self._sendall(sock, owed)
+
+    def _answer(self, served: _Served, threaded: ThreadedCall, value: Any, failure: Exception | None) -> None:
+        """Settle a sync host function's call and send its result, in the function's thread once it is done.
+
+        The result goes from this thread when no other frame is under way (see `ChannelIO`), and is dropped if the
+        request has ended meanwhile (its run was cancelled, or the worker died). Otherwise, or when the function
+        returned an awaitable, or the socket took only part of the frame, the event loop finishes (`_answered`).
+        """
+        settled, records = answer_threaded(threaded, value, failure)
+        outcome: dict[str, Any] | PendingCall | None = settled
+        frame = b""
+        if isinstance(outcome, dict):
+            payload = encode(outcome)
+            frame = FRAME.pack(len(payload), 0) + payload
+        with self._wire:
+            if not served.open:
+                return
+            served.threaded -= 1
+            if served.calls is not None:
+                served.calls.extend(records)
+            sock = self._sock
+            if frame and sock is not None and not self.dead and not self._send_lock.locked() and not self._owed:
+                try:
+                    sent = send_now(sock, frame)
+                except OSError:  # the request's next read says what happened
+                    sent = len(frame)
+                if sent < len(frame):
+                    self._owed = frame[sent:]
+                outcome = None if sent == len(frame) else outcome
+                frame = b""
+            if outcome is None and not served.waits_for_room:
+                return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for the answer any more
+            served.loop.call_soon_threadsafe(self._answered, served, outcome, bool(frame))
+
+    def _answered(self, served: _Served, outcome: dict[str, Any] | PendingCall | None, unsent: bool) -> None:
+        """In the event loop: finish what a sync host function's thread left (see `_answer`)."""
+        served.wake()
+        if not served.open or outcome is None:
+            return
+        if isinstance(outcome, PendingCall):  # a sync function that returned an awaitable: awaited like an async one
+            served.track(asyncio.ensure_future(self._finish_call(outcome, served.calls)))
+        elif unsent:
+            served.track(asyncio.ensure_future(self._send_quietly(outcome)))
+        else:  # the socket took part of the frame: the rest is owed
+            served.track(asyncio.ensure_future(self._send_quietly(None)))
+
+    async def _send_quietly(self, message: dict[str, Any] | None) -> None:
+        """Send ``message`` (None: only what is owed); a failure is left for the request's next read to report."""
+        sock = self._sock
+        try:
+            if message is not None:
+                await self._send(message)
+            elif sock is not None:
+                await self._lock_for_send()
+                try:
+                    await self._pay_owed(sock)
+                finally:
+                    self._send_lock.release()
+        except (_Died, OSError):
+            pass
 
     async def _receive(self, budget: Budget) -> tuple[dict[str, Any], bytearray, int]:
         """Read one frame within ``budget``: its message, its blob, and the message's length.
@@ -378,7 +452,8 @@ class WorkerProcess(ChannelIO):
             budget = reply_budget(str(op), limits, self.max_blob_bytes)
         if self._rend != self._rstart and not follow_on:
             await self._refuse("it sent a frame that no request asked for")
-        tasks: set[asyncio.Task[None]] = set()
+        served = _Served(calls, self._wire)
+        answer = functools.partial(self._answer, served)
         traced: dict[str, Callable[..., Any] | None] = {}
         # The deadline is entered here rather than through `_deadline` (a generator): this runs for every request.
         deadline = asyncio.timeout(timeout_s)
@@ -389,9 +464,9 @@ class WorkerProcess(ChannelIO):
                     if not follow_on:
                         await self._send(message, *parts)
                     while True:
-                        while len(tasks) >= _MAX_PENDING_CALLS:
+                        while served.pending() >= _MAX_PENDING_CALLS:
                             try:
-                                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                                await served.room(_MAX_PENDING_CALLS)
                             except asyncio.CancelledError:
                                 if not self.absorb_cancel():
                                     raise
@@ -400,14 +475,15 @@ class WorkerProcess(ChannelIO):
                             refused = _refused_call(reply, size, calls_budget, counter)
                             if refused is not None:
                                 await self._refuse(refused)
-                            served = call_host(reply, lookup or {}, calls, traced)
-                            if isinstance(served, PendingCall):  # an async function: awaited alongside the others
-                                task = asyncio.ensure_future(self._finish_call(served, calls))
-                                tasks.add(task)
-                                task.add_done_callback(tasks.discard)
-                            else:  # a sync function has answered already: no task, no loop turn
+                            outcome = call_host(reply, lookup or {}, calls, traced, answer)
+                            if isinstance(outcome, ThreadedCall):  # a sync function: `_answer` sends its result
+                                with self._wire:
+                                    served.threaded += 1
+                            elif isinstance(outcome, PendingCall):  # an async one: awaited alongside the others
+                                served.track(asyncio.ensure_future(self._finish_call(outcome, calls)))
+                            else:  # answered already (a failure before any call): no task, no loop turn
                                 try:
-                                    await self._send(served)
+                                    await self._send(outcome)
                                 except _Died:  # the reply, or the next frame read, says what happened
                                     pass
                             continue
@@ -418,8 +494,7 @@ class WorkerProcess(ChannelIO):
             await self.kill()
             raise _Died("timeout") from None
         finally:
-            for task in tasks:
-                task.cancel()
+            served.close()
 
     def _run_budgets(self, limits: Limits) -> tuple[Budget, Budget]:
         """A run's budgets under ``limits``: of its frames (its reply or a call), and of a call; the last run's
@@ -531,8 +606,9 @@ class WorkerProcess(ChannelIO):
                 await asyncio.wait_for(asyncio.to_thread(self.process.wait), _KILL_WAIT_S)
         if self._sock is not None:
             self._unwatch()
-            self._sock.close()
-            self._sock = None
+            with self._wire:  # no thread sends meanwhile (a descriptor closed under a send may be reused)
+                self._sock.close()
+                self._sock = None
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)  # a read in progress finds the channel closed, rather than waiting for ever
@@ -546,6 +622,59 @@ class WorkerProcess(ChannelIO):
             # Unmounting the scratch tmpfs and removing its directory take milliseconds that the event loop,
             # shared by every session, should not wait for.
             await asyncio.shield(asyncio.to_thread(remove_scratch, scratch))
+
+
+class _Served:
+    """One request's host calls in flight: tasks of async ones, a count of sync ones in threads."""
+
+    __slots__ = ("_room", "_wire", "calls", "loop", "open", "tasks", "threaded", "waits_for_room")
+
+    def __init__(self, calls: list[HostCall] | None, wire: threading.Lock) -> None:
+        self.calls = calls
+        self.loop = asyncio.get_running_loop()
+        self.tasks: set[asyncio.Task[None]] = set()
+        # Sync calls in threads, and `open`: changed under the channel's `_wire` (threads read them).
+        self.threaded = 0
+        self.open = True
+        self.waits_for_room = False
+        self._wire = wire
+        self._room: asyncio.Future[None] | None = None
+
+    def pending(self) -> int:
+        return len(self.tasks) + self.threaded
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.wake()
+
+    def wake(self) -> None:
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    async def room(self, limit: int) -> None:
+        """Wait until fewer than ``limit`` calls are in flight."""
+        if self._room is None:
+            self._room = self.loop.create_future()
+        with self._wire:  # a thread that finishes a call from now on wakes this wait
+            self.waits_for_room = True
+            full = self.pending() >= limit
+        try:
+            if full:
+                await self._room
+        finally:
+            self.waits_for_room = False
+
+    def close(self) -> None:
+        """The request has ended: stop waiting for its calls (a sync one's thread runs on; its result is dropped)."""
+        with self._wire:
+            self.open = False
+        for task in self.tasks:
+            task.cancel()
 
 
 def _refused_call(message: dict[str, Any], size: int, budget: Budget | None, counter: CallCounter | None) -> str | None:

@@ -34,6 +34,10 @@ class MemoryStore:
         self._now = now
         self._lock = threading.Lock()
         self._objects: dict[str, _Entry] = {}
+        # Every operation is a dict access under a lock held for no longer than that: `AsyncStore` runs them in the
+        # event loop's thread rather than hand each to a thread. Not for a subclass, which may override one with a
+        # call that waits.
+        self.in_memory = type(self) is MemoryStore
 
     @property
     def url(self) -> str:

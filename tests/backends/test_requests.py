@@ -164,3 +164,93 @@ def test_bytes_nobody_asked_for_do_not_keep_the_hosts_loop_busy(tmp_path: Path) 
     data, fired, watching = asyncio.run(scenario())
     assert data == b"ping" and watching is None
     assert fired <= 3, fired  # the read's wake-up, maybe a stale report, then the unasked bytes: unwatched
+
+
+def test_a_sync_host_call_costs_the_event_loop_few_turns() -> None:
+    """The function's thread sends its result itself: no executor future, no task and no wake-up of the loop."""
+    from snapcell import AsyncPool
+
+    calls = 50
+
+    async def scenario() -> tuple[int, int]:
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            await session.feed_run("double(1)", external_lookup={"double": double})
+            loop = asyncio.get_running_loop()
+            turns = [0]
+            real = loop._run_once  # type: ignore[attr-defined]
+
+            def counted() -> None:
+                turns[0] += 1
+                real()
+
+            loop._run_once = counted  # type: ignore[attr-defined]
+            try:
+                total = await session.feed_run(
+                    f"sum(double(i) for i in range({calls}))", external_lookup={"double": double}
+                )
+            finally:
+                del loop._run_once  # type: ignore[attr-defined]
+            return total, turns[0]
+
+    total, turns = asyncio.run(scenario())
+    assert total == calls * (calls - 1)
+    assert turns <= 3 * calls, turns  # five or six per call when a task awaited the executor's future
+
+
+def test_host_results_larger_than_the_sockets_buffer_arrive_whole_from_threads_and_tasks_at_once(pool: Pool) -> None:
+    """Results of sync calls (sent from their threads) and async ones (from tasks), each more than the socket
+    takes at a time, sent while others are under way: no frame is cut into by another."""
+    texts = {i: chr(ord("a") + i) * (1_000_000 + i) for i in range(8)}
+
+    def big(i: int) -> str:
+        return texts[i]
+
+    async def big_later(i: int) -> str:
+        await asyncio.sleep(0)
+        return texts[i]
+
+    code = textwrap.dedent(
+        """
+        import asyncio
+        async def both(i):
+            pending = asyncio.ensure_future(big_later(i + 4))
+            await asyncio.sleep(0)
+            return len(big(i)), len(await pending), set(big(i))
+        await asyncio.gather(*(both(i) for i in range(4)))
+        """
+    )
+    with pool.checkout() as session:
+        for _ in range(2):
+            got = session.feed_run(code, external_lookup={"big": big, "big_later": big_later})
+            assert got == [(1_000_000 + i, 1_000_004 + i, {chr(ord("a") + i)}) for i in range(4)]
+        assert session.feed_run("double(21)", external_lookup={"double": double}) == 42
+
+
+def test_a_sync_host_functions_late_result_never_reaches_a_later_run() -> None:
+    """A run cancelled while its sync host function blocks: the function's result, when it comes, is dropped."""
+    from snapcell import AsyncPool
+
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def slow() -> str:
+        entered.set()
+        release.wait(60)
+        returned.set()
+        return "late"
+
+    def quick() -> str:
+        return "mine"
+
+    async def scenario() -> list[object]:
+        tools = {"slow": slow, "quick": quick}
+        async with AsyncPool("memory://", isolation="process") as pool, pool.checkout() as session:
+            run = asyncio.ensure_future(session.run("slow()", external_lookup=tools))
+            assert await asyncio.to_thread(entered.wait, 60)
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            release.set()
+            assert await asyncio.to_thread(returned.wait, 60)
+            await asyncio.sleep(0.05)  # room for the late result to be (wrongly) sent; never a bound on time
+            return [await session.feed_run("quick(), quick()", external_lookup=tools) for _ in range(2)]
+
+    assert asyncio.run(scenario()) == [("mine", "mine")] * 2

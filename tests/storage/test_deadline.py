@@ -158,3 +158,39 @@ def test_a_listing_s_deadline_does_not_leak_into_the_caller_between_pages(s3_sto
     assert next(listing).key == "checkpoints/0"
     assert call_deadline() is None  # the caller's own calls are not bound by the listing's deadline
     assert [o.key for o in listing] == ["checkpoints/1", "checkpoints/2"]
+
+
+def test_a_memory_stores_calls_run_in_the_event_loops_thread_and_a_subclasss_in_a_thread() -> None:
+    """No hand-off to a thread for a dict access; a subclass (which may wait, as `StuckStore` does) gets one, and so
+    do a large put, whose copy would hold up the loop, and a listing."""
+    seen: list[tuple[str, bool]] = []
+
+    class Recording(MemoryStore):
+        def put(self, key: str, data: bytes | bytearray, **kwargs: object) -> None:
+            seen.append(("put", threading.current_thread() is threading.main_thread()))
+            super().put(key, data, **kwargs)  # type: ignore[arg-type]
+
+        def get(self, key: str) -> bytes:
+            seen.append(("get", threading.current_thread() is threading.main_thread()))
+            return super().get(key)
+
+    async def scenario(store: MemoryStore) -> None:
+        wrapped = AsyncStore(store, timeout_s=30)
+        await wrapped.put("small", b"v")
+        await wrapped.put("large", bytes(2 * 1024 * 1024))
+        assert await wrapped.get("small") == b"v"
+        await wrapped.touch("small")
+        assert [info.key for info in await wrapped.scan()] == ["large", "small"]
+        await wrapped.delete("small")
+        with pytest.raises(StorageTimeout), storage_deadline(0.001):  # a passed deadline is refused before the call
+            await asyncio.sleep(0.01)
+            await wrapped.get("large")
+
+    assert MemoryStore().in_memory and not StuckStore().in_memory and not Recording().in_memory
+    as_plain = Recording()
+    as_plain.in_memory = True  # what a plain MemoryStore says of itself
+    asyncio.run(scenario(as_plain))
+    assert seen == [("put", True), ("put", False), ("get", True)]
+    seen.clear()
+    asyncio.run(scenario(Recording()))
+    assert seen == [("put", False), ("put", False), ("get", False)]
