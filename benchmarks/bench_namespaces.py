@@ -300,7 +300,13 @@ def target_rows(rows: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]
             out.append({**record, "note": f"n/a: no {target.baseline if theirs is None else 'snapcell'} row"})
             continue
         ratio = mine / theirs
-        record["verdict"] = "met" if ratio <= target.bound else "missed"
+        met = ratio <= target.bound
+        record["met"] = "met" if met else "missed"
+        # The line `python -m benchmarks` prints after its table, as every benchmark's verdict reads.
+        record["verdict"] = (
+            f"target {target.namespace} {target.describe()}: snapcell {mine:.3f} ms vs {target.baseline} "
+            f"{theirs:.3f} ms = {ratio:.1f}x (at most {target.bound:g}x): {'met' if met else 'MISSED'}"
+        )
         record[f"snapcell_{target.metric}_ms"] = mine
         record[f"baseline_{target.metric}_ms"] = theirs
         record["ratio_to_baseline"] = round(ratio, 2)
@@ -422,7 +428,7 @@ def main() -> None:
                 **row,
                 "mine": row.get("snapcell_dump_ms", row.get("snapcell_load_ms")),
                 "theirs": row.get("baseline_dump_ms", row.get("baseline_load_ms")),
-                "verdict": row.get("verdict", row.get("note")),
+                "verdict": row.get("met", row.get("note")),
             }
             for row in verdicts
         ],
