@@ -55,60 +55,30 @@ class PauseRequested(Exception):
 
 # The record of the pausable run in this context (a `snapcell.interpreter._replay.Inputs`), or None.
 current_inputs: ContextVar[Any] = ContextVar("snapcell_inputs", default=None)
-_live_time = time.time
-_live_time_ns = time.time_ns
 
 
-def recorded_time() -> float:
-    """``time.time`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = current_inputs.get()
-    return _live_time() if inputs is None else float(inputs.take("time", _live_time))
+def _recorded_clock(kind: str, cast: Callable[[Any], Any]) -> Callable[[], Any]:
+    """``time.<kind>`` as scripts see it: the run's record in a pausable run, else the clock."""
+    live = getattr(time, kind)
 
+    def read() -> Any:
+        inputs = current_inputs.get()
+        return live() if inputs is None else cast(inputs.take(kind, live))
 
-def recorded_time_ns() -> int:
-    """``time.time_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = current_inputs.get()
-    return _live_time_ns() if inputs is None else int(inputs.take("time_ns", _live_time_ns))
-
-
-_live_monotonic = time.monotonic
-_live_monotonic_ns = time.monotonic_ns
-_live_perf_counter = time.perf_counter
-_live_perf_counter_ns = time.perf_counter_ns
-
-
-def recorded_monotonic() -> float:
-    """``time.monotonic`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = current_inputs.get()
-    return _live_monotonic() if inputs is None else float(inputs.take("monotonic", _live_monotonic))
-
-
-def recorded_monotonic_ns() -> int:
-    """``time.monotonic_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = current_inputs.get()
-    return _live_monotonic_ns() if inputs is None else int(inputs.take("monotonic_ns", _live_monotonic_ns))
-
-
-def recorded_perf_counter() -> float:
-    """``time.perf_counter`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = current_inputs.get()
-    return _live_perf_counter() if inputs is None else float(inputs.take("perf_counter", _live_perf_counter))
-
-
-def recorded_perf_counter_ns() -> int:
-    """``time.perf_counter_ns`` as scripts see it: the run's record in a pausable run, else the clock."""
-    inputs = current_inputs.get()
-    return _live_perf_counter_ns() if inputs is None else int(inputs.take("perf_counter_ns", _live_perf_counter_ns))
+    read.__name__ = read.__qualname__ = f"recorded_{kind}"  # its stable name in checkpoints (`pickled_helper`)
+    read.__doc__ = f"``time.{kind}`` as scripts see it: the run's record in a pausable run, else the clock."
+    return read
 
 
 # Scripts read the clocks through the module views the policy gives them (registered before any view is built);
 # the process's own ``time`` is left alone, and an unrestricted policy's scripts get the live clocks.
-register_stand_in("time", "time", pickled_helper(recorded_time))
-register_stand_in("time", "time_ns", pickled_helper(recorded_time_ns))
-register_stand_in("time", "monotonic", pickled_helper(recorded_monotonic))
-register_stand_in("time", "monotonic_ns", pickled_helper(recorded_monotonic_ns))
-register_stand_in("time", "perf_counter", pickled_helper(recorded_perf_counter))
-register_stand_in("time", "perf_counter_ns", pickled_helper(recorded_perf_counter_ns))
+_CLOCKS = {
+    kind: _recorded_clock(kind, int if kind.endswith("_ns") else float)
+    for kind in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns")
+}
+for _kind, _clock in _CLOCKS.items():
+    register_stand_in("time", _kind, pickled_helper(_clock))
+recorded_time: Callable[[], float] = _CLOCKS["time"]
 
 
 class RecordedClock:
