@@ -45,4 +45,9 @@ def heavy_modules_named(texts: Iterable[str]) -> frozenset[str]:
     `snapcell.backends.WorkerPool.acquire`): a guess, never a rule, since a session that imports one anyway gets it
     on demand.
     """
-    return frozenset(_HEAVY_NAME.findall("\n".join(texts)))
+    found: set[str] = set()
+    for text in texts:
+        # A substring test first, done in C: most texts (every cell of a long conversation, each turn) name none.
+        if any(name in text for name in HEAVY_MODULES):
+            found.update(_HEAVY_NAME.findall(text))
+    return frozenset(found)
