@@ -464,7 +464,7 @@ class WorkerPool:
                     self._changed.notify_all()  # its slot is free
                 self.fill()
                 continue
-            self._busy.add(again)
+            self._take(again, preload)
             again.checkouts += 1
             return again
         if set(preload) <= set(self.preload):
@@ -478,7 +478,7 @@ class WorkerPool:
                 f"no worker process became free within {self.checkout_timeout_s:g} s "
                 f"({self.max_workers} are checked out); raise max_workers or check sessions in sooner"
             ) from None
-        self._busy.add(worker)
+        self._take(worker, preload)
         # Start the replacement a moment later: spawning blocks this loop for a fork and then competes for
         # the CPU, which the session's first run (usually right now) should not pay for.
         asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self.fill)
@@ -497,6 +497,13 @@ class WorkerPool:
                 self._warned.add(layer)
                 log.warning("snapcell: sandbox layer %s is %s", layer, state)
         return worker
+
+    def _take(self, worker: WorkerProcess, preload: tuple[str, ...]) -> None:
+        """Mark ``worker`` busy for a checkout that may need ``preload``; its zygote imports those now, if it has not
+        (for the next sessions like this one; see `Zygote.want_heavy`)."""
+        self._busy.add(worker)
+        if preload and worker.zygote is not None:
+            worker.zygote.want_heavy()
 
     async def _claim(
         self, preload: tuple[str, ...], settings: tuple[Policy, Limits] | None, hash_seed: int | None = None

@@ -131,9 +131,13 @@ class Zygote:
         self._env = child_env({**env, **THREAD_ENV}, self.hash_seed)
         self.process: subprocess.Popen[bytes] | None = None
         self.pid = 0
-        # The heavy modules it imports after "ready" (those installed), and those it has imported so far.
+        # The heavy modules it imports once a session may need them (those installed), and those it has imported.
         self.preloading: list[str] = []
         self.preloaded: list[str] = []
+        # Those it would import (what it said at ready), and whether a session may need them (see `want_heavy`).
+        self._heavy: list[str] = []
+        self._heavy_wanted = False
+        self._stage_sent = b""
         # How many modules it had imported when it said ready (``sys.modules``; what every pool's first fork waits for).
         self.modules_at_ready = 0
         self._preload_requested = False
@@ -158,9 +162,12 @@ class Zygote:
 
     @property
     def preload_report(self) -> str:
-        """The heavy modules it preloads, for `isolation_report`: "numpy, pandas", "... (importing)" or "nothing"."""
+        """The heavy modules it preloads, for `isolation_report`: "numpy, pandas", "... (importing)", "nothing yet
+        (... once a session may need them)" or "nothing"."""
         if self.preloading:
             return ", ".join(self.preloading) + " (importing)"
+        if not self.preloaded and self._heavy and not self._heavy_wanted:
+            return f"nothing yet ({', '.join(self._heavy)} once a session may need them)"
         return ", ".join(self.preloaded) or "nothing"
 
     async def start(self, *, meanwhile: Callable[[], None] | None = None) -> None:
@@ -214,7 +221,8 @@ class Zygote:
         if type(ready) is not dict or ready.get("op") != "ready" or ready.get("threads") != 1:
             await self.close()
             raise ZygoteError(f"the zygote did not come up clean: {str(ready)[:300]}{self._stderr_tail()}")
-        self.preloading = [str(m) for m in ready.get("preload", [])]
+        self._heavy = [str(m) for m in ready.get("preload", [])]
+        self.preloading = []
         self.preloaded = [str(m) for m in ready.get("preloaded", [])]
         modules = ready.get("modules")
         self.modules_at_ready = modules if type(modules) is int else 0
@@ -260,7 +268,8 @@ class Zygote:
                 future.set_result(message)
         elif op == "preloaded" and type(message.get("preloaded")) is list:
             self.preloaded = [str(m) for m in message["preloaded"]]
-            self.preloading = []
+            if message.get("heavy") is True:  # else a stage without them: asked for since, they may still come
+                self.preloading = []
         elif op == "exited" and type(message.get("pid")) is int:
             exited = self._exits.pop(message["pid"], None)
             status, maxrss = message.get("status"), message.get("maxrss")
@@ -315,12 +324,30 @@ class Zygote:
             raise ZygoteError(f"could not verify the forked worker {pid}: {exc}") from exc
         return child
 
+    def want_heavy(self) -> None:
+        """Say that a session forked from this zygote may need its heavy modules: it imports them (once).
+
+        Until then its second stage leaves them out: a server whose sessions never name numpy or pandas never
+        imports them, which takes the CPU of its first turns and tens of MiB.
+        """
+        if self._heavy_wanted:
+            return
+        self._heavy_wanted = True
+        self.preloading = [m for m in self._heavy if m not in self.preloaded]
+        if self._stage_sent == b"L":  # the stage without them was asked for already: now them too
+            self._send_stage(b"P")
+
     def _request_preload(self) -> None:
-        """Ask the zygote for its second stage (once, `_PRELOAD_DELAY_S` after its first fork)."""
+        """Ask the zygote for its second stage (once, `_PRELOAD_DELAY_S` after its first fork): with its heavy modules
+        if a session may need them by then (see `want_heavy`)."""
         self._preload_timer = None
+        self._send_stage(b"P" if self._heavy_wanted else b"L")
+
+    def _send_stage(self, stage: bytes) -> None:
+        self._stage_sent = stage
         if self._ctrl is not None:
             with contextlib.suppress(OSError):  # a zygote gone meanwhile fails the next fork's reply instead
-                self._ctrl.send(b"P")
+                self._ctrl.send(stage)
 
     async def close(self) -> None:
         """Kill the zygote (its children die with it) and close its channel; safe to call twice."""

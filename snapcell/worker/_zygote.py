@@ -5,21 +5,23 @@ worker (nothing of the host's environment, no key, no credentials, no session da
 thread so that fork is safe), it imports the worker (what a first run needs, not the checkpoint code) and says
 "ready": the first fork waits for nothing more. It never runs script code. snapcell's deferred modules
 (`DEFERRED_MODULES`: pydantic and the picklers), the policy's heavy modules (numpy, pandas) and snapcell's own
-warm-up cell (a run and a dump) come second, when the host asks (after its first fork request): one step at a time, in
-the main thread, only while no fork request waits. A child forked before them imports them on demand, as a
-spawned worker does; the zygote forks only while it runs a single thread. Then it waits on its control
-socket:
+warm-up cell (a run and a dump) come second, when the host asks (after its first fork request; the heavy modules
+only once a session may need them): one step at a time, in the main thread, only while no fork request waits. A
+child forked before them imports them on demand, as a spawned worker does; the zygote forks only while it runs a
+single thread. Then it waits on its control socket:
 
 - host -> zygote: a one-byte ``F`` datagram carrying two descriptors (SCM_RIGHTS): the new worker's end
   of a fresh socketpair and the pipe its stderr goes to. The zygote forks; the child starts a session of
   its own (`_worker.serve_session`), which applies every sandbox layer to the child itself after the
   fork: its own uid (derived by the host from the child's pid), Landlock, a seccomp filter naming the
   child's pid, rlimits, pdeathsig on the zygote. The zygote closes both descriptors.
-- host -> zygote: ``P``, once: import the heavy modules now, between fork requests.
+- host -> zygote: ``L``: the second stage without the heavy modules (snapcell's deferred modules, the warm-up);
+  ``P``: with them (after an ``L`` too: the heavy modules and a warm-up again). Each step only once.
 - zygote -> host, one datagram each, in the wire's format (`snapcell.wire.encode`, the format of every message
   between snapcell's processes): ``{"op": "ready", "preload": [...], "modules": N, ...}`` first (N: the modules
   it has imported);
-  ``{"op": "preloaded", "preloaded": [...], "threads": T}`` when the heavy modules are in;
+  ``{"op": "preloaded", "preloaded": [...], "heavy": H, "threads": T}`` when a second stage is done (H: whether
+  it included the heavy modules' steps);
   ``{"op": "forked", "pid": P, "rss": R, "preloaded": [...]}`` per fork, in order;
   ``{"op": "exited", "pid": P, "status": S, "maxrss": M}`` when a child is reaped (the zygote is the parent: only
   it can wait for its children; in its loop, or from its SIGCHLD handler during a preload step);
@@ -258,17 +260,26 @@ class _Preloader:
         self.preloaded: list[str] = []
         self._steps: list[str] = []
         self.started = False
+        # Whether the heavy modules' steps have been queued (the host asks for them once a session may need them).
+        self.heavy = False
 
     @property
     def pending(self) -> bool:
         return bool(self._steps)
 
-    def start(self) -> None:
-        """Queue the steps (once): snapcell's deferred modules, each heavy module, then the warm-up (a run and a
-        dump) and freezing the heap."""
+    def start(self, *, heavy: bool = True) -> None:
+        """Queue the steps not queued yet: snapcell's deferred modules (once), each heavy module (once, if ``heavy``),
+        then the warm-up (a run and a dump), which freezes the heap and reports. A warm-up still queued runs once,
+        after the new steps; one already done runs again after them (for the heavy modules' data and views)."""
+        steps = []
         if not self.started:
             self.started = True
-            self._steps = [_DEFERRED_STEP, *self.modules, ""]
+            steps.append(_DEFERRED_STEP)
+        if heavy and not self.heavy:
+            self.heavy = True
+            steps.extend(self.modules)
+        if steps:
+            self._steps = [step for step in self._steps if step] + steps + [""]
 
     def step(self, ctrl: _socket.socket) -> None:
         """Run the next step; after the last, tell the host what was preloaded and how many threads run.
@@ -316,7 +327,7 @@ class _Preloader:
 
         warm_import_paths()
         _freeze()
-        _send(ctrl, {"op": "preloaded", "preloaded": self.preloaded, "threads": _threads()})
+        _send(ctrl, {"op": "preloaded", "preloaded": self.preloaded, "heavy": self.heavy, "threads": _threads()})
 
 
 def _freeze() -> None:
@@ -378,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of a zygote process: ``CTRL_FD HOST_PID [MODULE,...]``.
 
     It says "ready" once it has imported the worker, so that the first fork waits for nothing else; the heavy
-    modules and the full warm-up follow when the host sends ``P`` (see `_Preloader`).
+    modules and the full warm-up follow when the host sends ``P`` (or the warm-up alone, ``L``; see `_Preloader`).
     """
     argv = sys.argv[1:] if argv is None else argv
     ctrl = _socket.socket(fileno=int(argv[0]))
@@ -421,8 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for fd in fds:
                 os.close(fd)
-            if data == b"P":
-                preloader.start()
+            if data in (b"P", b"L"):
+                preloader.start(heavy=data == b"P")
 
 
 if __name__ == "__main__":

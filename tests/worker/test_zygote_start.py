@@ -190,6 +190,81 @@ def test_a_failing_preload_step_is_skipped_and_the_zygote_carries_on(
     assert "'numpy' failed: RuntimeError" in err and "'warm-up' failed: ValueError" in err
 
 
+def test_the_heavy_modules_come_only_when_asked_for_after_a_stage_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from snapcell.worker import _worker, _zygote
+
+    done: list[str] = []
+    monkeypatch.setattr(_zygote, "DEFERRED_MODULES", ("json",))
+    monkeypatch.setattr(_zygote.importlib, "import_module", done.append)
+    monkeypatch.setattr(_worker, "_warm_up", lambda: done.append("warm-up"))
+    monkeypatch.setattr(_worker, "_warm_up_data", lambda preloaded: None)
+    monkeypatch.setattr(_zygote, "_build_views", lambda preloaded: None)
+    monkeypatch.setattr(_zygote, "_freeze", lambda: None)  # not this test process's heap
+    monkeypatch.setattr(_zygote, "_reap", lambda ctrl: None)  # nor its children
+    host, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def run(preloader: Any) -> dict[str, Any]:
+        while preloader.pending:
+            preloader.step(zygote_end)
+        report: dict[str, Any] = json.loads(host.recv(4096))
+        return report
+
+    with host, zygote_end:
+        light = _zygote._Preloader(["numpy", "pandas"])
+        light.start(heavy=False)
+        assert run(light) | {"threads": 0} == {"op": "preloaded", "preloaded": [], "heavy": False, "threads": 0}
+        assert done == ["json", "warm-up"]
+        light.start(heavy=False)  # nothing new: no step, no report
+        assert not light.pending
+        light.start()  # then a session may need them: they, and the warm-up once more
+        assert run(light)["preloaded"] == ["numpy", "pandas"] and done[2:] == ["numpy", "pandas", "warm-up"]
+
+        done.clear()
+        early = _zygote._Preloader(["numpy"])
+        early.start(heavy=False)
+        early.start()  # asked for before the first stage ran: one stage, one warm-up, one report
+        report = run(early)
+        assert done == ["json", "numpy", "warm-up"] and report["heavy"] is True and report["preloaded"] == ["numpy"]
+
+
+def test_a_zygote_whose_sessions_name_no_heavy_module_never_imports_them() -> None:
+    if not preload_modules(frozenset({"numpy"})):
+        pytest.skip("numpy is not installed")
+
+    async def main() -> None:
+        preload = WorkerPool.preload_for(NUMPY)
+        options = WorkerOptions(min_warm=1, max_workers=3, preload=preload, checkout_timeout_s=HANG_GUARD_S)
+        workers = WorkerPool(options)
+        try:
+            workers.fill()  # the pool's own zygote, numpy's, forks the worker started ahead
+            await _until(lambda: workers._warm)
+            light = await workers.acquire(policy=NUMPY, limits=Limits(), modules=frozenset())
+            lighter = await workers.acquire(policy=NUMPY, limits=Limits(), modules={"json"})
+            heavy_zygote = workers._zygotes[preload].zygote
+            assert heavy_zygote is not None and lighter.zygote is not None and lighter.zygote is not heavy_zygote
+            await _until(lambda: heavy_zygote._stage_sent == b"L" and "nothing yet" in heavy_zygote.preload_report)
+            await asyncio.sleep(0.5)  # its stage without them had time to end; they were not imported meanwhile
+            assert heavy_zygote.preloaded == [] and not heavy_zygote.preloading
+            assert "numpy" not in _modules_of(heavy_zygote.pid)
+
+            unknown = await workers.acquire(policy=NUMPY, limits=Limits())  # no hint: it may need them
+            assert unknown.zygote is heavy_zygote and "numpy" in heavy_zygote.preloading
+            await _until(lambda: "numpy" in heavy_zygote.preloaded and not heavy_zygote.preloading)
+            assert "numpy" in _modules_of(heavy_zygote.pid)
+            for worker in (light, lighter, unknown):
+                await workers.release(worker)
+        finally:
+            await workers.close()
+
+    asyncio.run(main())
+
+
+def _modules_of(pid: int) -> str:
+    """The files process ``pid`` has mapped: an imported numpy maps its compiled modules."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return maps.read()
+
+
 _DURING_A_STEP = """
 import json, os, select, socket, sys
 from snapcell.worker import _zygote
