@@ -7,6 +7,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from ._heads import (
     LeaseOnly,
     RecordHeads,
     Transition,
+    TurnRecord,
     _Delete,
     turn_states_to_json,
     turns_from_json,
@@ -36,6 +38,9 @@ _T = TypeVar("_T")
 # of disk on the caller's thread, an event loop). Every this-many-th such operation is refused instead, so that it
 # runs in a thread where SQLite's automatic checkpoint may do that work.
 _NO_WAIT_RUN = 64
+# How many heads' parsed turns a store keeps, and the longest text of a head's turns it keeps them for.
+_PARSED_HEADS = 64
+_PARSED_TEXT_CHARS = 32_768
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS heads (
@@ -70,8 +75,8 @@ _ERRORS: list[tuple[type[BaseException] | tuple[type[BaseException], ...], type[
 _Row = tuple[bytes | None, str, str, float, str | None, float, str, float, str]
 
 
-def _head(conversation_id: str, row: _Row, path: Path) -> Head:
-    """Decode a row of the heads table.
+def _head(conversation_id: str, row: _Row, path: Path, parsed: _ParsedTurns) -> Head:
+    """Decode a row of the heads table (its turns through ``parsed``).
 
     Raises:
         HeadCorrupt: The row was not written by snapcell (bad JSON or hex in ``history``, wrong column types).
@@ -88,7 +93,7 @@ def _head(conversation_id: str, row: _Row, path: Path) -> Head:
             updated_at=float(updated_at),
             lease_owner=None if lease_owner is None else str(lease_owner),
             lease_expires_at=float(lease_expires_at),
-            turns=turns_from_json(json.loads(turns), json.loads(states)),
+            turns=parsed.parse(turns, states),
             lease_renewed_at=float(lease_renewed_at),
         )
     except (ValueError, TypeError) as exc:
@@ -97,6 +102,50 @@ def _head(conversation_id: str, row: _Row, path: Path) -> Head:
             "delete its row or restore the file",
             conversation_id=conversation_id,
         ) from exc
+
+
+class _ParsedTurns:
+    """The turns parsed from recent heads' two columns, by their text: the next operation on a conversation reads what
+    the last one wrote (a turn's lease, then its head write), and its records (immutable) need not be parsed again.
+
+    At most `_PARSED_HEADS` heads, of at most `_PARSED_TEXT_CHARS` characters each (up to 64 turn IDs and 8 answers
+    of up to 8,000 characters: a head with long answers is parsed each time). Shared by a store's threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_text: OrderedDict[tuple[str, str], tuple[TurnRecord, ...]] = OrderedDict()
+
+    def parse(self, turns: str, states: str) -> tuple[TurnRecord, ...]:
+        """The records of the columns' texts.
+
+        Raises:
+            TypeError, ValueError: The texts are not `turns_to_json`'s and `turn_states_to_json`'s forms.
+        """
+        key = (turns, states)
+        with self._lock:
+            found = self._by_text.get(key)
+            if found is not None:
+                self._by_text.move_to_end(key)
+                return found
+        parsed = turns_from_json(json.loads(turns), json.loads(states))
+        self.remember(key, parsed)
+        return parsed
+
+    def texts(self, turns: tuple[TurnRecord, ...]) -> tuple[str, str]:
+        """The columns' texts for ``turns``, remembered with them for the next read."""
+        key = json.dumps(turns_to_json(turns)), json.dumps(turn_states_to_json(turns))
+        self.remember(key, turns)
+        return key
+
+    def remember(self, key: tuple[str, str], turns: tuple[TurnRecord, ...]) -> None:
+        if len(key[0]) + len(key[1]) > _PARSED_TEXT_CHARS:
+            return
+        with self._lock:
+            self._by_text[key] = turns
+            self._by_text.move_to_end(key)
+            while len(self._by_text) > _PARSED_HEADS:
+                self._by_text.popitem(last=False)
 
 
 def _add_columns(db: sqlite3.Connection) -> None:
@@ -322,6 +371,7 @@ class SQLiteHeads(RecordHeads):
             raise ConfigError(f"busy_timeout_s must be a non-negative number of seconds, not {busy_timeout_s!r}")
         self._busy_ms = int(busy_timeout_s * 1000)
         self._shared: _SharedDB | None = _attach(self.path, create=create, busy_timeout_s=busy_timeout_s)
+        self._parsed = _ParsedTurns()
 
     def without_waiting(self, call: Callable[[], _T]) -> _T:
         """``call()`` (an operation of this store) on this thread, if it needs no waiting; else `WouldWait`.
@@ -397,7 +447,7 @@ class SQLiteHeads(RecordHeads):
     def _read(self, conversation_id: str) -> Head | None:
         with self._connection(f"read head {conversation_id!r}") as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM heads WHERE conversation_id = ?", (conversation_id,)).fetchone()
-        return None if row is None else _head(conversation_id, row, self.path)
+        return None if row is None else _head(conversation_id, row, self.path, self._parsed)
 
     def _update(self, conversation_id: str, transition: Transition) -> Head | None:
         # A head write is synced before it returns; a lease needs no more than the file's consistency (`LeaseOnly`).
@@ -408,13 +458,17 @@ class SQLiteHeads(RecordHeads):
                 row = db.execute(
                     f"SELECT {_COLUMNS} FROM heads WHERE conversation_id = ?", (conversation_id,)
                 ).fetchone()
-                record = None if row is None else _head(conversation_id, row, self.path)
+                record = None if row is None else _head(conversation_id, row, self.path, self._parsed)
                 if self._after_read is not None:
                     self._after_read(conversation_id, record)
                 result = transition(record)
                 if isinstance(result, _Delete):
                     db.execute("DELETE FROM heads WHERE conversation_id = ?", (conversation_id,))
                 elif result is not None:
+                    if record is not None and result.turns is record.turns:  # a lease: the turns' texts as read
+                        turns, states = row[6], row[8]
+                    else:
+                        turns, states = self._parsed.texts(result.turns)
                     db.execute(
                         f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES ({_MARKS})",
                         (
@@ -425,9 +479,9 @@ class SQLiteHeads(RecordHeads):
                             result.updated_at,
                             result.lease_owner,
                             result.lease_expires_at,
-                            json.dumps(turns_to_json(result.turns)),
+                            turns,
                             result.lease_renewed_at,
-                            json.dumps(turn_states_to_json(result.turns)),
+                            states,
                         ),
                     )
                 db.execute("COMMIT")
@@ -443,7 +497,7 @@ class SQLiteHeads(RecordHeads):
         heads = []
         for row in rows:
             try:
-                heads.append((row[0], _head(row[0], row[1:], self.path)))
+                heads.append((row[0], _head(row[0], row[1:], self.path, self._parsed)))
             except HeadCorrupt as exc:
                 if corrupt is None:
                     raise
