@@ -465,16 +465,21 @@ class SQLiteHeads(RecordHeads):
                 if isinstance(result, _Delete):
                     db.execute("DELETE FROM heads WHERE conversation_id = ?", (conversation_id,))
                 elif result is not None:
-                    if record is not None and result.turns is record.turns:  # a lease: the turns' texts as read
+                    # What the transition kept (a lease keeps all but the lease) is written as it was read.
+                    if record is not None and result.turns is record.turns:
                         turns, states = row[6], row[8]
                     else:
                         turns, states = self._parsed.texts(result.turns)
+                    if record is not None and result.history is record.history:
+                        history = row[1]
+                    else:
+                        history = json.dumps([h.hex() for h in result.history])
                     db.execute(
                         f"INSERT OR REPLACE INTO heads (conversation_id, {_COLUMNS}) VALUES ({_MARKS})",
                         (
                             conversation_id,
                             result.checkpoint_id,
-                            json.dumps([h.hex() for h in result.history]),
+                            history,
                             result.version,
                             result.updated_at,
                             result.lease_owner,

@@ -46,10 +46,12 @@ def _turn(heads: SQLiteHeads, conversation: str, n: int) -> str:
     )
 
 
-def _texts(path: Path, conversation: str) -> tuple[str, str]:
+def _texts(path: Path, conversation: str) -> tuple[str, str, str]:
     with sqlite3.connect(path) as db:
-        row = db.execute("SELECT turns, turn_states FROM heads WHERE conversation_id = ?", (conversation,)).fetchone()
-    return row[0], row[1]
+        row = db.execute(
+            "SELECT turns, turn_states, history FROM heads WHERE conversation_id = ?", (conversation,)
+        ).fetchone()
+    return row[0], row[1], row[2]
 
 
 def test_turn_after_turn_the_recorded_turns_are_never_parsed_again(heads: SQLiteHeads, parses: list[object]) -> None:
